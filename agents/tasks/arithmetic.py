@@ -1,0 +1,36 @@
+"""Synthetic arithmetic: `a+b=` → the sum. Deterministic train and held-out splits.
+
+The demo's task and the corpus the tiny model's tokenizer is trained on.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+EOS = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+def _all_pairs(max_operand: int) -> list[tuple[int, int]]:
+    return [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+
+
+def make_splits(
+    max_operand: int = 99, held_out: int = 200, seed: int = 0
+) -> tuple[list[Problem], list[Problem]]:
+    """All `a+b=` problems up to `max_operand`, shuffled, split into (train, held_out)."""
+    pairs = _all_pairs(max_operand)
+    random.Random(seed).shuffle(pairs)
+    problems = [Problem(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in pairs]
+    return problems[held_out:], problems[:held_out]
+
+
+def corpus(max_operand: int = 99) -> list[str]:
+    """Text the tokenizer learns from: every problem with its answer."""
+    return [f"{a}+{b}={a + b}{EOS}" for a, b in _all_pairs(max_operand)]

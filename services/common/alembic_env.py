@@ -1,0 +1,30 @@
+"""The body of every service's `alembic/env.py`: online migrations with a per-service
+version table (set by `db.migrate`), type comparison on, SQLite batch mode for ALTERs."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import MetaData
+
+from services.common.db import make_engine
+
+
+def run_migrations(target_metadata: MetaData, default_version_table: str) -> None:
+    config = context.config
+    url = config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise RuntimeError("alembic: sqlalchemy.url is not set (use services.common.db.migrate)")
+    version_table = config.attributes.get("version_table", default_version_table)
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            version_table=version_table,
+            compare_type=True,
+            render_as_batch=url.startswith("sqlite"),
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+        connection.commit()
+    engine.dispose()

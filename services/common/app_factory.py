@@ -1,0 +1,186 @@
+"""Every Loom service is built by `create_service_app`: the same health, readiness, metrics,
+request ids and error envelope, so a reader learns the shape once."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.common.errors import LoomError
+from services.common.logs import request_id_var
+from services.common.schemas import Health
+
+log = logging.getLogger("loom")
+
+REQUEST_ID_HEADER = "X-Request-ID"
+ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+def create_service_app(
+    service: str,
+    *,
+    routers: list[APIRouter],
+    lifespan: Lifespan | None = None,
+    readiness: ReadinessCheck | None = None,
+    version: str = "0.1.0",
+) -> FastAPI:
+    app = FastAPI(title=f"Loom {service}", version=version, lifespan=lifespan)
+    app.state.service = service
+    app.state.readiness = readiness
+    registry = CollectorRegistry()
+    app.state.metrics_registry = registry
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware, service=service, registry=registry)
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(_ops_router(service, version))
+    for router in routers:
+        app.include_router(router)
+    return app
+
+
+def _ops_router(service: str, version: str) -> APIRouter:
+    router = APIRouter(tags=["ops"])
+
+    @router.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
+        return Health(service=service, status="ok", version=version)
+
+    @router.get("/readyz", response_model=Health)
+    async def readyz(request: Request) -> Response:
+        check: ReadinessCheck | None = request.app.state.readiness
+        try:
+            detail = await check() if check else {}
+        except Exception as exc:  # readiness reports, it does not raise
+            body = Health(service=service, status="not_ready", version=version,
+                          detail={"reason": str(exc)})
+            return JSONResponse(body.model_dump(), status_code=503)
+        return JSONResponse(Health(service=service, status="ready", version=version,
+                                   detail=detail).model_dump())
+
+    @router.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(request.app.state.metrics_registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def error_response(status_code: int, code: str, message: str, detail: Any = None) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "detail": detail}}
+    return JSONResponse(body, status_code=status_code)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(LoomError)
+    async def _loom(_request: Request, exc: LoomError) -> JSONResponse:
+        if exc.status_code >= 500:
+            log.error("%s: %s", exc.code, exc.message)
+        return error_response(exc.status_code, exc.code, exc.message, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        summary = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
+        return error_response(422, "invalid_input", f"Invalid request: {summary}", errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unhandled(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", f"Internal error: {type(exc).__name__}")
+
+
+# --- middlewares (pure ASGI, so streaming responses pass through untouched) ----------------
+
+
+class RequestIdMiddleware:
+    """Accept or mint an `X-Request-ID`, expose it to logs, echo it on the response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = incoming[:128] or uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
+
+
+class MetricsMiddleware:
+    def __init__(self, app: ASGIApp, service: str, registry: CollectorRegistry) -> None:
+        self.app = app
+        self.requests = Counter(
+            "loom_http_requests", "HTTP requests", ["service", "method", "route", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "loom_http_request_seconds", "HTTP request latency (to response start)",
+            ["service", "method", "route"], registry=registry,
+        )
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                route = _route_template(scope)
+                self.latency.labels(self.service, scope["method"], route).observe(
+                    time.perf_counter() - start
+                )
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_observed)
+        finally:
+            self.requests.labels(self.service, scope["method"], _route_template(scope),
+                                 str(status)).inc()
+
+
+def _route_template(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"

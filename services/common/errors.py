@@ -1,0 +1,108 @@
+"""One error taxonomy for every Loom service, rendered as one JSON envelope.
+
+Raise these from logic modules; `install_error_handlers` maps them (and FastAPI's own
+validation and HTTP errors) to `{"error": {"code", "message", "detail"}}` with the right status.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class LoomError(Exception):
+    """Base class: a fault with a stable machine code and a message a user can act on."""
+
+    status_code: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class InvalidInput(LoomError):
+    status_code = 422
+    code = "invalid_input"
+
+
+class Unauthorized(LoomError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(LoomError):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(LoomError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(LoomError):
+    status_code = 409
+    code = "conflict"
+
+
+class InvalidTransition(Conflict):
+    code = "invalid_transition"
+
+
+class PayloadTooLarge(LoomError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UpstreamError(LoomError):
+    """A service this one depends on failed or answered with a server error."""
+
+    status_code = 502
+    code = "upstream_error"
+
+
+class Unavailable(LoomError):
+    """Temporarily unable to serve (starting up, engine loading); retrying later may work."""
+
+    status_code = 503
+    code = "unavailable"
+
+
+_BY_CODE: dict[str, type[LoomError]] = {
+    cls.code: cls
+    for cls in (
+        LoomError,
+        InvalidInput,
+        Unauthorized,
+        Forbidden,
+        NotFound,
+        Conflict,
+        InvalidTransition,
+        PayloadTooLarge,
+        UpstreamError,
+        Unavailable,
+    )
+}
+
+
+def error_from_envelope(status_code: int, body: Any) -> LoomError:
+    """Rebuild a typed error from a response envelope (used by clients and the SDK)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        message = f"HTTP {status_code}: {str(body)[:500]}"
+        cls = _class_for_status(status_code)
+        return cls(message)
+    cls = _BY_CODE.get(str(error.get("code")), _class_for_status(status_code))
+    exc = cls(str(error.get("message", "")), error.get("detail"))
+    return exc
+
+
+def _class_for_status(status_code: int) -> type[LoomError]:
+    for cls in (InvalidInput, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge,
+                UpstreamError, Unavailable):
+        if cls.status_code == status_code:
+            return cls
+    if 400 <= status_code < 500:
+        return InvalidInput
+    return LoomError

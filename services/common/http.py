@@ -1,0 +1,85 @@
+"""Service-to-service HTTP: pooled httpx clients, timeouts, retries with backoff on idempotent
+calls only, and upstream error envelopes turned back into typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from services.common.errors import LoomError, Unavailable, UpstreamError, error_from_envelope
+from services.common.logs import request_id_var
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=300.0, pool=30.0)
+
+
+class ServiceClient:
+    """An async client for one Loom service; errors come back as `LoomError` subclasses."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        service: str,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        retries: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.service = service
+        self.retries = retries
+        self.http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
+            transport=transport,
+            headers=headers,
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        )
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        attempts = self.retries + 1 if method.upper() in IDEMPOTENT else 1
+        headers = {"X-Request-ID": request_id_var.get(), **kwargs.pop("headers", {})}
+        for attempt in range(attempts):
+            try:
+                response = await self.http.request(method, path, headers=headers, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(0.2 * 2**attempt)
+                    continue
+                raise Unavailable(
+                    f"{self.service} is unreachable at {self.http.base_url}: {exc!r}"
+                ) from exc
+            if response.status_code in (502, 503, 504) and attempt + 1 < attempts:
+                await asyncio.sleep(0.2 * 2**attempt)
+                continue
+            raise_for_envelope(response, self.service)
+            return response
+        raise AssertionError("unreachable")
+
+    async def get_json(self, path: str, **kwargs: Any) -> Any:
+        return (await self.request("GET", path, **kwargs)).json()
+
+    async def post_json(self, path: str, body: Any = None, **kwargs: Any) -> Any:
+        return (await self.request("POST", path, json=body, **kwargs)).json()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+def raise_for_envelope(response: httpx.Response, service: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    error: LoomError = error_from_envelope(response.status_code, body)
+    if response.status_code >= 500:
+        # Our caller did nothing wrong: report the dependency's fault as an upstream error.
+        raise UpstreamError(f"{service}: {error.message}", error.detail)
+    raise error

@@ -1,0 +1,120 @@
+"""Long work, one protocol: submit → operation id at once → poll or wait → result or error.
+
+Operations with the same key (a trainer model, say) run strictly in submission order; their
+bodies run on one shared worker thread, because they compete for one device anyway.
+Status changes go through `_TRANSITIONS` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from services.common.errors import InvalidTransition, LoomError, NotFound
+from services.common.schemas import ErrorBody, Operation, OperationStatus
+
+log = logging.getLogger(__name__)
+
+_TRANSITIONS: dict[OperationStatus, frozenset[OperationStatus]] = {
+    OperationStatus.pending: frozenset({OperationStatus.running, OperationStatus.failed}),
+    OperationStatus.running: frozenset({OperationStatus.succeeded, OperationStatus.failed}),
+    OperationStatus.succeeded: frozenset(),
+    OperationStatus.failed: frozenset(),
+}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Entry:
+    def __init__(self, op: Operation, fn: Callable[[], Any]) -> None:
+        self.op = op
+        self.fn = fn
+        self.done = asyncio.Event()
+
+    def move(self, status: OperationStatus, **changes: Any) -> None:
+        if status not in _TRANSITIONS[self.op.status]:
+            raise InvalidTransition(f"operation {self.op.id}: {self.op.status} -> {status}")
+        self.op = self.op.model_copy(update={"status": status, **changes})
+        if self.op.done:
+            self.done.set()
+
+
+class OperationQueue:
+    def __init__(self, history: int = 10_000) -> None:
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._queues: dict[str, asyncio.Queue[_Entry]] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-op")
+        self._history = history
+
+    def submit(self, key: str, kind: str, fn: Callable[[], Any]) -> Operation:
+        op = Operation(id=f"op_{uuid.uuid4().hex}", kind=kind,
+                       status=OperationStatus.pending, created_at=_now())
+        entry = _Entry(op, fn)
+        self._entries[op.id] = entry
+        self._forget_oldest()
+        queue = self._queues.setdefault(key, asyncio.Queue())
+        queue.put_nowait(entry)
+        if key not in self._workers or self._workers[key].done():
+            self._workers[key] = asyncio.get_running_loop().create_task(self._drain(queue))
+        return op
+
+    def get(self, op_id: str) -> Operation:
+        entry = self._entries.get(op_id)
+        if entry is None:
+            raise NotFound(f"No operation {op_id!r} (unknown, or too old to be kept).")
+        return entry.op
+
+    async def wait(self, op_id: str, timeout: float) -> Operation:
+        """The operation once done, or as it stands after `timeout` seconds (long-poll)."""
+        entry = self._entries.get(op_id)
+        if entry is None:
+            self.get(op_id)
+            raise AssertionError("unreachable")
+        try:
+            await asyncio.wait_for(entry.done.wait(), timeout)
+        except TimeoutError:
+            pass
+        return entry.op
+
+    def pending_count(self, key: str) -> int:
+        queue = self._queues.get(key)
+        return queue.qsize() if queue else 0
+
+    async def _drain(self, queue: asyncio.Queue[_Entry]) -> None:
+        loop = asyncio.get_running_loop()
+        while not queue.empty():
+            entry = queue.get_nowait()
+            entry.move(OperationStatus.running, started_at=_now())
+            try:
+                result = await loop.run_in_executor(self._executor, entry.fn)
+            except LoomError as exc:
+                entry.move(OperationStatus.failed, finished_at=_now(),
+                           error=ErrorBody(code=exc.code, message=exc.message, detail=exc.detail))
+            except Exception as exc:
+                log.exception("operation %s failed", entry.op.id)
+                entry.move(OperationStatus.failed, finished_at=_now(),
+                           error=ErrorBody(code="internal_error",
+                                           message=f"{type(exc).__name__}: {exc}"))
+            else:
+                entry.move(OperationStatus.succeeded, finished_at=_now(), result=result)
+
+    def _forget_oldest(self) -> None:
+        while len(self._entries) > self._history:
+            oldest_id, oldest = next(iter(self._entries.items()))
+            if not oldest.op.done:
+                break
+            del self._entries[oldest_id]
+
+    def shutdown(self) -> None:
+        for task in self._workers.values():
+            task.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,62 @@
+"""Wire models shared by every service and the SDK."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StrictModel(BaseModel):
+    """Request bodies: unknown fields are a client mistake, so reject them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class LenientModel(BaseModel):
+    """Responses: ignore fields a newer server adds, so old clients keep working."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorBody(LenientModel):
+    code: str
+    message: str
+    detail: Any = None
+
+
+class ErrorEnvelope(LenientModel):
+    error: ErrorBody
+
+
+class Health(LenientModel):
+    service: str
+    status: str
+    version: str
+    detail: dict[str, Any] = {}
+
+
+class OperationStatus(StrEnum):
+    pending = "pending"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class Operation(LenientModel):
+    """Long work: submitted at once, executed in order, polled until it is done."""
+
+    id: str
+    kind: str
+    status: OperationStatus
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result: Any = None
+    error: ErrorBody | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in (OperationStatus.succeeded, OperationStatus.failed)

@@ -1,0 +1,51 @@
+"""Settings shared by every service: `LOOM_*` environment variables via pydantic-settings.
+
+Each service subclasses `LoomSettings` with its own fields (named `<service>_<field>`, so the
+variable is `LOOM_<SERVICE>_<FIELD>`). Build settings in `create_app` or a cached getter,
+never at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SERVICES = ("gateway", "rollout", "reward", "sandbox", "trainer", "modelstate")
+
+
+class LoomSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LOOM_", extra="ignore")
+
+    data_dir: Path = Field(
+        default=Path.home() / ".loom", description="Where embedded state lives (db, blobs)."
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://postgres@127.0.0.1/loom. "
+        "Default: a SQLite file per service under data_dir.",
+    )
+    log_level: str = "info"
+
+    gateway_url: str = "http://127.0.0.1:8000"
+    rollout_url: str = "http://127.0.0.1:8001"
+    reward_url: str = "http://127.0.0.1:8002"
+    sandbox_url: str = "http://127.0.0.1:8003"
+    trainer_url: str = "http://127.0.0.1:8004"
+    modelstate_url: str = "http://127.0.0.1:8005"
+
+    def url_of(self, service: str) -> str:
+        return str(getattr(self, f"{service}_url")).rstrip("/")
+
+    def bind_of(self, service: str) -> tuple[str, int]:
+        """Host and port a service listens on: taken from its own URL setting."""
+        parts = urlsplit(self.url_of(service))
+        return parts.hostname or "127.0.0.1", parts.port or 80
+
+    def database_url_for(self, service: str) -> str:
+        if self.database_url:
+            return self.database_url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{self.data_dir / f'{service}.db'}"
