@@ -10,8 +10,12 @@ from pydantic import Field
 
 from services.common.schemas import LenientModel, StrictModel
 
-JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-AliasName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*$")]
+JobId = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+AliasName = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*$")
+]
 
 
 class VersionKind(StrEnum):

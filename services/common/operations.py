@@ -8,6 +8,7 @@ Status changes go through `_TRANSITIONS` only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import OrderedDict
@@ -77,12 +78,9 @@ class OperationQueue:
         """The operation once done, or as it stands after `timeout` seconds (long-poll)."""
         entry = self._entries.get(op_id)
         if entry is None:
-            self.get(op_id)
-            raise AssertionError("unreachable")
-        try:
+            raise NotFound(f"No operation {op_id!r} (unknown, or too old to be kept).")
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(entry.done.wait(), timeout)
-        except TimeoutError:
-            pass
         return entry.op
 
     def pending_count(self, key: str) -> int:

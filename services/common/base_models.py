@@ -1,0 +1,38 @@
+"""Base model names → what engines load. Nothing is fetched from a hub at run time here, so
+names map to local directories: `loom/tiny` is generated on first use under the data dir; an
+existing directory is used as is; anything else is passed through (a hub name, for machines
+that have it cached)."""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+
+from services.common.errors import InvalidInput
+
+TINY_MODEL = "loom/tiny"
+
+
+def resolve_base_model(name: str, data_dir: Path) -> str:
+    if name == TINY_MODEL:
+        return str(ensure_tiny_model(data_dir / "models" / "tiny"))
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise InvalidInput(f"{name!r} is a directory without config.json: not a model")
+        return str(path.resolve())
+    if name.startswith(("/", ".", "~")):
+        raise InvalidInput(f"Base model directory {name!r} does not exist")
+    return name
+
+
+def ensure_tiny_model(directory: Path) -> Path:
+    """Build the tiny model once, even when several services ask at the same moment."""
+    from modelstate.tiny import build_tiny_model, is_tiny_model
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / ".tiny.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_tiny_model(directory):
+            build_tiny_model(directory)
+    return directory

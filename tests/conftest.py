@@ -1,0 +1,72 @@
+"""Shared fixtures. Integration tests use real services; in CI (CI=true) a missing one is a
+failure, never a skip."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+PG_ADMIN_URL = os.environ.get("LOOM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("LOOM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+CACHE = Path(__file__).resolve().parent.parent / ".loom-test-cache"
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip locally when a real service is missing; fail in CI."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI but is not available")
+    pytest.skip(f"{what} not available")
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The deterministic tiny model, built once per checkout (cached between runs)."""
+    from services.common.base_models import ensure_tiny_model
+
+    return ensure_tiny_model(CACHE / "models" / "tiny")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    require(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432")
+    from sqlalchemy import create_engine, text
+
+    name = f"loom_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Run a test on both database backends."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'loom.db'}"
+    return str(request.getfixturevalue("postgres_url"))
