@@ -16,6 +16,7 @@ JobId = Annotated[
 AliasName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*$")
 ]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
 
 class VersionKind(StrEnum):
@@ -39,6 +40,9 @@ class PublishRequest(StrictModel):
     parent: int | None = Field(default=None, ge=0)
     metrics: dict[str, float] = {}
     aliases: list[AliasName] = []
+    sha256: dict[str, Sha256Hex] = Field(
+        default={}, description="Declared sha256 per file path; the store verifies each one."
+    )
 
 
 class Version(LenientModel):

@@ -22,6 +22,10 @@ def run_migrations(target_metadata: MetaData, default_version_table: str) -> Non
             target_metadata=target_metadata,
             version_table=version_table,
             compare_type=True,
+            # Services may share one PostgreSQL database: only ever touch our own tables.
+            include_name=lambda name, type_, _parents: (
+                type_ != "table" or name in target_metadata.tables
+            ),
             render_as_batch=url.startswith("sqlite"),
         )
         with context.begin_transaction():

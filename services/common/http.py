@@ -57,9 +57,12 @@ class ServiceClient:
             if response.status_code in (502, 503, 504) and attempt + 1 < attempts:
                 await asyncio.sleep(0.2 * 2**attempt)
                 continue
-            raise_for_envelope(response, self.service)
+            self.raise_for_status(response)
             return response
         raise AssertionError("unreachable")
+
+    def raise_for_status(self, response: httpx.Response) -> None:
+        raise_for_envelope(response, self.service)
 
     async def get_json(self, path: str, **kwargs: Any) -> Any:
         return (await self.request("GET", path, **kwargs)).json()

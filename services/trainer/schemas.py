@@ -130,3 +130,15 @@ class SaveWeightsResult(LenientModel):
     number: int
     kind: str
     step: int
+
+
+class ForwardRequest(StrictModel):
+    """Per-token logprobs of sequences under the current weights (no gradient, no loss)."""
+
+    data: list[Datum] = Field(min_length=1, max_length=4096)
+
+
+class ForwardResult(LenientModel):
+    logprobs: list[list[float]] = Field(
+        description="One list per datum, as long as its input_ids; position 0 is 0.0."
+    )

@@ -1,0 +1,28 @@
+"""Turn prompts, samples and advantages into the trainer's `Datum` (per-token aligned:
+position i describes predicting token i, so prompt positions carry no loss)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.rollout.schemas import Sample
+from services.trainer.schemas import Datum
+
+
+def sft_datum(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Datum:
+    """Supervised example: learn the completion given the prompt."""
+    return Datum(
+        input_ids=[*prompt_ids, *completion_ids],
+        loss_mask=[0.0] * len(prompt_ids) + [1.0] * len(completion_ids),
+    )
+
+
+def rl_datum(prompt_ids: Sequence[int], sample: Sample, advantage: float) -> Datum:
+    """Policy-gradient example: the sampled tokens, their sampling logprobs, one advantage."""
+    n_prompt, n_completion = len(prompt_ids), len(sample.token_ids)
+    return Datum(
+        input_ids=[*prompt_ids, *sample.token_ids],
+        loss_mask=[0.0] * n_prompt + [1.0] * n_completion,
+        advantages=[0.0] * n_prompt + [advantage] * n_completion,
+        logprobs=[0.0] * n_prompt + list(sample.logprobs),
+    )

@@ -1,0 +1,225 @@
+"""Demo RL job: teach the tiny model two-digit addition, SFT warm-up then GRPO.
+
+Everything goes through Loom's services via the SDK: the trainer does SFT and GRPO steps,
+each `save_weights()` publishes a version to modelstate, the rollout engine loads it, the
+reward service scores samples. Prints held-out accuracy before and after RL and writes the
+reward curve (CSV + PNG).
+
+    python -m agents.examples.arith_grpo --url http://127.0.0.1:8000 --api-key loom_...
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agents.algorithms import group_advantages, has_signal, rl_datum, sft_datum
+from agents.sdk import AdamParams, LoomClient, LossConfig, SamplingParams, ScoreItem
+from agents.tasks.arithmetic import EOS, Problem, make_splits
+
+console = Console()
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    base_model: str = "loom/tiny"
+    mode: str = "full"
+    seed: int = 0
+    held_out: int = 200
+    # SFT warm-up: enough to produce well-formed answers, not enough to solve the task.
+    sft_steps: int = 120
+    sft_batch: int = 64
+    sft_lr: float = 3e-3
+    # GRPO
+    rl_steps: int = 40
+    prompts_per_step: int = 32
+    group_size: int = 8
+    rl_lr: float = 5e-4
+    temperature: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    max_tokens: int = 5
+    eval_every: int = 10
+
+
+@dataclass
+class Encoded:
+    problem: Problem
+    prompt_ids: list[int]
+    answer_ids: list[int]
+
+
+@dataclass
+class DemoResult:
+    job_id: str
+    accuracy_before: float
+    accuracy_after: float
+    wall_s: float
+    curve: list[dict[str, float]] = field(default_factory=list)
+    csv_path: Path | None = None
+    png_path: Path | None = None
+
+
+def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = None) -> DemoResult:
+    config = config or DemoConfig()
+    started = time.perf_counter()
+    rng = random.Random(config.seed)
+    with LoomClient(url, api_key) as loom:
+        job = loom.create_job(config.base_model, name="arith-grpo", mode=config.mode)
+        console.print(f"[bold]Job[/bold] {job.id}: {config.base_model} ({config.mode})")
+        train, held_out = _encode(loom, *make_splits(held_out=config.held_out, seed=config.seed))
+
+        sft_version = _sft(job, train, config, rng)
+        before = _evaluate(loom, job, held_out, config, sft_version)
+        console.print(f"Held-out accuracy after SFT (version {sft_version}): {before:.1%}")
+
+        curve, final_version = _grpo(loom, job, train, held_out, config, rng)
+        after = _evaluate(loom, job, held_out, config, final_version)
+        console.print(f"Held-out accuracy after GRPO (version {final_version}): {after:.1%}")
+
+    result = DemoResult(job.id, before, after, time.perf_counter() - started, curve)
+    result.csv_path, result.png_path = _write_curve(curve, out_dir)
+    _print_summary(result)
+    return result
+
+
+def _encode(loom: LoomClient, train: list[Problem], held_out: list[Problem]) -> tuple[
+    list[Encoded], list[Encoded]
+]:
+    problems = train + held_out
+    prompts = loom.tokenize([p.prompt for p in problems])
+    answers = loom.tokenize([p.answer + EOS for p in problems])
+    encoded = [Encoded(p, q, a) for p, q, a in zip(problems, prompts, answers, strict=True)]
+    return encoded[: len(train)], encoded[len(train):]
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+
+
+def _sft(job, train: list[Encoded], config: DemoConfig, rng: random.Random) -> int:
+    with _progress() as progress:
+        task = progress.add_task("SFT warm-up", total=config.sft_steps, info="")
+        for _ in range(config.sft_steps):
+            batch = rng.sample(train, config.sft_batch)
+            data = [sft_datum(e.prompt_ids, e.answer_ids) for e in batch]
+            loss = job.forward_backward(data, LossConfig(name="cross_entropy"))
+            job.optim_step(AdamParams(lr=config.sft_lr)).result()
+            progress.update(task, advance=1, info=f"loss {loss.result().loss:.3f}")
+    return job.save_weights(aliases=["sft"]).result().number
+
+
+def _grpo(loom: LoomClient, job, train: list[Encoded], held_out: list[Encoded],
+          config: DemoConfig, rng: random.Random) -> tuple[list[dict[str, float]], int]:
+    params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
+    loss = LossConfig(name="ppo", clip_low=config.clip_low, clip_high=config.clip_high)
+    curve: list[dict[str, float]] = []
+    version = job.version("latest").number
+    with _progress() as progress:
+        task = progress.add_task("GRPO", total=config.rl_steps, info="")
+        for step in range(1, config.rl_steps + 1):
+            batch = rng.sample(train, config.prompts_per_step)
+            responses = job.sample_many([e.prompt_ids for e in batch], n=config.group_size,
+                                        params=params, version=version)
+            if any(r.version != version for r in responses):
+                raise RuntimeError(f"rollout served {[r.version for r in responses]}, "
+                                   f"expected version {version}")
+            items = [ScoreItem(response=s.text, reference=e.problem.answer)
+                     for e, r in zip(batch, responses, strict=True) for s in r.samples]
+            rewards = [s.reward for s in loom.score("exact_match", items).scores]
+            data = []
+            for i, response in enumerate(responses):
+                group = rewards[i * config.group_size:(i + 1) * config.group_size]
+                if not has_signal(group):
+                    continue
+                for sample, advantage in zip(response.samples, group_advantages(group),
+                                             strict=True):
+                    data.append(rl_datum(response.prompt_token_ids, sample, advantage))
+            mean_reward = sum(rewards) / len(rewards)
+            if data:
+                job.forward_backward(data, loss)
+                job.optim_step(AdamParams(lr=config.rl_lr)).result()
+            version = job.save_weights(metrics={"reward": mean_reward}).result().number
+            point = {"step": step, "version": version, "reward": mean_reward,
+                     "groups_with_signal": len(data) / config.group_size}
+            if step % config.eval_every == 0 or step == config.rl_steps:
+                point["held_out_accuracy"] = _evaluate(loom, job, held_out, config, version)
+            curve.append(point)
+            progress.update(task, advance=1, info=f"reward {mean_reward:.3f} v{version}")
+    return curve, version
+
+
+def _evaluate(loom: LoomClient, job, held_out: list[Encoded], config: DemoConfig,
+              version: int) -> float:
+    """Greedy accuracy on the held-out problems, on one explicit version."""
+    params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0)
+    responses = job.sample_many([e.prompt_ids for e in held_out], params=params, version=version)
+    items = [ScoreItem(response=r.samples[0].text, reference=e.problem.answer)
+             for e, r in zip(held_out, responses, strict=True)]
+    scores = loom.score("exact_match", items).scores
+    return sum(s.reward for s in scores) / len(scores)
+
+
+def _write_curve(curve: list[dict[str, float]], out_dir: Path) -> tuple[Path, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, png_path = out_dir / "reward_curve.csv", out_dir / "reward_curve.png"
+    fields = ["step", "version", "reward", "groups_with_signal", "held_out_accuracy"]
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(curve)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([p["step"] for p in curve], [p["reward"] for p in curve], label="train reward")
+    evals = [p for p in curve if "held_out_accuracy" in p]
+    ax.plot([p["step"] for p in evals], [p["held_out_accuracy"] for p in evals], "o-",
+            label="held-out accuracy")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(0, 1)
+    ax.set_title("Loom demo: two-digit addition, tiny model")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return csv_path, png_path
+
+
+def _print_summary(result: DemoResult) -> None:
+    table = Table(title="Loom demo")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("job", result.job_id)
+    table.add_row("held-out accuracy before RL (after SFT)", f"{result.accuracy_before:.1%}")
+    table.add_row("held-out accuracy after RL", f"{result.accuracy_after:.1%}")
+    table.add_row("wall time", f"{result.wall_s:.0f} s")
+    table.add_row("reward curve", f"{result.csv_path}\n{result.png_path}")
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", default=os.environ.get("LOOM_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--api-key", default=os.environ.get("LOOM_API_KEY"))
+    parser.add_argument("--out", type=Path, default=Path("runs/arith_grpo"))
+    args = parser.parse_args()
+    if not args.api_key:
+        parser.error("--api-key (or LOOM_API_KEY) is required")
+    run_demo(args.url, args.api_key, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Loom's Python SDK: RL scripts talk to Loom only through these REST clients.
+
+    from agents.sdk import LoomClient
+    loom = LoomClient("http://127.0.0.1:8000", api_key)
+    job = loom.create_job("loom/tiny", mode="lora")
+    out = job.sample("2+3=", n=4)
+    job.forward_backward(data, LossConfig(name="ppo")).result()
+"""
+
+from agents.sdk._futures import OperationFuture
+from agents.sdk.client import AsyncJob, AsyncLoomClient
+from agents.sdk.sync import LoomClient
+from modelstate.schemas import Version
+from services.common.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    LoomError,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    UpstreamError,
+)
+from services.reward.schemas import ScoreItem
+from services.rollout.schemas import SampleResponse, SamplingParams
+from services.trainer.schemas import AdamParams, Datum, LoraConfig, LossConfig, TrainingMode
+
+__all__ = [
+    "AdamParams",
+    "AsyncJob",
+    "AsyncLoomClient",
+    "Conflict",
+    "Datum",
+    "Forbidden",
+    "InvalidInput",
+    "LoomClient",
+    "LoomError",
+    "LoraConfig",
+    "LossConfig",
+    "NotFound",
+    "OperationFuture",
+    "SampleResponse",
+    "SamplingParams",
+    "ScoreItem",
+    "TrainingMode",
+    "Unauthorized",
+    "Unavailable",
+    "UpstreamError",
+    "Version",
+]

@@ -1,0 +1,36 @@
+"""The SDK's HTTP core: the services' own client, with the gateway's key and errors raised
+as they are (a 5xx from the gateway is the gateway's fault, not an upstream's)."""
+
+from __future__ import annotations
+
+import httpx
+
+from services.common.errors import error_from_envelope
+from services.common.http import ServiceClient
+
+
+class GatewayHttp(ServiceClient):
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        super().__init__(
+            url,
+            service="gateway",
+            transport=transport,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+
+    def raise_for_status(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        raise error_from_envelope(response.status_code, body)

@@ -1,0 +1,189 @@
+"""The async core of the SDK: everything an RL script does, as REST calls to the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from agents.sdk._futures import OperationFuture
+from agents.sdk._http import GatewayHttp
+from gateway.schemas import Job, JobCreate, StackHealth
+from modelstate.schemas import Version, VersionList
+from services.common.schemas import Operation
+from services.reward.schemas import ScoreItem, ScoreRequest, ScoreResponse
+from services.rollout.schemas import (
+    SampleRequest,
+    SampleResponse,
+    SamplingParams,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionRef,
+)
+from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
+from services.trainer.schemas import (
+    AdamParams,
+    Datum,
+    ForwardBackwardRequest,
+    ForwardBackwardResult,
+    LoraConfig,
+    LossConfig,
+    OptimStepRequest,
+    OptimStepResult,
+    SaveWeightsRequest,
+    SaveWeightsResult,
+    TrainingMode,
+)
+
+# Sampling many prompts at once: enough in flight to keep the engine's batch full.
+MAX_CONCURRENT_SAMPLES = 64
+
+
+class AsyncLoomClient:
+    """Entry point: `AsyncLoomClient(url, api_key)`; `transport` lets tests run in-process."""
+
+    def __init__(
+        self, url: str, api_key: str, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self._http = GatewayHttp(url, api_key, transport=transport)
+
+    async def health(self) -> StackHealth:
+        return StackHealth.model_validate(await self._http.get_json("/v1/health"))
+
+    async def create_job(
+        self,
+        base_model: str,
+        *,
+        name: str = "job",
+        mode: TrainingMode | str = TrainingMode.lora,
+        lora: LoraConfig | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> AsyncJob:
+        request = JobCreate(name=name, base_model=base_model, mode=TrainingMode(mode),
+                            lora=lora or LoraConfig(), config=config or {})
+        body = await self._http.post_json("/v1/jobs", request.model_dump(mode="json"))
+        return AsyncJob(self, Job.model_validate(body))
+
+    async def get_job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, Job.model_validate(await self._http.get_json(f"/v1/jobs/{job_id}")))
+
+    async def sample(self, request: SampleRequest) -> SampleResponse:
+        body = await self._http.post_json("/v1/rollout/sample", request.model_dump(mode="json"))
+        return SampleResponse.model_validate(body)
+
+    async def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        request = TokenizeRequest(texts=list(texts))
+        body = await self._http.post_json("/v1/rollout/tokenize", request.model_dump())
+        return TokenizeResponse.model_validate(body).token_ids
+
+    async def score(
+        self, verifier: str, items: Sequence[ScoreItem], params: dict[str, Any] | None = None
+    ) -> ScoreResponse:
+        request = ScoreRequest(verifier=verifier, items=list(items), params=params or {})
+        body = await self._http.post_json("/v1/reward/score", request.model_dump(mode="json"))
+        return ScoreResponse.model_validate(body)
+
+    async def execute(self, code: str, **options: Any) -> ExecuteResponse:
+        request = ExecuteRequest(code=code, **options)
+        body = await self._http.post_json("/v1/sandbox/execute", request.model_dump(mode="json"))
+        return ExecuteResponse.model_validate(body)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncLoomClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncJob:
+    """One training job: its trainer model, its weight versions, sampling from them."""
+
+    def __init__(self, client: AsyncLoomClient, job: Job) -> None:
+        self._client = client
+        self._http = client._http
+        self.info = job
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    # --- rollout ---------------------------------------------------------------------------
+
+    async def sample(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        n: int = 1,
+        params: SamplingParams | None = None,
+        version: VersionRef = "latest",
+    ) -> SampleResponse:
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
+        request = SampleRequest(job_id=self.id, version=version, prompt=text,
+                                prompt_token_ids=ids, n=n, params=params or SamplingParams())
+        return await self._client.sample(request)
+
+    async def sample_many(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        n: int = 1,
+        params: SamplingParams | None = None,
+        version: VersionRef = "latest",
+    ) -> list[SampleResponse]:
+        """Sample every prompt concurrently (the engine batches them); results in order.
+
+        An alias such as "latest" is resolved once, so the whole batch uses one version."""
+        if isinstance(version, str) and prompts:
+            first = await self.sample(prompts[0], n=n, params=params, version=version)
+            version = first.version
+            rest = await self.sample_many(prompts[1:], n=n, params=params, version=version)
+            return [first, *rest]
+        limit = asyncio.Semaphore(MAX_CONCURRENT_SAMPLES)
+
+        async def one(prompt: str | Sequence[int]) -> SampleResponse:
+            async with limit:
+                return await self.sample(prompt, n=n, params=params, version=version)
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    # --- trainer ---------------------------------------------------------------------------
+
+    async def _submit(self, action: str, body: Any, result_type: type) -> OperationFuture[Any]:
+        payload = await self._http.post_json(f"/v1/trainer/models/{self.id}/{action}", body)
+        return OperationFuture(self._http, Operation.model_validate(payload), result_type)
+
+    async def forward_backward(
+        self, data: Sequence[Datum], loss: LossConfig | None = None
+    ) -> OperationFuture[ForwardBackwardResult]:
+        request = ForwardBackwardRequest(data=list(data), loss=loss or LossConfig())
+        return await self._submit("forward_backward", request.model_dump(mode="json"),
+                                  ForwardBackwardResult)
+
+    async def optim_step(self, adam: AdamParams | None = None) -> OperationFuture[OptimStepResult]:
+        request = OptimStepRequest(adam=adam or AdamParams())
+        return await self._submit("optim_step", request.model_dump(mode="json"), OptimStepResult)
+
+    async def save_weights(
+        self, *, aliases: Sequence[str] = (), metrics: dict[str, float] | None = None
+    ) -> OperationFuture[SaveWeightsResult]:
+        request = SaveWeightsRequest(aliases=list(aliases), metrics=metrics or {})
+        return await self._submit("save_weights", request.model_dump(mode="json"),
+                                  SaveWeightsResult)
+
+    # --- model state -----------------------------------------------------------------------
+
+    async def versions(self) -> list[Version]:
+        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/versions")
+        return VersionList.model_validate(body).versions
+
+    async def version(self, ref: VersionRef = "latest") -> Version:
+        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/versions/{ref}")
+        return Version.model_validate(body)
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.info.base_model} {self.info.mode.value}>"

@@ -1,0 +1,95 @@
+"""The sync face, derived from the async core rather than written twice.
+
+A `LoomClient` owns one background event loop; every coroutine method of the wrapped async
+object runs there and blocks the caller until done. SDK objects that come back (jobs, futures)
+are wrapped the same way, so `job.forward_backward(...).result()` blocks and
+`await job.forward_backward(...)` is the async spelling of the same call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import httpx
+
+from agents.sdk._futures import OperationFuture
+from agents.sdk.client import AsyncJob, AsyncLoomClient
+
+T = TypeVar("T")
+_WRAPPED = (AsyncLoomClient, AsyncJob, OperationFuture)
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="loom-sdk", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+class _Blocking:
+    """Blocking view of an async SDK object."""
+
+    def __init__(self, target: Any, runner: _LoopThread) -> None:
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_runner", runner)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if inspect.iscoroutinefunction(attr):
+
+            @functools.wraps(attr)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return self._wrap(self._runner.run(attr(*args, **kwargs)))
+
+            return call
+        return self._wrap(attr)
+
+    def _wrap(self, value: Any) -> Any:
+        if isinstance(value, _WRAPPED):
+            return _Blocking(value, self._runner)
+        if isinstance(value, list) and value and isinstance(value[0], _WRAPPED):
+            return [_Blocking(v, self._runner) for v in value]
+        return value
+
+    def __repr__(self) -> str:
+        return repr(self._target)
+
+
+class LoomClient(_Blocking):
+    """Synchronous client: the same methods as `AsyncLoomClient`, blocking."""
+
+    def __init__(
+        self, url: str, api_key: str, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        runner = _LoopThread()
+        # httpx's async client must be created on the loop that will use it.
+        client = runner.run(_make_client(url, api_key, transport))
+        super().__init__(client, runner)
+
+    def close(self) -> None:
+        self._runner.run(self._target.aclose())
+        self._runner.stop()
+
+    def __enter__(self) -> LoomClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+async def _make_client(
+    url: str, api_key: str, transport: httpx.AsyncBaseTransport | None
+) -> AsyncLoomClient:
+    return AsyncLoomClient(url, api_key, transport=transport)

@@ -1,0 +1,50 @@
+"""The trainer's FastAPI app: long-lived objects built in the lifespan, routes in routes.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+
+from modelstate.client import ModelStateClient
+from services.common.app_factory import create_service_app
+from services.common.operations import OperationQueue
+from services.trainer.checkpoint import ThreadPublisher
+from services.trainer.model import resolve_device
+from services.trainer.registry import ModelRegistry
+from services.trainer.routes import router
+from services.trainer.service import TrainerService
+from services.trainer.settings import TrainerSettings
+
+
+def create_app(
+    settings: TrainerSettings | None = None, *, modelstate: ModelStateClient | None = None
+) -> FastAPI:
+    """`modelstate`: a client to publish through (tests pass one bound to an in-process
+    store); by default one is built for `settings.modelstate_url` and closed at shutdown."""
+    settings = settings or TrainerSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.trainer_threads:
+            torch.set_num_threads(settings.trainer_threads)
+        device = resolve_device(settings.trainer_device)
+        client = modelstate or ModelStateClient(settings.url_of("modelstate"))
+        queue = OperationQueue()
+        app.state.trainer = TrainerService(
+            ModelRegistry(settings.data_dir, device),
+            queue,
+            ThreadPublisher(client, asyncio.get_running_loop()),
+            settings.trainer_work_dir,
+        )
+        try:
+            yield
+        finally:
+            queue.shutdown()
+            if modelstate is None:
+                await client.aclose()
+
+    return create_service_app("trainer", routers=[router], lifespan=lifespan)

@@ -1,0 +1,109 @@
+"""Built-in losses: pure functions of per-token tensors.
+
+Every tensor is [B, T]: position i refers to predicting token i of the sequence (position 0,
+padding and prompt tokens have `mask` 0). `mask` holds non-negative token weights.
+
+Normalisation: every loss is a token-level mean over the whole batch, sum(x * mask) / sum(mask),
+so long sequences weigh more than short ones (as in DAPO and Dr. GRPO) and the value does not
+depend on how the batch is padded. The caller guarantees sum(mask) > 0. Gradients of several
+`forward_backward` calls add up until the optimizer step, so each call's mean counts once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from services.trainer.schemas import LossConfig, LossName
+
+LossOutput = tuple[Tensor, dict[str, float]]
+
+# exp() of a log-ratio beyond this overflows float32 and turns gradients into NaN; a token this
+# far off-policy carries no usable signal, so its log-ratio is clamped (as verl does).
+MAX_LOG_RATIO = 20.0
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    return (values * mask).sum() / mask.sum()
+
+
+def _log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
+    """log(numerator / denominator), 0 where the mask is 0, so unmasked garbage (position 0,
+    padding) can never reach exp() and poison the gradient with inf * 0."""
+    diff = (numerator - denominator).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.where(mask > 0, diff, torch.zeros_like(diff))
+
+
+def cross_entropy(logprobs: Tensor, mask: Tensor) -> LossOutput:
+    loss = masked_mean(-logprobs, mask)
+    return loss, {}
+
+
+def importance_sampling(
+    logprobs: Tensor, mask: Tensor, old_logprobs: Tensor, advantages: Tensor
+) -> LossOutput:
+    """-mean(ratio * A), ratio = exp(new - old): the policy gradient, corrected for samples
+    drawn by an older policy."""
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    loss = -masked_mean(ratio * advantages, mask)
+    return loss, {"ratio_mean": masked_mean(ratio, mask).item()}
+
+
+def ppo(
+    logprobs: Tensor,
+    mask: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> LossOutput:
+    """-mean(min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)). An upper bound
+    above the lower one ("clip-higher", DAPO) leaves low-probability tokens room to grow.
+
+    clip_fraction: the share of (weighted) tokens whose clipped term is the smaller one, i.e.
+    whose gradient the clip switched off."""
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
+    clip_fraction = masked_mean((clipped < unclipped).to(mask.dtype), mask)
+    return loss, {
+        "clip_fraction": clip_fraction.item(),
+        "ratio_mean": masked_mean(ratio, mask).item(),
+    }
+
+
+def kl_to_reference(logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """The k3 estimator of KL(policy || reference): exp(ref - new) - (ref - new) - 1, which is
+    unbiased, never negative, and low-variance for samples drawn from the policy."""
+    log_ratio = _log_ratio(ref_logprobs, logprobs, mask)
+    return masked_mean(torch.exp(log_ratio) - log_ratio - 1.0, mask)
+
+
+def compute_loss(
+    config: LossConfig,
+    logprobs: Tensor,
+    mask: Tensor,
+    *,
+    old_logprobs: Tensor | None = None,
+    advantages: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+) -> LossOutput:
+    """The configured loss, plus kl_coef * KL when a reference is given and kl_coef > 0."""
+    if config.name == LossName.cross_entropy:
+        loss, metrics = cross_entropy(logprobs, mask)
+    else:
+        if old_logprobs is None or advantages is None:
+            raise ValueError(f"loss {config.name.value!r} needs old_logprobs and advantages")
+        if config.name == LossName.importance_sampling:
+            loss, metrics = importance_sampling(logprobs, mask, old_logprobs, advantages)
+        else:
+            loss, metrics = ppo(logprobs, mask, old_logprobs, advantages,
+                                config.clip_low, config.clip_high)
+    if config.kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs")
+        kl = kl_to_reference(logprobs, mask, ref_logprobs)
+        metrics = {**metrics, "policy_loss": loss.item(), "kl": kl.item()}
+        loss = loss + config.kl_coef * kl
+    return loss, metrics

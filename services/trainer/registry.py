@@ -1,0 +1,53 @@
+"""The trainer's models, by id (the model id is the job id)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from services.common.base_models import resolve_base_model
+from services.common.errors import Conflict, NotFound
+from services.trainer.model import TrainerModel
+from services.trainer.schemas import CreateModelRequest, TrainingMode
+
+
+def _identity(spec: CreateModelRequest) -> tuple[object, ...]:
+    """What makes two create requests the same model (LoRA settings mean nothing in full)."""
+    lora = spec.lora if spec.mode == TrainingMode.lora else None
+    return spec.base_model, spec.mode, lora, spec.seed
+
+
+class ModelRegistry:
+    def __init__(self, data_dir: Path, device: torch.device) -> None:
+        self._data_dir = data_dir
+        self._device = device
+        self._models: dict[str, TrainerModel] = {}
+        # Held while a model loads, so two identical creates build it once.
+        self._lock = threading.Lock()
+
+    def create(self, spec: CreateModelRequest) -> tuple[TrainerModel, bool]:
+        """The model and whether it was created now; the same request again is a no-op."""
+        with self._lock:
+            existing = self._models.get(spec.job_id)
+            if existing is not None:
+                if _identity(existing.spec) != _identity(spec):
+                    raise Conflict(
+                        f"Model {spec.job_id!r} exists with a different configuration",
+                        detail={"existing": existing.spec.model_dump(mode="json")},
+                    )
+                return existing, False
+            path = resolve_base_model(spec.base_model, self._data_dir)
+            model = TrainerModel(spec, path, self._device)
+            self._models[spec.job_id] = model
+            return model, True
+
+    def get(self, model_id: str) -> TrainerModel:
+        model = self._models.get(model_id)
+        if model is None:
+            raise NotFound(f"No model {model_id!r}: create it with POST /v1/models first")
+        return model
+
+    def __len__(self) -> int:
+        return len(self._models)

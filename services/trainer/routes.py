@@ -1,0 +1,70 @@
+"""HTTP routes of the trainer: parse, call the service, return."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Response, status
+
+from services.common.schemas import Operation
+from services.trainer.deps import ServiceDep
+from services.trainer.schemas import (
+    CreateModelRequest,
+    ForwardBackwardRequest,
+    ForwardRequest,
+    ModelInfo,
+    OptimStepRequest,
+    SaveWeightsRequest,
+)
+
+router = APIRouter(prefix="/v1", tags=["trainer"])
+MAX_WAIT_S = 60.0
+
+
+# A plain `def`: FastAPI runs it in its thread pool, so loading a base model (seconds for a
+# large one) does not stall the event loop; the response is the ready model.
+@router.post("/models", status_code=status.HTTP_201_CREATED, response_model=ModelInfo)
+def create_model(body: CreateModelRequest, service: ServiceDep, response: Response) -> ModelInfo:
+    info, created = service.create_model(body)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return info
+
+
+@router.get("/models/{model_id}", response_model=ModelInfo)
+async def get_model(model_id: str, service: ServiceDep) -> ModelInfo:
+    return service.model_info(model_id)
+
+
+@router.post("/models/{model_id}/forward_backward", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Operation)
+async def forward_backward(model_id: str, body: ForwardBackwardRequest,
+                           service: ServiceDep) -> Operation:
+    return service.forward_backward(model_id, body)
+
+
+@router.post("/models/{model_id}/forward", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Operation)
+async def forward(model_id: str, body: ForwardRequest, service: ServiceDep) -> Operation:
+    return service.forward(model_id, body)
+
+
+@router.post("/models/{model_id}/optim_step", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Operation)
+async def optim_step(model_id: str, body: OptimStepRequest, service: ServiceDep) -> Operation:
+    return service.optim_step(model_id, body)
+
+
+@router.post("/models/{model_id}/save_weights", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Operation)
+async def save_weights(model_id: str, body: SaveWeightsRequest,
+                       service: ServiceDep) -> Operation:
+    return service.save_weights(model_id, body)
+
+
+@router.get("/operations/{op_id}", response_model=Operation)
+async def get_operation(
+    op_id: str,
+    service: ServiceDep,
+    wait: float = Query(default=0.0, ge=0.0, le=MAX_WAIT_S,
+                        description="Seconds to wait for the operation to finish (long-poll)."),
+) -> Operation:
+    return await service.operation(op_id, wait)

@@ -1,0 +1,73 @@
+"""The trainer's use cases, independent of HTTP: every model operation is validated when it is
+submitted, then queued behind the model's earlier operations (strict submission order)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from services.common.operations import OperationQueue
+from services.common.schemas import Operation
+from services.trainer.checkpoint import ThreadPublisher, save_weights
+from services.trainer.registry import ModelRegistry
+from services.trainer.schemas import (
+    CreateModelRequest,
+    ForwardBackwardRequest,
+    ForwardRequest,
+    ModelInfo,
+    OptimStepRequest,
+    SaveWeightsRequest,
+)
+
+
+class TrainerService:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        queue: OperationQueue,
+        publisher: ThreadPublisher,
+        work_dir: Path,
+    ) -> None:
+        self.registry = registry
+        self.queue = queue
+        self.publisher = publisher
+        self.work_dir = work_dir
+
+    def create_model(self, request: CreateModelRequest) -> tuple[ModelInfo, bool]:
+        """Loads the base (seconds for a large model): call it off the event loop."""
+        model, created = self.registry.create(request)
+        return model.info(), created
+
+    def model_info(self, model_id: str) -> ModelInfo:
+        return self.registry.get(model_id).info()
+
+    def forward_backward(self, model_id: str, request: ForwardBackwardRequest) -> Operation:
+        model = self.registry.get(model_id)
+        model.validate(request.data, needs_loss=True)
+        return self._submit(model_id, "forward_backward",
+                            lambda: model.forward_backward(request.data, request.loss))
+
+    def forward(self, model_id: str, request: ForwardRequest) -> Operation:
+        model = self.registry.get(model_id)
+        model.validate(request.data, needs_loss=False)
+        return self._submit(model_id, "forward", lambda: model.forward(request.data))
+
+    def optim_step(self, model_id: str, request: OptimStepRequest) -> Operation:
+        model = self.registry.get(model_id)
+        return self._submit(model_id, "optim_step", lambda: model.optim_step(request.adam))
+
+    def save_weights(self, model_id: str, request: SaveWeightsRequest) -> Operation:
+        model = self.registry.get(model_id)
+        return self._submit(
+            model_id, "save_weights",
+            lambda: save_weights(model, request, self.publisher, self.work_dir),
+        )
+
+    async def operation(self, op_id: str, wait: float) -> Operation:
+        return await self.queue.wait(op_id, wait) if wait > 0 else self.queue.get(op_id)
+
+    def _submit(self, model_id: str, kind: str, body: Callable[[], BaseModel]) -> Operation:
+        """Must run on the event loop (the queue schedules its worker there)."""
+        return self.queue.submit(model_id, kind, lambda: body().model_dump(mode="json"))

@@ -1,0 +1,29 @@
+"""Trainer settings (`LOOM_TRAINER_*`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from services.common.settings import LoomSettings
+
+
+class TrainerSettings(LoomSettings):
+    trainer_threads: int = Field(
+        default=1,
+        ge=0,
+        description="torch intra-op threads (torch.set_num_threads). The default of 1 suits the "
+        "embedded setup, where the trainer shares a small machine with the rollout engine and "
+        "each gets a core (as a cluster gives each its own GPU); raise it on a dedicated "
+        "trainer host. 0 leaves torch's own choice (one per physical core).",
+    )
+    trainer_device: str = Field(
+        default="auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="'auto' picks cuda when available, else cpu; or 'cpu', 'cuda', 'cuda:N'.",
+    )
+    trainer_work_dir: Path = Field(
+        default_factory=lambda data: Path(data["data_dir"]) / "trainer",
+        description="Scratch space for weights being published. Default: <data_dir>/trainer.",
+    )

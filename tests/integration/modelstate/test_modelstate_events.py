@@ -1,0 +1,148 @@
+"""Version notifications over a real socket: uvicorn in a thread, the real client's SSE
+consumer, restarts of the client and of the server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from conftest import free_port
+
+from modelstate.app import create_app
+from modelstate.client import ModelStateClient
+from modelstate.schemas import PublishRequest, Version, VersionKind
+from modelstate.settings import ModelStateSettings
+
+RECEIVE_TIMEOUT_S = 20.0
+
+
+@contextmanager
+def running_server(settings: ModelStateSettings) -> Iterator[None]:
+    host, port = settings.bind_of("modelstate")
+    config = uvicorn.Config(create_app(settings), host=host, port=port, log_config=None,
+                            access_log=False, timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("modelstate did not start")
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        assert not thread.is_alive(), "modelstate did not stop"
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> ModelStateSettings:
+    return ModelStateSettings(
+        data_dir=tmp_path / "data", database_url=database_url,
+        modelstate_url=f"http://127.0.0.1:{free_port()}", modelstate_sse_heartbeat_s=0.5,
+    )
+
+
+@pytest.fixture
+async def client(settings: ModelStateSettings) -> AsyncIterator[ModelStateClient]:
+    client = ModelStateClient(settings.modelstate_url, event_read_timeout_s=3.0)
+    yield client
+    await client.aclose()
+
+
+class Subscription:
+    """Runs `client.subscribe` in a task and collects what it yields."""
+
+    def __init__(self, client: ModelStateClient, job_id: str | None, after: int) -> None:
+        self.received: asyncio.Queue[Version] = asyncio.Queue()
+        self.task = asyncio.create_task(self._run(client, job_id, after))
+
+    async def _run(self, client: ModelStateClient, job_id: str | None, after: int) -> None:
+        async for version in client.subscribe(job_id, after=after):
+            await self.received.put(version)
+
+    async def next(self) -> Version:
+        return await asyncio.wait_for(self.received.get(), RECEIVE_TIMEOUT_S)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def publish(client: ModelStateClient, directory: Path, job_id: str, step: int) -> Version:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_model.safetensors").write_bytes(f"{job_id}-{step}".encode())
+    meta = PublishRequest(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny", step=step)
+    return await client.publish(meta, directory)
+
+
+
+
+async def test_subscribe_receives_live_versions_and_resumes_after_disconnect(
+    settings: ModelStateSettings, client: ModelStateClient, tmp_path: Path
+) -> None:
+    with running_server(settings):
+        subscription = Subscription(client, "job-a", after=0)
+        await asyncio.sleep(0.5)  # connected and past the (empty) replay: this one comes live
+        first = await publish(client, tmp_path / "a", "job-a", 1)
+        await publish(client, tmp_path / "b", "job-b", 1)  # another job: filtered out
+        assert await subscription.next() == first
+        await subscription.stop()
+
+        second = await publish(client, tmp_path / "a", "job-a", 2)
+        third = await publish(client, tmp_path / "a", "job-a", 3)
+        resumed = Subscription(client, "job-a", after=first.id)
+        # Replayed from the database: same versions (aliases as they stand now).
+        assert [(await resumed.next()).id, (await resumed.next()).id] == [second.id, third.id]
+        await asyncio.sleep(1.5)  # heartbeats only; nothing else arrives
+        assert resumed.received.empty()
+        await resumed.stop()
+
+        everything = Subscription(client, None, after=0)
+        assert [(await everything.next()).job_id for _ in range(4)] == [
+            "job-a", "job-b", "job-a", "job-a"]
+        await everything.stop()
+
+
+async def test_subscription_survives_a_server_restart(
+    settings: ModelStateSettings, client: ModelStateClient, tmp_path: Path
+) -> None:
+    with running_server(settings):
+        subscription = Subscription(client, "job-a", after=0)
+        first = await publish(client, tmp_path / "a", "job-a", 1)
+        assert await subscription.next() == first
+
+    # Down: the subscriber retries with backoff. A new process then serves the same state.
+    await asyncio.sleep(1.0)
+    with running_server(settings):
+        second = await publish(client, tmp_path / "a", "job-a", 2)
+        assert await subscription.next() == second
+        await subscription.stop()
+
+
+async def test_events_endpoint_speaks_server_sent_events(
+    settings: ModelStateSettings, client: ModelStateClient, tmp_path: Path
+) -> None:
+    with running_server(settings):
+        version = await publish(client, tmp_path / "a", "job-a", 1)
+        lines: list[str] = []
+        async with httpx.AsyncClient(base_url=settings.modelstate_url) as http, http.stream(
+            "GET", "/v1/events", headers={"Last-Event-ID": "0"}
+        ) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if line.startswith(": ping"):
+                    break
+        assert f"id: {version.id}" in lines and "event: version" in lines
+        data = next(line for line in lines if line.startswith("data: "))
+        assert Version.model_validate_json(data.removeprefix("data: ")) == version

@@ -1,0 +1,111 @@
+"""Losses against numbers worked out by hand from their formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.trainer.losses import (
+    compute_loss,
+    cross_entropy,
+    importance_sampling,
+    kl_to_reference,
+    ppo,
+)
+from services.trainer.schemas import LossConfig, LossName
+
+LN2 = math.log(2.0)
+
+
+def t(rows: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_cross_entropy_is_a_token_mean_over_the_whole_batch() -> None:
+    logprobs = t([[0.0, -1.0, -2.0], [0.0, -0.5, -3.0]])
+    mask = t([[0, 1, 1], [0, 1, 0]])
+    loss, _ = cross_entropy(logprobs, mask)
+    assert loss.item() == pytest.approx((1.0 + 2.0 + 0.5) / 3)
+
+
+def test_cross_entropy_mask_values_are_weights() -> None:
+    loss, _ = cross_entropy(t([[0.0, -1.0, -4.0]]), t([[0, 2, 1]]))
+    assert loss.item() == pytest.approx((2 * 1.0 + 1 * 4.0) / 3)
+
+
+def test_cross_entropy_gradient_is_minus_mask_over_token_count() -> None:
+    logprobs = t([[0.0, -1.0, -2.0]]).requires_grad_()
+    loss, _ = cross_entropy(logprobs, t([[0, 1, 1]]))
+    loss.backward()
+    assert logprobs.grad is not None
+    assert logprobs.grad[0].tolist() == pytest.approx([0.0, -0.5, -0.5])
+
+
+def test_importance_sampling() -> None:
+    new = t([[0.0, -0.5, -1.0]])
+    old = t([[0.0, -0.5 - LN2, -1.0 + LN2]])  # ratios 2 and 1/2
+    advantages = t([[0.0, 1.0, -2.0]])
+    loss, metrics = importance_sampling(new, t([[0, 1, 1]]), old, advantages)
+    # -(2 * 1 + 0.5 * -2) / 2
+    assert loss.item() == pytest.approx(-0.5)
+    assert metrics["ratio_mean"] == pytest.approx(1.25)
+
+
+def test_ppo_clips_and_counts_clipped_tokens() -> None:
+    new = t([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    # ratios: row 0 -> 2, 0.5; row 1 -> 1, 2
+    old = t([[0.0, -LN2, LN2], [0.0, 0.0, -LN2]])
+    advantages = t([[0.0, 1.0, -2.0], [0.0, 3.0, -1.0]])
+    mask = t([[0, 1, 1], [0, 1, 1]])
+    loss, metrics = ppo(new, mask, old, advantages, clip_low=0.2, clip_high=0.28)
+    # min(2*1, 1.28*1) = 1.28 (clipped); min(0.5*-2, 0.8*-2) = -1.6 (clipped);
+    # min(1*3, 1*3) = 3; min(2*-1, 1.28*-1) = -2 (unclipped)
+    assert loss.item() == pytest.approx(-(1.28 - 1.6 + 3.0 - 2.0) / 4)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+    assert metrics["ratio_mean"] == pytest.approx((2 + 0.5 + 1 + 2) / 4)
+
+
+def test_ppo_clip_higher_is_asymmetric() -> None:
+    new = t([[0.0, 0.0, 0.0]])
+    old = t([[0.0, -math.log(1.25), -math.log(0.75)]])  # ratios 1.25 and 0.75
+    advantages = t([[0.0, 1.0, -1.0]])
+    loss, metrics = ppo(new, t([[0, 1, 1]]), old, advantages, clip_low=0.2, clip_high=0.28)
+    # 1.25 is inside [0.8, 1.28]: 1.25; 0.75 is below 0.8: min(-0.75, -0.8) = -0.8
+    assert loss.item() == pytest.approx(-(1.25 - 0.8) / 2)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_kl_k3_estimator() -> None:
+    new = t([[0.0, 0.0, 0.0, 0.0]])
+    ref = t([[5.0, LN2, -LN2, 0.0]])  # position 0 is masked out
+    kl = kl_to_reference(new, t([[0, 1, 1, 1]]), ref)
+    # (2 - ln2 - 1) + (0.5 + ln2 - 1) + 0 = 0.5, over 3 tokens
+    assert kl.item() == pytest.approx(0.5 / 3)
+
+
+def test_compute_loss_adds_weighted_kl() -> None:
+    new = t([[0.0, -1.0, -1.0]])
+    ref = t([[0.0, -1.0 + LN2, -1.0 - LN2]])
+    config = LossConfig(name=LossName.cross_entropy, kl_coef=0.1)
+    loss, metrics = compute_loss(config, new, t([[0, 1, 1]]), ref_logprobs=ref)
+    assert metrics["policy_loss"] == pytest.approx(1.0)
+    assert metrics["kl"] == pytest.approx(0.5 / 2)
+    assert loss.item() == pytest.approx(1.0 + 0.1 * 0.25)
+
+
+def test_masked_garbage_cannot_poison_gradients() -> None:
+    """A huge sampler logprob at an unmasked position must not give inf * 0 = NaN."""
+    new = t([[0.0, -1.0, -1.0]]).requires_grad_()
+    old = t([[-1000.0, -1.0, -1.0]])
+    loss, _ = ppo(new, t([[0, 1, 1]]), old, t([[5.0, 1.0, 1.0]]), 0.2, 0.28)
+    loss.backward()
+    assert new.grad is not None
+    assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
+    assert loss.item() == pytest.approx(-1.0)
+
+
+def test_policy_losses_need_old_logprobs_and_advantages() -> None:
+    with pytest.raises(ValueError, match="needs old_logprobs"):
+        compute_loss(LossConfig(name=LossName.ppo), t([[0.0, -1.0]]), t([[0, 1]]))
