@@ -38,6 +38,12 @@ class Job(LenientModel):
     created_at: datetime
 
 
+class JobStatusUpdate(StrictModel):
+    """Move a job to another status (checked against the job state machine)."""
+
+    status: JobStatus
+
+
 class JobList(LenientModel):
     jobs: list[Job]
 
@@ -53,6 +59,7 @@ class ApiKeyPublic(LenientModel):
     admin: bool
     prefix: str
     created_at: datetime
+    revoked_at: datetime | None = None
 
 
 class ApiKeyCreated(ApiKeyPublic):

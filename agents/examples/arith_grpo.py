@@ -36,14 +36,14 @@ class DemoConfig:
     seed: int = 0
     held_out: int = 200
     # SFT warm-up: enough to produce well-formed answers, not enough to solve the task.
-    sft_steps: int = 120
+    sft_steps: int = 350
     sft_batch: int = 64
     sft_lr: float = 3e-3
     # GRPO
-    rl_steps: int = 40
-    prompts_per_step: int = 32
+    rl_steps: int = 80
+    prompts_per_step: int = 64
     group_size: int = 8
-    rl_lr: float = 5e-4
+    rl_lr: float = 1e-3
     temperature: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28

@@ -1,0 +1,64 @@
+"""The gateway app: Loom's public entry (auth, jobs, keys, stack health, proxy to services)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+
+from gateway import proxy, routes
+from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
+from gateway.settings import GatewaySettings
+from gateway.upstreams import Upstreams
+from services.common.app_factory import create_service_app
+from services.common.db import make_engine, make_sessionmaker, migrate
+from services.common.http import ServiceClient
+
+ALEMBIC_DIR = Path(__file__).resolve().parent / "alembic"
+VERSION_TABLE = "alembic_version_gateway"
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    settings = settings or GatewaySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        url = settings.database_url_for("gateway")
+        await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
+        engine = make_engine(url)
+        app.state.sessions = make_sessionmaker(engine)
+        app.state.bootstrap_key = await run_in_threadpool(
+            bootstrap_admin_key, app.state.sessions, settings
+        )
+        app.state.auth_cache = AuthCache(settings.gateway_auth_cache_s)
+        app.state.upstreams = Upstreams(settings)
+        app.state.trainer = ServiceClient(settings.url_of("trainer"), service="trainer")
+        try:
+            yield
+        finally:
+            await app.state.trainer.aclose()
+            await app.state.upstreams.aclose()
+            engine.dispose()
+
+    async def readiness() -> dict[str, Any]:
+        def ping() -> None:
+            with app.state.sessions() as session:
+                session.execute(text("SELECT 1"))
+
+        await run_in_threadpool(ping)
+        return {"database": "ok"}
+
+    # Our routes first: /v1/jobs, /v1/keys and /v1/health win over the /v1/{service} proxy.
+    app = create_service_app("gateway", routers=[routes.router, proxy.router],
+                             lifespan=lifespan, readiness=readiness)
+    app.state.settings = settings
+    # Innermost (appended, not add_middleware): requests are already stamped with a request id
+    # and counted when auth runs, so a 401 carries an X-Request-ID like any other answer.
+    app.user_middleware.append(Middleware(ApiKeyAuthMiddleware))
+    return app

@@ -1,0 +1,161 @@
+"""Authentication: a small ASGI middleware in front of every route but the operational ones,
+and the bootstrap admin key created at first start.
+
+The middleware is pure ASGI so proxied streams pass through it untouched. It attaches the
+caller's `KeyIdentity` to `request.state.api_key`; `deps.CurrentKey` / `deps.AdminKey` read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.keys import (
+    KeyIdentity,
+    authenticate,
+    count_keys,
+    create_key,
+    hash_secret,
+    key_exists,
+)
+from gateway.settings import GatewaySettings
+from services.common.app_factory import error_response
+from services.common.db import transaction
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+PUBLIC_PREFIXES = ("/docs", "/redoc")
+MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'. "
+               "`loom up` prints the admin key once and writes it to <data_dir>/admin_key.")
+
+
+def presented_secret(headers: dict[bytes, bytes]) -> str | None:
+    authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    api_key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
+    return api_key or None
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+class ApiKeyAuthMiddleware:
+    """401 unless the request carries a valid, unrevoked key; public paths pass freely."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or is_public(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        secret = presented_secret(dict(scope["headers"]))
+        if secret is None:
+            await _unauthorized(MISSING_KEY)(scope, receive, send)
+            return
+        state = scope["app"].state
+        digest = hash_secret(secret)
+        identity = state.auth_cache.get(digest)
+        if identity is None:
+            identity = await run_in_threadpool(_lookup, state.sessions, secret)
+            if identity is not None:
+                state.auth_cache.put(digest, identity)
+        if identity is None:
+            await _unauthorized("Invalid or revoked API key.")(scope, receive, send)
+            return
+        scope.setdefault("state", {})["api_key"] = identity
+        await self.app(scope, receive, send)
+
+
+class AuthCache:
+    """Keys that authenticated recently, by hash, so hot paths (every proxied sample call)
+    skip the database. A revocation made through this gateway takes effect at once (`evict`);
+    one made through another replica, within `ttl_s`."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[KeyIdentity, float]] = {}
+
+    def get(self, digest: str) -> KeyIdentity | None:
+        entry = self._entries.get(digest)
+        if entry is None or entry[1] < time.monotonic():
+            return None
+        return entry[0]
+
+    def put(self, digest: str, identity: KeyIdentity) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[digest] = (identity, time.monotonic() + self.ttl_s)
+
+    def evict(self, key_id: str) -> None:
+        for digest in [d for d, (identity, _) in self._entries.items() if identity.id == key_id]:
+            del self._entries[digest]
+
+
+def _lookup(sessions: sessionmaker[Session], secret: str) -> KeyIdentity | None:
+    with sessions() as session:
+        return authenticate(session, secret)
+
+
+def _unauthorized(message: str) -> ASGIApp:
+    response = error_response(401, "unauthorized", message)
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+# --- bootstrap ------------------------------------------------------------------------------
+
+
+def bootstrap_admin_key(sessions: sessionmaker[Session], settings: GatewaySettings) -> str | None:
+    """Make sure an admin can get in. Returns the secret when one was generated just now.
+
+    A configured `gateway_admin_key` is registered if missing. Otherwise, with no key at all,
+    a random admin key is created, printed once and (by default) written to the data dir.
+    """
+    configured = settings.gateway_admin_key
+    with transaction(sessions) as session:
+        if configured is not None:
+            if not key_exists(session, configured.get_secret_value()):
+                create_key(session, "admin (configured)", admin=True,
+                           secret=configured.get_secret_value())
+            return None
+        if count_keys(session) > 0:
+            return None
+        secret = create_key(session, "bootstrap admin", admin=True).key
+        # Inside the transaction: if the key cannot be shown or saved, it is not kept either.
+        _announce(secret, settings)
+    return secret
+
+
+def _announce(secret: str, settings: GatewaySettings) -> None:
+    where = "not written to disk (gateway_write_admin_key_file is off)"
+    if settings.gateway_write_admin_key_file:
+        write_secret_file(settings.admin_key_file, secret)
+        where = f"also written to {settings.admin_key_file} (mode 0600): delete it in production"
+    lines = ["Loom gateway: bootstrap admin API key (shown once)", "", secret, "", where]
+    width = max(len(line) for line in lines) + 2
+    box = ["+" + "-" * width + "+", *(f"| {line.ljust(width - 2)} |" for line in lines),
+           "+" + "-" * width + "+"]
+    print("\n".join(box), file=sys.stderr, flush=True)
+
+
+def write_secret_file(path: Path, secret: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)  # the file may have existed with looser bits
+        handle.write(secret + "\n")

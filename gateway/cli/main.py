@@ -1,0 +1,229 @@
+"""`loom`: run the stack locally, check it, build the tiny model, run the demo."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gateway.cli.supervisor import STACK, RunningService, ServiceFailed, Supervisor
+from gateway.schemas import StackHealth
+from services.common.settings import LoomSettings
+
+app = typer.Typer(help="Loom: a control plane for RL post-training of LLMs.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+console = Console()
+err_console = Console(stderr=True)
+
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option("--data-dir", envvar="LOOM_DATA_DIR",
+                 help="Where the embedded stack keeps state (default: ~/.loom)."),
+]
+UrlOption = Annotated[
+    str | None, typer.Option("--url", help="Gateway URL (default: LOOM_GATEWAY_URL).")
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="LOOM_API_KEY",
+                 help="API key (default: <data_dir>/admin_key, written at first `loom up`)."),
+]
+
+
+def _settings(data_dir: Path | None) -> LoomSettings:
+    return LoomSettings(data_dir=data_dir) if data_dir else LoomSettings()
+
+
+def _admin_key_file(settings: LoomSettings) -> Path:
+    return settings.data_dir / "admin_key"
+
+
+def _api_key(given: str | None, settings: LoomSettings) -> str:
+    if given:
+        return given
+    key_file = _admin_key_file(settings)
+    if key_file.exists():
+        return key_file.read_text().strip()
+    err_console.print(f"[red]No API key: pass --api-key, set LOOM_API_KEY, or run `loom up` "
+                      f"once so {key_file} exists.[/red]")
+    raise typer.Exit(2)
+
+
+def _terminate_on_sigterm() -> None:
+    """SIGTERM stops the stack like Ctrl-C does (the supervisor's context exit runs)."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _start(supervisor: Supervisor) -> None:
+    """Launch the stack and show each service's way to readiness; on a start-up death, show
+    the tail of its log (the supervisor's context then stops the rest)."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description:<11}"),
+                  TextColumn("{task.fields[state]}"), TimeElapsedColumn(),
+                  console=console) as progress:
+        tasks = {s.name: progress.add_task(s.name, total=1, state="starting")
+                 for s in supervisor.launch()}
+
+        def on_change(service: RunningService) -> None:
+            progress.update(tasks[service.name], completed=1, state=service.state)
+
+        try:
+            supervisor.wait_ready(on_change)
+        except ServiceFailed as failure:
+            progress.update(tasks[failure.service.name], state=f"[red]{failure.reason}[/red]")
+            progress.stop()
+            err_console.print(Panel(failure.service.log_tail() or "(empty log)",
+                                    title=f"{failure.service.log_path} (tail)"))
+            err_console.print(f"[red]{failure}; stopping the stack.[/red]")
+            raise typer.Exit(1) from failure
+
+
+def _services_table(supervisor: Supervisor) -> Table:
+    table = Table(title="Loom stack")
+    for column in ("service", "URL", "pid", "state", "log"):
+        table.add_column(column)
+    for service in supervisor.services:
+        table.add_row(service.name, service.url, str(service.pid), service.state,
+                      str(service.log_path))
+    return table
+
+
+@app.command()
+def up(
+    data_dir: DataDirOption = None,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="Start only these services (repeatable); default: all of them.")] = None,
+) -> None:
+    """Start every service as a local process and keep them running until Ctrl-C."""
+    settings = _settings(data_dir)
+    key_file = _admin_key_file(settings)
+    had_key = key_file.exists()
+    specs = [spec for spec in STACK if not only or spec.name in only]
+    unknown = set(only or ()) - {spec.name for spec in STACK}
+    if unknown:
+        err_console.print(f"[red]Unknown service(s) {sorted(unknown)}; known: "
+                          f"{[spec.name for spec in STACK]}[/red]")
+        raise typer.Exit(2)
+    _terminate_on_sigterm()
+    with Supervisor(settings, specs) as supervisor:
+        try:
+            _start(supervisor)
+            console.print(_services_table(supervisor))
+            if not had_key and key_file.exists():
+                console.print(Panel(
+                    f"{key_file.read_text().strip()}\n\nAlso in {key_file} (mode 0600), which "
+                    "`loom status` and `loom demo` read. Delete it in production.",
+                    title="bootstrap admin API key (shown once)"))
+            console.print("Stack is up. Ctrl-C stops it.")
+            while (exited := supervisor.first_exited()) is None:
+                time.sleep(1)
+            err_console.print(Panel(exited.log_tail() or "(empty log)",
+                                    title=f"{exited.log_path} (tail)"))
+            err_console.print(f"[red]{exited.name} exited with code "
+                              f"{exited.process.returncode}; stopping the stack.[/red]")
+            raise typer.Exit(1)
+        except KeyboardInterrupt:
+            console.print("Stopping the stack...")
+    console.print("Stopped.")
+
+
+def fetch_health(url: str, api_key: str) -> StackHealth:
+    response = httpx.get(f"{url.rstrip('/')}/v1/health",
+                         headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+    if response.status_code != 200:
+        message = response.json().get("error", {}).get("message", response.text)
+        raise RuntimeError(f"HTTP {response.status_code}: {message}")
+    return StackHealth.model_validate(response.json())
+
+
+@app.command()
+def status(
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Show each service's readiness, as the gateway sees it. Exits 1 unless all are ready."""
+    settings = _settings(data_dir)
+    url = url or settings.gateway_url
+    try:
+        health = fetch_health(url, _api_key(api_key, settings))
+    except (httpx.TransportError, RuntimeError) as exc:
+        err_console.print(f"[red]Gateway at {url}: {exc}[/red]")
+        raise typer.Exit(1) from exc
+    table = Table(title=f"Loom at {url}: {health.status}")
+    for column in ("service", "status", "version", "detail"):
+        table.add_column(column)
+    for name, service in health.services.items():
+        color = "green" if service.status in ("ready", "ok") else "red"
+        detail = ", ".join(f"{k}={v}" for k, v in service.detail.items())
+        table.add_row(name, f"[{color}]{service.status}[/{color}]", service.version,
+                      detail[:120])
+    console.print(table)
+    if health.status != "ok":
+        raise typer.Exit(1)
+
+
+@model_app.command("tiny")
+def model_tiny(directory: Annotated[Path, typer.Argument(help="Output directory.")]) -> None:
+    """Build the deterministic tiny model (Qwen2-style, random init) as a Hugging Face dir."""
+    from modelstate.tiny import build_tiny_model
+
+    path = build_tiny_model(directory)
+    console.print(f"Tiny model written to {path}")
+
+
+def gateway_answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@app.command()
+def demo(
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    out: Annotated[Path, typer.Option("--out", help="Where plots and metrics go.")] = Path(
+        "loom-demo"),
+    data_dir: DataDirOption = None,
+) -> None:
+    """Train the tiny model on arithmetic with GRPO (starts a local stack if needed).
+
+    Runs against the gateway at --url if one answers there; otherwise starts the local stack,
+    runs the demo, and stops the stack again."""
+    from agents.examples.arith_grpo import run_demo
+
+    settings = _settings(data_dir)
+    url = url or settings.gateway_url
+    if gateway_answers(url):
+        result = run_demo(url, _api_key(api_key, settings), out)
+    elif url.rstrip("/") != settings.gateway_url.rstrip("/"):
+        err_console.print(f"[red]No gateway answers at {url}.[/red]")
+        raise typer.Exit(1)
+    else:
+        console.print(f"No gateway at {url}: starting a local stack in {settings.data_dir}.")
+        _terminate_on_sigterm()
+        with Supervisor(settings) as supervisor:
+            _start(supervisor)
+            result = run_demo(url, _api_key(api_key, settings), out)
+    if result is not None:
+        console.print(result)
+    console.print(f"Demo output in {out.resolve()}")
+
+
+if __name__ == "__main__":  # `python -m gateway.cli.main`
+    app()

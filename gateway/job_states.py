@@ -1,0 +1,33 @@
+"""The job state machine: every status change goes through `move_job`, checked against one
+table of allowed moves.
+
+created   → the row exists; the trainer has not (yet) built the model
+running   → the trainer holds the job's model; the script trains and samples
+completed → the script said it is done
+failed    → the trainer refused or could not be reached at creation, or the script gave up
+"""
+
+from __future__ import annotations
+
+from gateway.models import JobRow
+from gateway.schemas import JobStatus
+from services.common.errors import InvalidTransition
+
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.created: frozenset({JobStatus.running, JobStatus.failed}),
+    JobStatus.running: frozenset({JobStatus.completed, JobStatus.failed}),
+    JobStatus.completed: frozenset(),
+    JobStatus.failed: frozenset(),
+}
+
+
+def move_job(job: JobRow, target: JobStatus) -> None:
+    current = JobStatus(job.status)
+    if target not in TRANSITIONS[current]:
+        allowed = sorted(s.value for s in TRANSITIONS[current]) or ["none: it is final"]
+        raise InvalidTransition(
+            f"Job {job.id} is {current.value}; it cannot become {target.value} "
+            f"(allowed: {', '.join(allowed)}).",
+            {"job_id": job.id, "status": current.value, "requested": target.value},
+        )
+    job.status = target.value

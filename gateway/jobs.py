@@ -1,0 +1,91 @@
+"""Jobs: a row in the gateway's database plus the model the trainer builds for it.
+
+Creating a job inserts the row (`created`), then asks the trainer for the model. If the trainer
+refuses (4xx) its error goes back to the caller unchanged; if it fails or cannot be reached the
+caller gets 502/503. Either way the job is marked `failed` and the error names its id, so a
+failed attempt stays visible in `GET /v1/jobs` instead of vanishing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from gateway.job_states import move_job
+from gateway.keys import KeyIdentity
+from gateway.models import JobRow
+from gateway.schemas import Job, JobCreate, JobStatus
+from services.common.db import transaction
+from services.common.errors import LoomError, NotFound
+from services.common.http import ServiceClient
+from services.trainer.schemas import CreateModelRequest, LoraConfig, TrainingMode
+
+T = TypeVar("T")
+
+
+def insert_job(session: Session, body: JobCreate, owner: KeyIdentity) -> JobRow:
+    lora = body.lora.model_dump() if body.mode == TrainingMode.lora else None
+    row = JobRow(name=body.name, base_model=body.base_model, mode=body.mode.value, lora=lora,
+                 config=body.config, status=JobStatus.created.value, owner_key_id=owner.id)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_job_row(session: Session, job_id: str, viewer: KeyIdentity) -> JobRow:
+    """A job the viewer may see: admins see every job, other keys their own."""
+    row = session.get(JobRow, job_id)
+    if row is None or not (viewer.admin or row.owner_key_id == viewer.id):
+        raise NotFound(f"No job {job_id!r} (or it belongs to another API key).")
+    return row
+
+
+def list_jobs(session: Session, viewer: KeyIdentity) -> list[Job]:
+    query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
+    if not viewer.admin:
+        query = query.where(JobRow.owner_key_id == viewer.id)
+    return [to_public(row) for row in session.scalars(query)]
+
+
+def set_status(session: Session, job_id: str, status: JobStatus, viewer: KeyIdentity) -> Job:
+    row = get_job_row(session, job_id, viewer)
+    move_job(row, status)
+    session.flush()
+    return to_public(row)
+
+
+async def create_job(sessions: sessionmaker[Session], trainer: ServiceClient, body: JobCreate,
+                     owner: KeyIdentity) -> Job:
+    job = await in_transaction(sessions, lambda s: to_public(insert_job(s, body, owner)))
+    request = CreateModelRequest(job_id=job.id, base_model=body.base_model, mode=body.mode,
+                                 lora=body.lora)
+    try:
+        await trainer.post_json("/v1/models", request.model_dump(mode="json"))
+    except LoomError as exc:
+        await in_transaction(sessions, lambda s: set_status(s, job.id, JobStatus.failed, owner))
+        raise type(exc)(
+            f"Job {job.id} failed: the trainer could not create its model: {exc.message}",
+            {"job_id": job.id, "trainer": exc.detail},
+        ) from exc
+    return await in_transaction(sessions,
+                                lambda s: set_status(s, job.id, JobStatus.running, owner))
+
+
+async def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+    """Run blocking database work in one transaction, off the event loop."""
+
+    def run() -> T:
+        with transaction(sessions) as session:
+            return work(session)
+
+    return await run_in_threadpool(run)
+
+
+def to_public(row: JobRow) -> Job:
+    return Job(id=row.id, name=row.name, base_model=row.base_model, mode=TrainingMode(row.mode),
+               lora=LoraConfig(**row.lora) if row.lora is not None else None, config=row.config,
+               status=JobStatus(row.status), created_at=row.created_at)

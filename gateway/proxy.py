@@ -1,0 +1,93 @@
+"""Reverse proxy: `/v1/{service}/{rest}` → `<service url>/v1/{rest}`.
+
+Method, query string, headers and body go through; the body is streamed both ways, so an SSE
+stream from rollout reaches the client event by event. Hop-by-hop headers, `Host` and the
+client's credentials stay behind (services trust the gateway, not the caller's key).
+"""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import APIRouter, Request
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
+from gateway.deps import UpstreamsDep
+from gateway.upstreams import Upstreams
+from services.common.errors import Unavailable, UpstreamError
+from services.common.logs import request_id_var
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade",
+})
+# The request id is set explicitly; the caller's key must not travel further.
+NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "x-api-key", "x-request-id"}
+# Our own request-id middleware stamps the response; the upstream's copy would duplicate it.
+NOT_RETURNED = HOP_BY_HOP | {"x-request-id"}
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+async def forward(upstreams: Upstreams, service: str, request: Request) -> StreamingResponse:
+    client = upstreams.client(service)
+    upstream_request = client.build_request(
+        request.method,
+        upstream_target(request, service),
+        headers=forwarded_headers(request.headers.raw, NOT_FORWARDED)
+        + [(b"x-request-id", request_id_var.get().encode("latin-1"))],
+        content=request.stream() if has_body(request) else None,
+    )
+    try:
+        upstream = await client.send(upstream_request, stream=True)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise Unavailable(
+            f"The {service} service is unreachable at {client.base_url}: {exc!r}",
+            {"service": service},
+        ) from exc
+    except httpx.TransportError as exc:
+        raise UpstreamError(f"The {service} service failed to answer: {exc!r}",
+                            {"service": service}) from exc
+    response = StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
+                                 background=BackgroundTask(upstream.aclose))
+    # Raw bytes go back unchanged (still compressed if they were), so the upstream's own
+    # Content-Length and Content-Encoding stay valid.
+    response.raw_headers = forwarded_headers(upstream.headers.raw, NOT_RETURNED)
+    return response
+
+
+def upstream_target(request: Request, service: str) -> str:
+    """`/v1/<rest>?<query>`, from the raw (still percent-encoded) path when the server gives it."""
+    prefix = f"/v1/{service}"
+    raw_path: bytes = request.scope.get("raw_path") or request.url.path.encode()
+    path = raw_path.decode("latin-1")
+    rest = path[len(prefix):] if path.startswith(prefix) else request.url.path[len(prefix):]
+    query = request.url.query
+    return f"/v1{rest}" + (f"?{query}" if query else "")
+
+
+def forwarded_headers(raw: list[tuple[bytes, bytes]], dropped: frozenset[str]
+                      ) -> list[tuple[bytes, bytes]]:
+    # `Connection: foo` makes `foo` hop-by-hop too (RFC 9110 §7.6.1).
+    listed = {
+        token.strip().lower()
+        for name, value in raw if name.lower() == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    return [(name, value) for name, value in raw
+            if (key := name.decode("latin-1").lower()) not in dropped and key not in listed]
+
+
+def has_body(request: Request) -> bool:
+    return "content-length" in request.headers or "transfer-encoding" in request.headers
+
+
+async def proxy(service: str, path: str, request: Request,
+                upstreams: UpstreamsDep) -> StreamingResponse:
+    """Forward to a Loom service: /v1/<service>/<rest> → <service>/v1/<rest>."""
+    return await forward(upstreams, service, request)
+
+
+router = APIRouter(tags=["proxy"])
+for _method in METHODS:  # one route per method, so each gets its own OpenAPI operation id
+    router.add_api_route("/v1/{service}/{path:path}", proxy, methods=[_method],
+                         operation_id=f"proxy_{_method.lower()}")

@@ -1,0 +1,42 @@
+"""Gateway settings (`LOOM_GATEWAY_*`), on top of the shared `LoomSettings`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+
+from services.common.settings import LoomSettings
+
+# The services the gateway fronts, in the order a reader expects them.
+UPSTREAMS = ("rollout", "reward", "sandbox", "trainer", "modelstate")
+
+
+class GatewaySettings(LoomSettings):
+    gateway_admin_key: SecretStr | None = Field(
+        default=None,
+        min_length=20,
+        description="Bootstrap admin key, set explicitly (compose, production). Unset: a random "
+        "key is created at first start, printed once and written to <data_dir>/admin_key.",
+    )
+    gateway_write_admin_key_file: bool = Field(
+        default=True,
+        description="Write a generated bootstrap key to <data_dir>/admin_key (mode 0600) so the "
+        "local CLI finds it. Turn off, or delete the file, in production.",
+    )
+    gateway_auth_cache_s: float = Field(
+        default=10.0, ge=0,
+        description="How long a validated key is trusted without asking the database again "
+        "(a revocation through another gateway replica takes up to this long). 0: no cache.",
+    )
+    gateway_proxy_connect_timeout_s: float = Field(default=5.0, gt=0)
+    gateway_proxy_timeout_s: float = Field(
+        default=900.0, gt=0,
+        description="Longest silence from an upstream (read/write) before the proxy gives up; "
+        "long because sampling and streams can be slow.",
+    )
+    gateway_health_timeout_s: float = Field(default=2.0, gt=0)
+
+    @property
+    def admin_key_file(self) -> Path:
+        return self.data_dir / "admin_key"

@@ -1,0 +1,64 @@
+"""The services behind the gateway: one pooled HTTP client each, and the stack's health."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from gateway.schemas import StackHealth
+from gateway.settings import UPSTREAMS, GatewaySettings
+from services.common.errors import NotFound
+from services.common.schemas import Health
+
+
+class Upstreams:
+    """One pooled client per service, built once in the lifespan."""
+
+    def __init__(self, settings: GatewaySettings,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        timeout = httpx.Timeout(settings.gateway_proxy_timeout_s,
+                                connect=settings.gateway_proxy_connect_timeout_s)
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        self.health_timeout = settings.gateway_health_timeout_s
+        self.clients = {
+            name: httpx.AsyncClient(base_url=settings.url_of(name), timeout=timeout,
+                                    limits=limits, transport=transport)
+            for name in UPSTREAMS
+        }
+
+    def client(self, service: str) -> httpx.AsyncClient:
+        client = self.clients.get(service)
+        if client is None:
+            raise NotFound(
+                f"Unknown service {service!r}: the gateway proxies /v1/<service>/... for "
+                f"{', '.join(self.clients)} (and serves /v1/jobs, /v1/keys, /v1/health itself).",
+                {"known_services": list(self.clients)},
+            )
+        return client
+
+    async def health(self, gateway: Health) -> StackHealth:
+        """Every service's readiness, asked concurrently; one slow service costs at most the
+        health timeout."""
+        probes = await asyncio.gather(*(self._probe(name) for name in self.clients))
+        services = {"gateway": gateway, **dict(zip(self.clients, probes, strict=True))}
+        healthy = all(health.status in ("ready", "ok") for health in services.values())
+        return StackHealth(status="ok" if healthy else "degraded", services=services)
+
+    async def _probe(self, service: str) -> Health:
+        client = self.clients[service]
+        try:
+            response = await client.get("/readyz", timeout=self.health_timeout)
+        except httpx.TransportError as exc:
+            return Health(service=service, status="unreachable", version="unknown",
+                          detail={"url": str(client.base_url), "error": repr(exc)})
+        try:
+            return Health.model_validate(response.json())
+        except ValueError:
+            return Health(service=service, status="error", version="unknown",
+                          detail={"http_status": response.status_code,
+                                  "body": response.text[:500]})
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()

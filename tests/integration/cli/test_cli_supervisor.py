@@ -1,0 +1,153 @@
+"""The supervisor and `loom up` / `loom status` with real services as subprocesses, and the
+promise that stopping leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from gateway.cli.supervisor import ServiceFailed, ServiceSpec, Supervisor, group_members
+from services.common.settings import LoomSettings
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def alive(pids: set[int]) -> set[int]:
+    left = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+@pytest.fixture
+def ports_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LOOM_DATA_DIR": str(tmp_path / "data"),
+        "LOOM_GATEWAY_URL": f"http://127.0.0.1:{unused_port()}",
+        "LOOM_MODELSTATE_URL": f"http://127.0.0.1:{unused_port()}",
+        # Nothing listens there: `loom status` must report them unreachable.
+        **{f"LOOM_{name}_URL": f"http://127.0.0.1:{unused_port()}"
+           for name in ("ROLLOUT", "REWARD", "SANDBOX", "TRAINER")},
+    }
+
+
+def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    gateway_url = ports_env["LOOM_GATEWAY_URL"]
+    loom = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli.main", "up", "--only", "gateway",
+         "--only", "modelstate"],
+        env={**ports_env, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until(lambda: answers(f"{gateway_url}/readyz")
+                   and answers(f"{ports_env['LOOM_MODELSTATE_URL']}/readyz"), 120, "readiness")
+        services = loom_descendants(loom.pid)
+        assert len(services) >= 2
+
+        status = subprocess.run(
+            [sys.executable, "-m", "gateway.cli.main", "status", "--url", gateway_url],
+            env={**ports_env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60,
+        )
+        assert status.returncode == 1, status.stdout + status.stderr  # degraded: 4 are absent
+        assert "degraded" in status.stdout and "unreachable" in status.stdout
+        assert "modelstate" in status.stdout
+
+        loom.send_signal(signal.SIGTERM)
+        output, _ = loom.communicate(timeout=60)
+    finally:
+        if loom.poll() is None:
+            loom.kill()
+    assert loom.returncode == 0, output
+    assert "bootstrap admin API key" in output and "Stopped." in output
+    assert alive(services) == set(), f"orphans left: {alive(services)}"
+    assert (tmp_path / "data" / "logs" / "gateway.log").exists()
+    assert (tmp_path / "data" / "admin_key").exists()
+
+
+def loom_descendants(pid: int) -> set[int]:
+    """The services (and anything they spawned) under a `loom up` process. They run in their
+    own sessions but are still its children."""
+    return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+
+
+# A service that spawns a child ignoring SIGTERM (as a stuck engine worker would), then serves
+# /readyz: stopping must escalate to SIGKILL and take the child too.
+STUBBORN_SERVICE = textwrap.dedent("""
+    import http.server, os, signal, subprocess, sys
+    from urllib.parse import urlsplit
+    subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+        def log_message(self, *args):
+            pass
+    port = urlsplit(os.environ["LOOM_REWARD_URL"]).port
+    http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
+""")
+
+
+def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path: Path) -> None:
+    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{unused_port()}")
+    spec = ServiceSpec("reward", (sys.executable, "-c", STUBBORN_SERVICE), 30)
+    with Supervisor(settings, [spec], grace_s=1.0) as supervisor:
+        (service,) = supervisor.start()
+        assert service.state == "ready"
+        wait_until(lambda: len(group_members(service.pid)) == 2, 10, "the child process")
+        members = {p.pid for p in group_members(service.pid)}
+        started = time.monotonic()
+    assert 1.0 <= time.monotonic() - started < 10
+    assert alive(members) == set()
+    assert group_members(service.pid) == []
+
+
+def test_start_up_death_shows_its_log_and_stops_the_rest(tmp_path: Path) -> None:
+    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{unused_port()}",
+                            sandbox_url=f"http://127.0.0.1:{unused_port()}")
+    crashing = ServiceSpec("sandbox", (sys.executable, "-c",
+                                       "import sys; print('bad config: no sandbox'); sys.exit(3)"))
+    stubborn = ServiceSpec("reward", (sys.executable, "-c", STUBBORN_SERVICE))
+    supervisor = Supervisor(settings, [stubborn, crashing], grace_s=1.0)
+    with pytest.raises(ServiceFailed) as failure, supervisor:
+        supervisor.start()
+    assert failure.value.service.name == "sandbox"
+    assert "exited with code 3" in str(failure.value)
+    assert "bad config: no sandbox" in failure.value.service.log_tail()
+    assert all(group_members(s.pid) == [] for s in supervisor.services)

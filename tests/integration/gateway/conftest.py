@@ -1,0 +1,154 @@
+"""Fixtures for the gateway's integration tests: real uvicorn servers in threads (the gateway,
+and the services behind it), on free ports, over real databases."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from services.common.app_factory import create_service_app
+from services.common.errors import InvalidInput
+from services.trainer.schemas import CreateModelRequest
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI) -> Iterator[str]:
+    """Run an app under a real uvicorn server (lifespan included); yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound here and handed over: no race for the port
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+@pytest.fixture
+def serve() -> Serve:
+    """`with serve(app) as url:` runs the app under uvicorn in a thread."""
+    return serve_in_thread
+
+
+Serve = Callable[[FastAPI], AbstractContextManager[str]]
+
+
+class StreamGate:
+    """Holds an SSE stream after its first event until the test opens the gate: if the
+    gateway buffered responses, the test would never see that first event."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+
+
+def echo_service(gate: StreamGate) -> FastAPI:
+    """A small Loom-shaped service: echoes what reached it and streams server-sent events."""
+    router = APIRouter(prefix="/v1")
+
+    @router.api_route("/echo/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def echo(rest: str, request: Request) -> dict[str, object]:
+        body = await request.body()
+        return {"method": request.method, "path": request.url.path,
+                "query": request.url.query, "headers": dict(request.headers),
+                "body": body.decode("utf-8", "replace")}
+
+    @router.get("/events")
+    async def events() -> StreamingResponse:
+        async def stream() -> AsyncIterator[bytes]:
+            yield b"data: first\n\n"
+            while not gate.opened.is_set():
+                await asyncio.sleep(0.01)
+            yield b"data: second\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return create_service_app("reward", routers=[router])
+
+
+def trainer_stand_in() -> FastAPI:
+    """Stands in for the trainer's `POST /v1/models` only (the job logic needs nothing else):
+    it accepts the real request schema and refuses a base model that does not exist."""
+    router = APIRouter(prefix="/v1")
+    created: list[CreateModelRequest] = []
+
+    @router.post("/models", status_code=201)
+    async def create_model(body: CreateModelRequest) -> dict[str, str]:
+        if body.base_model.startswith("/missing"):
+            raise InvalidInput(f"Base model directory {body.base_model!r} does not exist")
+        created.append(body)
+        return {"model_id": body.job_id, "job_id": body.job_id}
+
+    app = create_service_app("trainer", routers=[router])
+    app.state.created = created
+    return app
+
+
+@dataclass
+class Stack:
+    url: str
+    admin_key: str
+    settings: GatewaySettings
+    gate: StreamGate
+    trainer: FastAPI
+
+    def client(self, key: str | None = None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {key or self.admin_key}"}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def gateway_settings(tmp_path: Path, database_url: str) -> GatewaySettings:
+    return GatewaySettings(data_dir=tmp_path / "data", database_url=database_url)
+
+
+@pytest.fixture
+def stack(gateway_settings: GatewaySettings) -> Iterator[Stack]:
+    """The gateway in front of an echo service (as reward), a trainer stand-in, and nothing
+    listening for the other services."""
+    gate = StreamGate()
+    trainer = trainer_stand_in()
+    with serve_in_thread(echo_service(gate)) as echo_url, serve_in_thread(trainer) as trainer_url:
+        unreachable = f"http://127.0.0.1:{unused_port()}"
+        settings = gateway_settings.model_copy(update={
+            "reward_url": echo_url, "trainer_url": trainer_url, "rollout_url": unreachable,
+            "sandbox_url": unreachable, "modelstate_url": unreachable,
+        })
+        with serve_in_thread(create_app(settings)) as url:
+            admin_key = settings.admin_key_file.read_text().strip()
+            try:
+                yield Stack(url=url, admin_key=admin_key, settings=settings, gate=gate,
+                            trainer=trainer)
+            finally:
+                gate.opened.set()  # never leave a stream hanging into the server's shutdown
+
+
