@@ -198,7 +198,7 @@ def demo(
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
     out: Annotated[Path, typer.Option("--out", help="Where plots and metrics go.")] = Path(
-        "loom-demo"),
+        "runs/arith_grpo"),
     data_dir: DataDirOption = None,
 ) -> None:
     """Train the tiny model on arithmetic with GRPO (starts a local stack if needed).
@@ -220,9 +220,7 @@ def demo(
         with Supervisor(settings) as supervisor:
             _start(supervisor)
             result = run_demo(url, _api_key(api_key, settings), out)
-    if result is not None:
-        console.print(result)
-    console.print(f"Demo output in {out.resolve()}")
+    console.print(f"Demo finished in {result.wall_s:.0f} s; output in {out.resolve()}")
 
 
 if __name__ == "__main__":  # `python -m gateway.cli.main`

@@ -1,0 +1,93 @@
+"""The rollout service: one vLLM engine, Loom's sampling API and OpenAI-compatible endpoints.
+
+The engine starts in the background (tens of seconds on CPU), so `/healthz` answers at once
+and `/readyz` turns ready once the engine is started and warmed up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from modelstate.client import ModelStateClient, local_or_download
+from modelstate.schemas import Version
+from services.common.app_factory import create_service_app
+from services.common.base_models import resolve_base_model
+from services.common.errors import Unavailable
+from services.rollout import routes
+from services.rollout.engine import RolloutEngine
+from services.rollout.openai import routes as openai_routes
+from services.rollout.openai.chat import ChatCompletions
+from services.rollout.openai.completions import Completions
+from services.rollout.openai.serving import OpenAIServing
+from services.rollout.sampling import Sampler
+from services.rollout.settings import RolloutSettings
+from services.rollout.versions import Versions
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: RolloutSettings | None = None) -> FastAPI:
+    settings = settings or RolloutSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        model_path = await run_in_threadpool(
+            resolve_base_model, settings.rollout_model, settings.data_dir)
+        engine = RolloutEngine(settings, model_path)
+        store = ModelStateClient(settings.url_of("modelstate"))
+
+        async def materialize(version: Version) -> Path:
+            return await local_or_download(version, settings.cache_dir, client=store)
+
+        versions = Versions(engine, store, materialize, base_model=settings.rollout_model,
+                            base_path=model_path, max_loras=settings.rollout_max_loras)
+        sampler = Sampler(engine, versions)
+        serving = OpenAIServing(sampler, versions, settings.rollout_model)
+        app.state.settings = settings
+        app.state.engine = engine
+        app.state.versions = versions
+        app.state.sampler = sampler
+        app.state.openai = serving
+        app.state.completions = Completions(serving)
+        app.state.chat = ChatCompletions(serving)
+
+        async def run() -> None:
+            await engine.start()
+            await versions.follow_publications()
+
+        task = asyncio.create_task(run(), name="rollout-engine")
+        task.add_done_callback(_log_failure)
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            engine.shutdown()
+            await store.aclose()
+
+    async def readiness() -> dict[str, Any]:
+        engine: RolloutEngine = app.state.engine
+        if not engine.ready:
+            engine.llm  # noqa: B018 -- raises Unavailable with the reason (starting or failed)
+            raise Unavailable("The rollout engine is warming up.")
+        return {"model": settings.rollout_model, "startup_s": round(engine.startup_seconds or 0, 1),
+                "warmup_s": round(engine.warmup_seconds or 0, 1)}
+
+    app = create_service_app("rollout", routers=[routes.router, openai_routes.router],
+                             lifespan=lifespan)
+    app.state.readiness = readiness  # set after: it reads the engine the lifespan puts on `app`
+    return app
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("rollout engine task failed", exc_info=task.exception())

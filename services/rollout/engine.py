@@ -1,0 +1,178 @@
+"""The one vLLM engine of a rollout process: start-up with warm-up, generation, tokenizer,
+in-place weight reloads and LoRA adapters. Version bookkeeping lives in `versions.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from services.common.errors import Unavailable
+from services.rollout.settings import RolloutSettings
+
+if TYPE_CHECKING:  # vLLM is heavy to import: only the engine's own start-up pays for it
+    from vllm import RequestOutput, SamplingParams
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger(__name__)
+
+BASE_WEIGHTS_LABEL = "base"
+
+
+class RolloutEngine:
+    """Owns one `AsyncLLM`. Every method but `start` needs a started engine."""
+
+    def __init__(self, settings: RolloutSettings, model_path: str) -> None:
+        self.settings = settings
+        self.model_path = model_path
+        self._llm: AsyncLLM | None = None
+        self.start_error: str | None = None
+        self.warmup_seconds: float | None = None
+        self.startup_seconds: float | None = None
+
+    @property
+    def llm(self) -> AsyncLLM:
+        if self._llm is None:
+            if self.start_error:
+                raise Unavailable(f"The rollout engine failed to start: {self.start_error}")
+            raise Unavailable("The rollout engine is still starting; retry shortly.")
+        return self._llm
+
+    @property
+    def ready(self) -> bool:
+        return self._llm is not None and self.warmup_seconds is not None
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # Read by the engine processes vLLM spawns, so it must be set before they start.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.rollout_kv_cache_gib)
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype=self.settings.rollout_dtype,
+            enforce_eager=self.settings.rollout_enforce_eager,
+            max_model_len=self.settings.rollout_max_model_len,
+            enable_lora=True,
+            max_lora_rank=self.settings.rollout_max_lora_rank,
+            max_loras=self.settings.rollout_max_loras,
+            seed=self.settings.rollout_seed,
+            disable_log_stats=True,
+        )
+        started = time.perf_counter()
+        # Built off the event loop (tens of seconds) so /healthz answers meanwhile; the
+        # engine's output loop starts lazily on the first request, on this loop.
+        build = asyncio.get_running_loop().run_in_executor(None, AsyncLLM.from_engine_args, args)
+        try:
+            self._llm = await asyncio.shield(build)
+        except asyncio.CancelledError:
+            # A build cannot be interrupted: let it finish, then stop the processes it spawned.
+            (await build).shutdown()
+            raise
+        except Exception as exc:
+            self.start_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.startup_seconds = time.perf_counter() - started
+        await self._label_weights(BASE_WEIGHTS_LABEL)
+        await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        """Pay one-time costs before the first user request does. The expensive one: vLLM
+        computes the rank of each sampled token with a `torch.compile`d kernel
+        (`batched_count_greater_than`), compiled by Inductor on the first request that asks for
+        logprobs (5 s idle, ~25 s on a busy 2-core machine), and compiled again for the first
+        batch of another size (then shapes are dynamic). So: logprobs at batch 1, then batch 2,
+        with the sampling options user requests take (seeded, top-p/top-k)."""
+        from vllm import SamplingParams
+
+        started = time.perf_counter()
+        prompt = [0, 1, 2, 3]
+        await self.generate(prompt, SamplingParams(max_tokens=2, logprobs=0))
+        await self.generate(prompt, SamplingParams(max_tokens=2, logprobs=0, n=2, seed=0))
+        await self.generate(prompt, SamplingParams(max_tokens=2, logprobs=0, top_p=0.9, top_k=8))
+        self.warmup_seconds = time.perf_counter() - started
+        log.info("rollout engine started in %.1f s, warmed up in %.1f s",
+                 self.startup_seconds or 0.0, self.warmup_seconds)
+
+    # --- generation ---------------------------------------------------------------------
+
+    async def stream(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        lora_request: LoRARequest | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs as vLLM produces them (cumulative or delta, per `params.output_kind`)."""
+        request_id = uuid.uuid4().hex
+        async for output in self.llm.generate(
+            {"prompt_token_ids": prompt_token_ids}, params, request_id, lora_request=lora_request
+        ):
+            yield output
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        lora_request: LoRARequest | None = None,
+    ) -> RequestOutput:
+        final: RequestOutput | None = None
+        async for output in self.stream(prompt_token_ids, params, lora_request):
+            final = output
+        if final is None:  # vLLM always yields a finished output; this guards the type
+            raise RuntimeError("vLLM returned no output")
+        return final
+
+    # --- tokenizer and limits -----------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.get_tokenizer()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.llm.model_config.get_vocab_size())
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.llm.model_config.max_model_len)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids))
+
+    # --- weights ------------------------------------------------------------------------
+
+    async def reload_weights(self, weights_path: str, label: str) -> None:
+        """Replace the full weights in place. In-flight requests are waited for, and the KV
+        and prefix caches are cleared, since they were computed by the old weights. vLLM drops
+        every LoRA adapter too (they were merged against the old base)."""
+        await self.llm.pause_generation(mode="wait", clear_cache=True)
+        try:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+            await self._label_weights(label)
+        finally:
+            await self.llm.resume_generation()
+
+    async def _label_weights(self, label: str) -> None:
+        """vLLM tags every output token with this label (`CompletionOutput.weight_versions`),
+        which lets the sampler check which weights produced a sample."""
+        await self.llm.update_weight_version(label)
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        await self.llm.add_lora(lora_request)
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        await self.llm.remove_lora(lora_int_id)
+
+    def shutdown(self) -> None:
+        """Stop the EngineCore and worker processes (waits for them to exit)."""
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None

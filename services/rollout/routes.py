@@ -1,0 +1,38 @@
+"""Loom's own rollout API: parse, call the logic, return."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from services.rollout.deps import SamplerDep, VersionsDep
+from services.rollout.schemas import (
+    LoadedVersion,
+    LoadRequest,
+    ResidentVersions,
+    SampleRequest,
+    SampleResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+
+router = APIRouter(prefix="/v1", tags=["rollout"])
+
+
+@router.post("/sample", response_model=SampleResponse)
+async def sample(sampler: SamplerDep, body: SampleRequest) -> SampleResponse:
+    return await sampler.sample(body)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(sampler: SamplerDep, body: TokenizeRequest) -> TokenizeResponse:
+    return sampler.tokenize(body)
+
+
+@router.get("/versions", response_model=ResidentVersions)
+async def resident_versions(versions: VersionsDep) -> ResidentVersions:
+    return versions.resident()
+
+
+@router.post("/load", response_model=LoadedVersion)
+async def load(versions: VersionsDep, body: LoadRequest) -> LoadedVersion:
+    return await versions.load(body.job_id, body.version)

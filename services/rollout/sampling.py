@@ -1,0 +1,121 @@
+"""Sampling with logprobs: Loom's own sampling API, and the checks and conversions the
+OpenAI-compatible endpoints share."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from services.common.errors import InvalidInput, LoomError
+from services.rollout.engine import RolloutEngine
+from services.rollout.schemas import (
+    Sample,
+    SampleRequest,
+    SampleResponse,
+    SamplingParams,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from services.rollout.versions import Versions
+
+if TYPE_CHECKING:
+    import vllm
+    from vllm.outputs import CompletionOutput
+
+
+def check_prompt(prompt_token_ids: list[int], max_tokens: int, *, vocab_size: int,
+                 max_model_len: int) -> None:
+    """Refuse what the engine would refuse, with the numbers a caller needs to fix it."""
+    if not prompt_token_ids:
+        raise InvalidInput("The prompt is empty: it must hold at least one token.")
+    bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidInput(
+            f"Prompt token ids must be in [0, {vocab_size}) for this model; got "
+            f"{len(bad)} outside it, e.g. {bad[:5]}.", {"vocab_size": vocab_size},
+        )
+    total = len(prompt_token_ids) + max_tokens
+    if total > max_model_len:
+        raise InvalidInput(
+            f"Prompt ({len(prompt_token_ids)} tokens) + max_tokens ({max_tokens}) = {total} "
+            f"exceeds the model's context of {max_model_len} tokens.",
+            {"prompt_tokens": len(prompt_token_ids), "max_tokens": max_tokens,
+             "max_model_len": max_model_len},
+        )
+
+
+def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream: bool = False,
+                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                ) -> vllm.SamplingParams:
+    """Loom's sampling options as vLLM's; `logprobs=0` returns the sampled token's own (and
+    `k` also the `k` most likely ones)."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.exceptions import VLLMClientError
+    from vllm.sampling_params import RequestOutputKind
+
+    try:
+        return VllmSamplingParams(
+            n=n, max_tokens=params.max_tokens, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k, stop=params.stop or None, seed=params.seed,
+            logprobs=logprobs, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        )
+    except (ValueError, VLLMClientError) as exc:  # vLLM's checks on combinations of options
+        raise InvalidInput(f"Invalid sampling parameters: {exc}") from exc
+
+
+def sampled_logprobs(completion: CompletionOutput) -> list[float]:
+    """The logprob of each sampled token (vLLM returns it first-ranked at logprobs=0)."""
+    entries = completion.logprobs or []
+    return [entry[token].logprob for token, entry in zip(completion.token_ids, entries,
+                                                         strict=True)]
+
+
+def stop_reason(completion: CompletionOutput) -> Literal["stop", "length", "abort"]:
+    reason = completion.finish_reason
+    return reason if reason in ("stop", "length") else "abort"  # type: ignore[return-value]
+
+
+def check_weights(completion: CompletionOutput, expected: str) -> None:
+    """vLLM tags tokens with the weights that produced them: a sample reports the version it
+    was truly sampled with, or fails loudly (that would be a bug in the weights gate)."""
+    labels = {span.version for span in completion.weight_versions or []}
+    if labels - {expected}:
+        raise LoomError(f"Sample produced by weights {sorted(labels)}, expected {expected!r}.")
+
+
+class Sampler:
+    def __init__(self, engine: RolloutEngine, versions: Versions) -> None:
+        self.engine = engine
+        self.versions = versions
+
+    def prompt_ids(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
+        return prompt_token_ids if prompt_token_ids is not None else self.engine.encode(
+            prompt or "")
+
+    def check_prompt(self, prompt_token_ids: list[int], max_tokens: int) -> None:
+        check_prompt(prompt_token_ids, max_tokens, vocab_size=self.engine.vocab_size,
+                     max_model_len=self.engine.max_model_len)
+
+    async def sample(self, request: SampleRequest) -> SampleResponse:
+        prompt_ids = self.prompt_ids(request.prompt, request.prompt_token_ids)
+        self.check_prompt(prompt_ids, request.params.max_tokens)
+        params = vllm_params(request.params, n=request.n)
+        async with self.versions.use(request.job_id, request.version) as served:
+            output = await self.engine.generate(prompt_ids, params, served.lora_request)
+        version = served.target.number
+        samples = []
+        for completion in sorted(output.outputs, key=lambda c: c.index):
+            check_weights(completion, served.target.weights)
+            samples.append(Sample(
+                token_ids=list(completion.token_ids), logprobs=sampled_logprobs(completion),
+                text=completion.text, stop_reason=stop_reason(completion),
+                version=version,
+            ))
+        return SampleResponse(job_id=request.job_id, version=version,
+                              prompt_token_ids=prompt_ids, samples=samples)
+
+    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        return TokenizeResponse(token_ids=[
+            self.engine.encode(text, request.add_special_tokens) for text in request.texts
+        ])

@@ -1,0 +1,35 @@
+"""Rollout settings: `LOOM_ROLLOUT_*` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from services.common.base_models import TINY_MODEL
+from services.common.settings import LoomSettings
+
+
+class RolloutSettings(LoomSettings):
+    rollout_model: str = Field(
+        default=TINY_MODEL, description="Base model: `loom/tiny`, a local directory or a hub name."
+    )
+    rollout_dtype: str = Field(default="float32", description="float32 on CPU; bfloat16 on GPU.")
+    rollout_max_model_len: int = Field(default=512, ge=16)
+    rollout_kv_cache_gib: int = Field(
+        default=1, ge=1, description="KV cache GiB on CPU (sets VLLM_CPU_KVCACHE_SPACE)."
+    )
+    rollout_max_loras: int = Field(default=4, ge=1, description="LoRA adapters kept resident.")
+    rollout_max_lora_rank: int = Field(default=64, ge=1)
+    rollout_enforce_eager: bool = Field(
+        default=True, description="Skip graph compilation: faster start-up on CPU."
+    )
+    rollout_cache_dir: Path | None = Field(
+        default=None, description="Where versions from a remote store are copied. "
+        "Default: <data_dir>/rollout-cache."
+    )
+    rollout_seed: int = 0
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.rollout_cache_dir or self.data_dir / "rollout-cache"

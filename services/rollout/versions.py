@@ -1,0 +1,223 @@
+"""Weight hand-off on the rollout side: which version a request means, and making it the one
+that serves. Full versions swap the engine's weights (one at a time, behind `WeightsGate`);
+LoRA versions are adapters on the base weights (several resident, `LoraSlots`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Literal, Protocol
+
+from vllm.lora.request import LoRARequest
+
+from modelstate.schemas import Version, VersionKind
+from services.common.errors import InvalidInput, LoomError, NotFound
+from services.rollout.engine import BASE_WEIGHTS_LABEL
+from services.rollout.lora_slots import LoraEngine, LoraSlots
+from services.rollout.schemas import LoadedVersion, ResidentVersions, VersionRef
+from services.rollout.weights_gate import WeightsGate
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+# Versions published this long before the subscription started are history, not news.
+PRELOAD_CLOCK_SKEW = timedelta(seconds=30)
+
+
+class VersionStore(Protocol):
+    """What rollout needs of `modelstate.client.ModelStateClient`."""
+
+    async def get_version(self, job_id: str, ref: int | str) -> Version: ...
+
+    def subscribe(self, job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]: ...
+
+
+class WeightsEngine(LoraEngine, Protocol):
+    async def reload_weights(self, weights_path: str, label: str) -> None: ...
+
+
+Materialize = Callable[[Version], Awaitable[Path]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved version: what must be loaded for a request to be served by it."""
+
+    job_id: str | None
+    number: int
+    kind: Literal["base", "full", "lora"]
+    path: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_id}@{self.number}"
+
+    @property
+    def weights(self) -> str:
+        """The label of the full weights it runs on: LoRA adapters apply to the base."""
+        return self.name if self.kind == "full" else BASE_WEIGHTS_LABEL
+
+    def loaded(self) -> LoadedVersion:
+        return LoadedVersion(job_id=self.job_id, number=self.number, kind=self.kind)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A version held for one request: `lora_request` is None unless it is an adapter."""
+
+    target: Target
+    lora_request: LoRARequest | None
+
+
+def base_target(job_id: str | None = None) -> Target:
+    return Target(job_id=job_id, number=0, kind="base")
+
+
+class Versions:
+    def __init__(
+        self,
+        engine: WeightsEngine,
+        store: VersionStore,
+        materialize: Materialize,
+        *,
+        base_model: str,
+        base_path: str,
+        max_loras: int,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.materialize = materialize
+        self.base_model = base_model
+        self.base_path = base_path
+        self.gate = WeightsGate(BASE_WEIGHTS_LABEL)
+        self.loras = LoraSlots(engine, max_loras)
+        self._full: Target | None = base_target()
+        self._known: dict[tuple[str, int], Target] = {}  # published versions never change
+
+    # --- resolution ---------------------------------------------------------------------
+
+    async def resolve(self, job_id: str | None, ref: VersionRef) -> Target:
+        """Numbers are immutable (cached); aliases are asked of modelstate every time, so a
+        request right after a publish sees it. `latest` of a job with no versions is 0."""
+        ref = _normalize(ref)
+        if job_id is None:
+            if ref in (0, LATEST):
+                return base_target()
+            raise InvalidInput(f"Version {ref!r} needs a job_id: without one only the base "
+                               "model (version 0 or 'latest') can be served.")
+        if ref == 0:
+            return base_target(job_id)
+        if isinstance(ref, int) and (job_id, ref) in self._known:
+            return self._known[(job_id, ref)]
+        try:
+            version = await self.store.get_version(job_id, ref)
+        except NotFound:
+            if ref == LATEST:
+                return base_target(job_id)
+            raise
+        return await self.target_of(version)
+
+    async def target_of(self, version: Version) -> Target:
+        key = (version.job_id, version.number)
+        if key not in self._known:
+            path = await self.materialize(version)
+            kind: Literal["full", "lora"] = "full" if version.kind == VersionKind.full else "lora"
+            self._known[key] = Target(version.job_id, version.number, kind, str(path))
+        return self._known[key]
+
+    # --- serving ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def use(self, job_id: str | None, ref: VersionRef) -> AsyncIterator[Served]:
+        """Resolve and hold a version loaded while the block runs."""
+        target = await self.resolve(job_id, ref)
+        async with self.hold(target) as served:
+            yield served
+
+    @asynccontextmanager
+    async def hold(self, target: Target) -> AsyncIterator[Served]:
+        async with self.gate.hold(target.weights, lambda: self._swap_full_weights(target)):
+            if target.kind != "lora":
+                yield Served(target, None)
+                return
+            assert target.path is not None  # LoRA targets come from a materialized version
+            async with self.loras.use(target.name, target.path) as lora_request:
+                yield Served(target, lora_request)
+
+    async def load(self, job_id: str, ref: VersionRef) -> LoadedVersion:
+        async with self.use(job_id, ref) as served:
+            return served.target.loaded()
+
+    async def _swap_full_weights(self, target: Target) -> None:
+        path = target.path if target.kind == "full" else self.base_path
+        assert path is not None
+        self._full = None  # unknown until the reload succeeds
+        async with self.loras.lock:
+            try:
+                await self.engine.reload_weights(path, target.weights)
+            finally:
+                self.loras.forget_all()  # vLLM drops adapters whenever base weights change
+        self._full = target if target.kind == "full" else base_target()
+        log.info("full weights now %s", target.weights)
+
+    def resident(self) -> ResidentVersions:
+        loras = [name.rsplit("@", 1) for name in self.loras.resident]
+        return ResidentVersions(
+            base_model=self.base_model,
+            full=self._full.loaded() if self._full else None,
+            loras=[LoadedVersion(job_id=job, number=int(n), kind="lora") for job, n in loras],
+        )
+
+    # --- hand-off on publish --------------------------------------------------------------
+
+    async def preload(self, version: Version) -> None:
+        """Make a just-published version resident, so its first sample is fast."""
+        target = await self.target_of(version)
+        if target.kind == "lora":
+            assert target.path is not None
+            await self.loras.ensure(target.name, target.path)
+        else:
+            async with self.hold(target):
+                pass
+
+    async def follow_publications(self, retry_s: float = 1.0) -> None:
+        """Pre-load every version published from now on. Runs until cancelled: it outlives
+        modelstate restarts (the client reconnects and resumes) and a modelstate that is down
+        when rollout starts."""
+        since = datetime.now(UTC) - PRELOAD_CLOCK_SKEW
+        after = 0
+        while True:
+            try:
+                async for version in self.store.subscribe(after=after):
+                    after = max(after, version.id)
+                    if _as_utc(version.created_at) >= since:
+                        await self._preload_logged(version)
+            except LoomError as exc:
+                log.warning("modelstate events unavailable (%s); retrying", exc.message)
+            await asyncio.sleep(retry_s)
+
+    async def _preload_logged(self, version: Version) -> None:
+        try:
+            await self.preload(version)
+        except LoomError as exc:  # one bad version must not stop the hand-off of later ones
+            log.warning("could not pre-load %s@%s: %s", version.job_id, version.number,
+                        exc.message)
+        except Exception:
+            log.exception("could not pre-load %s@%s", version.job_id, version.number)
+
+
+def _as_utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # the store writes UTC
+
+
+def _normalize(ref: VersionRef) -> int | str:
+    if isinstance(ref, str) and ref.isdigit():
+        ref = int(ref)
+    if isinstance(ref, int) and ref < 0:
+        raise InvalidInput(f"Version numbers are >= 0 (0 is the base model), got {ref}.")
+    return ref

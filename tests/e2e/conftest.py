@@ -1,0 +1,24 @@
+"""The whole stack as real local processes (`loom up`'s supervisor) on free ports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.cli.supervisor import Supervisor
+from services.common.settings import SERVICES, LoomSettings
+from tests.conftest import free_port
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    """(gateway url, admin key, data dir) of a running stack; stopped after the session."""
+    data_dir = tmp_path_factory.mktemp("loom-stack")
+    urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
+    settings = LoomSettings(data_dir=data_dir, **urls)
+    with Supervisor(settings) as supervisor:
+        supervisor.start()
+        key = (data_dir / "admin_key").read_text().strip()
+        yield settings.gateway_url, key, data_dir

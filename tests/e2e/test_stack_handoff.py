@@ -1,0 +1,57 @@
+"""End to end through the gateway: a publish is served by rollout, full and LoRA."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.algorithms import sft_datum
+from agents.sdk import (
+    AdamParams,
+    InvalidInput,
+    LoomClient,
+    NotFound,
+    SamplingParams,
+    ScoreItem,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_samples_after_publish_carry_the_new_version(stack, mode: str) -> None:
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        job = loom.create_job("loom/tiny", name=f"handoff-{mode}", mode=mode)
+        before = job.sample("12+7=", params=SamplingParams(max_tokens=4, temperature=0))
+        assert before.version == 0  # nothing published yet: the base model
+
+        prompt, answer = loom.tokenize(["12+7=", "19<|endoftext|>"])
+        for _ in range(3):
+            job.forward_backward([sft_datum(prompt, answer)])
+            job.optim_step(AdamParams(lr=1e-2))
+        saved = job.save_weights().result()
+        assert saved.number == 1 and saved.kind == mode
+
+        after = job.sample("12+7=", params=SamplingParams(max_tokens=4, temperature=0))
+        assert after.version == saved.number
+        assert all(s.version == saved.number for s in after.samples)
+        # Different weights, different logprobs for the same greedy prefix.
+        assert after.samples[0].logprobs != before.samples[0].logprobs
+
+        pinned = job.sample("12+7=", params=SamplingParams(max_tokens=4), version=0)
+        assert pinned.version == 0
+        assert [v.number for v in job.versions()] == [1]
+
+
+def test_bad_requests_through_the_gateway_are_clear_4xx(stack) -> None:
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        job = loom.create_job("loom/tiny", name="bad-input", mode="lora")
+        with pytest.raises(InvalidInput, match="max_model_len|exceed|long"):
+            job.sample([1] * 600, params=SamplingParams(max_tokens=8))
+        with pytest.raises(NotFound):
+            job.sample("1+1=", version=7)
+        with pytest.raises(NotFound):
+            loom.get_job("job_does_not_exist")
+        with pytest.raises((InvalidInput, NotFound), match="exact_match"):
+            loom.score("no_such_verifier", [ScoreItem(response="1")])

@@ -1,0 +1,361 @@
+"""The rollout service on a real vLLM engine (one for the whole module: start-up is ~50 s) and
+a real modelstate (uvicorn in a thread). Modelstate is started only after rollout is up, so
+the hand-off follower is also shown to survive a store that is down at start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import uvicorn
+from conftest import free_port
+
+from modelstate.app import create_app as create_modelstate_app
+from modelstate.client import ModelStateClient
+from modelstate.schemas import PublishRequest, VersionKind
+from modelstate.settings import ModelStateSettings
+from services.rollout.app import create_app
+from services.rollout.settings import RolloutSettings
+
+pytestmark = pytest.mark.integration
+PROMPT = [5, 6, 7, 8, 9]
+TIMINGS: dict[str, float] = {}
+
+
+def vllm_children() -> list[str]:
+    names = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            names.append(" ".join(child.cmdline()) or child.name())
+        except psutil.Error:
+            continue
+    return names
+
+
+@pytest.fixture(scope="module")
+def modelstate_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+async def rollout(tiny_model_dir: Path, modelstate_port: int,
+                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    settings = RolloutSettings(
+        data_dir=tmp_path_factory.mktemp("rollout"), rollout_model=str(tiny_model_dir),
+        modelstate_url=f"http://127.0.0.1:{modelstate_port}",
+    )
+    app = create_app(settings)
+    started = time.perf_counter()
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://rollout", timeout=120
+    ) as client:
+        assert (await client.get("/healthz")).status_code == 200  # at once, while starting
+        assert (await client.get("/readyz")).status_code == 503
+        while (ready := await client.get("/readyz")).status_code != 200:
+            assert time.perf_counter() - started < 300, ready.text
+            assert "failed" not in ready.text, ready.text
+            await asyncio.sleep(0.5)
+        TIMINGS["ready_s"] = time.perf_counter() - started
+        TIMINGS.update({f"engine_{k}": v for k, v in ready.json()["detail"].items()
+                        if k.endswith("_s")})
+        yield client
+    # vLLM's EngineCore and Worker are spawned processes (Python's resource tracker may stay).
+    leftovers = [c for c in vllm_children() if "spawn_main" in c or "EngineCore" in c]
+    assert not leftovers, f"engine processes left after shutdown: {leftovers}"
+    print("\nrollout timings:", json.dumps({k: round(v, 3) for k, v in TIMINGS.items()}))
+
+
+@pytest.fixture(scope="module")
+def modelstate(rollout: httpx.AsyncClient, modelstate_port: int,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Started after rollout is ready (rollout's follower has been retrying meanwhile)."""
+    data_dir = tmp_path_factory.mktemp("modelstate")
+    app = create_modelstate_app(ModelStateSettings(data_dir=data_dir))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=modelstate_port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert time.time() < deadline, "modelstate did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{modelstate_port}"
+    server.should_exit = True
+    thread.join(timeout=15)
+
+
+@pytest.fixture
+async def store(modelstate: str) -> AsyncIterator[ModelStateClient]:
+    client = ModelStateClient(modelstate)
+    yield client
+    await client.aclose()
+
+
+async def sample(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    body.setdefault("prompt_token_ids", PROMPT)
+    body.setdefault("params", {"max_tokens": 8, "seed": 1})
+    response = await client.post("/v1/sample", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def perturbed_copy(model_dir: Path, dest: Path, scale: float) -> Path:
+    """A full version: the tiny model's weights scaled (only safetensors, as a trainer ships)."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True)
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({k: (v * scale).contiguous() for k, v in tensors.items()},
+              dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
+def lora_adapter(model_dir: Path, dest: Path, seed: int) -> Path:
+    """A real PEFT adapter with nonzero B matrices (so it changes the outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
+                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(dest)
+    return dest
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+async def test_sample_base_model(rollout: httpx.AsyncClient) -> None:
+    started = time.perf_counter()
+    body = await sample(rollout, n=3)
+    TIMINGS["first_sample_s"] = time.perf_counter() - started
+    assert body["version"] == 0 and body["job_id"] is None
+    assert body["prompt_token_ids"] == PROMPT
+    assert len(body["samples"]) == 3
+    for s in body["samples"]:
+        assert len(s["token_ids"]) == len(s["logprobs"]) >= 1
+        assert all(lp <= 0 for lp in s["logprobs"])
+        assert s["stop_reason"] in ("stop", "length") and s["version"] == 0
+    again = await sample(rollout, n=3)
+    assert again["samples"] == body["samples"]  # seeded: reproducible
+
+
+async def test_sample_text_prompt_and_tokenize(rollout: httpx.AsyncClient) -> None:
+    tokens = (await rollout.post("/v1/tokenize", json={"texts": ["12+7=", "3"]})).json()
+    ids = tokens["token_ids"]
+    assert len(ids) == 2 and all(ids)
+    body = await sample(rollout, prompt="12+7=", prompt_token_ids=None)
+    assert body["prompt_token_ids"] == ids[0]
+    assert body["samples"][0]["text"]  # detokenized
+
+
+@pytest.mark.parametrize(("path", "body", "fragment"), [
+    ("/v1/sample", {"prompt_token_ids": [1, 999]}, "[0, 271)"),
+    ("/v1/sample", {"prompt_token_ids": [1] * 500, "params": {"max_tokens": 20}},
+     "= 520 exceeds the model's context of 512"),
+    ("/v1/sample", {"prompt": "x", "prompt_token_ids": [1]}, "exactly one"),
+    ("/v1/sample", {"prompt": "x", "temperature": 0}, "temperature"),
+    ("/v1/sample", {"prompt": "x", "version": 2}, "needs a job_id"),
+    ("/v1/tokenize", {"texts": []}, "texts"),
+    ("/v1/load", {"job_id": "bad job"}, "job_id"),
+    ("/v1/completions", {"model": "base", "prompt": [1, 999]}, "[0, 271)"),
+    ("/v1/completions", {"model": "base"}, "prompt"),
+    ("/v1/chat/completions", {"model": "base", "messages": [{"role": "x", "content": "a"}]},
+     "role"),
+])
+async def test_malformed_requests_get_a_clear_4xx(rollout: httpx.AsyncClient, path: str,
+                                                 body: dict[str, Any], fragment: str) -> None:
+    response = await rollout.post(path, json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input" and fragment in error["message"], error
+
+
+async def test_not_json_is_a_4xx(rollout: httpx.AsyncClient) -> None:
+    response = await rollout.post("/v1/sample", content=b"{not json",
+                                  headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+
+
+# --- OpenAI-compatible -------------------------------------------------------------------------
+
+
+async def test_openai_completions(rollout: httpx.AsyncClient) -> None:
+    response = await rollout.post("/v1/completions", json={
+        "model": "base", "prompt": "1+1=", "max_tokens": 6, "n": 2, "logprobs": 2, "seed": 3})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    for choice in body["choices"]:
+        logprobs = choice["logprobs"]
+        assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(
+            choice["loom"]["token_ids"])
+        assert all(isinstance(token, str) for token in logprobs["tokens"])
+        assert all(len(top) <= 3 for top in logprobs["top_logprobs"])
+        assert choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert body["loom"]["version"] == 0
+
+
+async def read_sse(response: httpx.Response) -> list[dict[str, Any]]:
+    events = [line.removeprefix("data: ") async for line in response.aiter_lines()
+              if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+async def test_openai_completions_stream(rollout: httpx.AsyncClient) -> None:
+    request = {"model": "base", "prompt": [5, 6, 7],
+               "max_tokens": 8, "seed": 5}
+    whole = (await rollout.post("/v1/completions", json=request)).json()
+    async with rollout.stream("POST", "/v1/completions", json={
+            **request, "stream": True, "stream_options": {"include_usage": True}}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        chunks = await read_sse(response)
+    text_chunks = [c for c in chunks if c["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in text_chunks) == whole["choices"][0]["text"]
+    assert [t for c in text_chunks for t in c["choices"][0]["loom"]["token_ids"]] == whole[
+        "choices"][0]["loom"]["token_ids"]
+    assert text_chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert chunks[-1]["usage"] == whole["usage"]
+
+
+async def test_openai_chat(rollout: httpx.AsyncClient) -> None:
+    request = {"model": "base", "messages": [{"role": "system", "content": "add"},
+                                             {"role": "user", "content": "2+2="}],
+               "max_completion_tokens": 8, "seed": 2, "logprobs": True, "top_logprobs": 2}
+    response = await rollout.post("/v1/chat/completions", json=request)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert len(choice["logprobs"]["content"]) == len(choice["loom"]["token_ids"])
+    assert all(len(t["top_logprobs"]) <= 3 for t in choice["logprobs"]["content"])
+    tokenized = (await rollout.post("/v1/tokenize", json={"texts": [
+        "<|im_start|>system\nadd<|im_end|>\n<|im_start|>user\n2+2=<|im_end|>\n"
+        "<|im_start|>assistant\n"]})).json()["token_ids"][0]
+    assert body["loom"]["prompt_token_ids"] == [tokenized]  # the tokenizer's chat template
+
+    async with rollout.stream("POST", "/v1/chat/completions",
+                              json={**request, "stream": True}) as stream:
+        chunks = await read_sse(stream)
+    assert chunks[0]["object"] == "chat.completion.chunk"
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    streamed = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks)
+    assert streamed == choice["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+
+async def test_openai_models_and_unknown_model(rollout: httpx.AsyncClient,
+                                               tiny_model_dir: Path) -> None:
+    models = (await rollout.get("/v1/models")).json()
+    assert models["object"] == "list" and models["data"][0]["id"] == str(tiny_model_dir)
+    response = await rollout.post("/v1/completions", json={"model": "gpt/4", "prompt": "x"})
+    assert response.status_code == 404
+    assert "Unknown model 'gpt/4'" in response.json()["error"]["message"]
+
+
+# --- hand-off from modelstate ------------------------------------------------------------------
+
+
+async def wait_for(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.perf_counter() + timeout
+    while not await condition():
+        assert time.perf_counter() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_full_version_hand_off(rollout: httpx.AsyncClient, store: ModelStateClient,
+                                     tiny_model_dir: Path, tmp_path: Path) -> None:
+    base = await sample(rollout, job_id="full-job")
+    assert base["version"] == 0  # no versions yet: latest is the base
+    weights = perturbed_copy(tiny_model_dir, tmp_path / "full", scale=1.5)
+    await store.publish(PublishRequest(job_id="full-job", kind=VersionKind.full,
+                                       base_model=str(tiny_model_dir)), weights)
+    published = time.perf_counter()
+    first = await sample(rollout, job_id="full-job")  # `latest`, right after the publish
+    TIMINGS["full_publish_to_first_sample_s"] = time.perf_counter() - published
+    assert first["version"] == 1 and first["samples"][0]["version"] == 1
+    assert first["samples"][0]["logprobs"] != base["samples"][0]["logprobs"]
+    resident = (await rollout.get("/v1/versions")).json()
+    assert resident["full"] == {"job_id": "full-job", "number": 1, "kind": "full"}
+
+    # Swapping back and forth gives each version its own, unchanged results.
+    again_base = await sample(rollout, job_id="full-job", version=0)
+    assert again_base["samples"] == base["samples"]
+    started = time.perf_counter()
+    again_full = await sample(rollout, job_id="full-job", version=1)
+    TIMINGS["full_swap_and_sample_s"] = time.perf_counter() - started
+    assert again_full["samples"] == first["samples"]
+
+
+async def test_in_flight_samples_finish_on_their_version(rollout: httpx.AsyncClient) -> None:
+    long = {"params": {"max_tokens": 200, "seed": 4}}
+    results = await asyncio.gather(
+        sample(rollout, job_id="full-job", version=0, n=4, **long),
+        sample(rollout, job_id="full-job", version=1, n=4, **long),
+        sample(rollout, job_id="full-job", version=0, **long),
+    )
+    assert [r["version"] for r in results] == [0, 1, 0]  # the service checks vLLM's labels
+
+
+async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelStateClient,
+                                     tiny_model_dir: Path, tmp_path: Path) -> None:
+    base = await sample(rollout)
+    adapter = lora_adapter(tiny_model_dir, tmp_path / "lora", seed=0)
+    await store.publish(PublishRequest(job_id="lora-job", kind=VersionKind.lora,
+                                       base_model=str(tiny_model_dir)), adapter)
+    published = time.perf_counter()
+    first = await sample(rollout, job_id="lora-job")
+    TIMINGS["lora_publish_to_first_sample_s"] = time.perf_counter() - published
+    assert first["version"] == 1
+    assert first["samples"][0]["logprobs"] != base["samples"][0]["logprobs"]
+
+    # The follower pre-loads what is published: the adapter becomes resident without a request.
+    second = lora_adapter(tiny_model_dir, tmp_path / "lora2", seed=1)
+    await store.publish(PublishRequest(job_id="lora-job", kind=VersionKind.lora,
+                                       base_model=str(tiny_model_dir)), second)
+    published = time.perf_counter()
+
+    async def resident() -> bool:
+        loras = (await rollout.get("/v1/versions")).json()["loras"]
+        return {"job_id": "lora-job", "number": 2, "kind": "lora"} in loras
+
+    await wait_for(resident)
+    TIMINGS["lora_publish_to_preloaded_s"] = time.perf_counter() - published
+    started = time.perf_counter()
+    body = await sample(rollout, job_id="lora-job")
+    TIMINGS["lora_preloaded_first_sample_s"] = time.perf_counter() - started
+    assert body["version"] == 2 and body["samples"] != first["samples"]
+    chat = await rollout.post("/v1/chat/completions", json={
+        "model": "lora-job@1", "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4})
+    assert chat.status_code == 200 and chat.json()["loom"] == {
+        "job_id": "lora-job", "version": 1, "prompt_token_ids": chat.json()["loom"][
+            "prompt_token_ids"]}
+
+
+async def test_load_endpoint_and_unknown_versions(rollout: httpx.AsyncClient,
+                                                  store: ModelStateClient) -> None:
+    loaded = await rollout.post("/v1/load", json={"job_id": "lora-job", "version": 1})
+    assert loaded.json() == {"job_id": "lora-job", "number": 1, "kind": "lora"}
+    missing = await rollout.post("/v1/load", json={"job_id": "lora-job", "version": 9})
+    assert missing.status_code == 404
+    response = await rollout.post("/v1/completions", json={"model": "lora-job@9", "prompt": "x"})
+    assert response.status_code == 404

@@ -1,0 +1,256 @@
+"""Version-ref resolution, the full-weights gate and LoRA residency, against small doubles of
+the engine and of modelstate (no vLLM engine, no server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from modelstate.schemas import Version, VersionKind
+from services.common.errors import InvalidInput, NotFound, Unavailable
+from services.rollout.versions import Target, Versions
+
+
+class RecordingEngine:
+    """Records the weight operations vLLM would perform."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.reload_delay = 0.0
+
+    async def reload_weights(self, weights_path: str, label: str) -> None:
+        self.calls.append(("reload", label))
+        await asyncio.sleep(self.reload_delay)
+
+    async def add_lora(self, lora_request: object) -> None:
+        self.calls.append(("add", lora_request.lora_name))  # type: ignore[attr-defined]
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        self.calls.append(("remove", lora_int_id))
+
+
+class FakeStore:
+    """Versions per job; `latest` is the highest number; unknown refs are NotFound."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, list[Version]] = {}
+        self.lookups = 0
+        self.down = False
+
+    def publish(self, job_id: str, kind: VersionKind) -> Version:
+        jobs = self.versions.setdefault(job_id, [])
+        version = Version(
+            id=sum(map(len, self.versions.values())) + 1, job_id=job_id, number=len(jobs) + 1,
+            parent=None, step=None, kind=kind, base_model="loom/tiny", files=[], metrics={},
+            aliases=["latest"], created_at=datetime.now(UTC), local_path=f"/v/{job_id}",
+        )
+        jobs.append(version)
+        return version
+
+    async def get_version(self, job_id: str, ref: int | str) -> Version:
+        self.lookups += 1
+        if self.down:
+            raise Unavailable("modelstate is unreachable")
+        jobs = self.versions.get(job_id, [])
+        if ref == "latest" and jobs:
+            return jobs[-1]
+        if isinstance(ref, int) and 1 <= ref <= len(jobs):
+            return jobs[ref - 1]
+        raise NotFound(f"no version {ref!r} of {job_id!r}")
+
+    async def subscribe(self, job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
+        raise Unavailable("modelstate is unreachable")
+        yield  # pragma: no cover -- makes this an async generator
+
+
+async def materialize(version: Version) -> Path:
+    return Path(f"/v/{version.job_id}/{version.number}")
+
+
+def make_versions(max_loras: int = 2) -> tuple[Versions, RecordingEngine, FakeStore]:
+    engine, store = RecordingEngine(), FakeStore()
+    versions = Versions(engine, store, materialize, base_model="loom/tiny", base_path="/base",
+                        max_loras=max_loras)
+    return versions, engine, store
+
+
+async def test_base_model_without_job_and_version_zero() -> None:
+    versions, _, store = make_versions()
+    assert await versions.resolve(None, "latest") == Target(None, 0, "base")
+    assert await versions.resolve(None, 0) == Target(None, 0, "base")
+    assert await versions.resolve("job", 0) == Target("job", 0, "base")
+    assert store.lookups == 0
+    with pytest.raises(InvalidInput, match="needs a job_id"):
+        await versions.resolve(None, 3)
+    with pytest.raises(InvalidInput, match=">= 0"):
+        await versions.resolve("job", -1)
+
+
+async def test_latest_of_a_job_without_versions_is_the_base() -> None:
+    versions, _, _ = make_versions()
+    assert await versions.resolve("fresh", "latest") == Target("fresh", 0, "base")
+    with pytest.raises(NotFound):
+        await versions.resolve("fresh", 1)
+    with pytest.raises(NotFound):
+        await versions.resolve("fresh", "best")
+
+
+async def test_numbers_are_cached_and_aliases_asked_every_time() -> None:
+    versions, _, store = make_versions()
+    store.publish("job", VersionKind.lora)
+    first = await versions.resolve("job", 1)
+    assert first == Target("job", 1, "lora", "/v/job/1")
+    assert await versions.resolve("job", "1") == first  # digits in a string are a number
+    lookups = store.lookups
+    assert await versions.resolve("job", 1) == first
+    assert store.lookups == lookups
+    assert (await versions.resolve("job", "latest")).number == 1
+    store.publish("job", VersionKind.lora)
+    assert (await versions.resolve("job", "latest")).number == 2  # moved right after publish
+    store.down = True
+    assert await versions.resolve("job", 1) == first  # immutable: no store needed
+    with pytest.raises(Unavailable):
+        await versions.resolve("job", "latest")
+
+
+async def test_lora_versions_stay_resident_up_to_capacity_least_recent_evicted() -> None:
+    versions, engine, store = make_versions(max_loras=2)
+    for _ in range(3):
+        store.publish("job", VersionKind.lora)
+    for number in (1, 2, 1, 3):  # 2 is now least recently used
+        async with versions.use("job", number) as served:
+            assert served.lora_request is not None
+            assert served.lora_request.lora_name == f"job@{number}"
+    assert [c for c in engine.calls if c[0] == "add"] == [("add", "job@1"), ("add", "job@2"),
+                                                          ("add", "job@3")]
+    assert ("remove", 2) in engine.calls  # job@2 had lora_int_id 2
+    assert [(v.job_id, v.number) for v in versions.resident().loras] == [("job", 1), ("job", 3)]
+    assert not any(c[0] == "reload" for c in engine.calls)  # adapters need no weight swap
+
+
+async def test_lora_in_use_is_never_evicted() -> None:
+    versions, engine, store = make_versions(max_loras=1)
+    store.publish("job", VersionKind.lora)
+    store.publish("job", VersionKind.lora)
+    async with versions.use("job", 1), versions.use("job", 2):
+        assert not any(c[0] == "remove" for c in engine.calls)
+    assert len(versions.loras.resident) == 2  # over capacity while both were used
+
+
+async def test_full_swap_waits_for_in_flight_samples_and_reports_resident() -> None:
+    versions, engine, store = make_versions()
+    store.publish("full-job", VersionKind.full)
+    order: list[str] = []
+    base_started = asyncio.Event()
+
+    async def base_sample() -> None:
+        async with versions.use(None, 0) as served:
+            assert served.target.kind == "base"
+            base_started.set()
+            await asyncio.sleep(0.05)
+            order.append("base done")
+
+    async def full_sample() -> None:
+        await base_started.wait()
+        async with versions.use("full-job", "latest") as served:
+            order.append(f"full {served.target.number}")
+
+    await asyncio.gather(base_sample(), full_sample())
+    assert order == ["base done", "full 1"]
+    assert engine.calls == [("reload", "full-job@1")]
+    resident = versions.resident()
+    assert resident.full is not None and (resident.full.job_id, resident.full.number) == (
+        "full-job", 1)
+    async with versions.use(None, 0):  # back to the base weights
+        pass
+    assert engine.calls[-1] == ("reload", "base")
+
+
+async def test_swap_blocks_newcomers_on_the_old_weights() -> None:
+    """A waiting swap is not starved by a stream of new samples on the loaded weights."""
+    versions, engine, store = make_versions()
+    store.publish("full-job", VersionKind.full)
+    events: list[str] = []
+    first_in = asyncio.Event()
+
+    async def base(name: str, hold_s: float) -> None:
+        async with versions.use(None, 0):
+            events.append(f"{name} in")
+            first_in.set()
+            await asyncio.sleep(hold_s)
+
+    async def full() -> None:
+        await first_in.wait()
+        async with versions.use("full-job", 1):
+            events.append("full in")
+
+    async def late_base() -> None:
+        await first_in.wait()
+        await asyncio.sleep(0.01)  # arrives after the swap was requested
+        await base("late", 0)
+
+    await asyncio.gather(base("early", 0.05), full(), late_base())
+    assert events == ["early in", "full in", "late in"]
+    assert [c[1] for c in engine.calls] == ["full-job@1", "base"]
+
+
+async def test_full_swap_drops_resident_adapters() -> None:
+    versions, _, store = make_versions()
+    store.publish("lora-job", VersionKind.lora)
+    store.publish("full-job", VersionKind.full)
+    async with versions.use("lora-job", 1):
+        pass
+    assert versions.loras.resident == ["lora-job@1"]
+    async with versions.use("full-job", 1):
+        assert versions.loras.resident == []  # vLLM removes adapters on a weight reload
+    async with versions.use("lora-job", 1) as served:  # needs the base back, re-adds it
+        assert served.lora_request is not None and served.lora_request.lora_int_id == 2
+
+
+async def test_failed_swap_leaves_weights_unknown_then_recovers() -> None:
+    versions, engine, store = make_versions()
+    store.publish("full-job", VersionKind.full)
+
+    async def broken(weights_path: str, label: str) -> None:
+        raise RuntimeError("corrupt shard")
+
+    engine.reload_weights = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        async with versions.use("full-job", 1):
+            pass
+    assert versions.resident().full is None
+    del engine.reload_weights
+    async with versions.use(None, 0) as served:  # reloads the base rather than trusting it
+        assert served.target.kind == "base"
+    assert engine.calls == [("reload", "base")]
+
+
+async def test_follower_survives_a_store_that_is_down() -> None:
+    versions, _, _ = make_versions()
+    task = asyncio.create_task(versions.follow_publications(retry_s=0.01))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    task.cancel()
+
+
+async def test_follower_preloads_versions_as_they_are_published() -> None:
+    versions, engine, store = make_versions()
+    published = [store.publish("job", VersionKind.lora), store.publish("full", VersionKind.full)]
+
+    async def events(job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
+        for version in published:
+            yield version
+        await asyncio.Event().wait()  # then silence, as a live stream
+
+    store.subscribe = events  # type: ignore[method-assign]
+    task = asyncio.create_task(versions.follow_publications())
+    for _ in range(100):
+        if ("reload", "full@1") in engine.calls:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    assert engine.calls == [("add", "job@1"), ("reload", "full@1")]
