@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from services.common.errors import error_from_envelope
-from services.common.http import ServiceClient
+from services.common.http import ServiceClient, envelope_error
 
 
 class GatewayHttp(ServiceClient):
@@ -27,10 +26,5 @@ class GatewayHttp(ServiceClient):
         )
 
     def raise_for_status(self, response: httpx.Response) -> None:
-        if response.status_code < 400:
-            return
-        try:
-            body = response.json()
-        except ValueError:
-            body = response.text
-        raise error_from_envelope(response.status_code, body)
+        if response.status_code >= 400:
+            raise envelope_error(response)

@@ -28,6 +28,8 @@ from services.trainer.schemas import (
     Datum,
     ForwardBackwardRequest,
     ForwardBackwardResult,
+    ForwardRequest,
+    ForwardResult,
     LoraConfig,
     LossConfig,
     OptimStepRequest,
@@ -39,6 +41,8 @@ from services.trainer.schemas import (
 
 # Sampling many prompts at once: enough in flight to keep the engine's batch full.
 MAX_CONCURRENT_SAMPLES = 64
+# The most texts one tokenize request may carry (TokenizeRequest's limit).
+TOKENIZE_BATCH = 4096
 
 
 class AsyncLoomClient:
@@ -74,9 +78,13 @@ class AsyncLoomClient:
         return SampleResponse.model_validate(body)
 
     async def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        request = TokenizeRequest(texts=list(texts))
-        body = await self._http.post_json("/v1/rollout/tokenize", request.model_dump())
-        return TokenizeResponse.model_validate(body).token_ids
+        """Token ids of each text (with the rollout engine's tokenizer), any number of texts."""
+        token_ids: list[list[int]] = []
+        for start in range(0, len(texts), TOKENIZE_BATCH):
+            request = TokenizeRequest(texts=list(texts[start:start + TOKENIZE_BATCH]))
+            body = await self._http.post_json("/v1/rollout/tokenize", request.model_dump())
+            token_ids.extend(TokenizeResponse.model_validate(body).token_ids)
+        return token_ids
 
     async def score(
         self, verifier: str, items: Sequence[ScoreItem], params: dict[str, Any] | None = None
@@ -163,6 +171,11 @@ class AsyncJob:
         request = ForwardBackwardRequest(data=list(data), loss=loss or LossConfig())
         return await self._submit("forward_backward", request.model_dump(mode="json"),
                                   ForwardBackwardResult)
+
+    async def forward(self, data: Sequence[Datum]) -> OperationFuture[ForwardResult]:
+        """Per-token logprobs of `data` under the trainer's current weights (no gradient)."""
+        request = ForwardRequest(data=list(data))
+        return await self._submit("forward", request.model_dump(mode="json"), ForwardResult)
 
     async def optim_step(self, adam: AdamParams | None = None) -> OperationFuture[OptimStepResult]:
         request = OptimStepRequest(adam=adam or AdamParams())

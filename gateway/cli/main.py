@@ -151,6 +151,14 @@ def fetch_health(url: str, api_key: str) -> StackHealth:
 
 
 @app.command()
+def config() -> None:
+    """Print every LOOM_* setting with its default and meaning (Markdown)."""
+    from services.common.settings_doc import settings_markdown
+
+    print(settings_markdown())
+
+
+@app.command()
 def status(
     url: UrlOption = None,
     api_key: ApiKeyOption = None,

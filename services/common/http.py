@@ -74,14 +74,19 @@ class ServiceClient:
         await self.http.aclose()
 
 
-def raise_for_envelope(response: httpx.Response, service: str) -> None:
-    if response.status_code < 400:
-        return
+def envelope_error(response: httpx.Response) -> LoomError:
+    """The typed error an error response's envelope describes."""
     try:
         body = response.json()
     except ValueError:
         body = response.text
-    error: LoomError = error_from_envelope(response.status_code, body)
+    return error_from_envelope(response.status_code, body)
+
+
+def raise_for_envelope(response: httpx.Response, service: str) -> None:
+    if response.status_code < 400:
+        return
+    error = envelope_error(response)
     if response.status_code >= 500:
         # Our caller did nothing wrong: report the dependency's fault as an upstream error.
         raise UpstreamError(f"{service}: {error.message}", error.detail)

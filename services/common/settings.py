@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+_URL_HELP = "Where the service is reached; it also binds to this URL's host and port."
 SERVICES = ("gateway", "rollout", "reward", "sandbox", "trainer", "modelstate")
 
 
@@ -27,14 +28,15 @@ class LoomSettings(BaseSettings):
         description="SQLAlchemy URL, e.g. postgresql+psycopg://postgres@127.0.0.1/loom. "
         "Default: a SQLite file per service under data_dir.",
     )
-    log_level: str = "info"
+    log_level: str = Field(default="info", description="debug | info | warning | error")
 
-    gateway_url: str = "http://127.0.0.1:8000"
-    rollout_url: str = "http://127.0.0.1:8001"
-    reward_url: str = "http://127.0.0.1:8002"
-    sandbox_url: str = "http://127.0.0.1:8003"
-    trainer_url: str = "http://127.0.0.1:8004"
-    modelstate_url: str = "http://127.0.0.1:8005"
+    # Where each service is reached; a service also binds to the host and port of its own URL.
+    gateway_url: str = Field(default="http://127.0.0.1:8000", description=_URL_HELP)
+    rollout_url: str = Field(default="http://127.0.0.1:8001", description=_URL_HELP)
+    reward_url: str = Field(default="http://127.0.0.1:8002", description=_URL_HELP)
+    sandbox_url: str = Field(default="http://127.0.0.1:8003", description=_URL_HELP)
+    trainer_url: str = Field(default="http://127.0.0.1:8004", description=_URL_HELP)
+    modelstate_url: str = Field(default="http://127.0.0.1:8005", description=_URL_HELP)
 
     def url_of(self, service: str) -> str:
         return str(getattr(self, f"{service}_url")).rstrip("/")

@@ -63,6 +63,7 @@ class RolloutEngine:
             max_loras=self.settings.rollout_max_loras,
             seed=self.settings.rollout_seed,
             disable_log_stats=True,
+            worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
         )
         started = time.perf_counter()
         # Built off the event loop (tens of seconds) so /healthz answers meanwhile; the
@@ -155,7 +156,8 @@ class RolloutEngine:
         every LoRA adapter too (they were merged against the old base)."""
         await self.llm.pause_generation(mode="wait", clear_cache=True)
         try:
-            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+            await self.llm.collective_rpc("loom_reload_weights",
+                                          kwargs={"weights_path": weights_path})
             await self._label_weights(label)
         finally:
             await self.llm.resume_generation()

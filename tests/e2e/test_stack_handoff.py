@@ -38,6 +38,13 @@ def test_samples_after_publish_carry_the_new_version(stack, mode: str) -> None:
         # Different weights, different logprobs for the same greedy prefix.
         assert after.samples[0].logprobs != before.samples[0].logprobs
 
+        # The engine serves exactly the trainer's weights: same logprobs for the same tokens
+        # (this catches a reload that leaves any layer, e.g. a tied LM head, on old weights).
+        sampled = job.sample(prompt, params=SamplingParams(max_tokens=6, temperature=1.0))
+        tokens = sampled.samples[0].token_ids
+        trained = job.forward([sft_datum(prompt, tokens)]).result().logprobs[0][len(prompt):]
+        assert trained == pytest.approx(sampled.samples[0].logprobs, abs=2e-3)
+
         pinned = job.sample("12+7=", params=SamplingParams(max_tokens=4), version=0)
         assert pinned.version == 0
         assert [v.number for v in job.versions()] == [1]
