@@ -39,3 +39,7 @@ class ExecuteResponse(LenientModel):
     stderr_truncated: bool
     wall_s: float
     cpu_s: float
+    signal: int | None = Field(default=None, description="The signal that ended the program")
+    reason: str | None = Field(
+        default=None, description="Why the sandbox stopped the program: timeout | output_limit"
+    )

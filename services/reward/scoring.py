@@ -1,0 +1,40 @@
+"""Batch scoring: every item scored concurrently, each failure confined to its own item."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.reward.schemas import ItemScore, ScoreItem, ScoreRequest, ScoreResponse
+from services.reward.verifiers import Verifier, resolve, run_verifier
+from services.reward.workers import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+class Scorer:
+    def __init__(self, pool: WorkerPool, item_timeout_s: float) -> None:
+        self.pool = pool
+        self.item_timeout_s = item_timeout_s
+
+    async def score(self, request: ScoreRequest) -> ScoreResponse:
+        verifier, params = resolve(request.verifier, request.params, request.items)
+        scores = await asyncio.gather(*(self._score_item(verifier, params, item)
+                                        for item in request.items))
+        return ScoreResponse(verifier=verifier.name, scores=list(scores))
+
+    async def _score_item(self, verifier: Verifier, params: object,
+                          item: ScoreItem) -> ItemScore:
+        try:
+            if verifier.isolated:
+                reward, detail = await self.pool.run(self.item_timeout_s, run_verifier,
+                                                     verifier.name, item.response,
+                                                     item.reference, params)
+            else:
+                reward, detail = verifier.score(item.response, item.reference, params)
+        except TimeoutError:
+            return ItemScore(reward=0.0, error=f"timed out after {self.item_timeout_s:g} s")
+        except Exception as exc:  # one bad item must not fail the batch
+            log.info("verifier %s failed on an item: %r", verifier.name, exc)
+            return ItemScore(reward=0.0, error=f"{type(exc).__name__}: {exc}")
+        return ItemScore(reward=reward, detail=detail)

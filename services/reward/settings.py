@@ -1,0 +1,19 @@
+"""Reward service settings (`LOOM_REWARD_*`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from services.common.settings import LoomSettings
+
+
+class RewardSettings(LoomSettings):
+    reward_workers: int = Field(
+        default=2, ge=1, le=64,
+        description="Worker processes for isolated verifiers (math, regex); also how many such "
+        "items are scored at once across all requests.",
+    )
+    reward_item_timeout_s: float = Field(
+        default=20.0, gt=0, description="Deadline for one item in a worker; past it the item "
+        "gets reward 0 with an error and the stuck worker is replaced.",
+    )

@@ -1,0 +1,164 @@
+"""Every verifier in one registry: name → description, parameters and scoring function.
+
+A verifier turns (response, reference, params) into a reward in [0, 1] and a small detail dict.
+Those marked `isolated` run in the worker pool (see `workers.py`): math-verify times itself out
+with `signal.alarm`, which needs a main thread, and a regular expression can backtrack for ever,
+which only killing a process stops. Scoring functions are module-level so workers can run them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from services.common.errors import InvalidInput
+from services.common.schemas import StrictModel
+from services.reward.schemas import ScoreItem, VerifierInfo, VerifierList
+
+Score = tuple[float, dict[str, Any]]
+
+
+def answer_after(text: str, marker: str | None) -> str:
+    """The text after the last `marker` (e.g. "####" in GSM8K, "Answer:"), or all of it."""
+    if not marker or marker not in text:
+        return text
+    return text.rsplit(marker, 1)[1]
+
+
+def normalize_whitespace(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- exact_match -------------------------------------------------------------------------------
+
+
+class ExactMatchParams(StrictModel):
+    case_sensitive: bool = Field(default=True, description="Compare letter case too.")
+    answer_after: str | None = Field(
+        default=None, description="Compare only the response text after the last such marker."
+    )
+
+
+def score_exact_match(response: str, reference: str | None, params: ExactMatchParams) -> Score:
+    answer = normalize_whitespace(answer_after(response, params.answer_after))
+    expected = normalize_whitespace(reference or "")
+    if not params.case_sensitive:
+        answer, expected = answer.casefold(), expected.casefold()
+    return float(answer == expected), {"answer": answer}
+
+
+# --- math --------------------------------------------------------------------------------------
+
+
+class MathParams(StrictModel):
+    pass
+
+
+def score_math(response: str, reference: str | None, _params: MathParams) -> Score:
+    from math_verify import parse, verify  # imported here: ~1 s of sympy, paid by workers
+
+    gold = parse(reference or "")
+    if not gold:
+        raise ValueError(f"the reference {reference!r} holds no mathematical answer")
+    answer = parse(response)
+    detail = {"reference_parsed": str(gold[0]),
+              "response_parsed": str(answer[0]) if answer else None}
+    return float(bool(answer) and verify(gold, answer)), detail
+
+
+# --- regex -------------------------------------------------------------------------------------
+
+
+class RegexParams(StrictModel):
+    pattern: str = Field(max_length=10_000, description="A Python regular expression.")
+    mode: Literal["search", "fullmatch"] = Field(
+        default="search", description="search: anywhere in the response; fullmatch: all of it."
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression: {exc}") from exc
+        return pattern
+
+
+def score_regex(response: str, _reference: str | None, params: RegexParams) -> Score:
+    compiled = re.compile(params.pattern)
+    match = compiled.search(response) if params.mode == "search" else compiled.fullmatch(response)
+    return float(match is not None), {"match": match.group(0) if match else None}
+
+
+# --- registry ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verifier:
+    name: str
+    description: str
+    params_model: type[StrictModel]
+    score: Callable[[str, str | None, Any], Score]
+    needs_reference: bool
+    isolated: bool
+
+    def info(self) -> VerifierInfo:
+        params = {name: field.description or "" for name, field in
+                  self.params_model.model_fields.items()}
+        return VerifierInfo(name=self.name, description=self.description, params=params)
+
+
+VERIFIERS: dict[str, Verifier] = {
+    verifier.name: verifier
+    for verifier in (
+        Verifier("exact_match", "1.0 when the response equals the reference, whitespace "
+                 "normalised.", ExactMatchParams, score_exact_match,
+                 needs_reference=True, isolated=False),
+        Verifier("math", "1.0 when the response's final answer is mathematically equivalent to "
+                 "the reference (math-verify: LaTeX, \\boxed{}, fractions, decimals, equations).",
+                 MathParams, score_math, needs_reference=True, isolated=True),
+        Verifier("regex", "1.0 when the pattern matches the response.", RegexParams, score_regex,
+                 needs_reference=False, isolated=True),
+    )
+}
+
+
+def verifier_list() -> VerifierList:
+    return VerifierList(verifiers=[verifier.info() for verifier in VERIFIERS.values()])
+
+
+def resolve(name: str, params: dict[str, Any], items: list[ScoreItem]) -> tuple[Verifier, Any]:
+    """The verifier and its validated parameters; a clear `InvalidInput` for anything wrong."""
+    verifier = VERIFIERS.get(name)
+    if verifier is None:
+        known = sorted(VERIFIERS)
+        raise InvalidInput(f"Unknown verifier {name!r}; known verifiers: {', '.join(known)}",
+                           {"known": known})
+    try:
+        parsed = verifier.params_model.model_validate(params)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}"
+                             for e in exc.errors())
+        raise InvalidInput(f"Invalid params for verifier {name!r}: {problems}",
+                           exc.errors(include_url=False, include_context=False)) from exc
+    if verifier.needs_reference:
+        missing = [i for i, item in enumerate(items) if item.reference is None]
+        if missing:
+            raise InvalidInput(f"Verifier {name!r} needs a reference; items without one: "
+                               f"{missing[:20]}", {"items": missing})
+    return verifier, parsed
+
+
+def run_verifier(name: str, response: str, reference: str | None, params: Any) -> Score:
+    """Entry point for pool workers: look the verifier up by name (functions pickle by name)."""
+    return VERIFIERS[name].score(response, reference, params)
+
+
+def warm_up() -> None:
+    """Pool initializer: pay math-verify's import and first-parse cost before the first item."""
+    score_math("1/2", "0.5", MathParams())

@@ -1,0 +1,88 @@
+"""The sandbox service over HTTP: in-process through its app, and as a module."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from conftest import free_port
+
+from services.sandbox.app import create_app
+from services.sandbox.settings import SandboxSettings
+
+
+@pytest.fixture(scope="module")
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(SandboxSettings(sandbox_max_concurrency=2))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://sandbox"
+    ) as client:
+        yield client
+
+
+async def test_execute_runs_code(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/execute", json={"code": "print(6 * 7)"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok" and body["stdout"] == "42\n"
+    assert response.headers["x-request-id"]
+
+
+async def test_readiness_describes_the_backend(client: httpx.AsyncClient) -> None:
+    response = await client.get("/readyz")
+    assert response.status_code == 200
+    detail = response.json()["detail"]
+    assert detail["backend"] == "process" and detail["python_version"].startswith("3.")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"code": ""},
+        {"code": "print(1)", "timeout_s": 0},
+        {"code": "print(1)", "timeout_s": 10_000},
+        {"code": "print(1)", "memory_mb": 1},
+        {"code": "print(1)", "language": "cobol"},
+        {"code": "print(1)", "unexpected": True},
+        {"code": 5},
+    ],
+)
+async def test_malformed_requests_get_422(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    response = await client.post("/v1/execute", json=body)
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_input"
+
+
+async def test_body_that_is_not_json_gets_422(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/execute", content=b"{nope",
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 422
+
+
+def test_service_runs_as_a_module() -> None:
+    port = free_port()
+    env = {**os.environ, "LOOM_SANDBOX_URL": f"http://127.0.0.1:{port}"}
+    process = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                response = httpx.post(f"http://127.0.0.1:{port}/v1/execute",
+                                      json={"code": "print('up')"}, timeout=30)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.stderr.read().decode()[-2000:]
+                assert time.monotonic() < deadline, "sandbox service did not start"
+                time.sleep(0.2)
+        assert response.status_code == 200 and response.json()["stdout"] == "up\n"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
