@@ -9,7 +9,7 @@
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
-from agents.sdk.sync import LoomClient
+from agents.sdk.sync import Future, Job, LoomClient
 from modelstate.schemas import Version
 from services.common.errors import (
     Conflict,
@@ -32,7 +32,9 @@ __all__ = [
     "Conflict",
     "Datum",
     "Forbidden",
+    "Future",
     "InvalidInput",
+    "Job",
     "LoomClient",
     "LoomError",
     "LoraConfig",

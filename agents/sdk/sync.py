@@ -21,7 +21,6 @@ from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
 
 T = TypeVar("T")
-_WRAPPED = (AsyncLoomClient, AsyncJob, OperationFuture)
 
 
 class _LoopThread:
@@ -57,14 +56,21 @@ class _Blocking:
         return self._wrap(attr)
 
     def _wrap(self, value: Any) -> Any:
-        if isinstance(value, _WRAPPED):
-            return _Blocking(value, self._runner)
-        if isinstance(value, list) and value and isinstance(value[0], _WRAPPED):
-            return [_Blocking(v, self._runner) for v in value]
-        return value
+        if isinstance(value, list):
+            return [self._wrap(v) for v in value]
+        face = _FACES.get(type(value))
+        return face(value, self._runner) if face else value
 
     def __repr__(self) -> str:
         return repr(self._target)
+
+
+class Job(_Blocking):
+    """Blocking view of `AsyncJob`: the same methods; trainer calls return a `Future`."""
+
+
+class Future(_Blocking):
+    """Blocking view of `OperationFuture`: `.result(timeout=None)` waits for the operation."""
 
 
 class LoomClient(_Blocking):
@@ -93,3 +99,6 @@ async def _make_client(
     url: str, api_key: str, transport: httpx.AsyncBaseTransport | None
 ) -> AsyncLoomClient:
     return AsyncLoomClient(url, api_key, transport=transport)
+
+
+_FACES: dict[type, type[_Blocking]] = {AsyncJob: Job, OperationFuture: Future}

@@ -19,7 +19,8 @@ NOW = datetime.now(UTC).isoformat()
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
         "AdamParams", "AsyncJob", "AsyncLoomClient", "Conflict", "Datum", "Forbidden",
-        "InvalidInput", "LoomClient", "LoomError", "LoraConfig", "LossConfig", "NotFound",
+        "Future", "InvalidInput", "Job", "LoomClient", "LoomError", "LoraConfig", "LossConfig",
+        "NotFound",
         "OperationFuture", "SampleResponse", "SamplingParams", "ScoreItem", "TrainingMode",
         "Unauthorized", "Unavailable", "UpstreamError", "Version",
     ])
@@ -97,7 +98,9 @@ async def test_a_failed_operation_raises_its_error() -> None:
 def test_sync_face_blocks_and_wraps_jobs_and_futures() -> None:
     with LoomClient("http://gw", "k", transport=httpx.MockTransport(FakeGateway())) as loom:
         job = loom.get_job("job_1")
-        assert job.id == "job_1"
-        assert job.optim_step(sdk.AdamParams(lr=0.01)).result().step == 1
+        assert isinstance(job, sdk.Job) and job.id == "job_1"
+        future = job.optim_step(sdk.AdamParams(lr=0.01))
+        assert isinstance(future, sdk.Future)
+        assert future.result().step == 1
         with pytest.raises(NotFound):
             loom.get_job("missing")
