@@ -20,8 +20,8 @@ from pathlib import Path
 from agents.algorithms import sft_datum
 from agents.sdk import AdamParams, LoomClient, SamplingParams
 from gateway.cli.supervisor import Supervisor
+from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
-from tests.conftest import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "handoff.md"
 ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0.0)

@@ -90,7 +90,7 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
         console.print(f"Held-out accuracy after GRPO (version {final_version}): {after:.1%}")
 
     result = DemoResult(job.id, before, after, time.perf_counter() - started, curve)
-    result.csv_path, result.png_path = _write_curve(curve, out_dir)
+    result.csv_path, result.png_path = _write_curve(curve, before, out_dir)
     _print_summary(result)
     return result
 
@@ -177,7 +177,8 @@ def _evaluate(loom: LoomClient, job: Job, held_out: list[Encoded], config: DemoC
     return sum(s.reward for s in scores) / len(scores)
 
 
-def _write_curve(curve: list[dict[str, float]], out_dir: Path) -> tuple[Path, Path]:
+def _write_curve(curve: list[dict[str, float]], start_accuracy: float, out_dir: Path
+                 ) -> tuple[Path, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,9 +193,10 @@ def _write_curve(curve: list[dict[str, float]], out_dir: Path) -> tuple[Path, Pa
         writer.writerows(curve)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([p["step"] for p in curve], [p["reward"] for p in curve], label="train reward")
-    evals = [p for p in curve if "held_out_accuracy" in p]
+    evals = [{"step": 0, "held_out_accuracy": start_accuracy}]  # the SFT start
+    evals += [p for p in curve if "held_out_accuracy" in p]
     ax.plot([p["step"] for p in evals], [p["held_out_accuracy"] for p in evals], "o-",
-            label="held-out accuracy")
+            label="held-out accuracy (greedy)")
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, 1)
     ax.set_title("Loom demo: two-digit addition, tiny model")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.supervisor import Supervisor
+from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
-from tests.conftest import free_port
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,13 +16,8 @@ import psutil
 import pytest
 
 from gateway.cli.supervisor import ServiceFailed, ServiceSpec, Supervisor, group_members
+from services.common.ports import free_port
 from services.common.settings import LoomSettings
-
-
-def unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -57,10 +51,10 @@ def ports_env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
         "LOOM_DATA_DIR": str(tmp_path / "data"),
-        "LOOM_GATEWAY_URL": f"http://127.0.0.1:{unused_port()}",
-        "LOOM_MODELSTATE_URL": f"http://127.0.0.1:{unused_port()}",
+        "LOOM_GATEWAY_URL": f"http://127.0.0.1:{free_port()}",
+        "LOOM_MODELSTATE_URL": f"http://127.0.0.1:{free_port()}",
         # Nothing listens there: `loom status` must report them unreachable.
-        **{f"LOOM_{name}_URL": f"http://127.0.0.1:{unused_port()}"
+        **{f"LOOM_{name}_URL": f"http://127.0.0.1:{free_port()}"
            for name in ("ROLLOUT", "REWARD", "SANDBOX", "TRAINER")},
     }
 
@@ -125,7 +119,7 @@ STUBBORN_SERVICE = textwrap.dedent("""
 
 
 def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path: Path) -> None:
-    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{unused_port()}")
+    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}")
     spec = ServiceSpec("reward", (sys.executable, "-c", STUBBORN_SERVICE), 30)
     with Supervisor(settings, [spec], grace_s=1.0) as supervisor:
         (service,) = supervisor.start()
@@ -139,8 +133,8 @@ def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path: Path) -> None:
 
 
 def test_start_up_death_shows_its_log_and_stops_the_rest(tmp_path: Path) -> None:
-    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{unused_port()}",
-                            sandbox_url=f"http://127.0.0.1:{unused_port()}")
+    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}",
+                            sandbox_url=f"http://127.0.0.1:{free_port()}")
     crashing = ServiceSpec("sandbox", (sys.executable, "-c",
                                        "import sys; print('bad config: no sandbox'); sys.exit(3)"))
     stubborn = ServiceSpec("reward", (sys.executable, "-c", STUBBORN_SERVICE))

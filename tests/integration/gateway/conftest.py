@@ -22,13 +22,8 @@ from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.common.app_factory import create_service_app
 from services.common.errors import InvalidInput
+from services.common.ports import free_port
 from services.trainer.schemas import CreateModelRequest
-
-
-def unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -138,7 +133,7 @@ def stack(gateway_settings: GatewaySettings) -> Iterator[Stack]:
     gate = StreamGate()
     trainer = trainer_stand_in()
     with serve_in_thread(echo_service(gate)) as echo_url, serve_in_thread(trainer) as trainer_url:
-        unreachable = f"http://127.0.0.1:{unused_port()}"
+        unreachable = f"http://127.0.0.1:{free_port()}"
         settings = gateway_settings.model_copy(update={
             "reward_url": echo_url, "trainer_url": trainer_url, "rollout_url": unreachable,
             "sandbox_url": unreachable, "modelstate_url": unreachable,
