@@ -69,21 +69,15 @@ class Unavailable(LoomError):
     code = "unavailable"
 
 
-_BY_CODE: dict[str, type[LoomError]] = {
-    cls.code: cls
-    for cls in (
-        LoomError,
-        InvalidInput,
-        Unauthorized,
-        Forbidden,
-        NotFound,
-        Conflict,
-        InvalidTransition,
-        PayloadTooLarge,
-        UpstreamError,
-        Unavailable,
-    )
-}
+# Every concrete error, most specific first where two share a status code.
+_ERRORS: tuple[type[LoomError], ...] = (
+    InvalidInput, Unauthorized, Forbidden, NotFound, InvalidTransition, Conflict,
+    PayloadTooLarge, UpstreamError, Unavailable,
+)
+_BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in (LoomError, *_ERRORS)}
+# By status, the general class wins: it comes later, so it overwrites (Conflict, not
+# InvalidTransition).
+_BY_STATUS: dict[int, type[LoomError]] = {cls.status_code: cls for cls in _ERRORS}
 
 
 def error_from_envelope(status_code: int, body: Any) -> LoomError:
@@ -94,15 +88,10 @@ def error_from_envelope(status_code: int, body: Any) -> LoomError:
         cls = _class_for_status(status_code)
         return cls(message)
     cls = _BY_CODE.get(str(error.get("code")), _class_for_status(status_code))
-    exc = cls(str(error.get("message", "")), error.get("detail"))
-    return exc
+    return cls(str(error.get("message", "")), error.get("detail"))
 
 
 def _class_for_status(status_code: int) -> type[LoomError]:
-    for cls in (InvalidInput, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge,
-                UpstreamError, Unavailable):
-        if cls.status_code == status_code:
-            return cls
-    if 400 <= status_code < 500:
-        return InvalidInput
-    return LoomError
+    if status_code in _BY_STATUS:
+        return _BY_STATUS[status_code]
+    return InvalidInput if 400 <= status_code < 500 else LoomError

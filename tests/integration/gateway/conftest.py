@@ -4,17 +4,14 @@ and the services behind it), on free ports, over real databases."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -24,29 +21,7 @@ from services.common.app_factory import create_service_app
 from services.common.errors import InvalidInput
 from services.common.ports import free_port
 from services.trainer.schemas import CreateModelRequest
-
-
-@contextmanager
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    """Run an app under a real uvicorn server (lifespan included); yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # bound here and handed over: no race for the port
-    port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+from tests.support.servers import serve_in_thread
 
 
 @pytest.fixture

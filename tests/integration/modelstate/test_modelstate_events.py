@@ -4,44 +4,27 @@ consumer, restarts of the client and of the server."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from conftest import free_port
 
 from modelstate.app import create_app
 from modelstate.client import ModelStateClient
 from modelstate.schemas import PublishRequest, Version, VersionKind
 from modelstate.settings import ModelStateSettings
+from services.common.ports import free_port
+from tests.support.servers import serve_in_thread
 
 RECEIVE_TIMEOUT_S = 20.0
 
 
 @contextmanager
-def running_server(settings: ModelStateSettings) -> Iterator[None]:
-    host, port = settings.bind_of("modelstate")
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_config=None,
-                            access_log=False, timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("modelstate did not start")
-        time.sleep(0.05)
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        assert not thread.is_alive(), "modelstate did not stop"
+def running_server(settings: ModelStateSettings) -> Iterator[str]:
+    with serve_in_thread(create_app(settings), settings.bind_of("modelstate")[1]) as url:
+        yield url
 
 
 @pytest.fixture

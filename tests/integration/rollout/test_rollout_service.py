@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,15 +14,15 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import uvicorn
-from conftest import free_port
 
 from modelstate.app import create_app as create_modelstate_app
 from modelstate.client import ModelStateClient
 from modelstate.schemas import PublishRequest, VersionKind
 from modelstate.settings import ModelStateSettings
+from services.common.ports import free_port
 from services.rollout.app import create_app
 from services.rollout.settings import RolloutSettings
+from tests.support.servers import serve_in_thread
 
 pytestmark = pytest.mark.integration
 PROMPT = [5, 6, 7, 8, 9]
@@ -79,17 +78,8 @@ def modelstate(rollout: httpx.AsyncClient, modelstate_port: int,
     """Started after rollout is ready (rollout's follower has been retrying meanwhile)."""
     data_dir = tmp_path_factory.mktemp("modelstate")
     app = create_modelstate_app(ModelStateSettings(data_dir=data_dir))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=modelstate_port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline, "modelstate did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{modelstate_port}"
-    server.should_exit = True
-    thread.join(timeout=15)
+    with serve_in_thread(app, modelstate_port) as url:
+        yield url
 
 
 @pytest.fixture

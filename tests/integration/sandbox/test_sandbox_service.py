@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import free_port
 
+from services.common.ports import free_port
 from services.sandbox.app import create_app
 from services.sandbox.settings import SandboxSettings
 

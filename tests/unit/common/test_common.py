@@ -1,0 +1,106 @@
+"""services/common: error mapping, the app factory's shared behaviour, ordered operations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from services.common.app_factory import create_service_app
+from services.common.errors import (
+    Conflict,
+    InvalidInput,
+    InvalidTransition,
+    LoomError,
+    NotFound,
+    Unavailable,
+    error_from_envelope,
+)
+from services.common.operations import OperationQueue
+from services.common.schemas import OperationStatus
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), [
+    (409, {"error": {"code": "invalid_transition", "message": "m"}}, InvalidTransition),
+    (409, {"error": {"code": "something_new", "message": "m"}}, Conflict),
+    (404, {"error": {"code": "not_found", "message": "m"}}, NotFound),
+    (418, "teapot", InvalidInput),
+    (503, "<html>", Unavailable),
+    (500, None, LoomError),
+])
+def test_envelopes_map_to_typed_errors(status: int, body: object, expected: type) -> None:
+    error = error_from_envelope(status, body)
+    assert type(error) is expected
+
+
+class Echo(BaseModel):
+    n: int
+
+
+def _app() -> httpx.AsyncClient:
+    router = APIRouter()
+
+    @router.post("/v1/echo")
+    async def echo(body: Echo) -> Echo:
+        if body.n < 0:
+            raise NotFound(f"No thing {body.n}", {"n": body.n})
+        if body.n == 13:
+            raise RuntimeError("a bug")
+        return body
+
+    app = create_service_app("test", routers=[router])
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://t")
+
+
+async def test_app_factory_errors_are_one_envelope() -> None:
+    async with _app() as client:
+        missing = await client.post("/v1/echo", json={"n": -1})
+        assert missing.status_code == 404
+        assert missing.json() == {"error": {"code": "not_found", "message": "No thing -1",
+                                            "detail": {"n": -1}}}
+        invalid = await client.post("/v1/echo", json={"n": "x"})
+        assert invalid.status_code == 422
+        assert invalid.json()["error"]["code"] == "invalid_input"
+        assert "body.n" in invalid.json()["error"]["message"]
+        unknown = await client.get("/v1/nowhere")
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+        bug = await client.post("/v1/echo", json={"n": 13})
+        assert bug.status_code == 500 and bug.json()["error"]["code"] == "internal_error"
+
+
+async def test_app_factory_health_metrics_and_request_ids() -> None:
+    async with _app() as client:
+        ok = await client.post("/v1/echo", json={"n": 1}, headers={"X-Request-ID": "abc"})
+        assert ok.headers["x-request-id"] == "abc"
+        assert (await client.get("/healthz")).headers["x-request-id"]
+        assert (await client.get("/readyz")).json()["status"] == "ready"
+        metrics = (await client.get("/metrics")).text
+        assert 'loom_http_requests_total{method="POST",route="/v1/echo",service="test",' \
+               'status="200"} 1.0' in metrics
+
+
+async def test_operations_of_one_key_run_in_submission_order() -> None:
+    queue = OperationQueue()
+    seen: list[int] = []
+
+    def work(i: int) -> int:
+        time.sleep(0.01 * (3 - i))  # earlier ones are slower: order must still hold
+        seen.append(i)
+        return i
+
+    ops = [queue.submit("model", "work", lambda i=i: work(i)) for i in range(3)]
+    failing = queue.submit("model", "work", lambda: (_ for _ in ()).throw(Conflict("no")))
+    results = [await queue.wait(op.id, timeout=5) for op in [*ops, failing]]
+    assert seen == [0, 1, 2]
+    assert [r.result for r in results[:3]] == [0, 1, 2]
+    assert results[3].status == OperationStatus.failed
+    assert results[3].error is not None and results[3].error.code == "conflict"
+    with pytest.raises(NotFound):
+        queue.get("op_unknown")
+    queue.shutdown()
+    await asyncio.sleep(0)
