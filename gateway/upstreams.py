@@ -9,6 +9,7 @@ import httpx
 from gateway.schemas import StackHealth
 from gateway.settings import UPSTREAMS, GatewaySettings
 from services.common.errors import NotFound
+from services.common.http import CLIENT_KEEP_ALIVE_S
 from services.common.schemas import Health
 
 
@@ -19,7 +20,8 @@ class Upstreams:
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         timeout = httpx.Timeout(settings.gateway_proxy_timeout_s,
                                 connect=settings.gateway_proxy_connect_timeout_s)
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50,
+                             keepalive_expiry=CLIENT_KEEP_ALIVE_S)
         self.health_timeout = settings.gateway_health_timeout_s
         self.clients = {
             name: httpx.AsyncClient(base_url=settings.url_of(name), timeout=timeout,

@@ -16,6 +16,10 @@ log = logging.getLogger(__name__)
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=300.0, pool=30.0)
+# Idle pooled connections are dropped after this; servers keep them longer (see serve.py).
+CLIENT_KEEP_ALIVE_S = 5.0
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                      keepalive_expiry=CLIENT_KEEP_ALIVE_S)
 
 
 class ServiceClient:
@@ -38,7 +42,7 @@ class ServiceClient:
             timeout=timeout,
             transport=transport,
             headers=headers,
-            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+            limits=LIMITS,
         )
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
+from services.common.serve import SERVER_KEEP_ALIVE_S
+
 
 @contextmanager
 def serve_in_thread(app: FastAPI, port: int | None = None) -> Iterator[str]:
@@ -23,7 +25,8 @@ def serve_in_thread(app: FastAPI, port: int | None = None) -> Iterator[str]:
     sock.bind(("127.0.0.1", port or 0))
     bound = int(sock.getsockname()[1])
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
-                                           lifespan="on", timeout_graceful_shutdown=1))
+                                           lifespan="on", timeout_graceful_shutdown=1,
+                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
