@@ -29,14 +29,18 @@ PROMPT = [5, 6, 7, 8, 9]
 TIMINGS: dict[str, float] = {}
 
 
-def vllm_children() -> list[str]:
+def vllm_children(ignore: frozenset[int] = frozenset()) -> list[str]:
+    """Engine-like descendants of this test process, except those in `ignore` (processes
+    that predate the engine, e.g. a stack another test module started)."""
     names = []
     for child in psutil.Process().children(recursive=True):
+        if child.pid in ignore:
+            continue
         try:
             names.append(" ".join(child.cmdline()) or child.name())
         except psutil.Error:
             continue
-    return names
+    return [n for n in names if "spawn_main" in n or "EngineCore" in n]
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +56,7 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
         modelstate_url=f"http://127.0.0.1:{modelstate_port}",
     )
     app = create_app(settings)
+    earlier = frozenset(child.pid for child in psutil.Process().children(recursive=True))
     started = time.perf_counter()
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://rollout", timeout=120
@@ -67,7 +72,7 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
                         if k.endswith("_s")})
         yield client
     # vLLM's EngineCore and Worker are spawned processes (Python's resource tracker may stay).
-    leftovers = [c for c in vllm_children() if "spawn_main" in c or "EngineCore" in c]
+    leftovers = vllm_children(ignore=earlier)
     assert not leftovers, f"engine processes left after shutdown: {leftovers}"
     print("\nrollout timings:", json.dumps({k: round(v, 3) for k, v in TIMINGS.items()}))
 
