@@ -13,6 +13,7 @@ from gateway.keys import KeyIdentity
 from gateway.settings import GatewaySettings
 from gateway.upstreams import Upstreams
 from services.common.db import transaction
+from services.common.deps import app_state
 from services.common.errors import Forbidden, Unauthorized
 from services.common.http import ServiceClient
 
@@ -20,31 +21,6 @@ from services.common.http import ServiceClient
 def get_session(request: Request) -> Iterator[Session]:
     with transaction(request.app.state.sessions) as session:
         yield session
-
-
-def get_sessions(request: Request) -> sessionmaker[Session]:
-    sessions: sessionmaker[Session] = request.app.state.sessions
-    return sessions
-
-
-def get_settings(request: Request) -> GatewaySettings:
-    settings: GatewaySettings = request.app.state.settings
-    return settings
-
-
-def get_auth_cache(request: Request) -> AuthCache:
-    cache: AuthCache = request.app.state.auth_cache
-    return cache
-
-
-def get_upstreams(request: Request) -> Upstreams:
-    upstreams: Upstreams = request.app.state.upstreams
-    return upstreams
-
-
-def get_trainer(request: Request) -> ServiceClient:
-    trainer: ServiceClient = request.app.state.trainer
-    return trainer
 
 
 def current_key(request: Request) -> KeyIdentity:
@@ -63,10 +39,10 @@ def admin_key(key: Annotated[KeyIdentity, Depends(current_key)]) -> KeyIdentity:
 # scope="function": the transaction commits before the response goes out, so a client never
 # sees success for a write that then fails to commit.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
-SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
-SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
-AuthCacheDep = Annotated[AuthCache, Depends(get_auth_cache)]
-UpstreamsDep = Annotated[Upstreams, Depends(get_upstreams)]
-TrainerDep = Annotated[ServiceClient, Depends(get_trainer)]
+SessionsDep = Annotated[sessionmaker[Session], Depends(app_state("sessions"))]
+SettingsDep = Annotated[GatewaySettings, Depends(app_state("settings"))]
+AuthCacheDep = Annotated[AuthCache, Depends(app_state("auth_cache"))]
+UpstreamsDep = Annotated[Upstreams, Depends(app_state("upstreams"))]
+TrainerDep = Annotated[ServiceClient, Depends(app_state("trainer"))]
 CurrentKey = Annotated[KeyIdentity, Depends(current_key)]
 AdminKey = Annotated[KeyIdentity, Depends(admin_key)]

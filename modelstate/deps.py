@@ -5,19 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
 
 from modelstate.settings import ModelStateSettings
 from modelstate.store import ModelStore
+from services.common.deps import app_state
 
-
-def get_store(request: Request) -> ModelStore:
-    return request.app.state.store  # type: ignore[no-any-return]
-
-
-def get_settings(request: Request) -> ModelStateSettings:
-    return request.app.state.settings  # type: ignore[no-any-return]
-
-
-StoreDep = Annotated[ModelStore, Depends(get_store)]
-SettingsDep = Annotated[ModelStateSettings, Depends(get_settings)]
+StoreDep = Annotated[ModelStore, Depends(app_state("store"))]
+SettingsDep = Annotated[ModelStateSettings, Depends(app_state("settings"))]

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
 
+from services.common.deps import app_state
 from services.reward.scoring import Scorer
 
-
-def get_scorer(request: Request) -> Scorer:
-    scorer: Scorer = request.app.state.scorer
-    return scorer
-
-
-ScorerDep = Annotated[Scorer, Depends(get_scorer)]
+ScorerDep = Annotated[Scorer, Depends(app_state("scorer"))]

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
 
+from services.common.deps import app_state
 from services.sandbox.backend import Backend
 
-
-def get_backend(request: Request) -> Backend:
-    backend: Backend = request.app.state.backend
-    return backend
-
-
-BackendDep = Annotated[Backend, Depends(get_backend)]
+BackendDep = Annotated[Backend, Depends(app_state("backend"))]

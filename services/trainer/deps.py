@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
 
+from services.common.deps import app_state
 from services.trainer.service import TrainerService
 
-
-def get_service(request: Request) -> TrainerService:
-    service: TrainerService = request.app.state.trainer
-    return service
-
-
-ServiceDep = Annotated[TrainerService, Depends(get_service)]
+ServiceDep = Annotated[TrainerService, Depends(app_state("trainer"))]
