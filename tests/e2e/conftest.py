@@ -12,7 +12,7 @@ from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """(gateway url, admin key, data dir) of a running stack; stopped after the session."""
     data_dir = tmp_path_factory.mktemp("loom-stack")

@@ -1,10 +1,15 @@
-"""End to end through the gateway: a publish is served by rollout, full and LoRA."""
+"""End to end on the real local stack, through the gateway and the SDK: a publish is served by
+rollout (full and LoRA), bad input gets clear 4xx, and the demo job learns."""
 
 from __future__ import annotations
+
+import csv
+from pathlib import Path
 
 import pytest
 
 from agents.algorithms import sft_datum
+from agents.examples.arith_grpo import DemoConfig, run_demo
 from agents.sdk import (
     AdamParams,
     InvalidInput,
@@ -62,3 +67,17 @@ def test_bad_requests_through_the_gateway_are_clear_4xx(stack) -> None:
             loom.get_job("job_does_not_exist")
         with pytest.raises((InvalidInput, NotFound), match="exact_match"):
             loom.score("no_such_verifier", [ScoreItem(response="1")])
+
+
+def test_grpo_improves_held_out_accuracy(stack, tmp_path: Path) -> None:
+    url, key, _ = stack
+    result = run_demo(url, key, tmp_path, DemoConfig())
+
+    assert result.accuracy_after > result.accuracy_before
+    versions = [point["version"] for point in result.curve]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    assert result.png_path is not None and result.png_path.stat().st_size > 1000
+    assert result.csv_path is not None
+    with result.csv_path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == DemoConfig().rl_steps
