@@ -1,8 +1,11 @@
 """Content-addressed blobs on local disk, and version directories made of hard links to them.
 
-Layout under the root: `sha256/ab/<hex>` (one file per distinct content, read-only),
-`versions/<job_id>/<number>/<path>` (what engines read in place), `tmp/` (work in progress, on
-the same filesystem so a finished file or directory appears with one atomic rename).
+Layout under the root: `sha256/ab/<hex>` (one read-only file per distinct content),
+`versions/<job_id>/<number>/<path>` (what engines read in place), `tmp/` (uploads in progress),
+`staging/<name>/` (directories writers on this filesystem fill, then publish), `exports/`
+(derived downloads such as merged LoRA models). Everything is on one filesystem, so a finished
+file or directory appears with one atomic rename. This module only touches files; which blobs
+exist is the database's business (`modelstate.store`).
 """
 
 from __future__ import annotations
@@ -11,19 +14,25 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
+import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
 
-from services.common.errors import InvalidInput, PayloadTooLarge
+from services.common.errors import InvalidInput, NotFound, PayloadTooLarge
 
 CHUNK_BYTES = 1 << 20
 MAX_PATH_CHARS = 1024
+MARKER_FILE = ".loom-store-id"
 
 
 @dataclass(frozen=True)
-class StoredBlob:
+class ReceivedBlob:
+    """Bytes written and hashed into `path`, not yet part of the store."""
+
+    path: Path
     sha256: str
     size: int
 
@@ -62,6 +71,64 @@ def check_manifest_paths(paths: list[str]) -> None:
                 )
 
 
+def hash_file(path: Path) -> tuple[str, int]:
+    """sha256 and size (hashlib releases the GIL: several files hash in parallel threads)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as source:
+        while chunk := source.read(CHUNK_BYTES * 8):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+class BlobWriter:
+    """Incoming bytes → a temp file under `tmp/`, hashed as they are written. `finish` makes
+    them durable and checks what the sender declared; `abort` leaves nothing behind."""
+
+    def __init__(self, tmp: Path, label: str, max_bytes: int) -> None:
+        self.label = label
+        self.max_bytes = max_bytes
+        self.path = tmp / f"blob-{uuid.uuid4().hex}"
+        self.size = 0
+        self._digest = hashlib.sha256()
+        self._file = open(self.path, "wb")  # noqa: SIM115 -- closed by finish/abort
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            raise PayloadTooLarge(
+                f"{self.label!r} is larger than the limit of {self.max_bytes} bytes."
+            )
+        self._digest.update(data)
+        self._file.write(data)
+
+    def finish(
+        self, expected_sha256: str | None = None, expected_size: int | None = None
+    ) -> ReceivedBlob:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        sha256 = self._digest.hexdigest()
+        if expected_size is not None and expected_size != self.size:
+            raise InvalidInput(
+                f"{self.label!r}: expected {expected_size} bytes but received {self.size}; "
+                "the upload was truncated or the declaration is wrong.",
+                {"path": self.label, "declared_size": expected_size, "received": self.size},
+            )
+        if expected_sha256 is not None and expected_sha256.lower() != sha256:
+            raise InvalidInput(
+                f"{self.label!r}: declared sha256 {expected_sha256} but received {sha256} "
+                f"({self.size} bytes); the upload was corrupted or the declaration is wrong.",
+                {"path": self.label, "declared": expected_sha256, "received": sha256},
+            )
+        return ReceivedBlob(self.path, sha256, self.size)
+
+    def abort(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
 class BlobStore:
     def __init__(self, root: Path, max_file_bytes: int) -> None:
         self.root = root
@@ -69,54 +136,90 @@ class BlobStore:
         self.blobs = root / "sha256"
         self.versions = root / "versions"
         self.tmp = root / "tmp"
-        for directory in (self.blobs, self.versions, self.tmp):
+        self.staging = root / "staging"
+        self.exports = root / "exports"
+        for directory in (self.blobs, self.versions, self.tmp, self.staging, self.exports):
             directory.mkdir(parents=True, exist_ok=True)
+        self.instance_id = self._instance_id()
+
+    def _instance_id(self) -> str:
+        """A random id kept in the staging directory: a writer that reads the same id there
+        shares this filesystem."""
+        marker = self.staging / MARKER_FILE
+        if not marker.exists():
+            temp = self.tmp / f"marker-{uuid.uuid4().hex}"
+            temp.write_text(uuid.uuid4().hex)
+            os.replace(temp, marker)
+        return marker.read_text().strip()
+
+    # --- blobs -------------------------------------------------------------------------------
 
     def blob_path(self, sha256: str) -> Path:
         return self.blobs / sha256[:2] / sha256
 
-    def version_dir(self, job_id: str, number: int) -> Path:
-        return self.versions / job_id / str(number)
+    def writer(self, label: str) -> BlobWriter:
+        return BlobWriter(self.tmp, label, self.max_file_bytes)
 
-    def put(
-        self, stream: BinaryIO, *, label: str, expected_sha256: str | None = None
-    ) -> StoredBlob:
-        """Stream into a temp file while hashing, check, then rename into place; identical
-        content is stored once."""
-        digest = hashlib.sha256()
-        size = 0
-        temp = self.tmp / f"blob-{uuid.uuid4().hex}"
-        try:
-            with open(temp, "wb") as out:
-                while chunk := stream.read(CHUNK_BYTES):
-                    size += len(chunk)
-                    if size > self.max_file_bytes:
-                        raise PayloadTooLarge(
-                            f"{label!r} is larger than the limit of {self.max_file_bytes} bytes."
-                        )
-                    digest.update(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            sha256 = digest.hexdigest()
-            if expected_sha256 is not None and expected_sha256.lower() != sha256:
-                raise InvalidInput(
-                    f"{label!r}: declared sha256 {expected_sha256} but received {sha256} "
-                    f"({size} bytes); the upload was corrupted or the declaration is wrong.",
-                    {"path": label, "declared": expected_sha256, "received": sha256},
-                )
+    def adopt_all(self, files: list[tuple[Path, str]]) -> None:
+        """Move verified files (temp blobs or staged files, on this filesystem; path, sha256)
+        into place, each made durable first; identical content already there wins and the
+        source is dropped. Each touched directory is synced once, after all the renames."""
+        touched: set[Path] = set()
+        for source, sha256 in files:
             final = self.blob_path(sha256)
             if final.exists():
-                temp.unlink()
-            else:
-                final.parent.mkdir(exist_ok=True)
-                temp.chmod(0o444)  # hard links share the mode: version files stay read-only
-                os.rename(temp, final)
-                _fsync_dir(final.parent)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        return StoredBlob(sha256=sha256, size=size)
+                source.unlink(missing_ok=True)
+                continue
+            final.parent.mkdir(exist_ok=True)
+            _fsync(source)  # a staged file may still be in the page cache only
+            os.utime(source)  # young until committed: collection spares it for the grace period
+            source.chmod(0o444)  # hard links share the mode: version files stay read-only
+            os.rename(source, final)
+            touched.add(final.parent)
+        for directory in touched:
+            _fsync(directory)
+
+    def remove_blob(self, sha256: str) -> None:
+        self.blob_path(sha256).unlink(missing_ok=True)
+
+    def blob_files(self) -> Iterator[tuple[str, Path]]:
+        for shard in self.blobs.iterdir():
+            for path in shard.iterdir():
+                yield path.name, path
+
+    # --- staging -----------------------------------------------------------------------------
+
+    def new_staging_name(self) -> str:
+        name = uuid.uuid4().hex
+        (self.staging / name).mkdir()
+        return name
+
+    def staged_files(self, name: str) -> list[tuple[str, Path]]:
+        """(manifest path, file) for every regular file a writer left in `staging/<name>`."""
+        directory = self.staging / name
+        if not directory.is_dir():
+            raise NotFound(f"No staging directory {name!r}: it was never made, already "
+                           "published, or collected as abandoned.")
+        found = []
+        for path in sorted(directory.rglob("*")):
+            mode = path.lstat().st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            relative = path.relative_to(directory).as_posix()
+            if not stat.S_ISREG(mode):
+                raise InvalidInput(f"Staged entry {relative!r} is not a regular file.")
+            found.append((relative, path))
+        if not found:
+            raise InvalidInput(f"Staging directory {name!r} holds no files.")
+        return found
+
+    def remove_staging(self, name: str) -> None:
+        shutil.rmtree(self.staging / name, ignore_errors=True)
+
+    # --- version directories ------------------------------------------------------------------
+
+    def version_dir(self, job_id: str, number: int) -> Path:
+        return self.versions / job_id / str(number)
 
     def materialize(self, job_id: str, number: int, files: dict[str, str]) -> Path:
         """Build `versions/<job>/<number>` (path → sha256) in tmp, then rename it into place,
@@ -134,7 +237,7 @@ class BlobStore:
                 # Left by a publish that crashed before its commit: the number was never taken.
                 shutil.rmtree(final)
             os.rename(staging, final)
-            _fsync_dir(final.parent)
+            _fsync(final.parent)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -142,6 +245,49 @@ class BlobStore:
 
     def remove_version_dir(self, job_id: str, number: int) -> None:
         shutil.rmtree(self.version_dir(job_id, number), ignore_errors=True)
+        shutil.rmtree(self.exports / job_id / str(number), ignore_errors=True)
+
+    def version_dirs(self) -> Iterator[tuple[str, int, Path]]:
+        for job_dir in self.versions.iterdir():
+            for path in job_dir.iterdir():
+                if path.name.isdigit():
+                    yield job_dir.name, int(path.name), path
+
+    # --- housekeeping -------------------------------------------------------------------------
+
+    def remove_stale(self, directory: Path, older_than_s: float) -> int:
+        """Delete entries of `directory` untouched for `older_than_s` (left by a writer or a
+        store that died mid-way); the marker file stays."""
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for entry in directory.iterdir():
+            if entry.name == MARKER_FILE or _newest_mtime(entry) > cutoff:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
+
+def is_older_than(path: Path, seconds: float) -> bool:
+    try:
+        return _newest_mtime(path) <= time.time() - seconds
+    except FileNotFoundError:
+        return False
+
+
+def _newest_mtime(entry: Path) -> float:
+    """A directory counts as touched when anything inside it was (a writer still filling it)."""
+    newest = entry.lstat().st_mtime
+    if entry.is_dir() and not entry.is_symlink():
+        for path in entry.rglob("*"):
+            try:
+                newest = max(newest, path.lstat().st_mtime)
+            except FileNotFoundError:
+                continue
+    return newest
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -155,8 +301,9 @@ def _link_or_copy(source: Path, target: Path) -> None:
         target.chmod(0o444)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -1,14 +1,14 @@
 """Async client of the model-state store, for the trainer, the rollout engines and the SDK.
 
-Uploads and downloads stream (files are never held whole in memory) and are checked by sha256
-end to end; `subscribe` follows the server's event stream across restarts of either side.
+Publishing sends each distinct content once: files already in the store are not uploaded
+again, and a writer on the store's own filesystem stages its files there (`staging_dir`) so
+that publishing moves no bytes at all. Downloads verify sha256 and resume. `subscribe` follows
+the store's event stream across restarts of either side.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,15 +17,24 @@ from urllib.parse import quote
 
 import httpx
 
-from modelstate.blobstore import CHUNK_BYTES, check_relative_path
-from modelstate.schemas import ManifestFile, PublishRequest, Version, VersionList
-from services.common.errors import InvalidInput, UpstreamError
-from services.common.http import ServiceClient, raise_for_envelope
+from modelstate.blobstore import check_relative_path, hash_file
+from modelstate.schemas import (
+    FileRef,
+    PinList,
+    PublishRequest,
+    StoreInfo,
+    Version,
+    VersionKey,
+    VersionList,
+    VersionMeta,
+)
+from modelstate.transfer import download_file, raise_for_status, upload_blob
+from services.common.errors import Conflict, InvalidInput, NotFound
+from services.common.http import ServiceClient
 from services.common.settings import LoomSettings
 
 RECONNECT_MIN_S = 0.2
 RECONNECT_MAX_S = 10.0
-DOWNLOAD_ATTEMPTS = 3
 
 
 class ModelStateClient:
@@ -40,24 +49,82 @@ class ModelStateClient:
         # Longer than the server's heartbeat period: silence this long means a dead connection.
         self._event_timeout = httpx.Timeout(connect=5.0, read=event_read_timeout_s,
                                             write=30.0, pool=30.0)
+        self._info: StoreInfo | None = None
 
-    async def publish(self, meta: PublishRequest, directory: Path) -> Version:
-        """Upload every file under `directory` (relative paths as names) as a new version."""
-        paths = sorted(p for p in Path(directory).rglob("*") if p.is_file())
-        if not paths:
-            raise InvalidInput(f"{directory} holds no files to publish.")
-        names = [p.relative_to(directory).as_posix() for p in paths]
-        for name in names:
-            check_relative_path(name)
-            if any(c in name for c in '"\r\n'):
-                raise InvalidInput(f"File name {name!r} cannot be sent in a multipart header.")
-        boundary = f"loom-{uuid.uuid4().hex}"
-        body = _multipart_body(boundary, list(zip(names, paths, strict=True)), meta)
+    # --- publishing --------------------------------------------------------------------------
+
+    async def store_info(self) -> StoreInfo:
+        if self._info is None:
+            self._info = StoreInfo.model_validate(await self._service.get_json("/v1/store"))
+        return self._info
+
+    async def staging_dir(self) -> Path | None:
+        """A fresh directory on the store's filesystem to write a version into, or None when
+        this process cannot see that filesystem (then `publish` uploads)."""
+        info = await self.store_info()
+        try:
+            shared = Path(info.marker_file).read_text().strip() == info.instance_id
+        except OSError:
+            shared = False
+        if not shared:
+            return None
+        directory = Path(info.staging_dir) / uuid.uuid4().hex
+        directory.mkdir()
+        return directory
+
+    async def publish(
+        self, meta: VersionMeta, directory: Path, *, hashes: dict[str, str] | None = None
+    ) -> Version:
+        """Publish every file under `directory` (relative paths as names). `hashes`: sha256
+        of files the caller already knows (e.g. computed while writing them). A directory
+        from `staging_dir` is handed over in place and is gone afterwards."""
+        directory = Path(directory)
+        hashes = hashes or {}
+        info = await self.store_info()
+        if directory.parent == Path(info.staging_dir):
+            declared = [FileRef(path=name, sha256=sha, size=(directory / name).stat().st_size)
+                        for name, sha in sorted(hashes.items())]
+            request = PublishRequest(**meta.model_dump(), staged=directory.name, files=declared)
+            return await self._commit(request)
+        files = _files_of(directory)
+        refs = []
+        for name, path in files:
+            sha256 = hashes.get(name)
+            if sha256 is None:
+                sha256, size = await asyncio.to_thread(hash_file, path)
+            else:
+                size = path.stat().st_size
+            refs.append(FileRef(path=name, sha256=sha256, size=size))
+        request = PublishRequest(**meta.model_dump(), files=refs)
+        paths = dict(files)
+        await self._upload_missing(refs, paths)
+        try:
+            return await self._commit(request)
+        except Conflict as exc:
+            if not (isinstance(exc.detail, dict) and "missing" in exc.detail):
+                raise
+            # Collected between upload and commit (a very old blob): send them again, once.
+            await self._upload_missing(refs, paths)
+            return await self._commit(request)
+
+    async def _upload_missing(self, refs: list[FileRef], paths: dict[str, Path]) -> None:
+        for ref in {r.sha256: r for r in refs}.values():
+            if not await self.has_blob(ref.sha256):
+                await upload_blob(self._service.http, paths[ref.path], ref.sha256, ref.size)
+
+    async def has_blob(self, sha256: str) -> bool:
+        try:
+            await self._service.get_json(f"/v1/blobs/{sha256}")
+        except NotFound:
+            return False
+        return True
+
+    async def _commit(self, request: PublishRequest) -> Version:
         response = await self._service.request(
-            "POST", "/v1/versions", content=body,
-            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-        )
+            "POST", "/v1/versions", json=request.model_dump(mode="json"))
         return Version.model_validate(response.json())
+
+    # --- reads -------------------------------------------------------------------------------
 
     async def get_version(self, job_id: str, ref: int | str) -> Version:
         return Version.model_validate(await self._service.get_json(_version_url(job_id, ref)))
@@ -68,13 +135,25 @@ class ModelStateClient:
 
     async def download(self, version: Version, dest: Path) -> Path:
         """Fetch every file of `version` into `dest`, each checked against its sha256 and
-        renamed into place only when complete."""
+        renamed into place only when complete; a repeated call resumes."""
         dest = Path(dest)
         for entry in version.files:
             target = dest / check_relative_path(entry.path)
+            if target.exists() and target.stat().st_size == entry.size:
+                continue
             url = f"{_version_url(version.job_id, version.number)}/files/{quote(entry.path)}"
-            await self._fetch_file(url, target, entry)
+            await download_file(self._service.http, url, target, entry)
         return dest
+
+    # --- pins --------------------------------------------------------------------------------
+
+    async def set_pins(self, holder: str, versions: list[VersionKey], ttl_s: float) -> PinList:
+        response = await self._service.request(
+            "PUT", f"/v1/pins/{quote(holder, safe='')}",
+            json={"versions": [v.model_dump() for v in versions], "ttl_s": ttl_s})
+        return PinList.model_validate(response.json())
+
+    # --- events ------------------------------------------------------------------------------
 
     async def subscribe(self, job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
         """Versions published after version id `after`, replayed then live, forever; a lost
@@ -91,7 +170,7 @@ class ModelStateClient:
                     headers={"Accept": "text/event-stream"},
                 ) as response:
                     if response.status_code < 500:
-                        await _raise_for_status(response)
+                        await raise_for_status(response)
                         async for event in _sse_events(response):
                             if event.name != "version":
                                 continue
@@ -107,40 +186,14 @@ class ModelStateClient:
     async def aclose(self) -> None:
         await self._service.aclose()
 
-    async def _fetch_file(self, url: str, target: Path, entry: ManifestFile) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.with_name(f".{target.name}.part-{uuid.uuid4().hex}")
-        for attempt in range(DOWNLOAD_ATTEMPTS):
-            try:
-                digest = hashlib.sha256()
-                async with self._service.http.stream("GET", url) as response:
-                    await _raise_for_status(response)
-                    with open(temp, "wb") as out:
-                        async for chunk in response.aiter_bytes(CHUNK_BYTES):
-                            digest.update(chunk)
-                            out.write(chunk)
-                break
-            except httpx.TransportError as exc:
-                temp.unlink(missing_ok=True)
-                if attempt + 1 == DOWNLOAD_ATTEMPTS:
-                    raise UpstreamError(f"modelstate: downloading {entry.path!r}: {exc!r}") from exc
-                await asyncio.sleep(RECONNECT_MIN_S * 2**attempt)
-        size = temp.stat().st_size
-        if digest.hexdigest() != entry.sha256 or size != entry.size:
-            temp.unlink()
-            raise UpstreamError(
-                f"modelstate: {entry.path!r} arrived corrupted ({size} bytes, sha256 "
-                f"{digest.hexdigest()}; manifest: {entry.size} bytes, {entry.sha256})."
-            )
-        os.replace(temp, target)
-
 
 async def local_or_download(
     version: Version, cache_dir: Path, *, client: ModelStateClient | None = None
 ) -> Path:
     """A directory holding `version`'s files: the store's own one when it is on this host
     (read in place, no copy), else a download into `cache_dir/<job>/<number>` (reused when
-    already complete). Without `client`, one is made from `LOOM_MODELSTATE_URL`."""
+    already complete, resumed when a previous download was cut off). Without `client`, one is
+    made from `LOOM_MODELSTATE_URL`."""
     if version.local_path and matches_manifest(Path(version.local_path), version):
         return Path(version.local_path)
     dest = Path(cache_dir) / version.job_id / str(version.number)
@@ -165,35 +218,18 @@ def matches_manifest(directory: Path, version: Version) -> bool:
         return False
 
 
+def _files_of(directory: Path) -> list[tuple[str, Path]]:
+    paths = sorted(p for p in directory.rglob("*") if p.is_file())
+    if not paths:
+        raise InvalidInput(f"{directory} holds no files to publish.")
+    files = [(p.relative_to(directory).as_posix(), p) for p in paths]
+    for name, _ in files:
+        check_relative_path(name)
+    return files
+
+
 def _version_url(job_id: str, ref: int | str) -> str:
     return f"/v1/jobs/{quote(job_id, safe='')}/versions/{quote(str(ref), safe='')}"
-
-
-async def _raise_for_status(response: httpx.Response) -> None:
-    if response.status_code >= 400:
-        await response.aread()
-        raise_for_envelope(response, "modelstate")
-
-
-async def _multipart_body(
-    boundary: str, files: list[tuple[str, Path]], meta: PublishRequest
-) -> AsyncIterator[bytes]:
-    """The files first, hashed as they stream; then `meta` carrying those hashes (the server
-    reads the whole form before it looks at any part, so the order is free)."""
-    hashes: dict[str, str] = {}
-    for name, path in files:
-        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; "
-               f"filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
-        digest = hashlib.sha256()
-        with open(path, "rb") as source:
-            while chunk := await asyncio.to_thread(source.read, CHUNK_BYTES):
-                digest.update(chunk)
-                yield chunk
-        hashes[name] = digest.hexdigest()
-        yield b"\r\n"
-    meta_json = meta.model_copy(update={"sha256": hashes}).model_dump_json()
-    yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"meta\"\r\n"
-           f"Content-Type: application/json\r\n\r\n{meta_json}\r\n--{boundary}--\r\n").encode()
 
 
 @dataclass

@@ -7,9 +7,11 @@ from typing import Annotated
 
 from fastapi import Depends
 
+from modelstate.gc import Collector
 from modelstate.settings import ModelStateSettings
 from modelstate.store import ModelStore
 from services.common.deps import app_state
 
 StoreDep = Annotated[ModelStore, Depends(app_state("store"))]
 SettingsDep = Annotated[ModelStateSettings, Depends(app_state("settings"))]
+CollectorDep = Annotated[Collector, Depends(app_state("collector"))]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.common.schemas import LenientModel, StrictModel
 
@@ -16,7 +16,9 @@ JobId = Annotated[
 AliasName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*$")
 ]
-Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+StagingName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+MAX_FILES = 10_000
 
 
 class VersionKind(StrEnum):
@@ -30,8 +32,16 @@ class ManifestFile(LenientModel):
     sha256: str
 
 
-class PublishRequest(StrictModel):
-    """The `meta` part of a multipart publish; the files come as `files` parts."""
+class FileRef(StrictModel):
+    """One file of a version to publish: its blob must have been uploaded (or be staged)."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    sha256: Sha256Hex
+    size: int = Field(ge=0)
+
+
+class VersionMeta(StrictModel):
+    """What a publisher says about a version besides its files."""
 
     job_id: JobId
     kind: VersionKind
@@ -39,10 +49,25 @@ class PublishRequest(StrictModel):
     step: int | None = Field(default=None, ge=0)
     parent: int | None = Field(default=None, ge=0)
     metrics: dict[str, float] = {}
-    aliases: list[AliasName] = []
-    sha256: dict[str, Sha256Hex] = Field(
-        default={}, description="Declared sha256 per file path; the store verifies each one."
+    aliases: list[AliasName] = Field(default=[], max_length=32)
+
+
+class PublishRequest(VersionMeta):
+    """Commit a version from blobs already in the store (`files`), or from a staging directory
+    written on the store's own filesystem (`staged`; `files` then optionally declares hashes
+    the store checks). Publishing a step the job already has returns that version when the
+    files are the same and is a conflict when they differ."""
+
+    files: list[FileRef] = Field(default=[], max_length=MAX_FILES)
+    staged: StagingName | None = Field(
+        default=None, description="Name of a directory under the store's staging_dir."
     )
+
+    @model_validator(mode="after")
+    def _has_files(self) -> Self:
+        if not self.files and self.staged is None:
+            raise ValueError("a version needs files: list them in `files` or give `staged`")
+        return self
 
 
 class Version(LenientModel):
@@ -68,6 +93,31 @@ class VersionList(LenientModel):
     versions: list[Version]
 
 
+class Lineage(LenientModel):
+    """A version and its ancestors, newest first. `complete` is false when an ancestor was
+    deleted, so the chain stops before reaching the base model."""
+
+    versions: list[Version]
+    complete: bool
+
+
+class FileChange(LenientModel):
+    path: str
+    a: ManifestFile
+    b: ManifestFile
+
+
+class ManifestDiff(LenientModel):
+    job_id: str
+    a: int
+    b: int
+    added: list[ManifestFile]
+    removed: list[ManifestFile]
+    changed: list[FileChange]
+    unchanged: list[str]
+    shared_bytes: int = Field(description="Bytes of b that are stored once for both.")
+
+
 class MoveAlias(StrictModel):
     number: int = Field(ge=1)
 
@@ -76,3 +126,69 @@ class Alias(LenientModel):
     job_id: str
     name: str
     number: int
+
+
+class StoredBlob(LenientModel):
+    sha256: str
+    size: int
+
+
+class StoreInfo(LenientModel):
+    """What a client needs to publish cheaply: a writer that can see `staging_dir` and read
+    `instance_id` from its marker file shares the store's filesystem and may stage files
+    there instead of uploading them."""
+
+    instance_id: str
+    staging_dir: str
+    marker_file: str
+    max_file_bytes: int
+
+
+class VersionKey(StrictModel):
+    job_id: JobId
+    number: int = Field(ge=1)
+
+
+class PinRequest(StrictModel):
+    """Replace every pin of one holder (e.g. a rollout engine's resident versions)."""
+
+    versions: list[VersionKey] = Field(max_length=1024)
+    ttl_s: float = Field(default=60.0, gt=0, le=86_400)
+
+
+class Pin(LenientModel):
+    holder: str
+    job_id: str
+    number: int
+    expires_at: datetime
+
+
+class PinList(LenientModel):
+    pins: list[Pin]
+
+
+class RetentionPolicy(StrictModel):
+    keep_last: int = Field(
+        ge=0, description="Keep the newest N versions (0: keep all); aliased and pinned "
+        "versions are always kept."
+    )
+    keep_ancestors: bool = Field(
+        default=False, description="Also keep every ancestor of an aliased version."
+    )
+
+
+class Retention(LenientModel):
+    job_id: str
+    keep_last: int
+    keep_ancestors: bool
+    is_default: bool
+
+
+class GcReport(LenientModel):
+    versions_deleted: list[str] = Field(description="`job@number` of each deleted version.")
+    blobs_deleted: int
+    bytes_freed: int
+    temp_entries_removed: int
+    stray_entries_removed: int = Field(
+        description="Files or directories no row accounts for (left by a crash)."
+    )

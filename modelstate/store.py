@@ -1,32 +1,59 @@
-"""The model-state store: publish immutable versions, resolve numbers and aliases, move aliases.
+"""The model-state store: blobs in, immutable versions out; aliases, pins and deletion.
 
-Publishing writes blobs first (outside any transaction), then in one transaction takes the next
-number, inserts the rows, moves the aliases and renames the finished version directory into
-place before committing; a reader never sees a half-written version. Each call owns its own
-transaction (no HTTP here).
+Writing a version: its blobs arrive first (uploaded, or adopted from a staging directory on
+this filesystem), each registered by a row; then one transaction takes the next number, inserts
+the rows, moves the aliases and renames the finished version directory into place before it
+commits, so a reader never sees a half-written version. Transactions that make blob files
+appear or disappear hold the store's blob lock (`blob_lock`), so garbage collection never
+deletes a blob a publish is about to reference. Each call owns its transaction (no HTTP here).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
-from sqlalchemy import func, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelstate.blobstore import BlobStore, StoredBlob, check_manifest_paths
-from modelstate.models import AliasRow, VersionFileRow, VersionRow
-from modelstate.schemas import Alias, ManifestFile, PublishRequest, Version, VersionKind
+from modelstate.blobstore import BlobStore, ReceivedBlob, check_manifest_paths, hash_file
+from modelstate.models import AliasRow, BlobRow, PinRow, VersionFileRow, VersionRow
+from modelstate.schemas import (
+    Alias,
+    FileRef,
+    ManifestFile,
+    Pin,
+    PublishRequest,
+    StoredBlob,
+    Version,
+    VersionKey,
+    VersionKind,
+)
 from services.common.errors import Conflict, InvalidInput, NotFound
 
 LATEST = "latest"
 WRITE_ATTEMPTS = 20
+HASH_THREADS = 4
+BLOB_LOCK_KEY = 0x4C4F4F4D  # "LOOM": PostgreSQL advisory lock for blob files
 T = TypeVar("T")
+
+
+def blob_lock(session: Session) -> None:
+    """Serialize transactions that add or remove blob files. PostgreSQL: a transaction-scoped
+    advisory lock. SQLite: each such transaction writes first, which takes the database's
+    single write lock until commit."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BLOB_LOCK_KEY})
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 class ModelStore:
@@ -34,29 +61,92 @@ class ModelStore:
         self.sessions = sessions
         self.blobs = blobs
 
-    # --- writes ------------------------------------------------------------------------------
+    # --- blobs -------------------------------------------------------------------------------
 
-    def publish(self, meta: PublishRequest, files: Iterable[tuple[str, BinaryIO]]) -> Version:
-        uploads = list(files)
-        _check_upload(meta, [path for path, _ in uploads])
-        stored = {
-            path: self.blobs.put(stream, label=path, expected_sha256=meta.sha256.get(path))
-            for path, stream in uploads
-        }
-        return _retry_on_conflict(lambda: self._commit_version(meta, stored), "publish")
+    def register_blob(self, received: ReceivedBlob) -> StoredBlob:
+        return self.register_blobs([received])[0]
 
-    def move_alias(self, job_id: str, name: str, number: int) -> Alias:
-        def move() -> Alias:
+    def register_blobs(self, received: list[ReceivedBlob]) -> list[StoredBlob]:
+        """Make received (verified) files stored blobs: rows and files appear together, in one
+        transaction however many there are."""
+
+        def register() -> list[StoredBlob]:
             with self.sessions() as session, session.begin():
-                _find_version(session, job_id, number)
-                _point_alias(session, job_id, name, number)
-            return Alias(job_id=job_id, name=name, number=number)
+                blob_lock(session)
+                for item in received:
+                    row = session.get(BlobRow, item.sha256)
+                    if row is None:
+                        session.add(BlobRow(sha256=item.sha256, size=item.size,
+                                            touched_at=utcnow()))
+                    else:
+                        row.touched_at = utcnow()
+                session.flush()  # the write that takes SQLite's lock before the files move
+                self.blobs.adopt_all([(item.path, item.sha256) for item in received])
+            return [StoredBlob(sha256=item.sha256, size=item.size) for item in received]
 
-        return _retry_on_conflict(move, "alias move")
+        try:
+            return _retry_on_conflict(register, "blob upload")
+        except BaseException:
+            for item in received:
+                item.path.unlink(missing_ok=True)
+            raise
 
-    def _commit_version(self, meta: PublishRequest, stored: dict[str, StoredBlob]) -> Version:
+    def blob(self, sha256: str) -> StoredBlob:
+        with self.sessions() as session:
+            row = session.get(BlobRow, sha256)
+            if row is None or not self.blobs.blob_path(sha256).exists():
+                raise NotFound(f"No blob {sha256}: upload it with PUT /v1/blobs/{sha256}.")
+            return StoredBlob(sha256=row.sha256, size=row.size)
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def publish(self, meta: PublishRequest) -> tuple[Version, bool]:
+        """The new version and True; or, for a step published before with the same files,
+        that version and False."""
+        files = self._adopt_staged(meta) if meta.staged else list(meta.files)
+        check_manifest_paths([f.path for f in files])
+        return _retry_on_conflict(lambda: self._commit_version(meta, files), "publish")
+
+    def _adopt_staged(self, meta: PublishRequest) -> list[FileRef]:
+        """Hash the staged files (in parallel), check them against what `files` declares, and
+        move them into the blob store; the staging directory is gone afterwards."""
+        assert meta.staged is not None
+        staged = self.blobs.staged_files(meta.staged)
+        check_manifest_paths([path for path, _ in staged])
+        declared = {f.path: f for f in meta.files}
+        unknown = sorted(set(declared) - {path for path, _ in staged})
+        if unknown:
+            raise InvalidInput(f"Declared files are not in the staging directory: {unknown}",
+                               {"paths": unknown})
+        with ThreadPoolExecutor(HASH_THREADS) as pool:
+            hashes = list(pool.map(hash_file, [path for _, path in staged]))
+        refs = []
+        for (relative, _), (sha256, size) in zip(staged, hashes, strict=True):
+            expected = declared.get(relative)
+            if expected and (expected.sha256, expected.size) != (sha256, size):
+                raise InvalidInput(
+                    f"Staged {relative!r} is {size} bytes with sha256 {sha256}; declared "
+                    f"{expected.size} bytes, {expected.sha256}.",
+                    {"path": relative, "declared": expected.sha256, "received": sha256},
+                )
+            refs.append(FileRef(path=relative, sha256=sha256, size=size))
+        self.register_blobs([ReceivedBlob(path, ref.sha256, ref.size)
+                             for (_, path), ref in zip(staged, refs, strict=True)])
+        self.blobs.remove_staging(meta.staged)
+        return refs
+
+    def _commit_version(self, meta: PublishRequest, files: list[FileRef]) -> tuple[Version, bool]:
         job_id = meta.job_id
         with self.sessions() as session:  # closing without commit rolls back
+            blob_lock(session)
+            _claim_blobs(session, files)
+            if meta.step is not None:
+                existing = session.scalar(select(VersionRow).where(
+                    VersionRow.job_id == job_id, VersionRow.step == meta.step))
+                if existing is not None:
+                    version = self._republish(session, existing, meta, files)
+                    session.commit()
+                    return version, False
             previous = session.scalar(
                 select(func.max(VersionRow.number)).where(VersionRow.job_id == job_id)
             )
@@ -70,9 +160,9 @@ class ModelStore:
             row = VersionRow(
                 job_id=job_id, number=number, parent=parent, step=meta.step,
                 kind=meta.kind.value, base_model=meta.base_model, metrics=dict(meta.metrics),
-                created_at=datetime.now(UTC),
-                files=[VersionFileRow(path=path, size=blob.size, sha256=blob.sha256)
-                       for path, blob in sorted(stored.items())],
+                created_at=utcnow(),
+                files=[VersionFileRow(path=f.path, size=f.size, sha256=f.sha256)
+                       for f in sorted(files, key=lambda f: f.path)],
             )
             session.add(row)
             session.flush()  # takes (job_id, number): a concurrent publisher now waits or fails
@@ -80,13 +170,102 @@ class ModelStore:
             for name in aliases:
                 _point_alias(session, job_id, name, number)
             session.flush()
-            self.blobs.materialize(job_id, number, {p: b.sha256 for p, b in stored.items()})
+            self.blobs.materialize(job_id, number, {f.path: f.sha256 for f in files})
             try:
                 session.commit()
             except BaseException:
                 self.blobs.remove_version_dir(job_id, number)
                 raise
-        return self._to_version(row, aliases)
+        return self._to_version(row, aliases), True
+
+    def _republish(self, session: Session, row: VersionRow, meta: PublishRequest,
+                   files: list[FileRef]) -> Version:
+        """Publishing a step again is a retry when nothing differs; the aliases it asks for
+        move to the existing version."""
+        stored = {(f.path, f.sha256) for f in row.files}
+        if stored != {(f.path, f.sha256) for f in files} or row.kind != meta.kind.value:
+            raise Conflict(
+                f"Job {meta.job_id!r} already has version {row.number} for step {meta.step} "
+                "with different files; a step is published once. Publish the new weights "
+                "under a new step (or without one).",
+                {"number": row.number, "step": meta.step},
+            )
+        for name in meta.aliases:
+            _point_alias(session, meta.job_id, name, row.number)
+        session.flush()
+        return self._to_version(row, _aliases_of(session, meta.job_id).get(row.number, []))
+
+    # --- aliases -----------------------------------------------------------------------------
+
+    def move_alias(self, job_id: str, name: str, number: int) -> Alias:
+        def move() -> Alias:
+            with self.sessions() as session, session.begin():
+                _find_version(session, job_id, number)
+                _point_alias(session, job_id, name, number)
+            return Alias(job_id=job_id, name=name, number=number)
+
+        return _retry_on_conflict(move, "alias move")
+
+    def delete_alias(self, job_id: str, name: str) -> None:
+        if name == LATEST:
+            raise Conflict("'latest' is kept by the store (it follows each publish); move it "
+                           "instead of deleting it.")
+        with self.sessions() as session, session.begin():
+            if session.get(AliasRow, (job_id, name)) is None:
+                raise NotFound(f"Job {job_id!r} has no alias {name!r}. "
+                               f"{_inventory(session, job_id)}")
+            session.execute(delete(AliasRow).where(AliasRow.job_id == job_id,
+                                                   AliasRow.name == name))
+
+    # --- deletion and pins -------------------------------------------------------------------
+
+    def delete_version(self, job_id: str, number: int) -> Version:
+        """Remove an unaliased, unpinned version; its blobs go at the next collection."""
+        with self.sessions() as session, session.begin():
+            row = _find_version(session, job_id, number)
+            names = sorted(_aliases_of(session, job_id).get(number, []))
+            if names:
+                raise Conflict(
+                    f"Version {number} of job {job_id!r} has aliases {names}: move or delete "
+                    "them first.", {"aliases": names})
+            holders = session.scalars(select(PinRow.holder).where(
+                PinRow.job_id == job_id, PinRow.number == number,
+                PinRow.expires_at > utcnow())).all()
+            if holders:
+                raise Conflict(
+                    f"Version {number} of job {job_id!r} is pinned by {sorted(holders)} (a "
+                    "serving engine has it loaded); it can be deleted once they let go.",
+                    {"pinned_by": sorted(holders)})
+            version = self._to_version(row, [])
+            session.delete(row)
+        self.blobs.remove_version_dir(job_id, number)
+        return version
+
+    def set_pins(self, holder: str, keys: list[VersionKey], ttl_s: float) -> list[Pin]:
+        """Replace a holder's pins; versions that no longer exist are skipped."""
+        expires = utcnow() + timedelta(seconds=ttl_s)
+
+        def replace() -> list[Pin]:
+            with self.sessions() as session, session.begin():
+                session.execute(delete(PinRow).where(PinRow.holder == holder))
+                pins = []
+                for key in {(k.job_id, k.number) for k in keys}:
+                    if session.scalar(select(VersionRow.id).where(
+                            VersionRow.job_id == key[0], VersionRow.number == key[1])):
+                        session.add(PinRow(holder=holder, job_id=key[0], number=key[1],
+                                           expires_at=expires))
+                        pins.append(Pin(holder=holder, job_id=key[0], number=key[1],
+                                        expires_at=expires))
+            return sorted(pins, key=lambda p: (p.job_id, p.number))
+
+        return _retry_on_conflict(replace, "pin update")
+
+    def pins(self) -> list[Pin]:
+        with self.sessions() as session:
+            rows = session.scalars(select(PinRow).where(PinRow.expires_at > utcnow())
+                                   .order_by(PinRow.holder, PinRow.job_id, PinRow.number))
+            return [Pin(holder=r.holder, job_id=r.job_id, number=r.number,
+                        expires_at=_as_utc(r.expires_at)) for r in rows]
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -102,6 +281,14 @@ class ModelStore:
             ).all()
             aliases = _aliases_of(session, job_id)
             return [self._to_version(row, aliases.get(row.number, [])) for row in rows]
+
+    def lineage(self, job_id: str, ref: int | str) -> tuple[list[Version], bool]:
+        """The version and its ancestors, newest first, and whether the chain is whole."""
+        versions = {v.number: v for v in self.list_versions(job_id)}
+        chain = [self.get_version(job_id, ref)]
+        while (parent := chain[-1].parent) and parent in versions:
+            chain.append(versions[parent])
+        return chain, not chain[-1].parent
 
     def versions_after(self, after_id: int, job_id: str | None, limit: int) -> list[Version]:
         """Versions with a global id above `after_id`, oldest first (for event replay)."""
@@ -130,36 +317,43 @@ class ModelStore:
             session.execute(text("SELECT 1"))
 
     def _to_version(self, row: VersionRow, aliases: list[str]) -> Version:
-        created = row.created_at
-        if created.tzinfo is None:  # SQLite keeps no zone; everything is stored in UTC
-            created = created.replace(tzinfo=UTC)
         return Version(
             id=row.id, job_id=row.job_id, number=row.number, parent=row.parent, step=row.step,
             kind=VersionKind(row.kind), base_model=row.base_model, metrics=dict(row.metrics),
-            aliases=sorted(aliases), created_at=created,
+            aliases=sorted(aliases), created_at=_as_utc(row.created_at),
             files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in row.files],
             local_path=str(self.blobs.version_dir(row.job_id, row.number)),
         )
 
 
-def _check_upload(meta: PublishRequest, paths: list[str]) -> None:
-    if not paths:
-        raise InvalidInput("A version needs at least one file.")
-    check_manifest_paths(paths)
-    undeclared = sorted(set(meta.sha256) - set(paths))
-    if undeclared:
-        raise InvalidInput(
-            f"sha256 declared for files that were not uploaded: {undeclared}",
-            {"paths": undeclared},
-        )
+def _claim_blobs(session: Session, files: list[FileRef]) -> None:
+    """Every file's blob must be stored with the declared size. Touching the rows is also
+    this transaction's first write (SQLite's write lock, see `blob_lock`)."""
+    wanted = {f.sha256 for f in files}
+    session.execute(update(BlobRow).where(BlobRow.sha256.in_(wanted))
+                    .values(touched_at=utcnow()))
+    sizes = {sha256: size for sha256, size in session.execute(
+        select(BlobRow.sha256, BlobRow.size).where(BlobRow.sha256.in_(wanted)))}
+    missing = sorted({f.path for f in files if f.sha256 not in sizes})
+    if missing:
+        raise Conflict(
+            f"The blobs of {missing[:10]} are not in the store: upload them (PUT "
+            "/v1/blobs/<sha256>) and publish again.", {"missing": missing})
+    wrong = sorted(f.path for f in files if sizes[f.sha256] != f.size)
+    if wrong:
+        raise InvalidInput(f"Declared sizes of {wrong[:10]} differ from their stored blobs.",
+                           {"paths": wrong})
 
 
 def _retry_on_conflict(write: Callable[[], T], what: str) -> T:
-    """Concurrent writers of one job collide on a unique key; the loser simply tries again."""
+    """Concurrent writers of one job collide on a unique key (or SQLite's lock); the loser
+    simply tries again."""
     for attempt in range(WRITE_ATTEMPTS):
         try:
             return write()
-        except IntegrityError:
+        except (IntegrityError, OperationalError) as exc:
+            if isinstance(exc, OperationalError) and "locked" not in str(exc):
+                raise
             time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
     raise Conflict(f"{what} kept colliding with concurrent writers; try again.")
 
@@ -212,4 +406,8 @@ def _inventory(session: Session, job_id: str) -> str:
     aliases = session.scalars(select(AliasRow).where(AliasRow.job_id == job_id)
                               .order_by(AliasRow.name)).all()
     named = ", ".join(f"{a.name}->{a.number}" for a in aliases) or "none"
-    return f"It has {count} version(s), numbered {low}..{high}; aliases: {named}."
+    return f"It has {count} version(s); numbers {low}..{high}; aliases: {named}."
+
+
+def _as_utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite keeps no zone

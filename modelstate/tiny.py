@@ -1,12 +1,16 @@
 """The deterministic tiny model tests and the demo use: a small Qwen2-style causal LM with a
 random init and a byte-level BPE tokenizer trained on the task corpus, saved as a normal
 Hugging Face directory (so vLLM, transformers and peft load it like any other model).
+
+`build_random_model` writes the same kind of model in any shape; `MODEL_SIZES` names the
+shapes the benchmarks use (about 1 MB, 100 MB and 1 GB of float32 weights).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from agents.tasks.arithmetic import EOS, corpus
 
@@ -20,6 +24,16 @@ TINY_CONFIG = {
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
+}
+# Named random-init shapes for benchmarks. vLLM's CPU attention takes head_dim 32 or 64;
+# num_key_value_heads divides num_attention_heads; embeddings tied, like the tiny model.
+MODEL_SIZES: dict[str, dict[str, Any]] = {
+    "1mb": {**TINY_CONFIG, "hidden_size": 64, "intermediate_size": 192,
+            "num_attention_heads": 2, "num_key_value_heads": 1},  # head_dim 32
+    "100mb": {**TINY_CONFIG, "hidden_size": 512, "intermediate_size": 1536,
+              "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2},
+    "1gb": {**TINY_CONFIG, "hidden_size": 1024, "intermediate_size": 3072,
+            "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4},
 }
 SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 
@@ -56,26 +70,43 @@ def build_tokenizer(out_dir: Path) -> int:
 
 def build_tiny_model(out_dir: Path | str, seed: int = 0) -> Path:
     """Write the tiny model to `out_dir` (idempotent: same seed, same bytes)."""
+    return build_random_model(out_dir, TINY_CONFIG, seed)
+
+
+def build_random_model(out_dir: Path | str, config: dict[str, Any], seed: int = 0) -> Path:
+    """A Qwen2-style model of shape `config` (Qwen2Config fields), random init from `seed`,
+    float32, with the tiny model's tokenizer, as a Hugging Face directory."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab_size = build_tokenizer(out)
-    from transformers import AutoTokenizer
-
     eos_id = AutoTokenizer.from_pretrained(out).eos_token_id
-    config = Qwen2Config(
+    qwen2_config = Qwen2Config(
         vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
-        torch_dtype="float32", **TINY_CONFIG,
+        torch_dtype="float32", **config,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(qwen2_config)
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").write_text(
         json.dumps({"eos_token_id": eos_id, "bos_token_id": eos_id, "do_sample": True})
     )
     return out
+
+
+def parameter_count(config: dict[str, Any], vocab_size: int) -> int:
+    """Parameters of a Qwen2 model of shape `config` (as saved: tied embeddings once).
+    `build_tokenizer` returns the vocabulary size (at most 512; fewer merges are learnt)."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    attention = 2 * hidden * hidden + hidden + 2 * (hidden * kv + kv)  # q,o; biases on q,k,v
+    mlp = 3 * hidden * config["intermediate_size"]
+    per_layer = attention + mlp + 2 * hidden  # two RMSNorms
+    embeddings = vocab_size * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    return embeddings + layers * per_layer + hidden  # final norm
 
 
 def is_tiny_model(path: Path | str) -> bool:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import tarfile
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,7 +14,15 @@ import httpx
 from agents.sdk._futures import OperationFuture
 from agents.sdk._http import GatewayHttp
 from gateway.schemas import Job, JobCreate, StackHealth
-from modelstate.schemas import Version, VersionList
+from modelstate.schemas import (
+    Alias,
+    Lineage,
+    ManifestDiff,
+    Retention,
+    RetentionPolicy,
+    Version,
+    VersionList,
+)
 from services.common.schemas import Operation
 from services.reward.schemas import ScoreItem, ScoreRequest, ScoreResponse
 from services.rollout.schemas import (
@@ -195,8 +206,64 @@ class AsyncJob:
         return VersionList.model_validate(body).versions
 
     async def version(self, ref: VersionRef = "latest") -> Version:
-        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/versions/{ref}")
+        body = await self._http.get_json(f"{self._versions}/{ref}")
         return Version.model_validate(body)
+
+    async def lineage(self, ref: VersionRef = "latest") -> Lineage:
+        return Lineage.model_validate(await self._http.get_json(f"{self._versions}/{ref}/lineage"))
+
+    async def compare(self, a: VersionRef, b: VersionRef = "latest") -> ManifestDiff:
+        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/compare",
+                                         params={"a": a, "b": b})
+        return ManifestDiff.model_validate(body)
+
+    async def move_alias(self, name: str, number: int) -> Alias:
+        response = await self._http.request(
+            "PUT", f"/v1/modelstate/jobs/{self.id}/aliases/{name}", json={"number": number})
+        return Alias.model_validate(response.json())
+
+    async def delete_version(self, number: int) -> Version:
+        """Refused (Conflict) while an alias points at it or a rollout engine serves it."""
+        response = await self._http.request("DELETE", f"{self._versions}/{number}")
+        return Version.model_validate(response.json())
+
+    async def set_retention(self, keep_last: int, *, keep_ancestors: bool = False) -> Retention:
+        policy = RetentionPolicy(keep_last=keep_last, keep_ancestors=keep_ancestors)
+        response = await self._http.request("PUT", f"/v1/modelstate/jobs/{self.id}/retention",
+                                            json=policy.model_dump())
+        return Retention.model_validate(response.json())
+
+    async def download(self, dest: str | Path, ref: VersionRef = "latest", *,
+                       merge_lora: bool = False) -> Path:
+        """The version as a Hugging Face directory `dest` (a LoRA version merged into its base
+        model with `merge_lora`): the tar is streamed to disk next to `dest`, then unpacked."""
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".tar") as archive:
+            async with self._http.http.stream(
+                "GET", f"{self._versions}/{ref}/archive", params={"merge_lora": merge_lora}
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    self._http.raise_for_status(response)
+                async for chunk in response.aiter_bytes(1 << 20):
+                    archive.write(chunk)
+            archive.flush()
+            await asyncio.to_thread(_unpack, Path(archive.name), dest)
+        return dest
+
+    @property
+    def _versions(self) -> str:
+        return f"/v1/modelstate/jobs/{self.id}/versions"
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.info.base_model} {self.info.mode.value}>"
+
+
+def _unpack(archive_path: Path, dest: Path) -> None:
+    """Members land under `dest` without the archive's top directory; the `data` filter
+    refuses absolute paths, links out of `dest` and special files."""
+    with tarfile.open(archive_path, mode="r|") as archive:
+        for member in archive:
+            member.name = member.name.split("/", 1)[1]
+            archive.extract(member, dest, filter="data")

@@ -27,6 +27,7 @@ from services.rollout.openai import routes as openai_routes
 from services.rollout.openai.chat import ChatCompletions
 from services.rollout.openai.completions import Completions
 from services.rollout.openai.serving import OpenAIServing
+from services.rollout.pins import PinKeeper, holder_name
 from services.rollout.sampling import Sampler
 from services.rollout.settings import RolloutSettings
 from services.rollout.versions import Versions
@@ -59,9 +60,11 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         app.state.completions = Completions(serving)
         app.state.chat = ChatCompletions(serving)
 
+        keeper = PinKeeper(store, holder_name(settings.url_of("rollout")), versions.pinned_keys)
+
         async def run() -> None:
             await engine.start()
-            await versions.follow_publications()
+            await asyncio.gather(versions.follow_publications(), keeper.run())
 
         task = asyncio.create_task(run(), name="rollout-engine")
         task.add_done_callback(_log_failure)

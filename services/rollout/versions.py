@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 
 from vllm.lora.request import LoRARequest
 
-from modelstate.schemas import Version, VersionKind
+from modelstate.schemas import Version, VersionKey, VersionKind
 from services.common.errors import InvalidInput, LoomError, NotFound
 from services.rollout.engine import BASE_WEIGHTS_LABEL
 from services.rollout.lora_slots import LoraEngine, LoraSlots
@@ -172,6 +172,13 @@ class Versions:
             full=self._full.loaded() if self._full else None,
             loras=[LoadedVersion(job_id=job, number=int(n), kind="lora") for job, n in loras],
         )
+
+    def pinned_keys(self) -> list[VersionKey]:
+        """Published versions this engine holds (modelstate does not store base models)."""
+        resident = self.resident()
+        held = [*resident.loras, *([resident.full] if resident.full else [])]
+        return [VersionKey(job_id=v.job_id, number=v.number)
+                for v in held if v.job_id is not None and v.number > 0]
 
     # --- hand-off on publish --------------------------------------------------------------
 

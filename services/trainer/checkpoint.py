@@ -1,51 +1,67 @@
-"""save_weights: write the model's files to scratch space, publish them as a new version."""
+"""save_weights: write the model's files where the store can take them, publish a version.
+
+On the store's own filesystem the files are written straight into its staging area and
+published by a rename (the bytes are written once); otherwise into scratch space and uploaded
+(only contents the store does not hold yet)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from modelstate.client import ModelStateClient
-from modelstate.schemas import PublishRequest, Version, VersionKind
+from modelstate.schemas import Version, VersionKind, VersionMeta
 from services.trainer.model import TrainerModel
 from services.trainer.schemas import SaveWeightsRequest, SaveWeightsResult
+
+T = TypeVar("T")
 
 
 class ThreadPublisher:
     """Publishes from the operation worker thread through the app's async client.
 
-    The client's pooled connections belong to the app's event loop, so the upload runs there
-    (`run_coroutine_threadsafe`) while the worker thread waits for it. That thread is the
-    model's only executor, so waiting costs nothing, and the event loop keeps serving requests
+    The client's pooled connections belong to the app's event loop, so its calls run there
+    (`run_coroutine_threadsafe`) while the worker thread waits. That thread is the model's
+    only executor, so waiting costs nothing, and the event loop keeps serving requests
     meanwhile; a second, synchronous HTTP client would duplicate the client's error mapping."""
 
     def __init__(self, client: ModelStateClient, loop: asyncio.AbstractEventLoop) -> None:
         self._client = client
         self._loop = loop
 
-    def publish(self, request: PublishRequest, directory: Path) -> Version:
-        future = asyncio.run_coroutine_threadsafe(
-            self._client.publish(request, directory), self._loop
-        )
-        return future.result()
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
+    def staging_dir(self) -> Path | None:
+        return self._run(self._client.staging_dir())
+
+    def publish(self, meta: VersionMeta, directory: Path) -> Version:
+        return self._run(self._client.publish(meta, directory))
 
 
 def save_weights(
     model: TrainerModel, request: SaveWeightsRequest, publisher: ThreadPublisher, work_dir: Path
 ) -> SaveWeightsResult:
-    work_dir.mkdir(parents=True, exist_ok=True)
-    kind = VersionKind(model.spec.mode.value)
-    with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{model.spec.job_id}-") as scratch:
-        model.save(Path(scratch))
+    directory = publisher.staging_dir()
+    if directory is None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        directory = Path(tempfile.mkdtemp(dir=work_dir, prefix=f"{model.spec.job_id}-"))
+    try:
+        model.save(directory)
         version = publisher.publish(
-            PublishRequest(
-                job_id=model.spec.job_id, kind=kind, base_model=model.spec.base_model,
-                step=model.step, parent=model.last_version, metrics=request.metrics,
-                aliases=request.aliases,
+            VersionMeta(
+                job_id=model.spec.job_id, kind=VersionKind(model.spec.mode.value),
+                base_model=model.spec.base_model, step=model.step, parent=model.last_version,
+                metrics=request.metrics, aliases=request.aliases,
             ),
-            Path(scratch),
+            directory,
         )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # a published staging dir is gone already
     model.last_version = version.number
     return SaveWeightsResult(job_id=version.job_id, number=version.number,
                              kind=version.kind.value, step=model.step)

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import peft
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 from services.common.errors import Conflict, InvalidInput
@@ -63,6 +68,7 @@ class TrainerModel:
         self._optimizer: torch.optim.AdamW | None = None
         self._frozen_reference: PreTrainedModel | None = None
         self._has_gradients = False
+        self._tokenizer: PreTrainedTokenizerBase | None = None
 
     def _with_adapter(self, base: PreTrainedModel) -> peft.PeftModel:
         lora = self.spec.lora
@@ -148,8 +154,11 @@ class TrainerModel:
             return
         # config.json, generation_config.json and safetensors weights (tied ones once).
         self.network.save_pretrained(directory)
-        # Through the tokenizer rather than a file copy, so a hub base works the same way.
-        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(directory)
+        # Through the tokenizer rather than a file copy, so a hub base works the same way;
+        # loaded once (tens of ms that every full-weight hand-off would otherwise pay).
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._tokenizer.save_pretrained(directory)
 
     # --- internals ------------------------------------------------------------------------
 

@@ -4,14 +4,19 @@ rollout (full and LoRA), bad input gets clear 4xx, and the demo job learns."""
 from __future__ import annotations
 
 import csv
+import time
 from pathlib import Path
 
+import httpx
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from agents.algorithms import sft_datum
 from agents.examples.arith_grpo import DemoConfig, run_demo
 from agents.sdk import (
     AdamParams,
+    Conflict,
     InvalidInput,
     LoomClient,
     NotFound,
@@ -20,6 +25,7 @@ from agents.sdk import (
 )
 
 pytestmark = pytest.mark.e2e
+ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0)
 
 
 @pytest.mark.parametrize("mode", ["full", "lora"])
@@ -53,6 +59,54 @@ def test_samples_after_publish_carry_the_new_version(stack, mode: str) -> None:
         pinned = job.sample("12+7=", params=SamplingParams(max_tokens=4), version=0)
         assert pinned.version == 0
         assert [v.number for v in job.versions()] == [1]
+
+
+def test_version_lifecycle_through_the_sdk(stack, tmp_path: Path) -> None:
+    """Lineage, comparison, aliases, pins held by the serving engine, and a LoRA version
+    downloaded merged into its base: a Hugging Face model that computes what the trainer
+    computes."""
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        job = loom.create_job("loom/tiny", name="lifecycle", mode="lora")
+        prompt, answer = loom.tokenize(["23+4=", "27<|endoftext|>"])
+        for step in range(3):
+            job.forward_backward([sft_datum(prompt, answer)])
+            job.optim_step(AdamParams(lr=1e-2))
+            job.save_weights(aliases=["best"] if step == 1 else []).result()
+        chain = job.lineage()
+        assert [v.number for v in chain.versions] == [3, 2, 1] and chain.complete
+        diff = job.compare(1, "latest")
+        assert [c.path for c in diff.changed] == ["adapter_model.safetensors"]
+        assert "adapter_config.json" in diff.unchanged and diff.shared_bytes > 0
+        assert job.version("best").number == 2
+        assert job.move_alias("best", 3).number == 3
+
+        # The engine pins what it holds: once version 1 serves, it cannot be deleted.
+        assert job.sample("23+4=", params=ONE_TOKEN, version=1).version == 1
+        pins_url = f"{url}/v1/modelstate/pins"
+        auth = {"Authorization": f"Bearer {key}"}
+
+        def pinned() -> bool:
+            pins = httpx.get(pins_url, headers=auth).json()["pins"]
+            return any(p["job_id"] == job.id and p["number"] == 1 for p in pins)
+
+        deadline = time.monotonic() + 30
+        while not pinned():
+            assert time.monotonic() < deadline, "rollout never pinned the version it serves"
+            time.sleep(0.1)
+        with pytest.raises(Conflict, match=r"pinned by \['rollout@"):
+            job.delete_version(1)
+
+        merged = job.download(tmp_path / "merged", "latest", merge_lora=True)
+        model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+        ids = torch.tensor([prompt + answer])
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1].log_softmax(-1)
+        local = logits.gather(-1, ids[0, 1:, None])[len(prompt) - 1:, 0].tolist()
+        trained = job.forward([sft_datum(prompt, answer)]).result().logprobs[0][len(prompt):]
+        assert local == pytest.approx(trained, abs=1e-3)
+        with pytest.raises(NotFound, match="no version 9"):
+            job.download(tmp_path / "nothing", 9)
 
 
 def test_bad_requests_through_the_gateway_are_clear_4xx(stack) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -68,9 +69,14 @@ def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
         env={**ports_env, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
     )
+    assert loom.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(loom.stdout or ()), daemon=True)
+    reader.start()
     try:
-        wait_until(lambda: answers(f"{gateway_url}/readyz")
-                   and answers(f"{ports_env['LOOM_MODELSTATE_URL']}/readyz"), 120, "readiness")
+        # The CLI's own word that it is up (it prints the key just before): the services may
+        # answer /readyz a moment before the supervisor's poll sees them.
+        wait_until(lambda: any("Stack is up" in line for line in lines), 120, "loom up")
         services = loom_descendants(loom.pid)
         assert len(services) >= 2
 
@@ -83,10 +89,12 @@ def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
         assert "modelstate" in status.stdout
 
         loom.send_signal(signal.SIGTERM)
-        output, _ = loom.communicate(timeout=60)
+        loom.wait(timeout=60)
+        reader.join(timeout=10)
     finally:
         if loom.poll() is None:
             loom.kill()
+    output = "".join(lines)
     assert loom.returncode == 0, output
     assert "bootstrap admin API key" in output and "Stopped." in output
     assert alive(services) == set(), f"orphans left: {alive(services)}"

@@ -61,6 +61,10 @@ async def test_requests_without_a_valid_key_get_401(stack: Stack) -> None:
         assert missing.headers["x-request-id"] == "req-401"
         for path in ("/v1/reward/echo/x", "/v1/nowhere", "/v1/health"):
             assert (await anonymous.get(path)).status_code == 401, path
+        for method, path in (("PUT", f"/v1/modelstate/blobs/{'0' * 64}"),
+                             ("DELETE", "/v1/modelstate/jobs/j/versions/1"),
+                             ("POST", "/v1/modelstate/gc"), ("PUT", "/v1/modelstate/pins/x")):
+            assert (await anonymous.request(method, path)).status_code == 401, path
         bad = await anonymous.get("/v1/jobs", headers={"Authorization": "Bearer loom_wrong"})
         assert bad.status_code == 401
         assert "Invalid or revoked" in bad.json()["error"]["message"]

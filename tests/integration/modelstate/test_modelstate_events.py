@@ -13,7 +13,7 @@ import pytest
 
 from modelstate.app import create_app
 from modelstate.client import ModelStateClient
-from modelstate.schemas import PublishRequest, Version, VersionKind
+from modelstate.schemas import Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.ports import free_port
 from tests.support.servers import serve_in_thread
@@ -64,7 +64,7 @@ class Subscription:
 async def publish(client: ModelStateClient, directory: Path, job_id: str, step: int) -> Version:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "adapter_model.safetensors").write_bytes(f"{job_id}-{step}".encode())
-    meta = PublishRequest(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny", step=step)
+    meta = VersionMeta(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny", step=step)
     return await client.publish(meta, directory)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from modelstate.app import create_app as create_modelstate_app
 from modelstate.client import ModelStateClient
-from modelstate.schemas import PublishRequest, VersionKind
+from modelstate.schemas import VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.ports import free_port
 from services.rollout.app import create_app
@@ -281,7 +281,7 @@ async def test_full_version_hand_off(rollout: httpx.AsyncClient, store: ModelSta
     base = await sample(rollout, job_id="full-job")
     assert base["version"] == 0  # no versions yet: latest is the base
     weights = perturbed_copy(tiny_model_dir, tmp_path / "full", scale=1.5)
-    await store.publish(PublishRequest(job_id="full-job", kind=VersionKind.full,
+    await store.publish(VersionMeta(job_id="full-job", kind=VersionKind.full,
                                        base_model=str(tiny_model_dir)), weights)
     published = time.perf_counter()
     first = await sample(rollout, job_id="full-job")  # `latest`, right after the publish
@@ -314,7 +314,7 @@ async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelSta
                                      tiny_model_dir: Path, tmp_path: Path) -> None:
     base = await sample(rollout)
     adapter = lora_adapter(tiny_model_dir, tmp_path / "lora", seed=0)
-    await store.publish(PublishRequest(job_id="lora-job", kind=VersionKind.lora,
+    await store.publish(VersionMeta(job_id="lora-job", kind=VersionKind.lora,
                                        base_model=str(tiny_model_dir)), adapter)
     published = time.perf_counter()
     first = await sample(rollout, job_id="lora-job")
@@ -324,7 +324,7 @@ async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelSta
 
     # The follower pre-loads what is published: the adapter becomes resident without a request.
     second = lora_adapter(tiny_model_dir, tmp_path / "lora2", seed=1)
-    await store.publish(PublishRequest(job_id="lora-job", kind=VersionKind.lora,
+    await store.publish(VersionMeta(job_id="lora-job", kind=VersionKind.lora,
                                        base_model=str(tiny_model_dir)), second)
     published = time.perf_counter()
 

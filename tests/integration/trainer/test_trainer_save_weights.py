@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import peft
+import pytest
 import torch
 from trainer_harness import JOB_FULL, JOB_LORA, TrainerHarness
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -56,10 +57,29 @@ async def test_full_weights_load_back_identically(
     tokenizer = AutoTokenizer.from_pretrained(published)
     original = AutoTokenizer.from_pretrained(trainer.base_model)
     assert tokenizer("12+34=46")["input_ids"] == original("12+34=46")["input_ids"]
-    assert list(trainer.service.work_dir.iterdir()) == []  # scratch space cleaned up
+    # Written straight into the store's staging area and adopted there: nothing left over.
+    staging = published.parents[2] / "staging"
+    assert [p.name for p in staging.iterdir()] == [".loom-store-id"]
+    assert not trainer.service.work_dir.exists()
 
     info = (await trainer.http.get(f"/v1/models/{JOB_FULL}")).json()
     assert info["last_version"] == 1
+
+
+async def test_without_the_stores_filesystem_the_trainer_uploads(
+    trainer: TrainerHarness, modelstate_client: ModelStateClient,
+    arithmetic_data: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def elsewhere() -> None:  # as on a trainer host that does not mount the store
+        return None
+
+    monkeypatch.setattr(modelstate_client, "staging_dir", elsewhere)
+    await trainer.create(JOB_LORA, "lora")
+    await train_one_step(trainer, JOB_LORA, arithmetic_data)
+    saved = await trainer.run(JOB_LORA, "save_weights", {})
+    version = await modelstate_client.get_version(JOB_LORA, saved["number"])
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {f.path for f in version.files}
+    assert list(trainer.service.work_dir.iterdir()) == []  # scratch space cleaned up
 
 
 async def test_lora_adapter_loads_back_identically(

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from pathlib import Path
 
 import pytest
 
-from modelstate.blobstore import BlobStore, check_manifest_paths, check_relative_path
+from modelstate.blobstore import (
+    BlobStore,
+    ReceivedBlob,
+    check_manifest_paths,
+    check_relative_path,
+)
 from services.common.errors import InvalidInput, PayloadTooLarge
+from tests.support.blobs import receive
 
 
 @pytest.fixture
@@ -22,12 +27,18 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_put_is_content_addressed_and_stores_identical_content_once(blobs: BlobStore) -> None:
+def put(blobs: BlobStore, data: bytes) -> ReceivedBlob:
+    received = receive(blobs, data)
+    blobs.adopt_all([(received.path, received.sha256)])
+    return received
+
+
+def test_received_content_is_adopted_once_under_its_hash(blobs: BlobStore) -> None:
     data = os.urandom(3 * (1 << 18))
-    first = blobs.put(io.BytesIO(data), label="a")
-    second = blobs.put(io.BytesIO(data), label="b", expected_sha256=sha(data).upper())
-    assert first == second
-    assert first.sha256 == sha(data) and first.size == len(data)
+    first = put(blobs, data)
+    second = receive(blobs, data, expected_sha256=sha(data).upper())
+    assert (first.sha256, first.size) == (second.sha256, second.size) == (sha(data), len(data))
+    blobs.adopt_all([(second.path, second.sha256)])  # already stored: the duplicate is dropped
     path = blobs.blob_path(first.sha256)
     assert path == blobs.root / "sha256" / first.sha256[:2] / first.sha256
     assert path.read_bytes() == data
@@ -35,9 +46,14 @@ def test_put_is_content_addressed_and_stores_identical_content_once(blobs: BlobS
     assert list(blobs.tmp.iterdir()) == []
 
 
-def test_wrong_declared_hash_is_rejected_and_leaves_nothing(blobs: BlobStore) -> None:
+def test_wrong_declared_hash_or_size_is_rejected_and_leaves_nothing(blobs: BlobStore) -> None:
     with pytest.raises(InvalidInput, match="declared sha256"):
-        blobs.put(io.BytesIO(b"payload"), label="w.bin", expected_sha256="0" * 64)
+        receive(blobs, b"payload", expected_sha256="0" * 64)
+    writer = blobs.writer("w.bin")
+    writer.write(b"half")
+    with pytest.raises(InvalidInput, match="truncated"):
+        writer.finish(expected_size=8)
+    writer.abort()
     assert list(blobs.tmp.iterdir()) == []
     assert not blobs.blob_path(sha(b"payload")).exists()
 
@@ -45,9 +61,21 @@ def test_wrong_declared_hash_is_rejected_and_leaves_nothing(blobs: BlobStore) ->
 def test_file_over_the_size_limit_is_rejected(tmp_path: Path) -> None:
     small = BlobStore(tmp_path / "blobs", max_file_bytes=10)
     with pytest.raises(PayloadTooLarge):
-        small.put(io.BytesIO(b"x" * 11), label="big")
+        receive(small, b"x" * 11)
     assert list(small.tmp.iterdir()) == []
-    assert small.put(io.BytesIO(b"x" * 10), label="fits").size == 10
+    assert receive(small, b"x" * 10).size == 10
+
+
+def test_instance_id_survives_a_restart_and_staging_lists_regular_files(tmp_path: Path) -> None:
+    first = BlobStore(tmp_path / "blobs", 1 << 20)
+    assert BlobStore(tmp_path / "blobs", 1 << 20).instance_id == first.instance_id
+    name = first.new_staging_name()
+    (first.staging / name / "d").mkdir()
+    (first.staging / name / "d" / "f").write_bytes(b"x")
+    assert [p for p, _ in first.staged_files(name)] == ["d/f"]
+    (first.staging / name / "link").symlink_to("/etc/passwd")
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        first.staged_files(name)
 
 
 @pytest.mark.parametrize(
@@ -67,8 +95,8 @@ def test_manifest_paths_must_be_distinct_and_not_nest_in_files() -> None:
 
 
 def test_materialize_links_blobs_into_a_version_directory(blobs: BlobStore) -> None:
-    config = blobs.put(io.BytesIO(b"{}"), label="config.json")
-    weights = blobs.put(io.BytesIO(b"weights"), label="w")
+    config = put(blobs, b"{}")
+    weights = put(blobs, b"weights")
     # A directory left by a publish that crashed before its commit is replaced.
     stale = blobs.version_dir("job", 1)
     stale.mkdir(parents=True)
@@ -86,7 +114,7 @@ def test_materialize_links_blobs_into_a_version_directory(blobs: BlobStore) -> N
 
 
 def test_materialize_refuses_unsafe_paths_without_leaving_a_directory(blobs: BlobStore) -> None:
-    blob = blobs.put(io.BytesIO(b"x"), label="x")
+    blob = put(blobs, b"x")
     with pytest.raises(InvalidInput):
         blobs.materialize("job", 1, {"../escape": blob.sha256})
     assert not blobs.version_dir("job", 1).exists()

@@ -1,9 +1,10 @@
-"""The store's logic on both databases: numbering, aliases, atomic publish, errors."""
+"""The store's logic on both databases: numbering, aliases, atomic publish, errors, staged
+publishes, idempotent steps, deletion and pins."""
 
 from __future__ import annotations
 
 import hashlib
-import io
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,11 @@ from sqlalchemy import Engine
 from modelstate.app import ALEMBIC_DIR, VERSION_TABLE
 from modelstate.blobstore import BlobStore
 from modelstate.models import Base
-from modelstate.schemas import PublishRequest, VersionKind
+from modelstate.schemas import FileRef, PublishRequest, Version, VersionKey, VersionKind
 from modelstate.store import ModelStore
 from services.common.db import make_engine, make_sessionmaker, migrate
-from services.common.errors import InvalidInput, NotFound
+from services.common.errors import Conflict, InvalidInput, NotFound
+from tests.support.blobs import receive
 
 
 @pytest.fixture
@@ -35,12 +37,28 @@ def store(engine: Engine, tmp_path: Path) -> ModelStore:
     return ModelStore(make_sessionmaker(engine), BlobStore(tmp_path / "blobs", 1 << 20))
 
 
-def meta(job_id: str = "job-1", **fields: Any) -> PublishRequest:
-    return PublishRequest(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny", **fields)
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-def files(**contents: bytes) -> list[tuple[str, io.BytesIO]]:
-    return [(path.replace("__", "/"), io.BytesIO(data)) for path, data in contents.items()]
+def upload(store: ModelStore, data: bytes) -> FileRef:
+    blob = store.register_blob(receive(store.blobs, data))
+    return FileRef(path="x", sha256=blob.sha256, size=blob.size)
+
+
+def publish(store: ModelStore, job_id: str = "job-1", *, upload_files: bool = True,
+            **fields: Any) -> Version:
+    """`files={"path": b"content"}` are uploaded first, then committed."""
+    contents: dict[str, bytes] = fields.pop("files", {"weights": b"w"})
+    refs = [FileRef(path=path, sha256=sha(data), size=len(data))
+            for path, data in contents.items()]
+    if upload_files:
+        for data in contents.values():
+            upload(store, data)
+    request = PublishRequest(job_id=job_id, kind=fields.pop("kind", VersionKind.lora),
+                             base_model="loom/tiny", files=refs, **fields)
+    version, _ = store.publish(request)
+    return version
 
 
 def test_migrations_match_the_models(engine: Engine) -> None:
@@ -51,14 +69,14 @@ def test_migrations_match_the_models(engine: Engine) -> None:
 
 
 def test_publish_numbers_versions_and_moves_latest(store: ModelStore) -> None:
-    first = store.publish(meta(step=1, metrics={"loss": 1.5}),
-                          files(adapter_config__json=b"{}", weights=b"w1"))
-    second = store.publish(meta(step=2, aliases=["best"]), files(weights=b"w2"))
+    first = publish(store, step=1, metrics={"loss": 1.5},
+                    files={"adapter_config/json": b"{}", "weights": b"w1"})
+    second = publish(store, step=2, aliases=["best"], files={"weights": b"w2"})
     assert (first.number, first.parent, first.aliases) == (1, 0, ["latest"])
     assert (second.number, second.parent, second.aliases) == (2, 1, ["best", "latest"])
     assert first.metrics == {"loss": 1.5} and second.step == 2
     assert [f.path for f in first.files] == ["adapter_config/json", "weights"]
-    assert first.files[1].sha256 == hashlib.sha256(b"w1").hexdigest()
+    assert first.files[1].sha256 == sha(b"w1")
     assert first.created_at.tzinfo is not None
     assert second.id > first.id
     assert Path(str(second.local_path), "weights").read_bytes() == b"w2"
@@ -68,31 +86,42 @@ def test_publish_numbers_versions_and_moves_latest(store: ModelStore) -> None:
     assert store.get_version("job-1", 1).aliases == []
     assert [v.number for v in store.list_versions("job-1")] == [1, 2]
     assert store.list_versions("other-job") == []
-    other = store.publish(meta("job-2", parent=0), files(weights=b"w1"))
+    other = publish(store, "job-2", parent=0, files={"weights": b"w1"})
     assert (other.number, other.parent) == (1, 0)
     assert [v.number for v in store.versions_after(first.id, None, 10)] == [2, 1]
     assert [v.job_id for v in store.versions_after(0, "job-2", 10)] == ["job-2"]
     assert store.open_file("job-1", "latest", "weights").read_bytes() == b"w2"
 
 
-def test_aliases_move_explicitly(store: ModelStore) -> None:
-    for data in (b"a", b"b", b"c"):
-        store.publish(meta(), files(weights=data))
+def test_identical_content_is_stored_once_across_versions_and_jobs(store: ModelStore) -> None:
+    publish(store, files={"a": b"same", "b": b"other"})
+    publish(store, "job-2", files={"c": b"same"})
+    stored = sorted(name for name, _ in store.blobs.blob_files())
+    assert stored == sorted({sha(b"same"), sha(b"other")})
+
+
+def test_aliases_move_explicitly_and_can_be_deleted(store: ModelStore) -> None:
+    for step, data in enumerate((b"a", b"b", b"c")):
+        publish(store, step=step, files={"weights": data})
     assert store.move_alias("job-1", "best", 2).number == 2
     assert store.move_alias("job-1", "latest", 1).number == 1
     assert store.get_version("job-1", "latest").number == 1
     assert store.get_version("job-1", "best").aliases == ["best"]
     # The parent of the next version defaults to what `latest` names.
-    assert store.publish(meta(), files(weights=b"d")).parent == 1
+    assert publish(store, files={"weights": b"d"}).parent == 1
     with pytest.raises(NotFound, match="no version 9"):
         store.move_alias("job-1", "best", 9)
-    assert store.get_version("job-1", "best").number == 2
+    store.delete_alias("job-1", "best")
+    with pytest.raises(NotFound, match="no alias 'best'"):
+        store.delete_alias("job-1", "best")
+    with pytest.raises(Conflict, match="'latest' is kept by the store"):
+        store.delete_alias("job-1", "latest")
 
 
 def test_unknown_references_say_what_exists(store: ModelStore) -> None:
     with pytest.raises(NotFound, match="has no published versions"):
         store.get_version("ghost", 1)
-    store.publish(meta(aliases=["best"]), files(weights=b"a"))
+    publish(store, aliases=["best"], files={"weights": b"a"})
     with pytest.raises(NotFound, match=r"no version 5.*1\.\.1.*best->1, latest->1"):
         store.get_version("job-1", 5)
     with pytest.raises(NotFound, match="no alias 'nope'"):
@@ -104,40 +133,126 @@ def test_unknown_references_say_what_exists(store: ModelStore) -> None:
 
 
 @pytest.mark.parametrize(
-    ("request_meta", "uploads", "message"),
+    ("fields", "error", "message"),
     [
-        (meta(sha256={"weights": "0" * 64}), files(weights=b"x"), "declared sha256"),
-        (meta(sha256={"other": "0" * 64}), files(weights=b"x"), "not uploaded"),
-        (meta(), files(weights=b"x") + [("../escape", io.BytesIO(b"y"))], "Unsafe file path"),
-        (meta(), [], "at least one file"),
-        (meta(parent=4), files(weights=b"x"), "no version 4"),
+        ({"upload_files": False}, Conflict, "not in the store"),
+        ({"files": {"../escape": b"y"}}, InvalidInput, "Unsafe file path"),
+        ({"files": {"a": b"1", "a/b": b"2"}}, InvalidInput, "both a file and the directory"),
+        ({"parent": 4}, NotFound, "no version 4"),
     ],
 )
 def test_bad_publish_leaves_no_version(
-    store: ModelStore, request_meta: PublishRequest, uploads: list[Any], message: str
+    store: ModelStore, fields: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    with pytest.raises((InvalidInput, NotFound), match=message):
-        store.publish(request_meta, uploads)
+    with pytest.raises(error, match=message):
+        publish(store, **fields)
     assert store.list_versions("job-1") == []
     assert not (store.blobs.versions / "job-1").exists()
     assert list(store.blobs.tmp.iterdir()) == []
 
 
-def test_declared_hashes_are_verified(store: ModelStore) -> None:
-    digest = hashlib.sha256(b"x").hexdigest()
-    version = store.publish(meta(sha256={"weights": digest.upper()}), files(weights=b"x"))
-    assert version.files[0].sha256 == digest
+def test_declared_size_must_match_the_stored_blob(store: ModelStore) -> None:
+    ref = upload(store, b"four")
+    request = PublishRequest(job_id="job-1", kind=VersionKind.full, base_model="m",
+                             files=[FileRef(path="w", sha256=ref.sha256, size=5)])
+    with pytest.raises(InvalidInput, match="sizes"):
+        store.publish(request)
+
+
+def test_a_step_is_published_once_and_a_retry_returns_it(store: ModelStore) -> None:
+    first = publish(store, step=7, files={"weights": b"w"})
+    request = PublishRequest(job_id="job-1", kind=VersionKind.lora, base_model="loom/tiny",
+                             step=7, aliases=["best"],
+                             files=[FileRef(path="weights", sha256=sha(b"w"), size=1)])
+    again, created = store.publish(request)
+    assert not created and again.number == first.number and again.aliases == ["best", "latest"]
+    with pytest.raises(Conflict, match="already has version 1 for step 7 with different files"):
+        publish(store, step=7, files={"weights": b"other"})
+    assert [v.number for v in store.list_versions("job-1")] == [1]
+
+
+def test_concurrent_publishes_of_one_step_make_one_version(store: ModelStore) -> None:
+    def attempt(i: int) -> str:
+        try:
+            return f"v{publish(store, step=3, files={'weights': bytes([i % 2])}).number}"
+        except Conflict:
+            return "conflict"
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        outcomes = list(pool.map(attempt, range(8)))
+    assert [v.number for v in store.list_versions("job-1")] == [1]
+    winner = store.get_version("job-1", 1).files[0].sha256
+    same = [i for i in range(8) if sha(bytes([i % 2])) == winner]
+    assert outcomes.count("v1") == len(same) and outcomes.count("conflict") == 8 - len(same)
 
 
 def test_concurrent_publishes_get_distinct_numbers(store: ModelStore) -> None:
-    def publish(i: int) -> int:
-        return store.publish(meta(step=i), files(weights=str(i).encode())).number
+    def publish_step(i: int) -> int:
+        return publish(store, step=i, files={"weights": str(i).encode()}).number
 
     with ThreadPoolExecutor(max_workers=6) as pool:
-        numbers = list(pool.map(publish, range(12)))
+        numbers = list(pool.map(publish_step, range(12)))
     assert sorted(numbers) == list(range(1, 13))
     assert store.get_version("job-1", "latest").number == 12
-    versions = store.list_versions("job-1")
-    for version in versions:  # every number's directory holds its own content
-        step = version.step
-        assert Path(str(version.local_path), "weights").read_bytes() == str(step).encode()
+    for version in store.list_versions("job-1"):  # every directory holds its own content
+        assert Path(str(version.local_path), "weights").read_bytes() == str(version.step).encode()
+
+
+def test_staged_directory_is_adopted_without_copying(store: ModelStore) -> None:
+    name = store.blobs.new_staging_name()
+    staged = store.blobs.staging / name
+    (staged / "sub").mkdir()
+    (staged / "sub" / "w.bin").write_bytes(b"weights")
+    (staged / "config.json").write_bytes(b"{}")
+    inode = (staged / "sub" / "w.bin").stat().st_ino
+    declared = [FileRef(path="sub/w.bin", sha256=sha(b"weights"), size=7)]
+    request = PublishRequest(job_id="job-1", kind=VersionKind.full, base_model="m",
+                             staged=name, files=declared)
+    version, created = store.publish(request)
+    assert created and [f.path for f in version.files] == ["config.json", "sub/w.bin"]
+    assert store.blobs.blob_path(sha(b"weights")).stat().st_ino == inode  # renamed, not copied
+    assert not staged.exists()
+
+    name = store.blobs.new_staging_name()
+    (store.blobs.staging / name / "w.bin").write_bytes(b"tampered")
+    bad = request.model_copy(update={"staged": name, "files": [
+        FileRef(path="w.bin", sha256=sha(b"weights"), size=8)]})
+    with pytest.raises(InvalidInput, match="declared"):
+        store.publish(bad)
+    with pytest.raises(NotFound, match="No staging directory"):
+        store.publish(request.model_copy(update={"staged": "nope"}))
+
+
+def test_delete_refuses_aliased_and_pinned_versions(store: ModelStore) -> None:
+    for step in range(3):
+        publish(store, step=step, files={"weights": bytes([step])})
+    store.move_alias("job-1", "best", 1)
+    with pytest.raises(Conflict, match=r"has aliases \['best'\]"):
+        store.delete_version("job-1", 1)
+    with pytest.raises(Conflict, match="latest"):
+        store.delete_version("job-1", 3)
+    store.set_pins("rollout@a", [VersionKey(job_id="job-1", number=2)], ttl_s=60)
+    with pytest.raises(Conflict, match=r"pinned by \['rollout@a'\]"):
+        store.delete_version("job-1", 2)
+    assert [(p.holder, p.number) for p in store.pins()] == [("rollout@a", 2)]
+
+    store.set_pins("rollout@a", [VersionKey(job_id="job-1", number=2)], ttl_s=0.05)
+    time.sleep(0.1)  # a lease that was not renewed lapses
+    assert store.pins() == []
+    deleted = store.delete_version("job-1", 2)
+    assert deleted.number == 2 and not Path(str(deleted.local_path)).exists()
+    assert [v.number for v in store.list_versions("job-1")] == [1, 3]
+    with pytest.raises(NotFound):
+        store.delete_version("job-1", 2)
+    # Pins of versions that are gone are dropped, not stored.
+    assert store.set_pins("rollout@b", [VersionKey(job_id="job-1", number=2)], 60) == []
+
+
+def test_lineage_follows_parents_until_a_gap(store: ModelStore) -> None:
+    for step in range(4):
+        publish(store, step=step, files={"weights": bytes([step])})
+    chain, complete = store.lineage("job-1", "latest")
+    assert [v.number for v in chain] == [4, 3, 2, 1] and complete
+    store.delete_version("job-1", 2)
+    chain, complete = store.lineage("job-1", 4)
+    assert [v.number for v in chain] == [4, 3] and not complete

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from modelstate.schemas import Version, VersionKind
+from modelstate.schemas import PinList, Version, VersionKey, VersionKind
 from services.common.errors import InvalidInput, NotFound, Unavailable
+from services.rollout.pins import PinKeeper, holder_name
 from services.rollout.versions import Target, Versions
 
 
@@ -254,3 +255,40 @@ async def test_follower_preloads_versions_as_they_are_published() -> None:
         await asyncio.sleep(0.01)
     task.cancel()
     assert engine.calls == [("add", "job@1"), ("reload", "full@1")]
+
+
+class PinRecorder:
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[tuple[str, list[tuple[str, int]], float]] = []
+        self.failures = failures
+
+    async def set_pins(self, holder: str, versions: list[VersionKey], ttl_s: float) -> PinList:
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("modelstate is unreachable")
+        self.calls.append((holder, [(v.job_id, v.number) for v in versions], ttl_s))
+        return PinList(pins=[])
+
+
+async def test_resident_versions_are_pinned_renewed_and_released() -> None:
+    versions, _, store = make_versions(max_loras=2)
+    store.publish("job", VersionKind.lora)
+    store.publish("job", VersionKind.full)
+    recorder = PinRecorder(failures=1)  # modelstate down at first: retried at the next poll
+    keeper = PinKeeper(recorder, holder_name("http://127.0.0.1:8001"), versions.pinned_keys,
+                       ttl_s=0.3, poll_s=0.01)
+    task = asyncio.create_task(keeper.run())
+    await asyncio.sleep(0.05)
+    await versions.load("job", 1)  # an adapter becomes resident
+    await asyncio.sleep(0.05)
+    await versions.load("job", 2)  # full weights swap in; adapters are dropped
+    await asyncio.sleep(0.25)  # past ttl/3: the lease is renewed unchanged
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    sets = [pins for _, pins, _ in recorder.calls]
+    assert recorder.calls[0][0] == "rollout@127.0.0.1:8001"
+    assert sets[0] == [] and [("job", 1)] in sets
+    assert sets.index([("job", 2)]) > sets.index([("job", 1)])
+    assert sets.count([("job", 2)]) >= 2  # renewed
+    assert sets[-1] == []  # released on shutdown

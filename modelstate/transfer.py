@@ -1,0 +1,90 @@
+"""Moving files between the store and a client: streamed uploads, and downloads that verify
+sha256 and resume an interrupted file where it stopped (HTTP Range)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+
+from modelstate.blobstore import CHUNK_BYTES, hash_file
+from modelstate.schemas import ManifestFile
+from services.common.errors import UpstreamError
+from services.common.http import raise_for_envelope
+
+ATTEMPTS = 4
+BACKOFF_S = 0.2
+
+
+async def file_chunks(path: Path) -> AsyncIterator[bytes]:
+    with open(path, "rb") as source:
+        while chunk := await asyncio.to_thread(source.read, CHUNK_BYTES):
+            yield chunk
+
+
+async def raise_for_status(response: httpx.Response) -> None:
+    if response.status_code >= 400:
+        await response.aread()
+        raise_for_envelope(response, "modelstate")
+
+
+async def upload_blob(http: httpx.AsyncClient, path: Path, sha256: str, size: int) -> None:
+    """PUT one file's content (idempotent: retried from the start after a broken transfer)."""
+    for attempt in range(ATTEMPTS):
+        try:
+            response = await http.put(
+                f"/v1/blobs/{sha256}", content=file_chunks(path),
+                headers={"Content-Length": str(size),
+                         "Content-Type": "application/octet-stream"})
+        except httpx.TransportError as exc:
+            if attempt + 1 == ATTEMPTS:
+                raise UpstreamError(f"modelstate: uploading {path.name}: {exc!r}") from exc
+            await asyncio.sleep(BACKOFF_S * 2**attempt)
+            continue
+        raise_for_envelope(response, "modelstate")
+        return
+
+
+async def download_file(http: httpx.AsyncClient, url: str, target: Path,
+                        entry: ManifestFile) -> None:
+    """Fetch `entry` into `target`. Bytes land in `.<name>.part` first; a broken transfer, or
+    a later call after a crash, continues from the part's end; the whole file is checked
+    against the manifest before it is renamed into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(f".{target.name}.part")
+    for attempt in range(ATTEMPTS):
+        try:
+            await _fetch_rest(http, url, part, entry.size)
+            break
+        except httpx.TransportError as exc:
+            if attempt + 1 == ATTEMPTS:
+                raise UpstreamError(f"modelstate: downloading {entry.path!r}: {exc!r}") from exc
+            await asyncio.sleep(BACKOFF_S * 2**attempt)
+    sha256, size = await asyncio.to_thread(hash_file, part)
+    if sha256 != entry.sha256 or size != entry.size:
+        part.unlink()
+        raise UpstreamError(
+            f"modelstate: {entry.path!r} arrived corrupted ({size} bytes, sha256 {sha256}; "
+            f"manifest: {entry.size} bytes, {entry.sha256})."
+        )
+    os.replace(part, target)
+
+
+async def _fetch_rest(http: httpx.AsyncClient, url: str, part: Path, size: int) -> None:
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:  # not a prefix of this file: start over
+        part.unlink()
+        have = 0
+    if have == size:
+        return
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    async with http.stream("GET", url, headers=headers) as response:
+        await raise_for_status(response)
+        mode = "ab" if response.status_code == 206 else "wb"  # 200: the server sent it all
+        with open(part, mode) as out:
+            async for chunk in response.aiter_bytes(CHUNK_BYTES):
+                out.write(chunk)
+
