@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	bash docker/ensure-images.sh
 	$(BIN)/python -m pytest -ra
 
 lint: $(STAMP)

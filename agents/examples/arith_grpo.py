@@ -2,8 +2,10 @@
 
 Everything goes through Loom's services via the SDK: the trainer does SFT and GRPO steps,
 each `save_weights()` publishes a version to modelstate, the rollout engine loads it, the
-reward service scores samples. Prints held-out accuracy before and after RL and writes the
-reward curve (CSV + PNG).
+reward service scores samples. Every `eval_every` steps it measures greedy accuracy on a validation
+split and moves the `best` alias to the best version so far; held-out accuracy (a third split,
+used for nothing else) is reported for the SFT version and for `best`. Writes the reward curve
+(CSV + PNG).
 
     python -m agents.examples.arith_grpo --url http://127.0.0.1:8000 --api-key loom_...
 """
@@ -24,7 +26,7 @@ from rich.table import Table
 
 from agents.algorithms import group_advantages, has_signal, rl_datum, sft_datum
 from agents.sdk import AdamParams, Job, LoomClient, LossConfig, SamplingParams, ScoreItem
-from agents.tasks.arithmetic import EOS, Problem, make_splits
+from agents.tasks.arithmetic import EOS, Problem, Splits, make_splits
 
 console = Console()
 
@@ -35,11 +37,17 @@ class DemoConfig:
     mode: str = "full"
     seed: int = 0
     held_out: int = 200
-    # SFT warm-up: enough to produce well-formed answers, not enough to solve the task.
-    # Held-out accuracy jumps between ~420 and ~560 steps (13% → 63%, measured in-process with
-    # transformers 5.19, torch 2.13); at 350, where earlier library versions already reached
-    # 36%, it now stays at 7%. 500 lands past the jump with room left for RL.
-    sft_steps: int = 500
+    validation: int = 200
+    # SFT warm-up: until greedy validation accuracy reaches `sft_target_accuracy`, enough to
+    # give RL a signal, not enough to solve the task. Accuracy jumps within ~150 steps from
+    # under 15% to over 60%, and where the jump lands moves with library versions and with
+    # the training split (seen: from ~420 to past 500 steps), so a fixed step count leaves RL
+    # starting either from ~7%, where it barely moves, or past 60%. Checked every
+    # `sft_check_every` steps from `sft_min_steps` on; each check publishes a version.
+    sft_target_accuracy: float = 0.4
+    sft_min_steps: int = 350
+    sft_max_steps: int = 1200
+    sft_check_every: int = 50
     sft_batch: int = 64
     sft_lr: float = 3e-3
     # Decoupled weight decay matters for this tiny model: without it 350 SFT steps reached 2%
@@ -67,8 +75,10 @@ class Encoded:
 @dataclass
 class DemoResult:
     job_id: str
-    accuracy_before: float
-    accuracy_after: float
+    accuracy_before: float  # held-out, the SFT version
+    accuracy_after: float  # held-out, the version with the best validation accuracy
+    accuracy_final: float  # held-out, the last version
+    best_version: int
     wall_s: float
     curve: list[dict[str, float]] = field(default_factory=list)
     csv_path: Path | None = None
@@ -82,30 +92,43 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
     with LoomClient(url, api_key) as loom:
         job = loom.create_job(config.base_model, name="arith-grpo", mode=config.mode)
         console.print(f"[bold]Job[/bold] {job.id}: {config.base_model} ({config.mode})")
-        train, held_out = _encode(loom, *make_splits(held_out=config.held_out, seed=config.seed))
+        splits = make_splits(held_out=config.held_out, validation=config.validation,
+                             seed=config.seed)
+        train, validation, held_out = _encode(loom, splits)
 
-        sft_version = _sft(job, train, config, rng)
-        before = _evaluate(loom, job, held_out, config, sft_version)
-        console.print(f"Held-out accuracy after SFT (version {sft_version}): {before:.1%}")
+        sft = _sft(loom, job, train, validation, config, rng)
+        before = _evaluate(loom, job, held_out, config, sft.version)
+        console.print(f"Held-out accuracy after SFT (version {sft.version}): {before:.1%}")
 
-        curve, final_version = _grpo(loom, job, train, held_out, config, rng)
-        after = _evaluate(loom, job, held_out, config, final_version)
-        console.print(f"Held-out accuracy after GRPO (version {final_version}): {after:.1%}")
+        best = ScoredVersion(sft.version, sft.accuracy)
+        job.move_alias("best", best.version)
+        curve, final_version = _grpo(loom, job, train, validation, best, config, rng)
+        after = _evaluate(loom, job, held_out, config, best.version)
+        final = _evaluate(loom, job, held_out, config, final_version)
+        console.print(f"Held-out accuracy after GRPO: {after:.1%} (best version {best.version}, "
+                      f"chosen on validation), {final:.1%} (last version {final_version})")
 
-    result = DemoResult(job.id, before, after, time.perf_counter() - started, curve)
-    result.csv_path, result.png_path = _write_curve(curve, before, out_dir)
+    result = DemoResult(job.id, before, after, final, best.version,
+                        time.perf_counter() - started, curve)
+    result.csv_path, result.png_path = _write_curve(curve, sft.accuracy, out_dir)
     _print_summary(result)
     return result
 
 
-def _encode(loom: LoomClient, train: list[Problem], held_out: list[Problem]) -> tuple[
-    list[Encoded], list[Encoded]
-]:
-    problems = train + held_out
+@dataclass
+class ScoredVersion:
+    """A version and its greedy validation accuracy."""
+
+    version: int
+    accuracy: float
+
+
+def _encode(loom: LoomClient, splits: Splits) -> list[list[Encoded]]:
+    problems = [p for split in splits for p in split]
     prompts = loom.tokenize([p.prompt for p in problems])
     answers = loom.tokenize([p.answer + EOS for p in problems])
-    encoded = [Encoded(p, q, a) for p, q, a in zip(problems, prompts, answers, strict=True)]
-    return encoded[: len(train)], encoded[len(train):]
+    encoded = iter([Encoded(p, q, a) for p, q, a in zip(problems, prompts, answers, strict=True)])
+    return [[next(encoded) for _ in split] for split in splits]
 
 
 def _progress() -> Progress:
@@ -117,20 +140,34 @@ def _adam(lr: float, config: DemoConfig) -> AdamParams:
     return AdamParams(lr=lr, weight_decay=config.weight_decay)
 
 
-def _sft(job: Job, train: list[Encoded], config: DemoConfig, rng: random.Random) -> int:
+def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],
+         config: DemoConfig, rng: random.Random) -> ScoredVersion:
+    """Supervised steps until validation accuracy reaches the target (or the step budget ends);
+    the version it stops on gets the `sft` alias."""
+    checked = ScoredVersion(0, 0.0)
     with _progress() as progress:
-        task = progress.add_task("SFT warm-up", total=config.sft_steps, info="")
-        for _ in range(config.sft_steps):
+        task = progress.add_task("SFT warm-up", total=config.sft_max_steps, info="")
+        for step in range(1, config.sft_max_steps + 1):
             batch = rng.sample(train, config.sft_batch)
             data = [sft_datum(e.prompt_ids, e.answer_ids) for e in batch]
             loss = job.forward_backward(data, LossConfig(name="cross_entropy"))
             job.optim_step(_adam(config.sft_lr, config)).result()
             progress.update(task, advance=1, info=f"loss {loss.result().loss:.3f}")
-    return job.save_weights(aliases=["sft"]).result().number
+            due = step >= config.sft_min_steps and step % config.sft_check_every == 0
+            if due or step == config.sft_max_steps:
+                version = job.save_weights().result().number
+                checked = ScoredVersion(version, _evaluate(loom, job, validation, config, version))
+                progress.update(task, info=f"validation {checked.accuracy:.1%}")
+                if checked.accuracy >= config.sft_target_accuracy:
+                    progress.update(task, total=step)
+                    break
+    job.move_alias("sft", checked.version)
+    return checked
 
 
-def _grpo(loom: LoomClient, job: Job, train: list[Encoded], held_out: list[Encoded],
-          config: DemoConfig, rng: random.Random) -> tuple[list[dict[str, float]], int]:
+def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],
+          best: ScoredVersion, config: DemoConfig, rng: random.Random
+          ) -> tuple[list[dict[str, float]], int]:
     params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
     loss = LossConfig(name="ppo", clip_low=config.clip_low, clip_high=config.clip_high)
     curve: list[dict[str, float]] = []
@@ -163,19 +200,23 @@ def _grpo(loom: LoomClient, job: Job, train: list[Encoded], held_out: list[Encod
             point = {"step": step, "version": version, "reward": mean_reward,
                      "groups_with_signal": len(data) / config.group_size}
             if step % config.eval_every == 0 or step == config.rl_steps:
-                point["held_out_accuracy"] = _evaluate(loom, job, held_out, config, version)
+                accuracy = _evaluate(loom, job, validation, config, version)
+                point["validation_accuracy"] = accuracy
+                if accuracy > best.accuracy:
+                    best.version, best.accuracy = version, accuracy
+                    job.move_alias("best", version)
             curve.append(point)
             progress.update(task, advance=1, info=f"reward {mean_reward:.3f} v{version}")
     return curve, version
 
 
-def _evaluate(loom: LoomClient, job: Job, held_out: list[Encoded], config: DemoConfig,
+def _evaluate(loom: LoomClient, job: Job, problems: list[Encoded], config: DemoConfig,
               version: int) -> float:
-    """Greedy accuracy on the held-out problems, on one explicit version."""
+    """Greedy accuracy on `problems`, on one explicit version."""
     params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0)
-    responses = job.sample_many([e.prompt_ids for e in held_out], params=params, version=version)
+    responses = job.sample_many([e.prompt_ids for e in problems], params=params, version=version)
     items = [ScoreItem(response=r.samples[0].text, reference=e.problem.answer)
-             for e, r in zip(held_out, responses, strict=True)]
+             for e, r in zip(problems, responses, strict=True)]
     scores = loom.score("exact_match", items).scores
     return sum(s.reward for s in scores) / len(scores)
 
@@ -189,17 +230,17 @@ def _write_curve(curve: list[dict[str, float]], start_accuracy: float, out_dir: 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, png_path = out_dir / "reward_curve.csv", out_dir / "reward_curve.png"
-    fields = ["step", "version", "reward", "groups_with_signal", "held_out_accuracy"]
+    fields = ["step", "version", "reward", "groups_with_signal", "validation_accuracy"]
     with csv_path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         writer.writerows(curve)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([p["step"] for p in curve], [p["reward"] for p in curve], label="train reward")
-    evals = [{"step": 0, "held_out_accuracy": start_accuracy}]  # the SFT start
-    evals += [p for p in curve if "held_out_accuracy" in p]
-    ax.plot([p["step"] for p in evals], [p["held_out_accuracy"] for p in evals], "o-",
-            label="held-out accuracy (greedy)")
+    evals = [{"step": 0, "validation_accuracy": start_accuracy}]  # the SFT start
+    evals += [p for p in curve if "validation_accuracy" in p]
+    ax.plot([p["step"] for p in evals], [p["validation_accuracy"] for p in evals], "o-",
+            label="validation accuracy (greedy)")
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, 1)
     ax.set_title("Loom demo: two-digit addition, tiny model")
@@ -216,7 +257,9 @@ def _print_summary(result: DemoResult) -> None:
     table.add_column("value", justify="right")
     table.add_row("job", result.job_id)
     table.add_row("held-out accuracy before RL (after SFT)", f"{result.accuracy_before:.1%}")
-    table.add_row("held-out accuracy after RL", f"{result.accuracy_after:.1%}")
+    table.add_row(f"held-out accuracy after RL (best version {result.best_version})",
+                  f"{result.accuracy_after:.1%}")
+    table.add_row("held-out accuracy, last version", f"{result.accuracy_final:.1%}")
     table.add_row("wall time", f"{result.wall_s:.0f} s")
     table.add_row("reward curve", f"{result.csv_path}\n{result.png_path}")
     console.print(table)

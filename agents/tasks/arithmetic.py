@@ -1,4 +1,4 @@
-"""Synthetic arithmetic: `a+b=` → the sum. Deterministic train and held-out splits.
+"""Synthetic arithmetic: `a+b=` → the sum. Deterministic train, validation and held-out splits.
 
 The demo's task and the corpus the tiny model's tokenizer is trained on.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import NamedTuple
 
 EOS = "<|endoftext|>"
 
@@ -21,14 +22,21 @@ def _all_pairs(max_operand: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
 
 
+class Splits(NamedTuple):
+    train: list[Problem]
+    validation: list[Problem]  # for choosing a version (early stopping), never for reporting
+    held_out: list[Problem]  # touched only to report accuracy
+
+
 def make_splits(
-    max_operand: int = 99, held_out: int = 200, seed: int = 0
-) -> tuple[list[Problem], list[Problem]]:
-    """All `a+b=` problems up to `max_operand`, shuffled, split into (train, held_out)."""
+    max_operand: int = 99, held_out: int = 200, validation: int = 200, seed: int = 0
+) -> Splits:
+    """All `a+b=` problems up to `max_operand`, shuffled, split three ways without overlap."""
     pairs = _all_pairs(max_operand)
     random.Random(seed).shuffle(pairs)
     problems = [Problem(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in pairs]
-    return problems[held_out:], problems[:held_out]
+    cut = held_out + validation
+    return Splits(problems[cut:], problems[held_out:cut], problems[:held_out])
 
 
 def corpus(max_operand: int = 99) -> list[str]:

@@ -1,8 +1,8 @@
-"""What the sandbox service needs from an isolation backend, and the one place that picks it.
-The process backend runs here; a docker backend will implement the same protocol."""
+"""What the sandbox service needs from an isolation backend, and the one place that picks it."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
@@ -21,9 +21,17 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
-def create_backend(settings: SandboxSettings) -> Backend:
-    if settings.sandbox_backend == "process":
-        from services.sandbox.process_backend import ProcessBackend
+log = logging.getLogger(__name__)
 
-        return ProcessBackend(settings)
-    raise ValueError(f"unknown sandbox backend {settings.sandbox_backend!r}")
+
+def create_backend(settings: SandboxSettings) -> Backend:
+    from services.sandbox.docker_backend import DockerBackend, docker_available
+    from services.sandbox.process_backend import ProcessBackend
+
+    choice = settings.sandbox_backend
+    if choice == "auto":
+        why_not = docker_available(settings)
+        choice = "process" if why_not else "docker"
+        if why_not:
+            log.info("sandbox backend: process (docker: %s)", why_not)
+    return DockerBackend(settings) if choice == "docker" else ProcessBackend(settings)

@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
-import re
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -21,6 +18,7 @@ from typing import Any
 
 from services.common.errors import Unavailable
 from services.sandbox import launcher
+from services.sandbox.outcome import classify, rlimits
 from services.sandbox.pipes import InputFeeder, OutputCapture
 from services.sandbox.processes import (
     become_subreaper,
@@ -35,11 +33,8 @@ log = logging.getLogger(__name__)
 
 FALLBACK_INTERPRETERS = ("/usr/local/bin/python3", "/usr/bin/python3")
 PROBE_CODE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
-# Python reports a failed allocation as MemoryError; C code and the loader in their own words.
-OUT_OF_MEMORY = re.compile(r"^MemoryError\b|Cannot allocate memory|std::bad_alloc", re.MULTILINE)
 # Pipes still held open by a killed program's descendants close within this grace period.
 PIPE_GRACE_S = 1.0
-MIB = 1024 * 1024
 
 
 class ProcessBackend:
@@ -107,9 +102,9 @@ class ProcessBackend:
 
     async def _run(self, request: ExecuteRequest, python: str, workdir: Path,
                    uid: int | None) -> ExecuteResponse:
-        limits = [f"{name}={soft},{hard}"
-                  for name, (soft, hard) in self._limits(request, uid).items()]
-        arguments = [str(workdir), "-" if uid is None else str(uid), python, *limits]
+        limits = rlimits(request, self.settings, own_uid=uid is not None)
+        limit_arguments = [f"{name}={soft},{hard}" for name, (soft, hard) in limits.items()]
+        arguments = [str(workdir), "-" if uid is None else str(uid), python, *limit_arguments]
         started = time.monotonic()
         pid, stdin_w, out_r, err_r = _spawn_launcher(arguments, _scrubbed_environment(workdir))
         loop = asyncio.get_running_loop()
@@ -147,28 +142,13 @@ class ProcessBackend:
             stderr.close()
         if _launcher_failed(wait_status, stderr.text()):
             raise Unavailable(f"the sandbox could not start: {stderr.text().strip()}")
-        status, exit_code, signal_number = _classify(wait_status, reason, stderr.tail_text())
+        status, exit_code, signal_number = classify(wait_status, reason, stderr.tail_text())
         return ExecuteResponse(
             status=status, exit_code=exit_code, signal=signal_number, reason=reason,
             stdout=stdout.text(), stderr=stderr.text(),
             stdout_truncated=stdout.truncated, stderr_truncated=stderr.truncated,
             wall_s=round(wall_s, 6), cpu_s=round(usage.ru_utime + usage.ru_stime, 6),
         )
-
-    def _limits(self, request: ExecuteRequest, uid: int | None) -> dict[str, tuple[int, int]]:
-        cpu = math.ceil(request.timeout_s) + 1  # wall-clock fires first; SIGXCPU is a backstop
-        limits = {
-            "RLIMIT_AS": (request.memory_mb * MIB, request.memory_mb * MIB),
-            "RLIMIT_CPU": (cpu, cpu + 1),
-            "RLIMIT_FSIZE": (self.settings.sandbox_max_file_mb * MIB,) * 2,
-            "RLIMIT_NOFILE": (self.settings.sandbox_max_open_files,) * 2,
-            "RLIMIT_CORE": (0, 0),
-        }
-        # RLIMIT_NPROC counts every process of the real uid and root ignores it: it means
-        # something only when the sandbox has a uid of its own.
-        if uid is not None:
-            limits["RLIMIT_NPROC"] = (self.settings.sandbox_max_processes,) * 2
-        return limits
 
 
 def _spawn_launcher(arguments: list[str], env: dict[str, str]) -> tuple[int, int, int, int]:
@@ -199,21 +179,6 @@ def _launcher_failed(wait_status: int, stderr: str) -> bool:
     return (os.WIFEXITED(wait_status)
             and os.WEXITSTATUS(wait_status) == launcher.ISOLATION_FAILED_EXIT
             and stderr.startswith(launcher.MESSAGE_PREFIX))
-
-
-def _classify(wait_status: int, reason: str | None,
-              stderr_tail: str) -> tuple[ExecutionStatus, int | None, int | None]:
-    if os.WIFSIGNALED(wait_status):
-        signal_number = os.WTERMSIG(wait_status)
-        if reason == "timeout" or signal_number == signal.SIGXCPU:
-            return ExecutionStatus.timeout, None, signal_number
-        return ExecutionStatus.killed, None, signal_number
-    exit_code = os.WEXITSTATUS(wait_status)
-    if exit_code == 0:
-        return ExecutionStatus.ok, 0, None
-    if OUT_OF_MEMORY.search(stderr_tail):
-        return ExecutionStatus.oom, exit_code, None
-    return ExecutionStatus.error, exit_code, None
 
 
 def _scrubbed_environment(workdir: Path) -> dict[str, str]:

@@ -11,8 +11,11 @@ from services.common.settings import LoomSettings
 
 
 class SandboxSettings(LoomSettings):
-    sandbox_backend: Literal["process"] = Field(
-        default="process", description="How code is isolated: `process` (rlimits, namespaces)."
+    sandbox_backend: Literal["auto", "docker", "process"] = Field(
+        default="auto",
+        description="How code is isolated: `docker` (containers from a warm pool), `process` "
+        "(rlimits, namespaces, a uid per slot), or `auto`: docker when a daemon answers and "
+        "the sandbox image exists, else process.",
     )
     sandbox_max_concurrency: int = Field(
         default=4, ge=1, le=256, description="Executions running at once; the rest wait."
@@ -39,6 +42,31 @@ class SandboxSettings(LoomSettings):
         ge=0,
         description="Output drained (and dropped) past max_output_bytes before the program is "
         "killed as a flood.",
+    )
+    sandbox_docker_url: str = Field(
+        default="unix:///var/run/docker.sock", description="The Docker daemon (docker backend)."
+    )
+    sandbox_docker_image: str = Field(
+        default="loom-sandbox:latest",
+        description="Image the docker backend runs programs in (built from docker/sandbox).",
+    )
+    sandbox_docker_pool: str | None = Field(
+        default=None,
+        description="Label of this service's containers; containers left with it by an "
+        "earlier run are removed at start. Default: loom-sandbox-<port>.",
+    )
+    sandbox_docker_user_id: int = Field(
+        default=65432, ge=1, description="The unprivileged uid programs run as in containers."
+    )
+    sandbox_docker_memory_mb: int = Field(
+        default=1024, ge=64, description="Memory limit of each container (programs + agent)."
+    )
+    sandbox_docker_cpus: float = Field(default=1.0, gt=0, description="CPUs per container.")
+    sandbox_docker_tmpfs_mb: int = Field(
+        default=64, ge=1, description="Size of each container's /work and /tmp."
+    )
+    sandbox_docker_max_uses: int = Field(
+        default=200, ge=1, description="Programs a container runs before it is replaced."
     )
     sandbox_work_root: Path | None = Field(
         default=None, description="Parent of the per-execution temp dirs (default: system temp)."

@@ -128,6 +128,8 @@ def test_grpo_improves_held_out_accuracy(stack, tmp_path: Path) -> None:
     result = run_demo(url, key, tmp_path, DemoConfig())
 
     assert result.accuracy_after > result.accuracy_before
+    with LoomClient(url, key) as loom:
+        assert loom.get_job(result.job_id).version("best").number == result.best_version
     versions = [point["version"] for point in result.curve]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
     assert result.png_path is not None and result.png_path.stat().st_size > 1000

@@ -46,7 +46,7 @@ async def trainer(
 def arithmetic_data(tiny_model_dir: Path) -> list[dict[str, Any]]:
     """20 SFT examples: the prompt `a+b=` carries no loss, the answer and EOS do."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    train, _ = make_splits()
+    train = make_splits().train
     data = []
     for problem in train[:20]:
         prompt = tokenizer(problem.prompt)["input_ids"]
