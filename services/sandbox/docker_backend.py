@@ -212,7 +212,7 @@ class DockerBackend:
         assert self._client is not None
         settings = self.settings
         uid = settings.sandbox_docker_user_id
-        tmpfs = f"size={settings.sandbox_docker_tmpfs_mb}m,uid={uid},gid={uid},mode=0700"
+        tmpfs = f"size={settings.sandbox_tmp_mb}m,uid={uid},gid={uid},mode=0700"
         container = self._client.containers.create(
             self.image,
             command=["python3", "-I", "-S", "-c", AGENT_SOURCE],

@@ -104,7 +104,8 @@ class ProcessBackend:
                    uid: int | None) -> ExecuteResponse:
         limits = rlimits(request, self.settings, own_uid=uid is not None)
         limit_arguments = [f"{name}={soft},{hard}" for name, (soft, hard) in limits.items()]
-        arguments = [str(workdir), "-" if uid is None else str(uid), python, *limit_arguments]
+        arguments = [str(workdir), "-" if uid is None else str(uid),
+                     str(self.settings.sandbox_tmp_mb), python, *limit_arguments]
         started = time.monotonic()
         pid, stdin_w, out_r, err_r = _spawn_launcher(arguments, _scrubbed_environment(workdir))
         loop = asyncio.get_running_loop()
@@ -135,7 +136,8 @@ class ProcessBackend:
             os.close(pidfd)
             _, wait_status, usage = os.wait4(pid, 0)
             if uid is not None:
-                kill_user_processes(uid)
+                # Off the event loop: after a fork bomb this can take a while.
+                await asyncio.to_thread(kill_user_processes, uid)
             feeder.close()
             await asyncio.wait({stdout.closed, stderr.closed}, timeout=PIPE_GRACE_S)
             stdout.close()

@@ -45,30 +45,30 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def kill_user_processes(uid: int, *, rounds: int = 50) -> int:
-    """SIGKILL every process of `uid` until none is left; reap the zombies that are ours.
-    Returns how many processes were killed. Repeats because a live process may fork between
-    the scan and the kill; RLIMIT_NPROC bounds how long that can go on."""
+def kill_user_processes(uid: int, *, within_s: float = 5.0) -> int:
+    """SIGKILL every process of `uid` and reap their zombies, until none is left (or `within_s`
+    passes). Returns how many processes were killed. Repeats because a live process may fork
+    between the scan and the kill (RLIMIT_NPROC bounds how long that can go on), and because
+    the children of a dying process become ours (we are the subreaper) only once it is gone."""
     killed = 0
-    for _ in range(rounds):
-        alive = 0
-        for pid, state, ppid in _processes_of(uid):
-            if state == "Z":
-                if ppid == os.getpid():
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, os.WNOHANG)
-                continue
-            alive += 1
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if not alive:
-            return killed
-        killed += alive
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        remaining = processes_of(uid)
+        if not remaining:
+            break
+        for pid, state, ppid in remaining:
+            if state != "Z":
+                killed += 1
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            elif ppid == os.getpid():
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
         time.sleep(0.002)
     return killed
 
 
-def _processes_of(uid: int) -> list[tuple[int, str, int]]:
+def processes_of(uid: int) -> list[tuple[int, str, int]]:
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():

@@ -62,11 +62,13 @@ class SandboxSettings(LoomSettings):
         default=1024, ge=64, description="Memory limit of each container (programs + agent)."
     )
     sandbox_docker_cpus: float = Field(default=1.0, gt=0, description="CPUs per container.")
-    sandbox_docker_tmpfs_mb: int = Field(
-        default=64, ge=1, description="Size of each container's /work and /tmp."
-    )
+
     sandbox_docker_max_uses: int = Field(
         default=200, ge=1, description="Programs a container runs before it is replaced."
+    )
+    sandbox_tmp_mb: int = Field(
+        default=64, ge=1, description="Size of each sandbox's private /tmp (and, in containers, "
+        "of /work).",
     )
     sandbox_work_root: Path | None = Field(
         default=None, description="Parent of the per-execution temp dirs (default: system temp)."

@@ -14,12 +14,12 @@ import pytest
 
 from services.common.ports import free_port
 from services.sandbox.app import create_app
-from services.sandbox.settings import SandboxSettings
+from tests.support.sandboxes import BACKENDS, sandbox_settings
 
 
-@pytest.fixture(scope="module")
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(SandboxSettings(sandbox_max_concurrency=2))
+@pytest.fixture(scope="module", params=BACKENDS)
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(sandbox_settings(request.param, sandbox_max_concurrency=2))
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://sandbox"
     ) as client:
@@ -34,11 +34,13 @@ async def test_execute_runs_code(client: httpx.AsyncClient) -> None:
     assert response.headers["x-request-id"]
 
 
-async def test_readiness_describes_the_backend(client: httpx.AsyncClient) -> None:
+async def test_readiness_describes_the_backend(client: httpx.AsyncClient,
+                                               request: pytest.FixtureRequest) -> None:
     response = await client.get("/readyz")
     assert response.status_code == 200
     detail = response.json()["detail"]
-    assert detail["backend"] == "process" and detail["python_version"].startswith("3.")
+    assert detail["backend"] == request.node.callspec.params["client"]
+    assert detail["python_version"].startswith("3.")
 
 
 @pytest.mark.parametrize(

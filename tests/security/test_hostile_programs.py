@@ -1,0 +1,108 @@
+"""Every hostile program against every backend: contained, the service stays healthy, the next
+execution works, and no process, container or file is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from services.sandbox.docker_backend import POOL_LABEL
+from services.sandbox.processes import processes_of
+from services.sandbox.schemas import ExecuteResponse
+from tests.security.conftest import Bait, Sandbox
+from tests.security.hostile import PROGRAMS, Hostile
+
+SHARED_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+ESCAPE_FILES = [Path(d) / "loom-escape" for d in SHARED_TEMP_DIRS] + [
+    Path(p) for p in ("/etc/loom-escape", "/usr/loom-escape", "/loom-escape", "/root/loom-escape",
+                      "/var/loom-escape", "/opt/loom-escape")]
+SETTLE_S = 15.0
+
+
+def _fill(code: str, bait: Bait) -> str:
+    return (code.replace("@SECRET_FILE@", str(bait.secret_file))
+            .replace("@TCP_PORT@", str(bait.tcp_port)).replace("@UDP_PORT@", str(bait.udp_port)))
+
+
+async def _execute(sandbox: Sandbox, code: str, **options: object) -> ExecuteResponse:
+    response = await sandbox.client.post("/v1/execute", json={"code": code, **options})
+    assert response.status_code == 200, response.text
+    return ExecuteResponse.model_validate(response.json())
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+async def test_hostile_program_is_contained(sandbox: Sandbox, bait: Bait,
+                                            program: Hostile) -> None:
+    workdirs_before = _process_workdirs()
+    started = time.monotonic()
+    result = await _execute(sandbox, _fill(program.code, bait), timeout_s=program.timeout_s,
+                            memory_mb=program.memory_mb, max_output_bytes=65536)
+    elapsed = time.monotonic() - started
+
+    output = result.stdout + result.stderr
+    assert "ESCAPED" not in output, output[-2000:]
+    assert bait.secret not in output
+    assert result.status in program.statuses, (result.status, output[-2000:])
+    if program.stdout_has:
+        assert program.stdout_has in result.stdout, output[-2000:]
+    # Killing and cleaning up never takes long past the program's own timeout.
+    assert elapsed < program.timeout_s + 10
+    assert not bait.host_was_reached()
+    assert not [path for path in ESCAPE_FILES if path.exists()]
+
+    health = await sandbox.client.get("/readyz")
+    assert health.status_code == 200
+    after = await _execute(sandbox, "import os; print(sorted(os.listdir('.')))")
+    assert after.status.value == "ok" and after.stdout == "['main.py']\n", after
+    await _assert_nothing_left(sandbox, workdirs_before)
+
+
+def _process_workdirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("loom-sandbox-*")}
+
+
+async def _assert_nothing_left(sandbox: Sandbox, workdirs_before: set[str]) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        leftovers = (_process_leftovers(sandbox, workdirs_before) if sandbox.backend == "process"
+                     else await asyncio.to_thread(_docker_leftovers, sandbox))
+        if not leftovers:
+            return
+        assert time.monotonic() < deadline, leftovers
+        await asyncio.sleep(0.2)
+
+
+def _process_leftovers(sandbox: Sandbox, workdirs_before: set[str]) -> list[str]:
+    found = []
+    base = sandbox.settings.sandbox_user_id_base
+    if os.geteuid() == 0 and base is not None:
+        for uid in range(base, base + sandbox.settings.sandbox_max_concurrency):
+            found += [f"uid {uid}: pid {pid} ({state})" for pid, state, _ in processes_of(uid)]
+    found += [f"workdir {name}" for name in _process_workdirs() - workdirs_before]
+    return found
+
+
+def _docker_leftovers(sandbox: Sandbox) -> list[str]:
+    client = docker.DockerClient(base_url=sandbox.settings.sandbox_docker_url)
+    try:
+        pool = f"{POOL_LABEL}={sandbox.settings.sandbox_docker_pool}"
+        containers = client.containers.list(all=True, filters={"label": pool})
+        found = []
+        if len(containers) != sandbox.settings.sandbox_max_concurrency:
+            found.append(f"{len(containers)} containers in the pool")
+        uid = str(sandbox.settings.sandbox_docker_user_id)
+        for container in containers:
+            if container.status != "running":
+                found.append(f"{container.short_id} is {container.status}")
+                continue
+            processes = container.top(ps_args="-eo pid,uid,stat,comm")["Processes"] or []
+            found += [f"{container.short_id}: {p}" for p in processes if p[1] == uid]
+        return found
+    finally:
+        client.close()
