@@ -1,0 +1,139 @@
+"""The docker backend against the real Docker daemon: hardening, the warm pool's reuse and
+replacement, crash leftovers, and a container that dies under a program."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import docker
+import pytest
+
+from services.common.errors import InvalidInput
+from services.sandbox.backend import create_backend
+from services.sandbox.docker_backend import POOL_LABEL, DockerBackend
+from services.sandbox.process_backend import ProcessBackend
+from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
+from services.sandbox.settings import SandboxSettings
+from tests.support.sandboxes import sandbox_settings
+
+
+def _pool(settings: SandboxSettings) -> list[docker.models.containers.Container]:
+    client = docker.DockerClient(base_url=settings.sandbox_docker_url)
+    try:
+        label = f"{POOL_LABEL}={settings.sandbox_docker_pool}"
+        return list(client.containers.list(all=True, filters={"label": label}))
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[DockerBackend]:
+    backend = DockerBackend(sandbox_settings("docker", sandbox_max_concurrency=2,
+                                             sandbox_docker_max_uses=1000))
+    await backend.start()
+    yield backend
+    await backend.aclose()
+
+
+async def test_containers_are_hardened(backend: DockerBackend) -> None:
+    containers = _pool(backend.settings)
+    assert len(containers) == 2
+    host = containers[0].attrs["HostConfig"]
+    assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == ["SETGID", "SETUID"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["PidsLimit"] > 0 and host["Memory"] == 1024 * 1024 * 1024
+    assert set(host["Tmpfs"]) == {"/work", "/tmp"}
+
+    result = await backend.execute(ExecuteRequest(code="""
+import os
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines())
+print(os.getuid(), os.getgid(), status["CapEff"].strip(), status["NoNewPrivs"].strip())
+"""))
+    assert result.status is ExecutionStatus.ok, result.stderr
+    assert result.stdout.split() == ["65432", "65432", "0000000000000000", "1"]
+
+
+async def test_containers_are_reused_and_reset_between_programs(backend: DockerBackend) -> None:
+    ids = {c.id for c in _pool(backend.settings)}
+    for round_ in range(4):
+        result = await backend.execute(ExecuteRequest(code=f"""
+import os, subprocess
+print(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))
+open('left-{round_}', 'w').write('x'); open('/tmp/left-{round_}', 'w').write('x')
+subprocess.Popen(['sleep', '600'], start_new_session=True)
+"""))
+        assert result.status is ExecutionStatus.ok, result.stderr
+        assert result.stdout == "['main.py'] []\n"
+    assert {c.id for c in _pool(backend.settings)} == ids
+    assert backend.describe()["containers_replaced"] == 0
+
+
+async def test_a_container_is_replaced_after_max_uses() -> None:
+    backend = DockerBackend(sandbox_settings("docker", sandbox_max_concurrency=1,
+                                             sandbox_docker_max_uses=2))
+    await backend.start()  # the start-up probe is the first use
+    try:
+        first = {c.id for c in _pool(backend.settings)}
+        for _ in range(3):
+            assert (await backend.execute(ExecuteRequest(code="pass"))).status.value == "ok"
+        assert backend.describe()["containers_replaced"] >= 1
+        pool = _pool(backend.settings)
+        assert len(pool) == 1 and pool[0].id not in first
+    finally:
+        await backend.aclose()
+    assert _pool(backend.settings) == []
+
+
+async def test_a_container_killed_under_a_program_is_reported_and_replaced(
+        backend: DockerBackend) -> None:
+    running = asyncio.ensure_future(backend.execute(
+        ExecuteRequest(code="import time; print('up', flush=True); time.sleep(60)",
+                       timeout_s=30)))
+    deadline = time.monotonic() + 20
+    while True:
+        uid = str(backend.settings.sandbox_docker_user_id)
+        busy = [c for c in _pool(backend.settings)
+                if any(p[1] == uid for p in c.top(ps_args="-eo pid,uid")["Processes"] or [])]
+        if busy:
+            break
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    busy[0].kill()
+    result = await running
+    assert result.status is ExecutionStatus.killed and result.reason == "sandbox_lost"
+    for _ in range(3):
+        assert (await backend.execute(ExecuteRequest(code="print(1)"))).stdout == "1\n"
+    deadline = time.monotonic() + 30
+    while len([c for c in _pool(backend.settings) if c.status == "running"]) != 2:
+        assert time.monotonic() < deadline, "the pool did not recover"
+        await asyncio.sleep(0.2)
+
+
+async def test_containers_left_by_a_crashed_service_are_removed_at_start() -> None:
+    settings = sandbox_settings("docker", sandbox_max_concurrency=2)
+    crashed = DockerBackend(settings)
+    await crashed.start()
+    leftovers = {c.id for c in _pool(settings)}
+    # No aclose(): as if the service had been killed.
+    successor = DockerBackend(settings)
+    await successor.start()
+    try:
+        current = {c.id for c in _pool(settings)}
+        assert len(current) == 2 and not current & leftovers
+    finally:
+        await successor.aclose()
+
+
+async def test_memory_above_the_container_limit_is_refused(backend: DockerBackend) -> None:
+    with pytest.raises(InvalidInput, match="1024 MiB"):
+        await backend.execute(ExecuteRequest(code="pass", memory_mb=4096))
+
+
+def test_auto_picks_docker_when_it_can_and_process_otherwise() -> None:
+    available = sandbox_settings("docker").model_copy(update={"sandbox_backend": "auto"})
+    assert isinstance(create_backend(available), DockerBackend)
+    missing = available.model_copy(update={"sandbox_docker_image": "loom-no-such-image:never"})
+    assert isinstance(create_backend(missing), ProcessBackend)
