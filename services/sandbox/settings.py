@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -18,7 +17,11 @@ class SandboxSettings(LoomSettings):
         "the sandbox image exists, else process.",
     )
     sandbox_max_concurrency: int = Field(
-        default=4, ge=1, le=256, description="Executions running at once; the rest wait."
+        default=4, ge=1, le=256, description="Executions running at once (agents: processes or "
+        "containers); the rest wait."
+    )
+    sandbox_max_uses: int = Field(
+        default=200, ge=1, description="Programs an agent runs before it is replaced."
     )
     sandbox_python: str | None = Field(
         default=None,
@@ -63,13 +66,7 @@ class SandboxSettings(LoomSettings):
     )
     sandbox_docker_cpus: float = Field(default=1.0, gt=0, description="CPUs per container.")
 
-    sandbox_docker_max_uses: int = Field(
-        default=200, ge=1, description="Programs a container runs before it is replaced."
-    )
     sandbox_tmp_mb: int = Field(
         default=64, ge=1, description="Size of each sandbox's private /tmp (and, in containers, "
         "of /work).",
-    )
-    sandbox_work_root: Path | None = Field(
-        default=None, description="Parent of the per-execution temp dirs (default: system temp)."
     )

@@ -31,7 +31,7 @@ def _pool(settings: SandboxSettings) -> list[docker.models.containers.Container]
 @pytest.fixture
 async def backend() -> AsyncIterator[DockerBackend]:
     backend = DockerBackend(sandbox_settings("docker", sandbox_max_concurrency=2,
-                                             sandbox_docker_max_uses=1000))
+                                             sandbox_max_uses=1000))
     await backend.start()
     yield backend
     await backend.aclose()
@@ -68,18 +68,18 @@ subprocess.Popen(['sleep', '600'], start_new_session=True)
         assert result.status is ExecutionStatus.ok, result.stderr
         assert result.stdout == "['main.py'] []\n"
     assert {c.id for c in _pool(backend.settings)} == ids
-    assert backend.describe()["containers_replaced"] == 0
+    assert backend.describe()["replaced"] == 0
 
 
 async def test_a_container_is_replaced_after_max_uses() -> None:
     backend = DockerBackend(sandbox_settings("docker", sandbox_max_concurrency=1,
-                                             sandbox_docker_max_uses=2))
+                                             sandbox_max_uses=2))
     await backend.start()  # the start-up probe is the first use
     try:
         first = {c.id for c in _pool(backend.settings)}
         for _ in range(3):
             assert (await backend.execute(ExecuteRequest(code="pass"))).status.value == "ok"
-        assert backend.describe()["containers_replaced"] >= 1
+        assert backend.describe()["replaced"] >= 1
         pool = _pool(backend.settings)
         assert len(pool) == 1 and pool[0].id not in first
     finally:

@@ -54,7 +54,7 @@ async def test_exception_gives_error_with_traceback(backend: ProcessBackend) -> 
     assert result.exit_code == 1
     assert "Traceback (most recent call last)" in result.stderr
     assert "ZeroDivisionError" in result.stderr
-    assert "launcher" not in result.stderr  # the user's traceback only
+    assert "agent" not in result.stderr  # the user's traceback only
 
 
 async def test_infinite_loop_times_out_and_its_process_group_is_killed(
@@ -152,19 +152,22 @@ async def test_service_environment_is_not_visible(
         assert result.stdout.rstrip().endswith("denied")
 
 
-async def test_writes_land_in_a_private_dir_that_is_removed(backend: ProcessBackend) -> None:
+async def test_writes_land_in_a_private_dir_that_vanishes(backend: ProcessBackend) -> None:
     code = (
         "import os\n"
+        "print(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))\n"
         "with open('out.txt', 'w') as f:\n    f.write('data')\n"
-        "print(os.getcwd())\n"
-        "print(oct(os.stat('.').st_mode & 0o777))\n"
+        "print(os.getcwd(), oct(os.stat('.').st_mode & 0o777))\n"
     )
-    result = await backend.execute(ExecuteRequest(code=code))
-    assert result.status is ExecutionStatus.ok
-    workdir, mode = result.stdout.split()
-    assert Path(workdir).name.startswith("loom-sandbox-")
+    first = await backend.execute(ExecuteRequest(code=code))
+    assert first.status is ExecutionStatus.ok, first.stderr
+    listing, where = first.stdout.splitlines()
+    assert listing == "['main.py'] ['work']"
+    workdir, mode = where.split()
     assert mode == "0o700"
-    assert not Path(workdir).exists()
+    assert not (Path(workdir) / "out.txt").exists()  # private to the sandbox's mount namespace
+    again = await backend.execute(ExecuteRequest(code=code))
+    assert again.stdout.splitlines()[0] == "['main.py'] ['work']"
 
 
 async def test_stdin_is_fed(backend: ProcessBackend) -> None:

@@ -1,0 +1,308 @@
+"""The sandbox agent: a long-lived process that runs one program at a time, for both backends.
+
+Forking a warm agent costs far less than starting an interpreter to set each sandbox up, and
+keeping the set-up in one place means both backends isolate, limit, stop and clean up the same
+way. The agent reads one JSON request per line on stdin and answers one JSON line on stdout:
+
+    request:  {"code", "stdin", "timeout_s", "max_output_bytes", "overflow_bytes", "uid",
+               "python", "limits": {"RLIMIT_X": [soft, hard]},
+               "private_mounts_mb": null | size of the private tmpfs mounts}
+    response: {"wait_status", "reason", "stdout", "stderr", "stdout_truncated",
+               "stderr_truncated", "stderr_tail", "wall_s", "cpu_s", "clean"}
+
+- docker backend: the container's command, as root with only CAP_SETUID and CAP_SETGID, so
+  programs (started as the unprivileged `uid`, with no capabilities) cannot signal, trace or
+  replace it. `/work` and `/tmp` are the container's tmpfs; the agent empties them after each
+  program.
+- process backend: a child of the service (`private_mounts_mb` set). Each program gets new
+  network and mount namespaces with a fresh tmpfs on every world-writable directory, its
+  workdir inside the private /tmp: all of it vanishes with the program.
+
+After each program the agent kills every process of `uid` (or, without one, the program's
+process group) and reaps what it inherited as a subreaper; `clean` is false when that failed
+and the service must replace the agent. Standard library only: it runs in any image with
+python3, from source passed on the command line, without site-packages.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import stat
+import sys
+import time
+
+CHUNK = 65536
+TAIL_BYTES = 4096
+PIPE_GRACE_S = 1.0
+START_FAILED_EXIT = 125
+MESSAGE_PREFIX = "loom-sandbox:"
+CONTAINER_WORKDIRS = ("/work", "/tmp")
+# World-writable on a usual host: the process backend gives each program its own.
+SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+PRIVATE_WORKDIR = "/tmp/work"
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(Exception):
+    pass
+
+
+def _check(result, what):
+    if result != 0:
+        raise SetupError(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _as_user(uid):
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+def _private_namespaces(size_mb, uid):
+    """New network namespace (only a loopback that is down) and mount namespace with fresh
+    tmpfs mounts; root creates them directly, other users inside a user namespace."""
+    if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
+        _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS),
+               "cannot isolate network and mounts (unshare)")
+    _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    options = f"size={size_mb}m,mode=1777".encode()
+    for directory in SHARED_WRITABLE_DIRS:
+        if os.path.isdir(directory):
+            _check(libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                              options), f"mount tmpfs on {directory}")
+    os.mkdir(PRIVATE_WORKDIR, 0o700)
+    if uid is not None:
+        os.chown(PRIVATE_WORKDIR, uid, uid)
+    return PRIVATE_WORKDIR
+
+
+def _start(request):
+    """Fork the program: its own session, isolation, the sandbox uid, rlimits, fresh pipes."""
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            # When memory runs out, the kernel kills the program, not the agent.
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+            uid, size_mb = request["uid"], request["private_mounts_mb"]
+            workdir = _private_namespaces(size_mb, uid) if size_mb else CONTAINER_WORKDIRS[0]
+            if uid is not None:
+                _as_user(uid)
+            _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+            os.chdir(workdir)
+            with open("main.py", "w", encoding="utf-8") as fh:
+                fh.write(request["code"])
+            for name, (soft, hard) in request["limits"].items():
+                resource.setrlimit(getattr(resource, name), (soft, hard))
+            os.dup2(stdin_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 65536)
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": "/tmp",
+                   "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                   "MKL_NUM_THREADS": "1"}
+            python = request["python"] or sys.executable
+            os.execve(python, [python, "-I", "main.py"], env)
+        except BaseException as exc:  # noqa: BLE001 - the child must never return
+            with contextlib.suppress(OSError):
+                os.write(err_w, f"{MESSAGE_PREFIX} {exc}\n".encode())
+        os._exit(START_FAILED_EXIT)
+    for fd in (stdin_r, out_w, err_w):
+        os.close(fd)
+    return pid, stdin_w, out_r, err_r
+
+
+class _Stream:
+    def __init__(self, limit):
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.limit = limit
+
+    def add(self, chunk):
+        self.total += len(chunk)
+        room = self.limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+        self.tail = (self.tail + chunk)[-TAIL_BYTES:]
+
+
+def _run(request):
+    started = time.monotonic()
+    deadline = started + request["timeout_s"]
+    pid, stdin_w, out_r, err_r = _start(request)
+    pidfd = os.pidfd_open(pid)  # readable once the program exits
+    out, err = _Stream(request["max_output_bytes"]), _Stream(request["max_output_bytes"])
+    open_streams = {out_r: out, err_r: err}
+    data = request["stdin"].encode()
+    if data:
+        os.set_blocking(stdin_w, False)
+    else:
+        os.close(stdin_w)
+        stdin_w = None
+    flood_bound = request["max_output_bytes"] + request["overflow_bytes"]
+    reason, exited, drain_until = None, None, None
+    while True:
+        now = time.monotonic()
+        if exited is None and now >= deadline:
+            reason = "timeout"
+            break
+        # Once the program is gone, its descendants may still hold its pipes: drain briefly.
+        if exited is not None and (not open_streams or now >= drain_until):
+            break
+        readers = list(open_streams) + ([pidfd] if exited is None else [])
+        writers = [stdin_w] if stdin_w is not None else []
+        until = deadline if exited is None else drain_until
+        readable, writable, _ = select.select(readers, writers, [], max(until - now, 0))
+        if pidfd in readable:
+            _, status, usage = os.wait4(pid, 0)
+            exited, drain_until = (status, usage), time.monotonic() + PIPE_GRACE_S
+        for fd in readable:
+            if fd in open_streams:
+                chunk = os.read(fd, CHUNK)
+                if chunk:
+                    open_streams[fd].add(chunk)
+                else:
+                    del open_streams[fd]
+        if writable:
+            try:
+                data = data[os.write(stdin_w, data[:CHUNK]):]
+            except BrokenPipeError:
+                data = b""
+            if not data:
+                os.close(stdin_w)
+                stdin_w = None
+        if exited is None and max(out.total, err.total) > flood_bound:
+            reason = "output_limit"
+            break
+    clean = _stop_everything(request["uid"], pid)
+    if exited is None:
+        _, status, usage = os.wait4(pid, 0)
+        exited = (status, usage)
+    wall = time.monotonic() - started
+    for fd in (stdin_w, out_r, err_r, pidfd):
+        if fd is not None:
+            os.close(fd)
+    status, usage = exited
+    return {
+        "wait_status": status, "reason": reason,
+        "stdout": out.head.decode("utf-8", "replace"),
+        "stderr": err.head.decode("utf-8", "replace"),
+        "stdout_truncated": out.total > out.limit, "stderr_truncated": err.total > err.limit,
+        "stderr_tail": err.tail.decode("utf-8", "replace"),
+        "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "clean": clean,
+    }
+
+
+def _stop_everything(uid, pid):
+    """Kill the program's process group, and with a uid of its own every process of that uid
+    (which also catches children that left the group with setsid)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    # True when no process of `uid` is left (always, without a uid of its own).
+    return uid is None or _in_helper(uid, lambda: _kill_all_of(uid))
+
+
+def _in_helper(uid, work):
+    """Run `work` in a child that has become `uid`, so it can signal and delete what the
+    program owns without privileges; True if it succeeded."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _as_user(uid)
+            work()
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _kill_all_of(uid):
+    # Repeat until none is left: a forking program can add processes during a sweep, and the
+    # pids limit bounds how long it can keep that up. (kill(-1) cannot tell: it also
+    # "succeeds" when it only reached processes it may not signal.)
+    for _ in range(5000):
+        alive = _live_processes_of(uid) - {os.getpid()}
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)
+    raise RuntimeError("sandbox processes keep appearing")
+
+
+def _live_processes_of(uid):
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat("/proc/" + name).st_uid != uid:
+                continue
+            with open("/proc/" + name + "/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.add(int(name))
+    return found
+
+
+def _empty_container_workdirs(uid):
+    def empty():
+        for root in CONTAINER_WORKDIRS:
+            for name in os.listdir(root):
+                _remove(os.path.join(root, name))
+
+    return _in_helper(uid, empty)
+
+
+def _remove(path):
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        os.chmod(path, 0o700)  # the program may have taken away its own permissions
+        for name in os.listdir(path):
+            _remove(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def _reap_orphans():
+    """As a subreaper the agent inherits what the program left behind; collect the zombies."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a program that stops reading stdin: EPIPE
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the service
+    for line in sys.stdin:
+        request = json.loads(line)
+        response = _run(request)
+        if response["clean"] and not request["private_mounts_mb"]:
+            response["clean"] = _empty_container_workdirs(request["uid"])
+        _reap_orphans()
+        sys.stdout.write(json.dumps(response) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
