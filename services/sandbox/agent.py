@@ -24,15 +24,18 @@ and the service must replace the agent. Standard library only: it runs in any im
 python3, from source passed on the command line, without site-packages.
 """
 
+import base64
 import contextlib
 import ctypes
 import json
 import os
 import resource
 import select
+import shutil
 import signal
 import stat
 import sys
+import tempfile
 import time
 
 CHUNK = 65536
@@ -45,8 +48,12 @@ CONTAINER_WORKDIRS = ("/work", "/tmp")
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 PRIVATE_WORKDIR = "/tmp/work"
 
+# language -> (file the code is written to, command line)
+PROGRAMS = {"python": ("main.py", ["{python}", "-I", "main.py"]),
+            "bash": ("main.sh", ["/bin/bash", "main.sh"])}
+
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -67,26 +74,31 @@ def _as_user(uid):
     os.setuid(uid)
 
 
-def _private_namespaces(size_mb, uid):
+def _private_namespaces(size_mb, host_workdir):
     """New network namespace (only a loopback that is down) and mount namespace with fresh
-    tmpfs mounts; root creates them directly, other users inside a user namespace."""
+    tmpfs mounts; root creates them directly, other users inside a user namespace. The host
+    workdir is bound in at PRIVATE_WORKDIR, so the agent can collect files from it afterwards."""
     if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
         _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS),
                "cannot isolate network and mounts (unshare)")
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    # Opened in the new namespace (a bind source must be) and before /tmp is covered.
+    workdir_fd = os.open(host_workdir, os.O_PATH | os.O_DIRECTORY)
     options = f"size={size_mb}m,mode=1777".encode()
     for directory in SHARED_WRITABLE_DIRS:
         if os.path.isdir(directory):
             _check(libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
                               options), f"mount tmpfs on {directory}")
     os.mkdir(PRIVATE_WORKDIR, 0o700)
-    if uid is not None:
-        os.chown(PRIVATE_WORKDIR, uid, uid)
+    _check(libc.mount(f"/proc/self/fd/{workdir_fd}".encode(), PRIVATE_WORKDIR.encode(), None,
+                      MS_BIND, None), "bind the workdir")
+    os.close(workdir_fd)
     return PRIVATE_WORKDIR
 
 
-def _start(request):
-    """Fork the program: its own session, isolation, the sandbox uid, rlimits, fresh pipes."""
+def _start(request, host_workdir):
+    """Fork the program: its own session, isolation, the sandbox uid, its files, rlimits, fresh
+    pipes."""
     stdin_r, stdin_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -98,14 +110,21 @@ def _start(request):
             with open("/proc/self/oom_score_adj", "w") as fh:
                 fh.write("1000")
             uid, size_mb = request["uid"], request["private_mounts_mb"]
-            workdir = _private_namespaces(size_mb, uid) if size_mb else CONTAINER_WORKDIRS[0]
+            workdir = (_private_namespaces(size_mb, host_workdir) if size_mb
+                       else CONTAINER_WORKDIRS[0])
             if uid is not None:
                 _as_user(uid)
             _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
             os.chdir(workdir)
-            with open("main.py", "w", encoding="utf-8") as fh:
+            program, argv = PROGRAMS[request["language"]]
+            with open(program, "w", encoding="utf-8") as fh:
                 fh.write(request["code"])
+            for item in request["files"]:
+                if os.path.dirname(item["path"]):
+                    os.makedirs(os.path.dirname(item["path"]), exist_ok=True)
+                with open(item["path"], "wb") as fh:
+                    fh.write(base64.b64decode(item["data"]))
             for name, (soft, hard) in request["limits"].items():
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             os.dup2(stdin_r, 0)
@@ -115,8 +134,8 @@ def _start(request):
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": "/tmp",
                    "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                    "MKL_NUM_THREADS": "1"}
-            python = request["python"] or sys.executable
-            os.execve(python, [python, "-I", "main.py"], env)
+            argv = [request["python"] or sys.executable if a == "{python}" else a for a in argv]
+            os.execve(argv[0], argv, env)
         except BaseException as exc:  # noqa: BLE001 - the child must never return
             with contextlib.suppress(OSError):
                 os.write(err_w, f"{MESSAGE_PREFIX} {exc}\n".encode())
@@ -141,10 +160,10 @@ class _Stream:
         self.tail = (self.tail + chunk)[-TAIL_BYTES:]
 
 
-def _run(request):
+def _run(request, host_workdir):
     started = time.monotonic()
     deadline = started + request["timeout_s"]
-    pid, stdin_w, out_r, err_r = _start(request)
+    pid, stdin_w, out_r, err_r = _start(request, host_workdir)
     pidfd = os.pidfd_open(pid)  # readable once the program exits
     out, err = _Stream(request["max_output_bytes"]), _Stream(request["max_output_bytes"])
     open_streams = {out_r: out, err_r: err}
@@ -283,11 +302,86 @@ def _remove(path):
         os.unlink(path)
 
 
+def _remove_tree(path):
+    try:
+        _remove(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _reap_orphans():
     """As a subreaper the agent inherits what the program left behind; collect the zombies."""
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
+
+
+def _collect(uid, workdir, paths, budget):
+    """Read the requested files as the program's user, following no symbolic link (a link
+    could point anywhere the agent can see but the program could not)."""
+    if not paths:
+        return []
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            if uid is not None:
+                _as_user(uid)
+            found = []
+            for path in paths:
+                found.append(_read_file(workdir, path, budget))
+                budget -= found[-1].get("size") or 0
+            with os.fdopen(write_end, "w") as out:
+                json.dump(found, out)
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    os.close(write_end)
+    with os.fdopen(read_end) as answer:
+        data = answer.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return json.loads(data)
+    return [{"path": path, "error": "unreadable"} for path in paths]
+
+
+def _read_file(workdir, path, budget):
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(workdir, flags | os.O_DIRECTORY)
+    try:
+        for part in path.split("/")[:-1]:
+            parent, fd = fd, os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(parent)
+        parent, fd = fd, os.open(path.split("/")[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+        os.close(parent)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return {"path": path, "error": "not a regular file"}
+        if info.st_size > budget:
+            return {"path": path, "error": f"too large ({info.st_size} bytes; "
+                                           f"{max(budget, 0)} left of the collect limit)"}
+        with os.fdopen(fd, "rb") as fh:
+            fd = None
+            data = fh.read(budget + 1)
+        return {"path": path, "content": base64.b64encode(data).decode(), "size": len(data)}
+    except OSError as exc:
+        if exc.errno in (2, 20):  # ENOENT, ENOTDIR
+            return {"path": path, "error": "missing"}
+        if exc.errno == 40:  # ELOOP: O_NOFOLLOW met a link
+            return {"path": path, "error": "a symbolic link (not followed)"}
+        return {"path": path, "error": f"unreadable ({exc.strerror})"}
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _host_workdir(uid):
+    """The process backend's per-program workdir on the host, bound into the sandbox."""
+    workdir = tempfile.mkdtemp(prefix="loom-sandbox-")
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    return workdir
 
 
 def main():
@@ -296,8 +390,16 @@ def main():
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the service
     for line in sys.stdin:
         request = json.loads(line)
-        response = _run(request)
-        if response["clean"] and not request["private_mounts_mb"]:
+        private = bool(request["private_mounts_mb"])
+        workdir = _host_workdir(request["uid"]) if private else CONTAINER_WORKDIRS[0]
+        try:
+            response = _run(request, workdir)
+            response["files"] = _collect(request["uid"], workdir, request["collect"],
+                                         request["max_collect_bytes"])
+        finally:
+            if private:
+                _remove_tree(workdir)
+        if response["clean"] and not private:
             response["clean"] = _empty_container_workdirs(request["uid"])
         _reap_orphans()
         sys.stdout.write(json.dumps(response) + "\n")

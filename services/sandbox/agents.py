@@ -10,6 +10,7 @@ I/O with agents runs on a thread pool sized to the pool.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import Any
 from services.common.errors import Unavailable
 from services.sandbox.agent import MESSAGE_PREFIX, START_FAILED_EXIT
 from services.sandbox.outcome import classify, rlimits
-from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, ExecutionStatus
+from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, ExecutionStatus, FileOut
 from services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,12 @@ class AgentBackend(ABC):
         self._check(request)
         agent = await self._idle.get()
         payload = {
+            "language": request.language.value,
             "code": request.code, "stdin": request.stdin, "timeout_s": request.timeout_s,
+            "files": [{"path": f.path, "data": base64.b64encode(f.data()).decode()}
+                      for f in request.files],
+            "collect": request.collect,
+            "max_collect_bytes": self.settings.sandbox_max_collect_bytes,
             "max_output_bytes": request.max_output_bytes,
             "overflow_bytes": self.settings.sandbox_output_overflow_bytes,
             "uid": agent.uid, "python": self.python,
@@ -238,4 +244,5 @@ def _response(reply: dict[str, Any]) -> ExecuteResponse:
         stdout=reply["stdout"], stderr=reply["stderr"],
         stdout_truncated=reply["stdout_truncated"], stderr_truncated=reply["stderr_truncated"],
         wall_s=round(reply["wall_s"], 6), cpu_s=round(reply["cpu_s"], 6),
+        files=[FileOut.model_validate(f) for f in reply["files"]],
     )

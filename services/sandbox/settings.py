@@ -66,6 +66,10 @@ class SandboxSettings(LoomSettings):
     )
     sandbox_docker_cpus: float = Field(default=1.0, gt=0, description="CPUs per container.")
 
+    sandbox_max_collect_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=0,
+        description="Total size of the files one execution may return (`collect`).",
+    )
     sandbox_tmp_mb: int = Field(
         default=64, ge=1, description="Size of each sandbox's private /tmp (and, in containers, "
         "of /work).",

@@ -117,3 +117,27 @@ def _docker_leftovers(sandbox: Sandbox) -> list[str]:
         return found
     finally:
         client.close()
+
+
+async def test_collected_files_never_reveal_what_the_program_could_not_read(
+        sandbox: Sandbox, bait: Bait) -> None:
+    code = _fill("""
+import os
+for name, target in [("to_secret", "@SECRET_FILE@"), ("to_shadow", "/etc/shadow"),
+                     ("to_proc", "/proc/1/environ")]:
+    os.symlink(target, name)
+os.makedirs("nested")
+os.symlink("/etc", "nested/etc")
+try:
+    os.link("@SECRET_FILE@", "hardlink")
+except OSError as exc:
+    print("no hard link:", exc.strerror)
+""", bait)
+    collect = ["to_secret", "to_shadow", "to_proc", "nested/etc/shadow", "hardlink"]
+    result = await _execute(sandbox, code, collect=collect)
+    assert result.status.value == "ok", result.stderr
+    assert [f.path for f in result.files] == collect
+    for collected in result.files:
+        assert collected.content is None, collected
+        assert collected.error is not None
+    assert {f.path: f.error for f in result.files}["to_secret"] == "a symbolic link (not followed)"

@@ -14,6 +14,7 @@ import pytest
 
 from services.common.ports import free_port
 from services.sandbox.app import create_app
+from services.sandbox.schemas import ExecuteResponse
 from tests.support.sandboxes import BACKENDS, sandbox_settings
 
 
@@ -88,3 +89,62 @@ def test_service_runs_as_a_module() -> None:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+async def test_files_go_in_and_come_back(client: httpx.AsyncClient) -> None:
+    code = ("import os\n"
+            "data = open('in/numbers.txt').read().split()\n"
+            "open('sum.txt', 'w').write(str(sum(map(int, data))))\n"
+            "open('blob.bin', 'wb').write(open('raw.bin', 'rb').read()[::-1])\n"
+            "os.symlink('/etc/hostname', 'link')\n"
+            "os.mkdir('a_dir')\n")
+    response = await client.post("/v1/execute", json={
+        "code": code,
+        "files": [{"path": "in/numbers.txt", "content": "1 2 3 4"},
+                  {"path": "raw.bin", "content": "AAEC", "encoding": "base64"}],
+        "collect": ["sum.txt", "blob.bin", "link", "a_dir", "nothing.txt"],
+    })
+    assert response.status_code == 200, response.text
+    body = ExecuteResponse.model_validate(response.json())
+    assert body.status.value == "ok", body.stderr
+    files = {f.path: f for f in body.files}
+    assert files["sum.txt"].data() == b"10" and files["sum.txt"].size == 2
+    assert files["blob.bin"].data() == b"\x02\x01\x00"
+    assert files["link"].error == "a symbolic link (not followed)"
+    assert files["a_dir"].error == "not a regular file"
+    assert files["nothing.txt"].error == "missing"
+
+
+async def test_bash_programs_run(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/execute", json={
+        "language": "bash", "code": "read name; echo \"hi $name\"; exit 3", "stdin": "loom\n"})
+    body = response.json()
+    assert body["stdout"] == "hi loom\n" and body["exit_code"] == 3 and body["status"] == "error"
+
+
+async def test_collect_stops_at_its_size_limit(client: httpx.AsyncClient) -> None:
+    code = "open('big', 'wb').write(b'x' * (17 * 2**20))\nopen('small', 'w').write('s')"
+    response = await client.post("/v1/execute", json={"code": code,
+                                                      "collect": ["big", "small"]})
+    files = {f["path"]: f for f in response.json()["files"]}
+    assert files["big"]["error"].startswith("too large") and files["small"]["size"] == 1
+
+
+@pytest.mark.parametrize(
+    ("files", "collect", "message"),
+    [
+        ([{"path": "/etc/passwd", "content": "x"}], [], "relative to the workdir"),
+        ([{"path": "../up", "content": "x"}], [], "inside the workdir"),
+        ([{"path": "a/./b", "content": "x"}], [], "normalised"),
+        ([{"path": "main.py", "content": "x"}], [], "program itself"),
+        ([{"path": "x", "content": "not base64!", "encoding": "base64"}], [], "base64"),
+        ([{"path": "x", "content": "1"}, {"path": "x", "content": "2"}], [], "same path"),
+        ([], ["../../etc/shadow"], "inside the workdir"),
+    ],
+)
+async def test_bad_file_requests_get_422(client: httpx.AsyncClient, files: list[Any],
+                                         collect: list[str], message: str) -> None:
+    response = await client.post("/v1/execute", json={"code": "pass", "files": files,
+                                                      "collect": collect})
+    assert response.status_code == 422
+    assert message in response.text
