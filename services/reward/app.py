@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from services.common.app_factory import create_service_app
+from services.common.http import ServiceClient
 from services.reward.routes import router
 from services.reward.scoring import Scorer
 from services.reward.settings import RewardSettings
@@ -22,12 +23,15 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = WorkerPool(settings.reward_workers, initializer=warm_up)
+        sandbox = ServiceClient(settings.url_of("sandbox"), service="sandbox")
         try:
             # Start a worker and check it can verify before declaring the service up.
             await pool.run(60.0, run_verifier, "math", "1/2", "0.5", MathParams())
-            app.state.scorer = Scorer(pool, settings.reward_item_timeout_s)
+            app.state.scorer = Scorer(pool, settings.reward_item_timeout_s, sandbox,
+                                      settings.reward_sandbox_concurrency)
             yield
         finally:
+            await sandbox.aclose()
             await pool.shutdown()
 
     async def readiness() -> dict[str, Any]:

@@ -15,7 +15,8 @@ class ScoreItem(StrictModel):
 
 
 class ScoreRequest(StrictModel):
-    verifier: str = Field(min_length=1, max_length=64, description="exact_match | math | regex")
+    verifier: str = Field(min_length=1, max_length=64,
+                          description="exact_match | math | regex | code | python")
     params: dict[str, Any] = Field(default={}, description="Verifier options, e.g. a pattern")
     items: list[ScoreItem] = Field(min_length=1, max_length=10_000)
 

@@ -5,17 +5,30 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from services.common.http import ServiceClient
 from services.reward.schemas import ItemScore, ScoreItem, ScoreRequest, ScoreResponse
 from services.reward.verifiers import Verifier, resolve, run_verifier
 from services.reward.workers import WorkerPool
+from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
 
 log = logging.getLogger(__name__)
 
 
 class Scorer:
-    def __init__(self, pool: WorkerPool, item_timeout_s: float) -> None:
+    def __init__(self, pool: WorkerPool, item_timeout_s: float,
+                 sandbox: ServiceClient | None = None, sandbox_concurrency: int = 8) -> None:
         self.pool = pool
         self.item_timeout_s = item_timeout_s
+        self.sandbox = sandbox
+        self._sandbox_slots = asyncio.Semaphore(sandbox_concurrency)
+
+    async def run_in_sandbox(self, request: ExecuteRequest) -> ExecuteResponse:
+        """One execution in the sandbox service, at most `sandbox_concurrency` at a time."""
+        if self.sandbox is None:
+            raise RuntimeError("no sandbox service is configured")
+        async with self._sandbox_slots:
+            body = await self.sandbox.post_json("/v1/execute", request.model_dump(mode="json"))
+        return ExecuteResponse.model_validate(body)
 
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         verifier, params = resolve(request.verifier, request.params, request.items)
@@ -26,10 +39,14 @@ class Scorer:
     async def _score_item(self, verifier: Verifier, params: object,
                           item: ScoreItem) -> ItemScore:
         try:
-            if verifier.isolated:
+            if verifier.runs_in == "worker":
                 reward, detail = await self.pool.run(self.item_timeout_s, run_verifier,
                                                      verifier.name, item.response,
                                                      item.reference, params)
+            elif verifier.runs_in == "sandbox":
+                reward, detail = await asyncio.wait_for(
+                    verifier.score(self.run_in_sandbox, item.response, item.reference, params),
+                    self.item_timeout_s)
             else:
                 reward, detail = verifier.score(item.response, item.reference, params)
         except TimeoutError:

@@ -14,6 +14,10 @@ class RewardSettings(LoomSettings):
         "items are scored at once across all requests.",
     )
     reward_item_timeout_s: float = Field(
-        default=20.0, gt=0, description="Deadline for one item in a worker; past it the item "
-        "gets reward 0 with an error and the stuck worker is replaced.",
+        default=20.0, gt=0, description="Deadline for one item (in a worker or the sandbox); "
+        "past it the item gets reward 0 with an error (a stuck worker is replaced).",
+    )
+    reward_sandbox_concurrency: int = Field(
+        default=8, ge=1, le=256,
+        description="Sandbox executions the code and python verifiers run at once.",
     )

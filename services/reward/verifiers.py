@@ -1,9 +1,11 @@
 """Every verifier in one registry: name → description, parameters and scoring function.
 
 A verifier turns (response, reference, params) into a reward in [0, 1] and a small detail dict.
-Those marked `isolated` run in the worker pool (see `workers.py`): math-verify times itself out
-with `signal.alarm`, which needs a main thread, and a regular expression can backtrack for ever,
-which only killing a process stops. Scoring functions are module-level so workers can run them.
+Where it runs (`runs_in`): `inline` in the service; `worker` in the worker pool (see
+`workers.py`): math-verify times itself out with `signal.alarm`, which needs a main thread, and
+a regular expression can backtrack for ever, which only killing a process stops (scoring
+functions are module-level so workers can run them); `sandbox`: verifiers that run code, through
+the sandbox service (see `sandboxed.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from services.common.errors import InvalidInput
 from services.common.schemas import StrictModel
+from services.reward.sandboxed import CodeParams, PythonParams, score_code, score_python
 from services.reward.schemas import ScoreItem, VerifierInfo, VerifierList
 
 Score = tuple[float, dict[str, Any]]
@@ -103,9 +106,11 @@ class Verifier:
     name: str
     description: str
     params_model: type[StrictModel]
-    score: Callable[[str, str | None, Any], Score]
+    # inline/worker: (response, reference, params) -> Score;
+    # sandbox: async (run_in_sandbox, response, reference, params) -> Score
+    score: Callable[..., Any]
     needs_reference: bool
-    isolated: bool
+    runs_in: Literal["inline", "worker", "sandbox"]
 
     def info(self) -> VerifierInfo:
         params = {name: field.description or "" for name, field in
@@ -118,12 +123,18 @@ VERIFIERS: dict[str, Verifier] = {
     for verifier in (
         Verifier("exact_match", "1.0 when the response equals the reference, whitespace "
                  "normalised.", ExactMatchParams, score_exact_match,
-                 needs_reference=True, isolated=False),
+                 needs_reference=True, runs_in="inline"),
         Verifier("math", "1.0 when the response's final answer is mathematically equivalent to "
                  "the reference (math-verify: LaTeX, \\boxed{}, fractions, decimals, equations).",
-                 MathParams, score_math, needs_reference=True, isolated=True),
+                 MathParams, score_math, needs_reference=True, runs_in="worker"),
         Verifier("regex", "1.0 when the pattern matches the response.", RegexParams, score_regex,
-                 needs_reference=False, isolated=True),
+                 needs_reference=False, runs_in="worker"),
+        Verifier("code", "Fraction of tests the response's program passes, each top-level "
+                 "assert of the tests (the reference, or params.tests) run in the sandbox.",
+                 CodeParams, score_code, needs_reference=False, runs_in="sandbox"),
+        Verifier("python", "A reward function of the job's own (params.code defines "
+                 "reward(response, reference)), run in the sandbox for each item.",
+                 PythonParams, score_python, needs_reference=False, runs_in="sandbox"),
     )
 }
 
@@ -146,7 +157,9 @@ def resolve(name: str, params: dict[str, Any], items: list[ScoreItem]) -> tuple[
                              for e in exc.errors())
         raise InvalidInput(f"Invalid params for verifier {name!r}: {problems}",
                            exc.errors(include_url=False, include_context=False)) from exc
-    if verifier.needs_reference:
+    needs_reference = verifier.needs_reference or (
+        isinstance(parsed, CodeParams) and parsed.tests is None)
+    if needs_reference:
         missing = [i for i, item in enumerate(items) if item.reference is None]
         if missing:
             raise InvalidInput(f"Verifier {name!r} needs a reference; items without one: "

@@ -49,7 +49,8 @@ SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 PRIVATE_WORKDIR = "/tmp/work"
 
 # language -> (file the code is written to, command line)
-PROGRAMS = {"python": ("main.py", ["{python}", "-I", "main.py"]),
+# -E -s rather than -I: the workdir stays on sys.path, so programs import the files they bring.
+PROGRAMS = {"python": ("main.py", ["{python}", "-E", "-s", "main.py"]),
             "bash": ("main.sh", ["/bin/bash", "main.sh"])}
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000

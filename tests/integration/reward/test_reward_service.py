@@ -8,52 +8,44 @@ from typing import Any
 import httpx
 import pytest
 
-from services.reward.app import create_app
 from services.reward.settings import RewardSettings
+from tests.support.reward import reward_client, score_items
 
 CATASTROPHIC = "(a+)+$"  # exponential backtracking on "aaa...ab"
 
 
 @pytest.fixture(scope="module")
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(RewardSettings(reward_workers=2, reward_item_timeout_s=3.0))
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://reward"
-    ) as client:
-        yield client
-
-
-async def _score(client: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
-    response = await client.post("/v1/score", json=body)
-    assert response.status_code == 200, response.text
-    return list(response.json()["scores"])
+    async with reward_client(RewardSettings(reward_workers=2, reward_item_timeout_s=3.0)) as c:
+        yield c
 
 
 async def test_verifiers_are_listed(client: httpx.AsyncClient) -> None:
     response = await client.get("/v1/verifiers")
     assert response.status_code == 200
     names = [v["name"] for v in response.json()["verifiers"]]
-    assert names == ["exact_match", "math", "regex"]
+    assert names == ["exact_match", "math", "regex", "code", "python"]
 
 
 async def test_math_batch(client: httpx.AsyncClient) -> None:
     pairs = [("1/2", "0.5"), ("\\frac{1}{2}", "0.5"), ("x=3", "3"), ("\\boxed{4}", "3"),
              ("no answer at all", "3")]
-    scores = await _score(client, {"verifier": "math", "items": [
+    scores = await score_items(client, {"verifier": "math", "items": [
         {"response": r, "reference": g} for r, g in pairs]})
     assert [s["reward"] for s in scores] == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert all(s["error"] is None for s in scores)
 
 
 async def test_exact_match_batch_with_params(client: httpx.AsyncClient) -> None:
-    scores = await _score(client, {"verifier": "exact_match", "params": {"case_sensitive": False},
-                                   "items": [{"response": " YES ", "reference": "yes"},
-                                             {"response": "no", "reference": "yes"}]})
+    body = {"verifier": "exact_match", "params": {"case_sensitive": False},
+            "items": [{"response": " YES ", "reference": "yes"},
+                      {"response": "no", "reference": "yes"}]}
+    scores = await score_items(client, body)
     assert [s["reward"] for s in scores] == [1.0, 0.0]
 
 
 async def test_a_failing_item_does_not_fail_the_batch(client: httpx.AsyncClient) -> None:
-    scores = await _score(client, {"verifier": "math", "items": [
+    scores = await score_items(client, {"verifier": "math", "items": [
         {"response": "2", "reference": "2"},
         {"response": "2", "reference": "not a number"},
         {"response": "\\frac{4}{2}", "reference": "2"},
@@ -63,13 +55,13 @@ async def test_a_failing_item_does_not_fail_the_batch(client: httpx.AsyncClient)
 
 
 async def test_a_hanging_item_times_out_alone(client: httpx.AsyncClient) -> None:
-    scores = await _score(client, {"verifier": "regex", "params": {"pattern": CATASTROPHIC},
+    scores = await score_items(client, {"verifier": "regex", "params": {"pattern": CATASTROPHIC},
                                    "items": [{"response": "a" * 40 + "b"},
                                              {"response": "aaaa"}, {"response": "bbb"}]})
     assert scores[0]["reward"] == 0.0 and "timed out" in scores[0]["error"]
     assert [s["reward"] for s in scores[1:]] == [1.0, 0.0]
     # the service keeps working after the stuck worker was replaced
-    later = await _score(client, {"verifier": "math",
+    later = await score_items(client, {"verifier": "math",
                                   "items": [{"response": "0.25", "reference": "1/4"}]})
     assert later[0]["reward"] == 1.0
 
@@ -77,7 +69,7 @@ async def test_a_hanging_item_times_out_alone(client: httpx.AsyncClient) -> None
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"verifier": "nope", "items": [{"response": "x"}]}, "known verifiers: exact_match"),
+        ({"verifier": "nope", "items": [{"response": "x"}]}, "known verifiers: code, exact_match"),
         ({"verifier": "regex", "params": {"pattern": "[a-"}, "items": [{"response": "x"}]},
          "invalid regular expression"),
         ({"verifier": "math", "items": [{"response": "1"}]}, "needs a reference"),

@@ -148,3 +148,10 @@ async def test_bad_file_requests_get_422(client: httpx.AsyncClient, files: list[
                                                       "collect": collect})
     assert response.status_code == 422
     assert message in response.text
+
+
+async def test_programs_import_the_files_they_bring(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/execute", json={
+        "code": "import helper\nprint(helper.twice(21))",
+        "files": [{"path": "helper.py", "content": "def twice(x):\n    return 2 * x\n"}]})
+    assert response.json()["stdout"] == "42\n"
