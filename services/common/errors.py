@@ -55,6 +55,13 @@ class PayloadTooLarge(LoomError):
     code = "payload_too_large"
 
 
+class LimitExceeded(LoomError):
+    """A quota is used up (sessions per job, ...): free something or wait, then retry."""
+
+    status_code = 429
+    code = "limit_exceeded"
+
+
 class UpstreamError(LoomError):
     """A service this one depends on failed or answered with a server error."""
 
@@ -72,7 +79,7 @@ class Unavailable(LoomError):
 # Every concrete error, most specific first where two share a status code.
 _ERRORS: tuple[type[LoomError], ...] = (
     InvalidInput, Unauthorized, Forbidden, NotFound, InvalidTransition, Conflict,
-    PayloadTooLarge, UpstreamError, Unavailable,
+    PayloadTooLarge, LimitExceeded, UpstreamError, Unavailable,
 )
 _BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in (LoomError, *_ERRORS)}
 # By status, the general class wins: it comes later, so it overwrites (Conflict, not

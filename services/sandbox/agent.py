@@ -4,9 +4,11 @@ Forking a warm agent costs far less than starting an interpreter to set each san
 keeping the set-up in one place means both backends isolate, limit, stop and clean up the same
 way. The agent reads one JSON request per line on stdin and answers one JSON line on stdout:
 
-    request:  {"code", "stdin", "timeout_s", "max_output_bytes", "overflow_bytes", "uid",
-               "python", "limits": {"RLIMIT_X": [soft, hard]},
-               "private_mounts_mb": null | size of the private tmpfs mounts}
+    request:  {"language", "code", "stdin", "timeout_s", "max_output_bytes", "overflow_bytes",
+               "uid", "python", "limits": {"RLIMIT_X": [soft, hard]}, "files", "collect",
+               "max_collect_bytes", "private_mounts_mb": null | size of the private tmpfs
+               mounts, "keep_workdir": a session's files stay for its next program}
+              or {"op": "close", ...}: remove the session's workdir and exit
     response: {"wait_status", "reason", "stdout", "stderr", "stdout_truncated",
                "stderr_truncated", "stderr_tail", "wall_s", "cpu_s", "clean"}
 
@@ -389,18 +391,28 @@ def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a program that stops reading stdin: EPIPE
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the service
+    session_workdir = None  # an agent serving a session keeps its workdir between programs
     for line in sys.stdin:
         request = json.loads(line)
         private = bool(request["private_mounts_mb"])
-        workdir = _host_workdir(request["uid"]) if private else CONTAINER_WORKDIRS[0]
+        if request.get("op") == "close":
+            if session_workdir:
+                _remove_tree(session_workdir)
+            break
+        keep = request["keep_workdir"]
+        if private:
+            workdir = session_workdir or _host_workdir(request["uid"])
+            session_workdir = workdir if keep else None
+        else:
+            workdir = CONTAINER_WORKDIRS[0]
         try:
             response = _run(request, workdir)
             response["files"] = _collect(request["uid"], workdir, request["collect"],
                                          request["max_collect_bytes"])
         finally:
-            if private:
+            if private and not keep:
                 _remove_tree(workdir)
-        if response["clean"] and not private:
+        if response["clean"] and not private and not keep:
             response["clean"] = _empty_container_workdirs(request["uid"])
         _reap_orphans()
         sys.stdout.write(json.dumps(response) + "\n")

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,14 @@ PROBE_CODE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 # Beyond a program's own timeout: the agent's pipe drain and clean-up.
 AGENT_GRACE_S = 5.0
 REPLACE_RETRY_S = 1.0
+CLOSE_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    response: ExecuteResponse
+    lost: bool  # the agent died: a session on it is over
+    clean: bool  # the agent reset everything after the program
 
 
 class AgentLost(Exception):
@@ -63,6 +73,15 @@ class Agent(ABC):
         self._pending = bytearray(rest)
         self.uses += 1
         return dict(json.loads(line))
+
+    def close(self, private_mounts_mb: int | None) -> None:
+        """Ask the agent to remove its session workdir and exit; wait until it has."""
+        self._send(json.dumps({"op": "close", "private_mounts_mb": private_mounts_mb}).encode()
+                   + b"\n")
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        with contextlib.suppress(AgentLost):  # raised at the end of its output: it has exited
+            while (remaining := deadline - time.monotonic()) > 0:
+                self._receive(remaining)
 
     @abstractmethod
     def _send(self, data: bytes) -> None: ...
@@ -166,10 +185,41 @@ class AgentBackend(ABC):
                 **self._extra_description()}
 
     async def execute(self, request: ExecuteRequest) -> ExecuteResponse:
-        if not self._started:
-            raise Unavailable("the sandbox backend is not started")
+        """One program on a pooled agent, which is reset (or replaced) afterwards."""
         self._check(request)
         agent = await self._idle.get()
+        outcome = await self._run_on(agent, request, keep_workdir=False)
+        if outcome.lost or not outcome.clean or agent.uses >= self.settings.sandbox_max_uses:
+            self._replace(agent)
+        else:
+            self._idle.put_nowait(agent)
+        return outcome.response
+
+    # -- sessions: an agent of their own, whose workdir outlives each program ----------------
+
+    async def open_session(self, number: int) -> Agent:
+        """A dedicated agent for session `number` (0 ≤ number < sandbox_max_sessions)."""
+        self._check_started()
+        return await self._call(self._start_agent, self.settings.sandbox_max_concurrency + number)
+
+    async def run_in_session(self, agent: Agent, request: ExecuteRequest) -> Outcome:
+        self._check(request)
+        return await self._run_on(agent, request, keep_workdir=True)
+
+    async def close_session(self, agent: Agent) -> None:
+        with contextlib.suppress(AgentLost, OSError):  # an agent already gone has nothing left
+            await self._call(agent.close, self._private_mounts_mb())
+        await self._call(agent.remove)
+
+    # -- running a program -------------------------------------------------------------------
+
+    def _check_started(self) -> None:
+        if not self._started:
+            raise Unavailable("the sandbox backend is not started")
+
+    async def _run_on(self, agent: Agent, request: ExecuteRequest,
+                      keep_workdir: bool) -> Outcome:
+        self._check_started()
         payload = {
             "language": request.language.value,
             "code": request.code, "stdin": request.stdin, "timeout_s": request.timeout_s,
@@ -182,6 +232,7 @@ class AgentBackend(ABC):
             "uid": agent.uid, "python": self.python,
             "limits": rlimits(request, self.settings, own_uid=agent.uid is not None),
             "private_mounts_mb": self._private_mounts_mb(),
+            "keep_workdir": keep_workdir,
         }
         started = time.monotonic()
         try:
@@ -189,16 +240,12 @@ class AgentBackend(ABC):
         except AgentLost as exc:
             log.warning("%s sandbox agent (slot %d) lost: %s", self.name, agent.slot, exc)
             status = await self._call(self._lost_status, agent)
-            self._replace(agent)
-            return ExecuteResponse(status=status, exit_code=None, stdout="", stderr="",
+            lost = ExecuteResponse(status=status, exit_code=None, stdout="", stderr="",
                                    stdout_truncated=False, stderr_truncated=False,
                                    wall_s=round(time.monotonic() - started, 6), cpu_s=0.0,
                                    reason="sandbox_lost")
-        if reply["clean"] and agent.uses < self.settings.sandbox_max_uses:
-            self._idle.put_nowait(agent)
-        else:
-            self._replace(agent)
-        return _response(reply)
+            return Outcome(lost, lost=True, clean=False)
+        return Outcome(_response(reply), lost=False, clean=reply["clean"])
 
     async def aclose(self) -> None:
         for task in list(self._replacements):

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from services.common.app_factory import create_service_app
 from services.sandbox.backend import create_backend
 from services.sandbox.routes import router
+from services.sandbox.sessions import SessionManager
 from services.sandbox.settings import SandboxSettings
 
 
@@ -21,10 +22,13 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = create_backend(settings)
         await backend.start()
-        app.state.backend = backend
+        sessions = SessionManager(backend, settings)
+        sessions.start()
+        app.state.backend, app.state.sessions = backend, sessions
         try:
             yield
         finally:
+            await sessions.aclose()
             await backend.aclose()
 
     async def readiness() -> dict[str, Any]:

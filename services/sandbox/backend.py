@@ -1,30 +1,16 @@
-"""What the sandbox service needs from an isolation backend, and the one place that picks it."""
+"""The one place that picks the isolation backend; both are `AgentBackend`s (see agents.py)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
 
-from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
+from services.sandbox.agents import AgentBackend
 from services.sandbox.settings import SandboxSettings
-
-
-class Backend(Protocol):
-    name: str
-
-    async def start(self) -> None: ...
-
-    async def execute(self, request: ExecuteRequest) -> ExecuteResponse: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-    async def aclose(self) -> None: ...
-
 
 log = logging.getLogger(__name__)
 
 
-def create_backend(settings: SandboxSettings) -> Backend:
+def create_backend(settings: SandboxSettings) -> AgentBackend:
     from services.sandbox.docker_backend import DockerBackend, docker_available
     from services.sandbox.process_backend import ProcessBackend
 

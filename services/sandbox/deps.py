@@ -7,6 +7,8 @@ from typing import Annotated
 from fastapi import Depends
 
 from services.common.deps import app_state
-from services.sandbox.backend import Backend
+from services.sandbox.agents import AgentBackend
+from services.sandbox.sessions import SessionManager
 
-BackendDep = Annotated[Backend, Depends(app_state("backend"))]
+BackendDep = Annotated[AgentBackend, Depends(app_state("backend"))]
+SessionsDep = Annotated[SessionManager, Depends(app_state("sessions"))]

@@ -117,3 +117,24 @@ class ExecuteResponse(LenientModel):
         default=None, description="Why the sandbox stopped the program: timeout | output_limit"
     )
     files: list[FileOut] = Field(default_factory=list)
+
+
+class SessionCreate(StrictModel):
+    job_id: str | None = Field(
+        default=None, max_length=128, description="Counts against the job's session limit.")
+
+
+class SessionInfo(LenientModel):
+    id: str
+    job_id: str | None
+    created_at: float
+    idle_timeout_s: float
+    idle_s: float
+
+
+class FilesWrite(StrictModel):
+    files: list[FileIn] = Field(min_length=1, max_length=MAX_FILES)
+
+
+class FilesRead(LenientModel):
+    files: list[FileOut]

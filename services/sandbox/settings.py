@@ -66,6 +66,15 @@ class SandboxSettings(LoomSettings):
     )
     sandbox_docker_cpus: float = Field(default=1.0, gt=0, description="CPUs per container.")
 
+    sandbox_max_sessions: int = Field(
+        default=16, ge=0, le=1024, description="Open sessions at once (each holds an agent)."
+    )
+    sandbox_max_sessions_per_job: int = Field(
+        default=4, ge=1, description="Open sessions one job may hold."
+    )
+    sandbox_session_idle_s: float = Field(
+        default=300.0, gt=0, description="A session unused this long is closed."
+    )
     sandbox_max_collect_bytes: int = Field(
         default=16 * 1024 * 1024, ge=0,
         description="Total size of the files one execution may return (`collect`).",
