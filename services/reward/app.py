@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from services.common.app_factory import create_service_app
 from services.common.http import ServiceClient
+from services.reward.functions import FunctionStore
 from services.reward.routes import router
 from services.reward.scoring import Scorer
 from services.reward.settings import RewardSettings
@@ -24,11 +25,13 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = WorkerPool(settings.reward_workers, initializer=warm_up)
         sandbox = ServiceClient(settings.url_of("sandbox"), service="sandbox")
+        functions = FunctionStore(settings.data_dir / "reward-functions")
+        app.state.functions = functions
         try:
             # Start a worker and check it can verify before declaring the service up.
             await pool.run(60.0, run_verifier, "math", "1/2", "0.5", MathParams())
             app.state.scorer = Scorer(pool, settings.reward_item_timeout_s, sandbox,
-                                      settings.reward_sandbox_concurrency)
+                                      settings.reward_sandbox_concurrency, functions)
             yield
         finally:
             await sandbox.aclose()

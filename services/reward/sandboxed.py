@@ -22,23 +22,16 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.common.schemas import StrictModel
+from services.reward.schemas import FUNCTION_NAME, JOB_ID, compiles, defines_reward
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, FileIn
 
 Score = tuple[float, dict[str, Any]]
 RunInSandbox = Callable[[ExecuteRequest], Awaitable[ExecuteResponse]]
 
 FENCED = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-
-def _compiles(source: str, what: str) -> str:
-    try:
-        ast.parse(source)
-    except SyntaxError as exc:
-        raise ValueError(f"{what} is not valid Python: {exc.msg} (line {exc.lineno})") from exc
-    return source
 
 
 # --- code --------------------------------------------------------------------------------------
@@ -56,7 +49,7 @@ class CodeParams(StrictModel):
     @classmethod
     def _valid(cls, tests: str | None) -> str | None:
         if tests is not None:
-            split_tests(_compiles(tests, "params.tests"))
+            split_tests(compiles(tests, "params.tests"))
         return tests
 
 
@@ -78,7 +71,7 @@ def split_tests(source: str) -> tuple[str, list[str]]:
 
 async def score_code(run: RunInSandbox, response: str, reference: str | None,
                      params: CodeParams) -> Score:
-    setup, tests = split_tests(_compiles(params.tests or reference or "", "the tests"))
+    setup, tests = split_tests(compiles(params.tests or reference or "", "the tests"))
     program = candidate_program(response)
     try:
         ast.parse(program)
@@ -118,26 +111,34 @@ json.dump({"reward": float(value), "detail": detail}, open("result.json", "w"))
 
 
 class PythonParams(StrictModel):
-    code: str = Field(
-        max_length=200_000,
+    code: str | None = Field(
+        default=None, max_length=200_000,
         description="Python source defining reward(response, reference) -> float or "
-        "(float, dict); runs in the sandbox.")
+        "(float, dict); runs in the sandbox. Or name a registered `function`.")
+    function: str | None = Field(
+        default=None, pattern=FUNCTION_NAME,
+        description="A reward function registered with PUT /v1/functions/{name}.")
+    job_id: str | None = Field(default=None, pattern=JOB_ID,
+                               description="Whose registered `function` (none: shared).")
     timeout_s: float = Field(default=10.0, gt=0, le=120, description="Per item.")
     memory_mb: int = Field(default=512, ge=16, le=4096, description="Per item.")
 
     @field_validator("code")
     @classmethod
-    def _defines_reward(cls, code: str) -> str:
-        module = ast.parse(_compiles(code, "params.code"))
-        if not any(isinstance(node, ast.FunctionDef) and node.name == "reward"
-                   for node in module.body):
-            raise ValueError("params.code must define a top-level function reward(response, "
-                             "reference)")
-        return code
+    def _defines_reward(cls, code: str | None) -> str | None:
+        return None if code is None else defines_reward(code, "params.code")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PythonParams:
+        if (self.code is None) == (self.function is None):
+            raise ValueError("give exactly one of params.code and params.function")
+        return self
 
 
 async def score_python(run: RunInSandbox, response: str, reference: str | None,
                        params: PythonParams) -> Score:
+    """`params.code` must be set: a registered function is looked up before scoring."""
+    assert params.code is not None
     item = json.dumps({"response": response, "reference": reference})
     result = await run(ExecuteRequest(
         code=HARNESS, timeout_s=params.timeout_s, memory_mb=params.memory_mb,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from services.common.schemas import LenientModel, StrictModel
 
@@ -40,3 +41,45 @@ class VerifierInfo(LenientModel):
 
 class VerifierList(LenientModel):
     verifiers: list[VerifierInfo]
+
+
+def compiles(source: str, what: str) -> str:
+    """`source` if it is valid Python, else a ValueError naming `what`."""
+    try:
+        ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"{what} is not valid Python: {exc.msg} (line {exc.lineno})") from exc
+    return source
+
+
+def defines_reward(code: str, what: str) -> str:
+    module = ast.parse(compiles(code, what))
+    if not any(isinstance(node, ast.FunctionDef) and node.name == "reward"
+               for node in module.body):
+        raise ValueError(f"{what} must define a top-level function reward(response, reference)")
+    return code
+
+
+FUNCTION_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
+JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+
+
+class RewardFunctionPut(StrictModel):
+    code: str = Field(max_length=200_000, description="Defines reward(response, reference).")
+    job_id: str | None = Field(default=None, pattern=JOB_ID,
+                               description="The job it belongs to; none: shared.")
+
+    @field_validator("code")
+    @classmethod
+    def _defines_reward(cls, code: str) -> str:
+        return defines_reward(code, "code")
+
+
+class RewardFunction(LenientModel):
+    name: str
+    job_id: str | None
+    code: str
+
+
+class RewardFunctionList(LenientModel):
+    functions: list[RewardFunction]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from services.common.errors import InvalidInput
 from services.common.http import ServiceClient
+from services.reward.functions import FunctionStore
+from services.reward.sandboxed import PythonParams
 from services.reward.schemas import ItemScore, ScoreItem, ScoreRequest, ScoreResponse
 from services.reward.verifiers import Verifier, resolve, run_verifier
 from services.reward.workers import WorkerPool
@@ -16,8 +19,10 @@ log = logging.getLogger(__name__)
 
 class Scorer:
     def __init__(self, pool: WorkerPool, item_timeout_s: float,
-                 sandbox: ServiceClient | None = None, sandbox_concurrency: int = 8) -> None:
+                 sandbox: ServiceClient | None = None, sandbox_concurrency: int = 8,
+                 functions: FunctionStore | None = None) -> None:
         self.pool = pool
+        self.functions = functions
         self.item_timeout_s = item_timeout_s
         self.sandbox = sandbox
         self._sandbox_slots = asyncio.Semaphore(sandbox_concurrency)
@@ -32,6 +37,11 @@ class Scorer:
 
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         verifier, params = resolve(request.verifier, request.params, request.items)
+        if isinstance(params, PythonParams) and params.function is not None:
+            if self.functions is None:
+                raise InvalidInput("this reward service keeps no registered functions")
+            code = self.functions.get(params.function, params.job_id).code
+            params = params.model_copy(update={"code": code})
         scores = await asyncio.gather(*(self._score_item(verifier, params, item)
                                         for item in request.items))
         return ScoreResponse(verifier=verifier.name, scores=list(scores))

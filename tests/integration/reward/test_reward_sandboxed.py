@@ -32,9 +32,13 @@ def sandbox_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-async def client(sandbox_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    settings = RewardSettings(reward_workers=1, reward_item_timeout_s=8.0,
-                              sandbox_url=sandbox_url)
+def settings(sandbox_url: str, tmp_path_factory: pytest.TempPathFactory) -> RewardSettings:
+    return RewardSettings(reward_workers=1, reward_item_timeout_s=8.0, sandbox_url=sandbox_url,
+                          data_dir=tmp_path_factory.mktemp("reward"))
+
+
+@pytest.fixture(scope="module")
+async def client(settings: RewardSettings) -> AsyncIterator[httpx.AsyncClient]:
     async with reward_client(settings) as c:
         yield c
 
@@ -96,7 +100,7 @@ def reward(response, reference):
         ({"verifier": "python", "params": {"code": "def f(): pass"},
           "items": [{"response": "x"}]}, "reward(response"),
         ({"verifier": "python", "params": {}, "items": [{"response": "x"}]},
-         "code: Field required"),
+         "exactly one of params.code and params.function"),
     ],
 )
 async def test_bad_code_verifier_requests_get_422(client: httpx.AsyncClient,
@@ -104,3 +108,41 @@ async def test_bad_code_verifier_requests_get_422(client: httpx.AsyncClient,
     response = await client.post("/v1/score", json=body)
     assert response.status_code == 422
     assert message in response.text
+
+
+async def test_registered_functions_score_and_survive_a_restart(
+        client: httpx.AsyncClient, settings: RewardSettings) -> None:
+    code = "def reward(response, reference):\n    return len(response) / 10\n"
+    put = await client.put("/v1/functions/length", json={"code": code, "job_id": "job-1"})
+    assert put.status_code == 200 and put.json()["job_id"] == "job-1"
+    listed = await client.get("/v1/functions", params={"job_id": "job-1"})
+    assert [f["name"] for f in listed.json()["functions"]] == ["length"]
+    assert (await client.get("/v1/functions")).json()["functions"] == []  # not shared
+
+    body = {"verifier": "python", "params": {"function": "length", "job_id": "job-1"},
+            "items": [{"response": "abcde"}]}
+    assert [s["reward"] for s in await score_items(client, body)] == [0.5]
+    async with reward_client(settings) as restarted:
+        assert [s["reward"] for s in await score_items(restarted, body)] == [0.5]
+
+    other_job = await client.post("/v1/score", json={
+        **body, "params": {"function": "length", "job_id": "job-2"}})
+    assert other_job.status_code == 404 and "job job-2" in other_job.text
+    assert (await client.delete("/v1/functions/length",
+                                params={"job_id": "job-1"})).status_code == 204
+    assert (await client.post("/v1/score", json=body)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "status"),
+    [
+        ("ok_name", {"code": "def f(): pass"}, 422),
+        ("ok_name", {"code": "def reward(r, g) return 1"}, 422),
+        ("Bad Name", {"code": "def reward(r, g): return 1"}, 422),
+        ("ok_name", {"code": "def reward(r, g): return 1", "job_id": "../x"}, 422),
+    ],
+)
+async def test_bad_registrations_get_422(client: httpx.AsyncClient, name: str,
+                                         body: dict[str, Any], status: int) -> None:
+    response = await client.put(f"/v1/functions/{name}", json=body)
+    assert response.status_code == status, response.text
