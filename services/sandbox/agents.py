@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import Unavailable
+from services.common.errors import InvalidInput, Unavailable
 from services.sandbox.agent import MESSAGE_PREFIX, START_FAILED_EXIT
 from services.sandbox.outcome import classify, rlimits
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, ExecutionStatus, FileOut
@@ -52,9 +52,10 @@ class AgentLost(Exception):
 class Agent(ABC):
     """One agent and its connection; blocking, called from the backend's threads."""
 
-    def __init__(self, slot: int, uid: int | None) -> None:
+    def __init__(self, slot: int, uid: int | None, image: str | None = None) -> None:
         self.slot = slot
         self.uid = uid
+        self.image = image  # docker: the image of its pool
         self.uses = 0
         self._pending = bytearray()  # agent output not yet consumed
 
@@ -103,7 +104,9 @@ class AgentBackend(ABC):
         # One thread per agent in use, plus room for replacements being started.
         self._threads = ThreadPoolExecutor(max_workers=2 * size + 2,
                                            thread_name_prefix=f"sandbox-{self.name}")
-        self._idle: asyncio.Queue[Agent] = asyncio.Queue()
+        # A warm pool per image (the process backend has one, keyed None).
+        self._idle: dict[str | None, asyncio.Queue[Agent]] = {
+            image: asyncio.Queue() for image in self._images()}
         self._replacements: set[asyncio.Task[None]] = set()
         self._started = False
         self.python: str | None = None  # None: the agent's own interpreter
@@ -117,8 +120,8 @@ class AgentBackend(ABC):
         """Blocking set-up before agents start (connect, check, remove leftovers)."""
 
     @abstractmethod
-    def _start_agent(self, slot: int) -> Agent:
-        """Blocking: a fresh agent for execution slot `slot`."""
+    def _start_agent(self, slot: int, image: str | None) -> Agent:
+        """Blocking: a fresh agent for execution slot `slot` (of `image`'s pool)."""
 
     @abstractmethod
     def _teardown(self) -> None:
@@ -126,6 +129,10 @@ class AgentBackend(ABC):
 
     def _check(self, request: ExecuteRequest) -> None:  # noqa: B027 - an optional hook
         """Refuse (InvalidInput) what this backend cannot honour."""
+
+    def _images(self) -> list[str | None]:
+        """The images agents run in, the default first (None: no images, the host)."""
+        return [None]
 
     def _interpreters(self) -> list[str | None]:
         """Interpreters to try for programs, best first (None: the agent's own)."""
@@ -145,12 +152,12 @@ class AgentBackend(ABC):
     async def start(self) -> None:
         await self._call(self._prepare)
         agents = await asyncio.gather(
-            *(self._call(self._start_agent, slot)
+            *(self._call(self._start_agent, slot, image) for image in self._idle
               for slot in range(self.settings.sandbox_max_concurrency)),
             return_exceptions=True)
         for agent in agents:
             if isinstance(agent, Agent):
-                self._idle.put_nowait(agent)
+                self._idle[agent.image].put_nowait(agent)
         self._started = True
         failed = [a for a in agents if isinstance(a, BaseException)]
         if failed:
@@ -181,26 +188,42 @@ class AgentBackend(ABC):
         return {"backend": self.name, "python": self.python,
                 "python_version": self.python_version,
                 "max_concurrency": self.settings.sandbox_max_concurrency,
-                "idle": self._idle.qsize(), "replaced": self.replaced,
+                "idle": {str(image or "host"): queue.qsize()
+                         for image, queue in self._idle.items()},
+                "replaced": self.replaced,
                 **self._extra_description()}
 
     async def execute(self, request: ExecuteRequest) -> ExecuteResponse:
         """One program on a pooled agent, which is reset (or replaced) afterwards."""
         self._check(request)
-        agent = await self._idle.get()
+        pool = self._idle[self._image_for(request.image)]
+        agent = await pool.get()
         outcome = await self._run_on(agent, request, keep_workdir=False)
         if outcome.lost or not outcome.clean or agent.uses >= self.settings.sandbox_max_uses:
             self._replace(agent)
         else:
-            self._idle.put_nowait(agent)
+            pool.put_nowait(agent)
         return outcome.response
+
+    def _image_for(self, requested: str | None) -> str | None:
+        images = list(self._idle)
+        if requested is None:
+            return images[0]
+        if requested not in self._idle:
+            if images == [None]:
+                raise InvalidInput(f"this sandbox runs programs on the host ({self.name} "
+                                   f"backend): it has no image {requested!r}")
+            raise InvalidInput(f"image {requested!r} is not one this sandbox serves; it serves "
+                               f"{', '.join(map(str, images))}", {"images": images})
+        return requested
 
     # -- sessions: an agent of their own, whose workdir outlives each program ----------------
 
-    async def open_session(self, number: int) -> Agent:
+    async def open_session(self, number: int, image: str | None) -> Agent:
         """A dedicated agent for session `number` (0 ≤ number < sandbox_max_sessions)."""
         self._check_started()
-        return await self._call(self._start_agent, self.settings.sandbox_max_concurrency + number)
+        return await self._call(self._start_agent, self.settings.sandbox_max_concurrency + number,
+                                self._image_for(image))
 
     async def run_in_session(self, agent: Agent, request: ExecuteRequest) -> Outcome:
         self._check(request)
@@ -251,8 +274,9 @@ class AgentBackend(ABC):
         for task in list(self._replacements):
             task.cancel()
         await asyncio.gather(*self._replacements, return_exceptions=True)
-        while not self._idle.empty():
-            await self._call(self._idle.get_nowait().remove)
+        for pool in self._idle.values():
+            while not pool.empty():
+                await self._call(pool.get_nowait().remove)
         if self._started:
             await self._call(self._teardown)
         self._started = False
@@ -265,7 +289,8 @@ class AgentBackend(ABC):
             await self._call(old.remove)
             while True:
                 try:
-                    self._idle.put_nowait(await self._call(self._start_agent, old.slot))
+                    agent = await self._call(self._start_agent, old.slot, old.image)
+                    self._idle[old.image].put_nowait(agent)
                     return
                 except Exception as exc:  # noqa: BLE001 - keep trying; the pool must refill
                     log.error("cannot start a %s sandbox agent (retrying): %s", self.name, exc)

@@ -29,8 +29,8 @@ STDOUT = 1
 
 
 class ContainerAgent(Agent):
-    def __init__(self, slot: int, uid: int, container: Any, attached: Any) -> None:
-        super().__init__(slot, uid)
+    def __init__(self, slot: int, uid: int, image: str, container: Any, attached: Any) -> None:
+        super().__init__(slot, uid, image)
         self.container = container
         self._attached = attached
         self._socket: socket.socket = attached._sock
@@ -75,6 +75,12 @@ class DockerBackend(AgentBackend):
 
     def _prepare(self) -> None:
         self._client = _connect(self.settings)
+        for image in self.settings.sandbox_docker_images:
+            try:
+                self._client.images.get(image)
+            except docker.errors.ImageNotFound as exc:
+                raise RuntimeError(f"the sandbox image {image} (LOOM_SANDBOX_DOCKER_IMAGES) is "
+                                   "missing: build or pull it first") from exc
         self._remove_pool()
 
     def _teardown(self) -> None:
@@ -89,15 +95,19 @@ class DockerBackend(AgentBackend):
                                f"{self.settings.sandbox_docker_memory_mb} MiB per program")
 
     def _extra_description(self) -> dict[str, Any]:
-        return {"image": self.settings.sandbox_docker_image, "pool": self.pool_name}
+        return {"images": self._images(), "pool": self.pool_name}
 
-    def _start_agent(self, slot: int) -> ContainerAgent:
-        assert self._client is not None
+    def _images(self) -> list[str | None]:
+        images = [self.settings.sandbox_docker_image, *self.settings.sandbox_docker_images]
+        return list(dict.fromkeys(images))
+
+    def _start_agent(self, slot: int, image: str | None) -> ContainerAgent:
+        assert self._client is not None and image is not None
         settings = self.settings
         uid = settings.sandbox_docker_user_id
         tmpfs = f"size={settings.sandbox_tmp_mb}m,uid={uid},gid={uid},mode=0700"
         container = self._client.containers.create(
-            settings.sandbox_docker_image,
+            image,
             command=["python3", "-I", "-S", "-c", AGENT_PATH.read_text()],
             user="0:0",
             stdin_open=True,
@@ -124,7 +134,7 @@ class DockerBackend(AgentBackend):
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
             raise
-        return ContainerAgent(slot, uid, container, attached)
+        return ContainerAgent(slot, uid, image, container, attached)
 
     def _lost_status(self, agent: Agent) -> ExecutionStatus:
         assert isinstance(agent, ContainerAgent)

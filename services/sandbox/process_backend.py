@@ -74,7 +74,7 @@ class ProcessBackend(AgentBackend):
     def _teardown(self) -> None:
         """Every agent has been removed; programs died with them."""
 
-    def _start_agent(self, slot: int) -> LocalAgent:
+    def _start_agent(self, slot: int, image: str | None) -> LocalAgent:
         return LocalAgent(slot, None if self._uid_base is None else self._uid_base + slot)
 
     def _interpreters(self) -> list[str | None]:

@@ -30,7 +30,7 @@ async def execute(request: ExecuteRequest, backend: BackendDep) -> ExecuteRespon
 @router.post("/sessions", response_model=SessionInfo, status_code=201)
 async def create_session(body: SessionCreate, sessions: SessionsDep) -> SessionInfo:
     """A sandbox whose workdir keeps its files between programs (multi-turn tools)."""
-    return await sessions.create(body.job_id)
+    return await sessions.create(body.job_id, body.image)
 
 
 @router.get("/sessions/{session_id}", response_model=SessionInfo)

@@ -83,6 +83,9 @@ class ExecutionStatus(StrEnum):
 
 class ExecuteRequest(StrictModel):
     language: Language = Language.python
+    image: str | None = Field(
+        default=None, max_length=256,
+        description="docker backend: one of the images the service serves (default: its first)")
     code: str = Field(min_length=1, max_length=1_000_000)
     stdin: str = Field(default="", max_length=10_000_000)
     timeout_s: float = Field(default=10.0, gt=0, le=300)
@@ -122,6 +125,8 @@ class ExecuteResponse(LenientModel):
 class SessionCreate(StrictModel):
     job_id: str | None = Field(
         default=None, max_length=128, description="Counts against the job's session limit.")
+    image: str | None = Field(default=None, max_length=256,
+                              description="docker backend: the image the session runs in")
 
 
 class SessionInfo(LenientModel):

@@ -52,7 +52,7 @@ class SessionManager:
     def start(self) -> None:
         self._reaper = asyncio.get_running_loop().create_task(self._close_idle_sessions())
 
-    async def create(self, job_id: str | None) -> SessionInfo:
+    async def create(self, job_id: str | None, image: str | None = None) -> SessionInfo:
         if job_id is not None:
             held = sum(s.job_id == job_id for s in self._sessions.values())
             if held >= self.settings.sandbox_max_sessions_per_job:
@@ -64,7 +64,7 @@ class SessionManager:
                                 "in use; close one or try later")
         number = self._free_numbers.pop()
         try:
-            agent = await self.backend.open_session(number)
+            agent = await self.backend.open_session(number, image)
         except BaseException:
             self._free_numbers.append(number)
             raise

@@ -53,6 +53,10 @@ class SandboxSettings(LoomSettings):
         default="loom-sandbox:latest",
         description="Image the docker backend runs programs in (built from docker/sandbox).",
     )
+    sandbox_docker_images: list[str] = Field(
+        default=[], description="More images requests may pick (`image`), each with a warm "
+        "pool of its own; any image with python3 (and the sandbox uid's home) works.",
+    )
     sandbox_docker_pool: str | None = Field(
         default=None,
         description="Label of this service's containers; containers left with it by an "

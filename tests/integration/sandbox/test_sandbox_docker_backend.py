@@ -4,6 +4,7 @@ replacement, crash leftovers, and a container that dies under a program."""
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections.abc import AsyncIterator
 
@@ -137,3 +138,49 @@ def test_auto_picks_docker_when_it_can_and_process_otherwise() -> None:
     assert isinstance(create_backend(available), DockerBackend)
     missing = available.model_copy(update={"sandbox_docker_image": "loom-no-such-image:never"})
     assert isinstance(create_backend(missing), ProcessBackend)
+
+
+VARIANT = "loom-sandbox:test-variant"
+READ_MARKER = ("import os\nprint(open('/etc/loom-variant').read().strip() "
+               "if os.path.exists('/etc/loom-variant') else 'default')")
+
+
+def _build_variant(base: str) -> None:
+    """A second image: the sandbox image plus a marker file."""
+    client = docker.DockerClient(base_url="unix:///var/run/docker.sock")
+    try:
+        dockerfile = (f"FROM {base}\nUSER 0\nRUN echo variant > /etc/loom-variant\n"
+                      "USER 65432\n").encode()
+        client.images.build(fileobj=io.BytesIO(dockerfile), tag=VARIANT, rm=True)
+    finally:
+        client.close()
+
+
+async def test_each_image_has_a_pool_and_requests_pick_one() -> None:
+    settings = sandbox_settings("docker", sandbox_max_concurrency=1)
+    _build_variant(settings.sandbox_docker_image)
+    backend = DockerBackend(settings.model_copy(update={"sandbox_docker_images": [VARIANT]}))
+    await backend.start()
+    try:
+        assert len(_pool(backend.settings)) == 2  # one container per image
+        default = await backend.execute(ExecuteRequest(code=READ_MARKER))
+        variant = await backend.execute(ExecuteRequest(code=READ_MARKER, image=VARIANT))
+        assert (default.stdout, variant.stdout) == ("default\n", "variant\n")
+        with pytest.raises(InvalidInput, match="not one this sandbox serves"):
+            await backend.execute(ExecuteRequest(code="pass", image="python:3.11-slim"))
+        session = await backend.open_session(0, VARIANT)
+        outcome = await backend.run_in_session(session, ExecuteRequest(code=READ_MARKER))
+        assert outcome.response.stdout == "variant\n"
+        await backend.close_session(session)
+    finally:
+        await backend.aclose()
+
+
+async def test_the_process_backend_refuses_an_image() -> None:
+    backend = ProcessBackend(sandbox_settings("process", sandbox_max_concurrency=1))
+    await backend.start()
+    try:
+        with pytest.raises(InvalidInput, match="on the host"):
+            await backend.execute(ExecuteRequest(code="pass", image="loom-sandbox:latest"))
+    finally:
+        await backend.aclose()
