@@ -9,12 +9,14 @@
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
-from agents.sdk.sync import Future, Job, LoomClient
+from agents.sdk.sandbox import AsyncSandboxSession
+from agents.sdk.sync import Future, Job, LoomClient, SandboxSession
 from modelstate.schemas import Version
 from services.common.errors import (
     Conflict,
     Forbidden,
     InvalidInput,
+    LimitExceeded,
     LoomError,
     NotFound,
     Unauthorized,
@@ -29,12 +31,14 @@ __all__ = [
     "AdamParams",
     "AsyncJob",
     "AsyncLoomClient",
+    "AsyncSandboxSession",
     "Conflict",
     "Datum",
     "Forbidden",
     "Future",
     "InvalidInput",
     "Job",
+    "LimitExceeded",
     "LoomClient",
     "LoomError",
     "LoraConfig",
@@ -42,6 +46,7 @@ __all__ = [
     "NotFound",
     "OperationFuture",
     "SampleResponse",
+    "SandboxSession",
     "SamplingParams",
     "ScoreItem",
     "TrainingMode",

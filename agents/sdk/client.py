@@ -13,6 +13,7 @@ import httpx
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk._http import GatewayHttp
+from agents.sdk.sandbox import AsyncSandboxSession
 from gateway.schemas import Job, JobCreate, StackHealth
 from modelstate.schemas import (
     Alias,
@@ -24,7 +25,13 @@ from modelstate.schemas import (
     VersionList,
 )
 from services.common.schemas import Operation
-from services.reward.schemas import ScoreItem, ScoreRequest, ScoreResponse
+from services.reward.schemas import (
+    RewardFunction,
+    RewardFunctionPut,
+    ScoreItem,
+    ScoreRequest,
+    ScoreResponse,
+)
 from services.rollout.schemas import (
     SampleRequest,
     SampleResponse,
@@ -33,7 +40,7 @@ from services.rollout.schemas import (
     TokenizeResponse,
     VersionRef,
 )
-from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
+from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, SessionCreate, SessionInfo
 from services.trainer.schemas import (
     AdamParams,
     Datum,
@@ -108,6 +115,21 @@ class AsyncLoomClient:
         request = ExecuteRequest(code=code, **options)
         body = await self._http.post_json("/v1/sandbox/execute", request.model_dump(mode="json"))
         return ExecuteResponse.model_validate(body)
+
+    async def open_sandbox(self, *, job_id: str | None = None,
+                           image: str | None = None) -> AsyncSandboxSession:
+        """A sandbox session: files persist between programs (multi-turn tools)."""
+        body = await self._http.post_json("/v1/sandbox/sessions",
+                                          SessionCreate(job_id=job_id, image=image).model_dump())
+        return AsyncSandboxSession(self._http, SessionInfo.model_validate(body))
+
+    async def register_reward(self, name: str, code: str,
+                              job_id: str | None = None) -> RewardFunction:
+        """Register (or replace) a reward function for the `python` verifier; it runs in the
+        sandbox, never in the reward service."""
+        response = await self._http.request("PUT", f"/v1/reward/functions/{name}", json=(
+            RewardFunctionPut(code=code, job_id=job_id).model_dump()))
+        return RewardFunction.model_validate(response.json())
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -226,6 +248,15 @@ class AsyncJob:
         """Refused (Conflict) while an alias points at it or a rollout engine serves it."""
         response = await self._http.request("DELETE", f"{self._versions}/{number}")
         return Version.model_validate(response.json())
+
+    async def open_sandbox(self, image: str | None = None) -> AsyncSandboxSession:
+        """A sandbox session counted against this job's session limit."""
+        return await self._client.open_sandbox(job_id=self.id, image=image)
+
+    async def register_reward(self, name: str, code: str) -> RewardFunction:
+        """A reward function of this job's; score with
+        `score("python", items, {"function": name, "job_id": job.id})`."""
+        return await self._client.register_reward(name, code, job_id=self.id)
 
     async def set_retention(self, keep_last: int, *, keep_ancestors: bool = False) -> Retention:
         policy = RetentionPolicy(keep_last=keep_last, keep_ancestors=keep_ancestors)

@@ -19,6 +19,7 @@ import httpx
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
+from agents.sdk.sandbox import AsyncSandboxSession
 
 T = TypeVar("T")
 
@@ -73,6 +74,16 @@ class Future(_Blocking):
     """Blocking view of `OperationFuture`: `.result(timeout=None)` waits for the operation."""
 
 
+class SandboxSession(_Blocking):
+    """Blocking view of `AsyncSandboxSession`; a `with` block closes it."""
+
+    def __enter__(self) -> SandboxSession:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 class LoomClient(_Blocking):
     """Synchronous client: the same methods as `AsyncLoomClient`, blocking."""
 
@@ -101,4 +112,5 @@ async def _make_client(
     return AsyncLoomClient(url, api_key, transport=transport)
 
 
-_FACES: dict[type, type[_Blocking]] = {AsyncJob: Job, OperationFuture: Future}
+_FACES: dict[type, type[_Blocking]] = {AsyncJob: Job, OperationFuture: Future,
+                                       AsyncSandboxSession: SandboxSession}

@@ -123,6 +123,28 @@ def test_bad_requests_through_the_gateway_are_clear_4xx(stack) -> None:
             loom.score("no_such_verifier", [ScoreItem(response="1")])
 
 
+def test_sandbox_sessions_and_registered_rewards_through_the_gateway(stack) -> None:
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        with loom.open_sandbox(job_id="e2e-tools") as sandbox:
+            sandbox.write_files({"state.json": "[]", "raw.bin": b"\x00\x01"})
+            for _ in range(3):
+                turn = sandbox.execute("import json\nstate = json.load(open('state.json'))\n"
+                                       "state.append(len(state))\n"
+                                       "json.dump(state, open('state.json', 'w'))\nprint(state)")
+            assert turn.stdout == "[0, 1, 2]\n", turn
+            assert sandbox.read_files(["state.json", "raw.bin"]) == {
+                "state.json": b"[0, 1, 2]", "raw.bin": b"\x00\x01"}
+        with pytest.raises(NotFound):
+            sandbox.execute("pass")  # closed with the block
+
+        loom.register_reward("short", "def reward(response, reference):\n"
+                                      "    return float(len(response) < 5)\n", job_id="e2e-tools")
+        scores = loom.score("python", [ScoreItem(response="abc"), ScoreItem(response="abcdefg")],
+                            {"function": "short", "job_id": "e2e-tools"}).scores
+        assert [s.reward for s in scores] == [1.0, 0.0]
+
+
 def test_grpo_improves_held_out_accuracy(stack, tmp_path: Path) -> None:
     url, key, _ = stack
     result = run_demo(url, key, tmp_path, DemoConfig())
