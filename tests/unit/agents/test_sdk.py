@@ -18,11 +18,11 @@ NOW = datetime.now(UTC).isoformat()
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
-        "AdamParams", "AsyncJob", "AsyncLoomClient", "Conflict", "Datum", "Forbidden",
-        "Future", "InvalidInput", "Job", "LoomClient", "LoomError", "LoraConfig", "LossConfig",
-        "NotFound",
-        "OperationFuture", "SampleResponse", "SamplingParams", "ScoreItem", "TrainingMode",
-        "Unauthorized", "Unavailable", "UpstreamError", "Version",
+        "AdamParams", "AsyncJob", "AsyncLoomClient", "AsyncSandboxSession", "Conflict", "Datum",
+        "Forbidden", "Future", "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError",
+        "LoraConfig", "LossConfig", "NotFound", "OperationFuture", "SampleResponse",
+        "SamplingParams", "SandboxSession", "ScoreItem", "TrainingMode", "Unauthorized",
+        "Unavailable", "UpstreamError", "Version",
     ])
 
 
