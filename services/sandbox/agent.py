@@ -77,25 +77,29 @@ def _as_user(uid):
     os.setuid(uid)
 
 
-def _private_namespaces(size_mb, host_workdir):
+def _private_namespaces(size_mb, host_workdir, uid):
     """New network namespace (only a loopback that is down) and mount namespace with fresh
-    tmpfs mounts; root creates them directly, other users inside a user namespace. The host
-    workdir is bound in at PRIVATE_WORKDIR, so the agent can collect files from it afterwards."""
+    tmpfs mounts; root creates them directly, other users inside a user namespace. A host
+    workdir, when there is one (a session, or files to collect afterwards), is bound in at
+    PRIVATE_WORKDIR; otherwise the workdir lives in the private /tmp and vanishes with it."""
     if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
         _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS),
                "cannot isolate network and mounts (unshare)")
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     # Opened in the new namespace (a bind source must be) and before /tmp is covered.
-    workdir_fd = os.open(host_workdir, os.O_PATH | os.O_DIRECTORY)
+    workdir_fd = host_workdir and os.open(host_workdir, os.O_PATH | os.O_DIRECTORY)
     options = f"size={size_mb}m,mode=1777".encode()
     for directory in SHARED_WRITABLE_DIRS:
         if os.path.isdir(directory):
             _check(libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
                               options), f"mount tmpfs on {directory}")
     os.mkdir(PRIVATE_WORKDIR, 0o700)
-    _check(libc.mount(f"/proc/self/fd/{workdir_fd}".encode(), PRIVATE_WORKDIR.encode(), None,
-                      MS_BIND, None), "bind the workdir")
-    os.close(workdir_fd)
+    if workdir_fd:
+        _check(libc.mount(f"/proc/self/fd/{workdir_fd}".encode(), PRIVATE_WORKDIR.encode(),
+                          None, MS_BIND, None), "bind the workdir")
+        os.close(workdir_fd)
+    elif uid is not None:
+        os.chown(PRIVATE_WORKDIR, uid, uid)
     return PRIVATE_WORKDIR
 
 
@@ -113,7 +117,7 @@ def _start(request, host_workdir):
             with open("/proc/self/oom_score_adj", "w") as fh:
                 fh.write("1000")
             uid, size_mb = request["uid"], request["private_mounts_mb"]
-            workdir = (_private_namespaces(size_mb, host_workdir) if size_mb
+            workdir = (_private_namespaces(size_mb, host_workdir, uid) if size_mb
                        else CONTAINER_WORKDIRS[0])
             if uid is not None:
                 _as_user(uid)
@@ -400,9 +404,11 @@ def main():
                 _remove_tree(session_workdir)
             break
         keep = request["keep_workdir"]
-        if private:
+        if private and (keep or request["collect"]):
             workdir = session_workdir or _host_workdir(request["uid"])
             session_workdir = workdir if keep else None
+        elif private:
+            workdir = None  # nothing outlives the program: its private /tmp is enough
         else:
             workdir = CONTAINER_WORKDIRS[0]
         try:
@@ -410,7 +416,7 @@ def main():
             response["files"] = _collect(request["uid"], workdir, request["collect"],
                                          request["max_collect_bytes"])
         finally:
-            if private and not keep:
+            if private and workdir and not keep:
                 _remove_tree(workdir)
         if response["clean"] and not private and not keep:
             response["clean"] = _empty_container_workdirs(request["uid"])
