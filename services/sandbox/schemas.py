@@ -57,6 +57,18 @@ class FileIn(StrictModel):
         return self
 
 
+def _files_fit(files: list[FileIn]) -> list[FileIn]:
+    if sum(len(f.content) for f in files) > MAX_FILES_IN_BYTES:
+        raise ValueError(f"files add up to more than {MAX_FILES_IN_BYTES} bytes")
+    if len({f.path for f in files}) != len(files):
+        raise ValueError("two files have the same path")
+    return files
+
+
+# Files to write into the workdir: one shape and the same bounds wherever they are accepted.
+FileList = Annotated[list[FileIn], Field(max_length=MAX_FILES), AfterValidator(_files_fit)]
+
+
 class FileOut(LenientModel):
     """A file the request asked to collect after the program ended."""
 
@@ -91,19 +103,11 @@ class ExecuteRequest(StrictModel):
     timeout_s: float = Field(default=10.0, gt=0, le=300)
     memory_mb: int = Field(default=512, ge=16, le=16384)
     max_output_bytes: int = Field(default=65536, ge=1, le=10_000_000)
-    files: list[FileIn] = Field(default_factory=list, max_length=MAX_FILES)
+    files: FileList = Field(default_factory=list)
     collect: list[WorkdirPath] = Field(
         default_factory=list, max_length=MAX_FILES,
         description="Workdir files to return after the program ends (base64, bounded).",
     )
-
-    @model_validator(mode="after")
-    def _files_fit(self) -> ExecuteRequest:
-        if sum(len(f.content) for f in self.files) > MAX_FILES_IN_BYTES:
-            raise ValueError(f"files add up to more than {MAX_FILES_IN_BYTES} bytes")
-        if len({f.path for f in self.files}) != len(self.files):
-            raise ValueError("two files have the same path")
-        return self
 
 
 class ExecuteResponse(LenientModel):
@@ -138,7 +142,7 @@ class SessionInfo(LenientModel):
 
 
 class FilesWrite(StrictModel):
-    files: list[FileIn] = Field(min_length=1, max_length=MAX_FILES)
+    files: FileList = Field(min_length=1)
 
 
 class FilesRead(LenientModel):

@@ -12,13 +12,13 @@ from pathlib import Path
 import docker
 import pytest
 
+from services.sandbox.agent import SHARED_WRITABLE_DIRS
 from services.sandbox.docker_backend import POOL_LABEL
 from services.sandbox.schemas import ExecuteResponse
 from tests.security.conftest import Bait, Sandbox
 from tests.security.hostile import PROGRAMS, Hostile
 
-SHARED_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-ESCAPE_FILES = [Path(d) / "loom-escape" for d in SHARED_TEMP_DIRS] + [
+ESCAPE_FILES = [Path(d) / "loom-escape" for d in SHARED_WRITABLE_DIRS] + [
     Path(p) for p in ("/etc/loom-escape", "/usr/loom-escape", "/loom-escape", "/root/loom-escape",
                       "/var/loom-escape", "/opt/loom-escape")]
 SETTLE_S = 15.0

@@ -84,6 +84,12 @@ async def test_files_can_be_written_and_read(service) -> None:
     assert files["out.txt"]["content"] == "MTI=" and files["nope"]["error"] == "missing"
     bad = await client.get(f"/v1/sessions/{session}/files", params={"path": "../etc/passwd"})
     assert bad.status_code == 422
+    too_big = await client.put(f"/v1/sessions/{session}/files", json={"files": [
+        {"path": f"f{i}", "content": "x" * 6_000_000} for i in range(3)]})
+    assert too_big.status_code == 422 and "add up to more than" in too_big.text
+    not_json = await client.put(f"/v1/sessions/{session}/files", content=b"{",
+                                headers={"content-type": "application/json"})
+    assert not_json.status_code == 422
 
 
 async def test_limits_per_job_and_in_all(service) -> None:
