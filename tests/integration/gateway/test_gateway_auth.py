@@ -63,7 +63,11 @@ async def test_requests_without_a_valid_key_get_401(stack: Stack) -> None:
             assert (await anonymous.get(path)).status_code == 401, path
         for method, path in (("PUT", f"/v1/modelstate/blobs/{'0' * 64}"),
                              ("DELETE", "/v1/modelstate/jobs/j/versions/1"),
-                             ("POST", "/v1/modelstate/gc"), ("PUT", "/v1/modelstate/pins/x")):
+                             ("POST", "/v1/modelstate/gc"), ("PUT", "/v1/modelstate/pins/x"),
+                             ("POST", "/v1/sandbox/sessions"),
+                             ("PUT", "/v1/sandbox/sessions/sbx_1/files"),
+                             ("PUT", "/v1/reward/functions/f"),
+                             ("DELETE", "/v1/reward/functions/f")):
             assert (await anonymous.request(method, path)).status_code == 401, path
         bad = await anonymous.get("/v1/jobs", headers={"Authorization": "Bearer loom_wrong"})
         assert bad.status_code == 401
