@@ -240,22 +240,38 @@ def _stop_everything(uid, pid):
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     # True when no process of `uid` is left (always, without a uid of its own).
-    return uid is None or _in_helper(uid, lambda: _kill_all_of(uid))
+    return uid is None or _succeeds_as(uid, lambda: _kill_all_of(uid))
 
 
-def _in_helper(uid, work):
-    """Run `work` in a child that has become `uid`, so it can signal and delete what the
-    program owns without privileges; True if it succeeded."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _as_user(uid)
+@contextlib.contextmanager
+def _acting_as(uid):
+    """Take the program's uid as the effective ids only, so the agent can signal, read and
+    delete what the program owns without forking a helper. The real and saved ids stay root:
+    the program's processes can neither signal nor trace the agent meanwhile (both need a
+    real or saved uid of theirs), and the agent gets its privileges back afterwards."""
+    if uid is None:
+        yield
+        return
+    groups, gid = os.getgroups(), os.getegid()
+    os.setgroups([])
+    os.setegid(uid)
+    os.seteuid(uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(gid)
+        os.setgroups(groups)
+
+
+def _succeeds_as(uid, work):
+    """Run `work` as `uid` (see _acting_as); True if it succeeded."""
+    try:
+        with _acting_as(uid):
             work()
-            os._exit(0)
-        except BaseException:  # noqa: BLE001
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    except (OSError, RuntimeError):
+        return False
+    return True
 
 
 def _kill_all_of(uid):
@@ -296,7 +312,7 @@ def _empty_container_workdirs(uid):
             for name in os.listdir(root):
                 _remove(os.path.join(root, name))
 
-    return _in_helper(uid, empty)
+    return _succeeds_as(uid, empty)
 
 
 def _remove(path):
@@ -326,31 +342,15 @@ def _reap_orphans():
 def _collect(uid, workdir, paths, budget):
     """Read the requested files as the program's user, following no symbolic link (a link
     could point anywhere the agent can see but the program could not)."""
-    if not paths:
-        return []
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            if uid is not None:
-                _as_user(uid)
-            found = []
+    found = []
+    try:
+        with _acting_as(uid):
             for path in paths:
                 found.append(_read_file(workdir, path, budget))
                 budget -= found[-1].get("size") or 0
-            with os.fdopen(write_end, "w") as out:
-                json.dump(found, out)
-            os._exit(0)
-        except BaseException:  # noqa: BLE001
-            os._exit(1)
-    os.close(write_end)
-    with os.fdopen(read_end) as answer:
-        data = answer.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        return json.loads(data)
-    return [{"path": path, "error": "unreadable"} for path in paths]
+    except OSError:
+        return [{"path": path, "error": "unreadable"} for path in paths]
+    return found
 
 
 def _read_file(workdir, path, budget):
