@@ -82,6 +82,15 @@ def hash_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def hash_durably(path: Path) -> tuple[str, int]:
+    """hash_file, then flush the file to disk while its pages are still hot: a staged file
+    may be in the page cache only. Run per file in parallel threads, both overlap across a
+    version's shards."""
+    result = hash_file(path)
+    _fsync(path)
+    return result
+
+
 class BlobWriter:
     """Incoming bytes → a temp file under `tmp/`, hashed as they are written. `finish` makes
     them durable and checks what the sender declared; `abort` leaves nothing behind."""
@@ -161,9 +170,9 @@ class BlobStore:
         return BlobWriter(self.tmp, label, self.max_file_bytes)
 
     def adopt_all(self, files: list[tuple[Path, str]]) -> None:
-        """Move verified files (temp blobs or staged files, on this filesystem; path, sha256)
-        into place, each made durable first; identical content already there wins and the
-        source is dropped. Each touched directory is synced once, after all the renames."""
+        """Move verified, durable files (temp blobs or staged files, on this filesystem; path,
+        sha256) into place; identical content already there wins and the source is dropped.
+        Each touched directory is synced once, after all the renames."""
         touched: set[Path] = set()
         for source, sha256 in files:
             final = self.blob_path(sha256)
@@ -171,7 +180,6 @@ class BlobStore:
                 source.unlink(missing_ok=True)
                 continue
             final.parent.mkdir(exist_ok=True)
-            _fsync(source)  # a staged file may still be in the page cache only
             os.utime(source)  # young until committed: collection spares it for the grace period
             source.chmod(0o444)  # hard links share the mode: version files stay read-only
             os.rename(source, final)

@@ -22,7 +22,7 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelstate.blobstore import BlobStore, ReceivedBlob, check_manifest_paths, hash_file
+from modelstate.blobstore import BlobStore, ReceivedBlob, check_manifest_paths, hash_durably
 from modelstate.models import AliasRow, BlobRow, PinRow, VersionFileRow, VersionRow
 from modelstate.schemas import (
     Alias,
@@ -108,8 +108,8 @@ class ModelStore:
         return _retry_on_conflict(lambda: self._commit_version(meta, files), "publish")
 
     def _adopt_staged(self, meta: PublishRequest) -> list[FileRef]:
-        """Hash the staged files (in parallel), check them against what `files` declares, and
-        move them into the blob store; the staging directory is gone afterwards."""
+        """Hash and sync the staged files (in parallel), check them against what `files`
+        declares, and move them into the blob store; the staging directory is gone afterwards."""
         assert meta.staged is not None
         staged = self.blobs.staged_files(meta.staged)
         check_manifest_paths([path for path, _ in staged])
@@ -119,7 +119,7 @@ class ModelStore:
             raise InvalidInput(f"Declared files are not in the staging directory: {unknown}",
                                {"paths": unknown})
         with ThreadPoolExecutor(HASH_THREADS) as pool:
-            hashes = list(pool.map(hash_file, [path for _, path in staged]))
+            hashes = list(pool.map(hash_durably, [path for _, path in staged]))
         refs = []
         for (relative, _), (sha256, size) in zip(staged, hashes, strict=True):
             expected = declared.get(relative)

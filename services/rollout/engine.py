@@ -64,6 +64,11 @@ class RolloutEngine:
             seed=self.settings.rollout_seed,
             disable_log_stats=True,
             worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
+            # The model runs in the engine-core process, as vLLM does on one GPU. On CPU vLLM
+            # would start a worker process whose message queue busy-polls (sched_yield) for a
+            # second after every message: a whole core taken from the trainer and every other
+            # service between requests.
+            distributed_executor_backend="uni",
         )
         started = time.perf_counter()
         # Built off the event loop (tens of seconds) so /healthz answers meanwhile; the

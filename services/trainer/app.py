@@ -39,6 +39,7 @@ def create_app(
             queue,
             ThreadPublisher(client, asyncio.get_running_loop()),
             settings.trainer_work_dir,
+            shard_bytes=settings.trainer_shard_mb << 20,
         )
         try:
             yield

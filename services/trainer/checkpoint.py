@@ -44,14 +44,15 @@ class ThreadPublisher:
 
 
 def save_weights(
-    model: TrainerModel, request: SaveWeightsRequest, publisher: ThreadPublisher, work_dir: Path
+    model: TrainerModel, request: SaveWeightsRequest, publisher: ThreadPublisher, work_dir: Path,
+    shard_bytes: int,
 ) -> SaveWeightsResult:
     directory = publisher.staging_dir()
     if directory is None:
         work_dir.mkdir(parents=True, exist_ok=True)
         directory = Path(tempfile.mkdtemp(dir=work_dir, prefix=f"{model.spec.job_id}-"))
     try:
-        model.save(directory)
+        model.save(directory, shard_bytes)
         version = publisher.publish(
             VersionMeta(
                 job_id=model.spec.job_id, kind=VersionKind(model.spec.mode.value),

@@ -10,12 +10,7 @@ from pathlib import Path
 
 import peft
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from services.common.errors import Conflict, InvalidInput
@@ -31,6 +26,12 @@ from services.trainer.schemas import (
     ModelInfo,
     OptimStepResult,
     TrainingMode,
+)
+from services.trainer.weights_files import (
+    DEFAULT_SHARD_BYTES,
+    TokenizerFiles,
+    write_adapter,
+    write_full,
 )
 
 
@@ -68,7 +69,7 @@ class TrainerModel:
         self._optimizer: torch.optim.AdamW | None = None
         self._frozen_reference: PreTrainedModel | None = None
         self._has_gradients = False
-        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._tokenizer_files = TokenizerFiles(model_path)
 
     def _with_adapter(self, base: PreTrainedModel) -> peft.PeftModel:
         lora = self.spec.lora
@@ -145,20 +146,14 @@ class TrainerModel:
         self.step += 1
         return OptimStepResult(step=self.step, grad_norm=grad_norm.item(), lr=adam.lr)
 
-    def save(self, directory: Path) -> None:
-        """A Hugging Face model directory (full) or a PEFT adapter directory (LoRA)."""
+    def save(self, directory: Path, shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        """A Hugging Face model directory (full, in shards of at most `shard_bytes`) or a PEFT
+        adapter directory (LoRA)."""
         if isinstance(self.network, peft.PeftModel):
-            # The adapter's base_model_name_or_path is the directory the base was loaded
-            # from; embeddings are not targeted, so never save them ("auto" asks the hub).
-            self.network.save_pretrained(directory, save_embedding_layers=False)
+            write_adapter(self.network, directory)
             return
-        # config.json, generation_config.json and safetensors weights (tied ones once).
-        self.network.save_pretrained(directory)
-        # Through the tokenizer rather than a file copy, so a hub base works the same way;
-        # loaded once (tens of ms that every full-weight hand-off would otherwise pay).
-        if self._tokenizer is None:
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self._tokenizer.save_pretrained(directory)
+        write_full(self.network, directory, shard_bytes)
+        self._tokenizer_files.write(directory)
 
     # --- internals ------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from services.trainer.schemas import (
     OptimStepRequest,
     SaveWeightsRequest,
 )
+from services.trainer.weights_files import DEFAULT_SHARD_BYTES
 
 
 class TrainerService:
@@ -29,11 +30,13 @@ class TrainerService:
         queue: OperationQueue,
         publisher: ThreadPublisher,
         work_dir: Path,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
     ) -> None:
         self.registry = registry
         self.queue = queue
         self.publisher = publisher
         self.work_dir = work_dir
+        self.shard_bytes = shard_bytes
 
     def create_model(self, request: CreateModelRequest) -> tuple[ModelInfo, bool]:
         """Loads the base (seconds for a large model): call it off the event loop."""
@@ -62,7 +65,8 @@ class TrainerService:
         model = self.registry.get(model_id)
         return self._submit(
             model_id, "save_weights",
-            lambda: save_weights(model, request, self.publisher, self.work_dir),
+            lambda: save_weights(model, request, self.publisher, self.work_dir,
+                                 self.shard_bytes),
         )
 
     async def operation(self, op_id: str, wait: float) -> Operation:

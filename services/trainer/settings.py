@@ -23,6 +23,13 @@ class TrainerSettings(LoomSettings):
         pattern=r"^(auto|cpu|cuda(:\d+)?)$",
         description="'auto' picks cuda when available, else cpu; or 'cpu', 'cuda', 'cuda:N'.",
     )
+    trainer_shard_mb: int = Field(
+        default=64,
+        ge=1,
+        description="Full weights are saved as safetensors shards of at most this size (a "
+        "bigger tensor gets a shard of its own): the store hashes and syncs a version's shards "
+        "in parallel, and stores a shard whose tensors did not change once.",
+    )
     trainer_work_dir: Path = Field(
         default_factory=lambda data: Path(data["data_dir"]) / "trainer",
         description="Scratch space for weights being published. Default: <data_dir>/trainer.",

@@ -18,7 +18,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, 
     data_dir = tmp_path_factory.mktemp("loom-stack")
     urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
     settings = LoomSettings(data_dir=data_dir, **urls)
-    with Supervisor(settings) as supervisor:
+    # Shards of 1 MiB: the tiny model's full weights reach rollout in several files, as a
+    # real model's do.
+    with Supervisor(settings, extra_env={"LOOM_TRAINER_SHARD_MB": "1"}) as supervisor:
         supervisor.start()
         key = (data_dir / "admin_key").read_text().strip()
         yield settings.gateway_url, key, data_dir

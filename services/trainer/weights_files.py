@@ -1,0 +1,119 @@
+"""A trained model's files for hand-off, in the Hugging Face layout, written with safetensors.
+
+`save_pretrained` (transformers and peft) costs several times the bytes it writes: a model
+card, key conversions, a tokenizer serialized again on every save. Hand-off latency is what the
+trainer is measured on, so it writes the same layout itself:
+
+- full weights: `model.safetensors`, or shards `model-0000i-of-0000n.safetensors` with
+  `model.safetensors.index.json` past the shard size (the store then hashes and syncs them in
+  parallel, and a shard whose tensors did not change is stored once); tied tensors once;
+  `config.json`, `generation_config.json` and the tokenizer's files;
+- LoRA: `adapter_model.safetensors` and `adapter_config.json`, as peft writes them.
+
+Tensors are written from their own memory (safetensors takes pointers): no copy of the weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from pathlib import Path
+
+import peft
+import torch
+from safetensors.torch import save_file
+from transformers import AutoTokenizer, PreTrainedModel
+
+MiB = 1 << 20
+DEFAULT_SHARD_BYTES = 64 * MiB
+SAFETENSORS_METADATA = {"format": "pt"}  # what transformers checks when it loads the file
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+
+
+def write_full(model: PreTrainedModel, directory: Path,
+               shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    """Weights (in shards of at most `shard_bytes`), config and generation config."""
+    tensors = _untied_state_dict(model)
+    shards = _shards(tensors, shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], directory / WEIGHTS_NAME, metadata=SAFETENSORS_METADATA)
+    else:
+        weight_map = {}
+        for number, shard in enumerate(shards, start=1):
+            name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, directory / name, metadata=SAFETENSORS_METADATA)
+            weight_map.update(dict.fromkeys(shard, name))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    model.config.save_pretrained(directory)
+    if model.can_generate() and model.generation_config is not None:
+        model.generation_config.save_pretrained(directory)
+
+
+def write_adapter(model: peft.PeftModel, directory: Path) -> None:
+    """The trained adapter and its config (embeddings are never targeted: not saved)."""
+    tensors = peft.get_peft_model_state_dict(model, save_embedding_layers=False)
+    save_file({name: t.contiguous() for name, t in tensors.items()},
+              directory / ADAPTER_WEIGHTS_NAME, metadata=SAFETENSORS_METADATA)
+    # As peft saves it: an adapter on disk is for inference and names the base it was trained
+    # on (the directory the base was loaded from).
+    config = copy.copy(model.peft_config["default"])
+    config.inference_mode = True
+    config.base_model_name_or_path = (config.base_model_name_or_path
+                                      or model.base_model.model.name_or_path)
+    config.save_pretrained(str(directory))
+
+
+class TokenizerFiles:
+    """The base model's tokenizer files, serialized once through the tokenizer (so a hub base
+    works like a local one) and then written from memory on every save."""
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = model_path
+        self._files: dict[str, bytes] | None = None
+
+    def write(self, directory: Path) -> None:
+        if self._files is None:
+            with tempfile.TemporaryDirectory() as scratch:
+                AutoTokenizer.from_pretrained(self.model_path).save_pretrained(scratch)
+                self._files = {path.name: path.read_bytes()
+                               for path in Path(scratch).iterdir() if path.is_file()}
+        for name, data in self._files.items():
+            (directory / name).write_bytes(data)
+
+
+def _untied_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """Each tensor once: of names sharing storage (tied embeddings), keep the one the model
+    does not declare as tied to another, as transformers does (loaders re-tie)."""
+    tied = getattr(model, "_tied_weights_keys", None) or []
+    tied_names = set(tied.keys() if isinstance(tied, dict) else tied)
+    kept: dict[int, str] = {}  # storage → the name it is saved under
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        storage = tensor.untyped_storage().data_ptr()
+        first = kept.get(storage)
+        if first is not None:
+            if first not in tied_names or name in tied_names:
+                continue
+            del tensors[first]  # `first` is the tied copy: save the tensor under this name
+        kept[storage] = name
+        tensors[name] = tensor.contiguous()
+    return tensors
+
+
+def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
+    """Consecutive groups of at most `limit` bytes (a bigger tensor gets a shard of its own)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
