@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.common.errors import Unavailable
 from services.rollout.settings import RolloutSettings
+from services.rollout.vllm_plugin import BUSY_POLL_ENV
 
 if TYPE_CHECKING:  # vLLM is heavy to import: only the engine's own start-up pays for it
     from vllm import RequestOutput, SamplingParams
@@ -53,6 +54,7 @@ class RolloutEngine:
 
         # Read by the engine processes vLLM spawns, so it must be set before they start.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.rollout_kv_cache_gib)
+        os.environ[BUSY_POLL_ENV] = str(self.settings.rollout_cpu_busy_poll_ms)
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=self.settings.rollout_dtype,
@@ -64,11 +66,6 @@ class RolloutEngine:
             seed=self.settings.rollout_seed,
             disable_log_stats=True,
             worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
-            # The model runs in the engine-core process, as vLLM does on one GPU. On CPU vLLM
-            # would start a worker process whose message queue busy-polls (sched_yield) for a
-            # second after every message: a whole core taken from the trainer and every other
-            # service between requests.
-            distributed_executor_backend="uni",
         )
         started = time.perf_counter()
         # Built off the event loop (tens of seconds) so /healthz answers meanwhile; the

@@ -19,6 +19,12 @@ class RolloutSettings(LoomSettings):
     rollout_kv_cache_gib: int = Field(
         default=1, ge=1, description="KV cache GiB on CPU (sets VLLM_CPU_KVCACHE_SPACE)."
     )
+    rollout_cpu_busy_poll_ms: float = Field(
+        default=20.0, ge=0,
+        description="On CPU, how long vLLM's engine processes busy-poll their queues after a "
+        "message before they sleep (vLLM's default, 1000, keeps a core busy for a second after "
+        "every request).",
+    )
     rollout_max_loras: int = Field(default=4, ge=1, description="LoRA adapters kept resident.")
     rollout_max_lora_rank: int = Field(default=64, ge=1)
     rollout_enforce_eager: bool = Field(

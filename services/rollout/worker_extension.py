@@ -3,12 +3,22 @@ with `collective_rpc("<method>")`. They run inside the worker process, next to t
 
 from __future__ import annotations
 
+import gc
 from typing import Any
+
+from vllm.distributed.device_communicators import shm_broadcast
 
 
 class LoomWorkerExtension:
     # Set by vLLM's Worker, which this class is mixed into.
     model_runner: Any
+
+    def loom_queue_busy_loop_s(self) -> list[float]:
+        """How long each message queue this worker reads busy-polls after a message."""
+        # type(), not isinstance(): the heap holds dead weak proxies, which raise on that.
+        return [float(queue._spin_condition.busy_loop_s) for queue in gc.get_objects()
+                if issubclass(type(queue), shm_broadcast.MessageQueue)
+                and queue._is_local_reader]
 
     def loom_reload_weights(self, weights_path: str) -> None:
         """Reload full weights in place, keeping tied input/output embeddings tied.

@@ -148,6 +148,18 @@ async def test_sample_base_model(rollout: httpx.AsyncClient) -> None:
     assert again["samples"] == body["samples"]  # seeded: reproducible
 
 
+async def test_an_idle_cpu_worker_does_not_keep_busy_polling(rollout: httpx.AsyncClient) -> None:
+    """vLLM's worker would spin on its message queue for a second after every message, a
+    core taken from the trainer on a small machine; ours stops after a few milliseconds
+    (the plugin services.rollout.vllm_plugin)."""
+    engine = rollout._transport.app.state.engine  # type: ignore[attr-defined]
+    await sample(rollout, n=1)
+    per_worker = await engine.llm.collective_rpc("loom_queue_busy_loop_s")
+    assert per_worker and all(per_worker), per_worker  # every worker reads at least one queue
+    expected = RolloutSettings().rollout_cpu_busy_poll_ms / 1000
+    assert {s for spins in per_worker for s in spins} == {expected}
+
+
 async def test_sample_text_prompt_and_tokenize(rollout: httpx.AsyncClient) -> None:
     tokens = (await rollout.post("/v1/tokenize", json={"texts": ["12+7=", "3"]})).json()
     ids = tokens["token_ids"]
