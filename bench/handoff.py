@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,8 @@ class Row:
     steady_sample: list[float] = field(default_factory=list)  # s, same sample once loaded
     peak_extra_mib: float = 0.0
     weights_mib: float = 0.0
-    raw_save: list[float] = field(default_factory=list)
+    raw_save: list[float] = field(default_factory=list)  # s, into new pages (the ratio's)
+    raw_save_reused: list[float] = field(default_factory=list)  # s, the last file's pages
     raw_reload: list[float] = field(default_factory=list)
 
     @property
@@ -84,24 +86,34 @@ def ensure_model(models_dir: Path, size: str) -> Path:
     return target
 
 
-def raw_save_times(model_dir: Path, weights_dir: Path, repeats: int) -> list[float]:
-    """Time `save_file` of the model's tensors, changed before each save, into `weights_dir`."""
+def raw_save_times(model_dir: Path, weights_dir: Path, repeats: int,
+                   keep: bool) -> list[float]:
+    """Time `save_file` of the model's tensors, changed before each save, into a new file in
+    `weights_dir` (the last one stays there). `keep`: earlier files stay, as a store keeps
+    its versions, so each save writes into page cache the machine has not used yet; otherwise
+    each save replaces the last and reuses its pages."""
     from safetensors.torch import load_file, save_file
 
     tensors = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         tensors.update(load_file(shard))
     weights_dir.mkdir(parents=True, exist_ok=True)
-    target, times = weights_dir / "model.safetensors", []
-    for _ in range(repeats):
+    target, kept, times = weights_dir / "model.safetensors", weights_dir.parent / "kept", []
+    kept.mkdir(exist_ok=True)
+    for repeat in range(repeats):
         for tensor in tensors.values():
             tensor.add_(1e-3)
-        # A new file each time, as the trainer writes one (overwriting in place makes ext4
-        # start writeback at close: auto_da_alloc).
-        target.unlink(missing_ok=True)
+        if target.exists():
+            if keep:
+                target.rename(kept / f"{repeat}.safetensors")
+            else:
+                # A new file each time, as the trainer writes one (overwriting in place makes
+                # ext4 start writeback at close: auto_da_alloc).
+                target.unlink()
         start = time.perf_counter()
         save_file(tensors, target)
         times.append(time.perf_counter() - start)
+    shutil.rmtree(kept)
     return times
 
 
@@ -133,7 +145,8 @@ def reload_worker(model_dir: str, weights_dir: str, repeats: str, out: str) -> N
 def measure_raw(row: Row, model_dir: Path, work: Path, repeats: int) -> None:
     name = row.name.replace(" ", "-")
     scratch = Path(tempfile.mkdtemp(dir=work, prefix=f"raw-{name}-"))
-    row.raw_save = raw_save_times(model_dir, scratch / "weights", repeats)
+    row.raw_save_reused = raw_save_times(model_dir, scratch / "weights", repeats, keep=False)
+    row.raw_save = raw_save_times(model_dir, scratch / "weights", repeats, keep=True)
     row.raw_reload = raw_reload_times(model_dir, scratch / "weights", repeats,
                                       work / f"raw-{name}.log")
 
@@ -221,8 +234,9 @@ def pct_ms(values: list[float], q: float) -> float:
 
 def table_line(row: Row) -> str:
     raw = (f"{1000 * statistics.median(row.raw_save):.1f} | "
+           f"{1000 * statistics.median(row.raw_save_reused):.1f} | "
            f"{1000 * statistics.median(row.raw_reload):.1f} | {1000 * row.raw_total:.1f} | "
-           f"{row.ratio:.2f}") if row.raw_save else "– | – | – | –"
+           f"{row.ratio:.2f}") if row.raw_save else "– | – | – | – | –"
     cells = [pct_ms(row.handoff, 0.5), pct_ms(row.handoff, 0.9), pct_ms(row.publish_op, 0.5),
              pct_ms(row.after_publish, 0.5), pct_ms(row.steady_sample, 0.5)]
     return (f"| {row.name} | {row.mode} | {row.weights_mib:.2f} | "
@@ -245,18 +259,23 @@ def report(rows: list[Row], repeats: int, timings: dict[str, float]) -> str:
         "round first.",
         "",
         "Raw baseline (same run, no stack running): safetensors `save_file` of the same "
-        "tensors (no fsync) + vLLM `collective_rpc('reload_weights', weights_path=...)` from "
-        "that file on a bare engine with the rollout engine's settings; medians. Ratio = "
-        "hand-off p50 / raw total. Publisher peak extra = trainer VmHWM − VmRSS across "
-        "save_weights (max over repeats).",
+        "tensors into a new file (no fsync), earlier files kept as a store keeps its "
+        "versions, + vLLM `collective_rpc('reload_weights', weights_path=...)` from that file "
+        "on a bare engine with the rollout engine's settings; medians. Ratio = hand-off p50 / "
+        "raw total. *Raw save, pages reused*: the same save when each file replaces the last, "
+        "so the kernel reuses its page cache; on this VM, page cache in memory not used before "
+        "costs several times more to fill (the guest's memory is backed on first touch), and a "
+        "store that keeps versions always writes there. Publisher peak extra = trainer VmHWM − "
+        "VmRSS across save_weights (max over repeats).",
         "",
         f"Targets: full ratio ≤ {MAX_FULL_RATIO}; LoRA hand-off p50 ≤ {MAX_LORA_P50_MS:.0f} ms; "
         f"publisher peak extra ≤ {MAX_PEAK_EXTRA_MIB:.0f} MiB.",
         "",
         "| config | mode | weights MiB | hand-off p50 ms | hand-off p90 ms | publish op p50 ms"
-        " | after publish p50 ms | loaded sample p50 ms | raw save ms | raw reload ms"
-        " | raw total ms | ratio p50 | publisher peak extra MiB | result |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | after publish p50 ms | loaded sample p50 ms | raw save ms"
+        " | raw save, pages reused ms | raw reload ms | raw total ms | ratio p50"
+        " | publisher peak extra MiB | result |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(table_line(row) for row in rows),
         "",
         "Wall time (s): " + ", ".join(f"{name} {s:.0f}" for name, s in timings.items()),
