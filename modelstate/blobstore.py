@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from services.common.errors import InvalidInput, NotFound, PayloadTooLarge
 
@@ -79,35 +80,29 @@ def check_manifest_paths(paths: list[str]) -> None:
 
 def hash_file(path: Path) -> tuple[str, int]:
     """sha256 and size (hashlib releases the GIL: several files hash in parallel threads)."""
-    digest = hashlib.sha256()
-    size = 0
     with open(path, "rb") as source:
-        while chunk := source.read(CHUNK_BYTES * 8):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
+        return _hash_stream(source)
 
 
 def hash_durably(path: Path) -> tuple[str, int]:
     """hash_file, and the file made durable (a staged file may be in the page cache only):
-    the disk starts writing it back first, so the write-back runs while the file is hashed
-    and the final fsync only waits for what is left."""
-    start_write_back(path)
-    result = hash_file(path)
-    _fsync(path)
+    the disk starts writing it back first (sync_file_range, where libc has it), so the
+    write-back runs while the file is hashed and the final fsync only waits for what is left."""
+    with open(path, "rb") as source:
+        if _sync_file_range is not None:
+            _sync_file_range(source.fileno(), 0, 0, SYNC_FILE_RANGE_WRITE)
+        result = _hash_stream(source)
+        os.fsync(source.fileno())
     return result
 
 
-def start_write_back(path: Path) -> None:
-    """Ask the kernel to start writing a file's dirty pages to disk, without waiting
-    (sync_file_range(SYNC_FILE_RANGE_WRITE); a no-op where libc lacks it)."""
-    if _sync_file_range is None:
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)
-    finally:
-        os.close(fd)
+def _hash_stream(source: BinaryIO) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := source.read(CHUNK_BYTES * 8):
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
 
 
 class BlobWriter:

@@ -9,11 +9,11 @@ import tempfile
 from pathlib import Path
 
 from services.common.errors import NotFound
-from services.reward.schemas import RewardFunction
+from services.reward.schemas import FUNCTION_NAME, JOB_ID, RewardFunction
 
 SHARED = "_shared"  # functions registered without a job
-NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+NAME = re.compile(FUNCTION_NAME)
+JOB = re.compile(JOB_ID)
 
 
 class FunctionStore:

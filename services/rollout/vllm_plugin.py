@@ -32,5 +32,4 @@ def register() -> None:
             kwargs.setdefault("busy_loop_s", busy_loop_s)
             super().__init__(*args, **kwargs)
 
-    if original.__name__ != "ShortSpinCondition":  # loaded once per process, but be sure
-        shm_broadcast.SpinCondition = ShortSpinCondition
+    shm_broadcast.SpinCondition = ShortSpinCondition

@@ -342,6 +342,8 @@ def _reap_orphans():
 def _collect(uid, workdir, paths, budget):
     """Read the requested files as the program's user, following no symbolic link (a link
     could point anywhere the agent can see but the program could not)."""
+    if not paths:
+        return []
     found = []
     try:
         with _acting_as(uid):

@@ -27,12 +27,7 @@ from services.trainer.schemas import (
     OptimStepResult,
     TrainingMode,
 )
-from services.trainer.weights_files import (
-    DEFAULT_SHARD_BYTES,
-    TokenizerFiles,
-    write_adapter,
-    write_full,
-)
+from services.trainer.weights_files import TokenizerFiles, write_adapter, write_full
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -146,7 +141,7 @@ class TrainerModel:
         self.step += 1
         return OptimStepResult(step=self.step, grad_norm=grad_norm.item(), lr=adam.lr)
 
-    def save(self, directory: Path, shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    def save(self, directory: Path, shard_bytes: int) -> None:
         """A Hugging Face model directory (full, in shards of at most `shard_bytes`) or a PEFT
         adapter directory (LoRA)."""
         if isinstance(self.network, peft.PeftModel):
