@@ -36,6 +36,20 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
             "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4},
 }
 SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+# ChatML, with tools named in a system turn and tool results in a user turn, as Qwen does
+# (a tiny model cannot use the long tool descriptions real templates carry).
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\ntools: "
+    "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Bumped whenever the recipe changes what is written, so cached copies are rebuilt.
+RECIPE_VERSION = 2
+RECIPE_FILE = "loom-tiny-recipe.json"
 
 
 def build_tokenizer(out_dir: Path) -> int:
@@ -60,10 +74,7 @@ def build_tokenizer(out_dir: Path) -> int:
         tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS, unk_token=None,
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
-    fast.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
     return len(fast)
 
@@ -93,6 +104,7 @@ def build_random_model(out_dir: Path | str, config: dict[str, Any], seed: int = 
     (out / "generation_config.json").write_text(
         json.dumps({"eos_token_id": eos_id, "bos_token_id": eos_id, "do_sample": True})
     )
+    (out / RECIPE_FILE).write_text(json.dumps({"version": RECIPE_VERSION}))
     return out
 
 
@@ -110,4 +122,9 @@ def parameter_count(config: dict[str, Any], vocab_size: int) -> int:
 
 
 def is_tiny_model(path: Path | str) -> bool:
-    return (Path(path) / "config.json").exists() and (Path(path) / "tokenizer.json").exists()
+    """A complete tiny model written by the current recipe."""
+    recipe = Path(path) / RECIPE_FILE
+    try:
+        return json.loads(recipe.read_text()) == {"version": RECIPE_VERSION}
+    except (OSError, ValueError):
+        return False

@@ -1,14 +1,20 @@
-"""Group-relative advantages (GRPO family).
+"""Group-relative advantages and reward shaping.
 
 Each prompt is sampled `G` times; a completion's advantage is its reward relative to its
-group's: GRPO divides by the group's standard deviation, Dr.GRPO does not (it removes the
-difficulty bias that std-normalisation introduces).
+group's:
+- GRPO: (r - mean) / (std + eps);
+- Dr. GRPO: r - mean (dividing by the std favours too-easy and too-hard prompts);
+- RLOO: r minus the mean of the *other* G - 1 rewards, an unbiased baseline.
+DAPO keeps GRPO's advantages but drops zero-variance groups (`has_signal`) and shapes the
+reward of over-long responses (`overlong_penalty`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+Advantages = Callable[[Sequence[float]], list[float]]
 
 
 def group_advantages(
@@ -25,6 +31,34 @@ def group_advantages(
     return [c / (std + eps) for c in centered]
 
 
+def grpo_advantages(rewards: Sequence[float]) -> list[float]:
+    return group_advantages(rewards)
+
+
+def dr_grpo_advantages(rewards: Sequence[float]) -> list[float]:
+    return group_advantages(rewards, normalize_std=False)
+
+
+def rloo_advantages(rewards: Sequence[float]) -> list[float]:
+    """r_i - mean(r_j, j != i), which is G / (G - 1) * (r_i - mean). A group of one has no
+    baseline to compare with: advantage 0."""
+    n = len(rewards)
+    if n < 2:
+        return [0.0] * n
+    total = sum(rewards)
+    return [r - (total - r) / (n - 1) for r in rewards]
+
+
 def has_signal(rewards: Sequence[float], tol: float = 1e-9) -> bool:
     """False for a zero-variance group (all right or all wrong): it teaches nothing (DAPO)."""
     return bool(rewards) and max(rewards) - min(rewards) > tol
+
+
+def overlong_penalty(num_tokens: int, max_tokens: int, buffer: int) -> float:
+    """DAPO's soft over-long punishment, added to the reward: 0 up to `max_tokens - buffer`
+    tokens, then falling linearly to -1 at `max_tokens` (and -1 beyond)."""
+    if buffer <= 0 or num_tokens <= max_tokens - buffer:
+        return 0.0
+    if num_tokens > max_tokens:
+        return -1.0
+    return (max_tokens - buffer - num_tokens) / buffer

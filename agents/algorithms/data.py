@@ -1,11 +1,11 @@
-"""Turn prompts, samples and advantages into the trainer's `Datum` (per-token aligned:
-position i describes predicting token i, so prompt positions carry no loss)."""
+"""Turn prompts, samples, trajectories and advantages into the trainer's `Datum` (per-token
+aligned: position i describes predicting token i, so prompt positions carry no loss)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.rollout.schemas import Sample
+from services.rollout.schemas import Sample, Trajectory
 from services.trainer.schemas import Datum
 
 
@@ -25,4 +25,17 @@ def rl_datum(prompt_ids: Sequence[int], sample: Sample, advantage: float) -> Dat
         loss_mask=[0.0] * n_prompt + [1.0] * n_completion,
         advantages=[0.0] * n_prompt + [advantage] * n_completion,
         logprobs=[0.0] * n_prompt + list(sample.logprobs),
+    )
+
+
+def trajectory_datum(trajectory: Trajectory, advantage: float) -> Datum:
+    """A multi-turn trajectory: only the model's tokens (loss mask 1) are trained; tool and
+    environment tokens are context."""
+    n_prompt = len(trajectory.prompt_token_ids)
+    mask = [float(m) for m in trajectory.loss_mask]
+    return Datum(
+        input_ids=[*trajectory.prompt_token_ids, *trajectory.token_ids],
+        loss_mask=[0.0] * n_prompt + mask,
+        advantages=[0.0] * n_prompt + [advantage * m for m in mask],
+        logprobs=[0.0] * n_prompt + list(trajectory.logprobs),
     )

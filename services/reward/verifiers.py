@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from services.common.errors import InvalidInput
 from services.common.schemas import StrictModel
+from services.reward.countdown import CountdownParams, score_countdown
 from services.reward.sandboxed import CodeParams, PythonParams, score_code, score_python
 from services.reward.schemas import ScoreItem, VerifierInfo, VerifierList
 
@@ -129,6 +130,10 @@ VERIFIERS: dict[str, Verifier] = {
                  MathParams, score_math, needs_reference=True, runs_in="worker"),
         Verifier("regex", "1.0 when the pattern matches the response.", RegexParams, score_regex,
                  needs_reference=False, runs_in="worker"),
+        Verifier("countdown", "1.0 when the response is an expression over the reference's "
+                 "numbers (each at most once; + - * / and parentheses) equal to its target; "
+                 "reference: JSON {\"numbers\": [...], \"target\": n}.", CountdownParams,
+                 score_countdown, needs_reference=True, runs_in="inline"),
         Verifier("code", "Fraction of tests the response's program passes, each top-level "
                  "assert of the tests (the reference, or params.tests) run in the sandbox.",
                  CodeParams, score_code, needs_reference=False, runs_in="sandbox"),

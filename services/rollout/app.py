@@ -21,13 +21,17 @@ from modelstate.schemas import Version
 from services.common.app_factory import create_service_app
 from services.common.base_models import resolve_base_model
 from services.common.errors import Unavailable
+from services.common.http import ServiceClient
 from services.rollout import routes
+from services.rollout.agent_loop import AgentLoop
 from services.rollout.engine import RolloutEngine
 from services.rollout.openai import routes as openai_routes
 from services.rollout.openai.chat import ChatCompletions
 from services.rollout.openai.completions import Completions
 from services.rollout.openai.serving import OpenAIServing
+from services.rollout.peers import RewardScorer, SandboxTools
 from services.rollout.pins import PinKeeper, holder_name
+from services.rollout.rollouts import Rollouts
 from services.rollout.sampling import Sampler
 from services.rollout.settings import RolloutSettings
 from services.rollout.versions import Versions
@@ -59,6 +63,10 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         app.state.openai = serving
         app.state.completions = Completions(serving)
         app.state.chat = ChatCompletions(serving)
+        sandbox = ServiceClient(settings.url_of("sandbox"), service="sandbox")
+        reward = ServiceClient(settings.url_of("reward"), service="reward")
+        agent_loop = AgentLoop(sampler, SandboxTools(sandbox), RewardScorer(reward))
+        app.state.rollouts = Rollouts(agent_loop, versions)
 
         keeper = PinKeeper(store, holder_name(settings.url_of("rollout")), versions.pinned_keys)
 
@@ -75,7 +83,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
             with contextlib.suppress(BaseException):
                 await task
             engine.shutdown()
-            await store.aclose()
+            await asyncio.gather(store.aclose(), sandbox.aclose(), reward.aclose())
 
     async def readiness() -> dict[str, Any]:
         engine: RolloutEngine = app.state.engine

@@ -10,6 +10,7 @@ from services.common.deps import app_state
 from services.rollout.openai.chat import ChatCompletions
 from services.rollout.openai.completions import Completions
 from services.rollout.openai.serving import OpenAIServing
+from services.rollout.rollouts import Rollouts
 from services.rollout.sampling import Sampler
 from services.rollout.versions import Versions
 
@@ -18,3 +19,4 @@ VersionsDep = Annotated[Versions, Depends(app_state("versions"))]
 OpenAIDep = Annotated[OpenAIServing, Depends(app_state("openai"))]
 CompletionsDep = Annotated[Completions, Depends(app_state("completions"))]
 ChatDep = Annotated[ChatCompletions, Depends(app_state("chat"))]
+RolloutsDep = Annotated[Rollouts, Depends(app_state("rollouts"))]

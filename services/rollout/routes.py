@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
 
-from services.rollout.deps import SamplerDep, VersionsDep
+from services.rollout.deps import RolloutsDep, SamplerDep, VersionsDep
 from services.rollout.schemas import (
     LoadedVersion,
     LoadRequest,
     ResidentVersions,
+    RolloutEvent,
+    RolloutRequest,
     SampleRequest,
     SampleResponse,
     TokenizeRequest,
@@ -36,3 +39,10 @@ async def resident_versions(versions: VersionsDep) -> ResidentVersions:
 @router.post("/load", response_model=LoadedVersion)
 async def load(versions: VersionsDep, body: LoadRequest) -> LoadedVersion:
     return await versions.load(body.job_id, body.version)
+
+
+@router.post("/rollouts", response_class=StreamingResponse, responses={200: {
+    "description": "One RolloutEvent per line, each group as it completes, then a summary.",
+    "content": {"application/x-ndjson": {"schema": RolloutEvent.model_json_schema()}}}})
+async def rollouts(runner: RolloutsDep, body: RolloutRequest) -> StreamingResponse:
+    return StreamingResponse(await runner.start(body), media_type="application/x-ndjson")

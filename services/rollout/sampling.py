@@ -56,6 +56,7 @@ def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream
         return VllmSamplingParams(
             n=n, max_tokens=params.max_tokens, temperature=params.temperature,
             top_p=params.top_p, top_k=params.top_k, stop=params.stop or None, seed=params.seed,
+            stop_token_ids=params.stop_token_ids or None,
             logprobs=logprobs, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,

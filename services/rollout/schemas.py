@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
 from modelstate.schemas import JobId
-from services.common.schemas import LenientModel, StrictModel
+from services.common.schemas import ErrorBody, LenientModel, StrictModel
 
 VersionRef = int | str  # a version number (0 is the base model) or an alias such as "latest"
 
@@ -19,6 +19,7 @@ class SamplingParams(StrictModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=-1, ge=-1)
     stop: list[str] = Field(default=[], max_length=16)
+    stop_token_ids: list[int] = Field(default=[], max_length=16)
     seed: int | None = None
 
 
@@ -78,3 +79,104 @@ class ResidentVersions(LenientModel):
     base_model: str
     full: LoadedVersion | None
     loras: list[LoadedVersion]
+
+
+# --- trajectories: POST /v1/rollouts ---------------------------------------------------------
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=1_000_000)
+
+
+class RolloutTask(StrictModel):
+    """One prompt of an environment: text (the user's message) or a whole conversation."""
+
+    id: str | None = Field(default=None, max_length=256)
+    prompt: str | list[ChatMessage] = Field(description="The user's message, or messages")
+    reference: str | None = Field(default=None, max_length=1_000_000,
+                                  description="What the reward compares with")
+
+
+class RolloutRequest(StrictModel):
+    job_id: JobId | None = Field(default=None, description="None: the base model")
+    env: str = Field(min_length=1, max_length=64, description="An environment's name")
+    env_params: dict[str, Any] = Field(default={}, description="The environment's options")
+    tasks: list[RolloutTask] = Field(min_length=1, max_length=4096)
+    group_size: int = Field(default=1, ge=1, le=256, description="Trajectories per task")
+    params: SamplingParams = Field(default=SamplingParams(),
+                                   description="Per model turn; a seed is varied per "
+                                   "trajectory and turn")
+    version: VersionRef = "latest"
+    version_refresh: Literal["group", "turn"] = Field(
+        default="group", description="group: an alias is resolved once per group; turn: "
+        "before every model turn, so a trajectory continues on a newer version")
+    max_turns: int | None = Field(default=None, ge=1, le=64,
+                                  description="Model turns per trajectory (default: the "
+                                  "environment's)")
+    max_total_tokens: int | None = Field(default=None, ge=2,
+                                         description="Prompt + all turns (default: the "
+                                         "model's context)")
+    concurrency: int = Field(default=64, ge=1, le=1024,
+                             description="Trajectories in flight at once")
+    schedule: Literal["fifo", "longest_prompt_first"] = Field(
+        default="fifo", description="Order groups start in; longest_prompt_first starts the "
+        "slowest first so short groups fill in and finish early (SortedRL)")
+
+
+class TurnInfo(LenientModel):
+    """A span of a trajectory's `token_ids`: a model turn or an environment turn."""
+
+    kind: Literal["model", "env"]
+    start: int
+    end: int
+    text: str
+    version: int | None = Field(default=None, description="Model turns: who sampled it")
+    stop_reason: Literal["stop", "length", "abort"] | None = None
+
+
+class Trajectory(LenientModel):
+    task_index: int
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int] = Field(description="Everything after the prompt, turns in order")
+    logprobs: list[float] = Field(description="Per token of token_ids; 0 for env tokens")
+    loss_mask: list[int] = Field(description="1 for model tokens, 0 for env tokens")
+    turns: list[TurnInfo]
+    stop_reason: Literal["done", "max_turns", "max_tokens", "length", "abort"]
+    response: str = Field(description="What the reward scored")
+    reward: float | None
+    reward_error: str | None = None
+    reward_detail: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted({t.version for t in self.turns if t.version is not None})
+
+
+class RolloutGroup(LenientModel):
+    task_index: int
+    task_id: str | None
+    trajectories: list[Trajectory]
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [t.reward for t in self.trajectories]
+
+
+class RolloutSummary(LenientModel):
+    groups: int
+    trajectories: int
+    model_tokens: int
+    env_tokens: int
+    wall_s: float
+
+
+class RolloutEvent(LenientModel):
+    """One NDJSON line of the stream: a finished group, an error, or the closing summary."""
+
+    type: Literal["group", "error", "summary"]
+    group: RolloutGroup | None = None
+    error: ErrorBody | None = None
+    summary: RolloutSummary | None = None

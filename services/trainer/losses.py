@@ -3,20 +3,28 @@
 Every tensor is [B, T]: position i refers to predicting token i of the sequence (position 0,
 padding and prompt tokens have `mask` 0). `mask` holds non-negative token weights.
 
-Normalisation: every loss is a token-level mean over the whole batch, sum(x * mask) / sum(mask),
-so long sequences weigh more than short ones (as in DAPO and Dr. GRPO) and the value does not
-depend on how the batch is padded. The caller guarantees sum(mask) > 0. Gradients of several
-`forward_backward` calls add up until the optimizer step, so each call's mean counts once.
+Aggregation (`LossConfig.aggregation`) turns per-token terms into one number, never depending
+on padding:
+- token_mean (default, DAPO): sum(x * mask) / sum(mask) over the whole batch, so every token
+  weighs the same and long sequences weigh more than short ones;
+- sequence_mean (GRPO as published): the mean over sequences of each one's token mean;
+- sum_normalized (Dr. GRPO): sum(x * mask) / (sequences * normalizer), a constant denominator
+  that removes the length bias of dividing by each sequence's own length.
+The caller guarantees sum(mask) > 0. Gradients of several `forward_backward` calls add up
+until the optimizer step, so each call's aggregate counts once. Metrics are token means.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from services.trainer.schemas import LossConfig, LossName
+from services.trainer.schemas import LossAggregation, LossConfig, LossName
 
 LossOutput = tuple[Tensor, dict[str, float]]
+Aggregate = Callable[[Tensor, Tensor], Tensor]  # (per-token values, mask) -> scalar
 
 # exp() of a log-ratio beyond this overflows float32 and turns gradients into NaN; a token this
 # far off-policy carries no usable signal, so its log-ratio is clamped (as verl does).
@@ -27,6 +35,23 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum()
 
 
+def sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Each sequence's token mean, averaged over the sequences that have any loss tokens."""
+    per_sequence = mask.sum(dim=1)
+    counted = per_sequence > 0
+    means = (values * mask).sum(dim=1)[counted] / per_sequence[counted]
+    return means.mean()
+
+
+def aggregator(config: LossConfig) -> Aggregate:
+    if config.aggregation == LossAggregation.sequence_mean:
+        return sequence_mean
+    if config.aggregation == LossAggregation.sum_normalized:
+        normalizer = float(config.normalizer or 1)
+        return lambda values, mask: (values * mask).sum() / (mask.shape[0] * normalizer)
+    return masked_mean
+
+
 def _log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
     """log(numerator / denominator), 0 where the mask is 0, so unmasked garbage (position 0,
     padding) can never reach exp() and poison the gradient with inf * 0."""
@@ -34,18 +59,20 @@ def _log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, diff, torch.zeros_like(diff))
 
 
-def cross_entropy(logprobs: Tensor, mask: Tensor) -> LossOutput:
-    loss = masked_mean(-logprobs, mask)
+def cross_entropy(logprobs: Tensor, mask: Tensor, aggregate: Aggregate = masked_mean
+                  ) -> LossOutput:
+    loss = aggregate(-logprobs, mask)
     return loss, {}
 
 
 def importance_sampling(
-    logprobs: Tensor, mask: Tensor, old_logprobs: Tensor, advantages: Tensor
+    logprobs: Tensor, mask: Tensor, old_logprobs: Tensor, advantages: Tensor,
+    aggregate: Aggregate = masked_mean,
 ) -> LossOutput:
     """-mean(ratio * A), ratio = exp(new - old): the policy gradient, corrected for samples
     drawn by an older policy."""
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
-    loss = -masked_mean(ratio * advantages, mask)
+    loss = -aggregate(ratio * advantages, mask)
     return loss, {"ratio_mean": masked_mean(ratio, mask).item()}
 
 
@@ -56,6 +83,7 @@ def ppo(
     advantages: Tensor,
     clip_low: float,
     clip_high: float,
+    aggregate: Aggregate = masked_mean,
 ) -> LossOutput:
     """-mean(min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)). An upper bound
     above the lower one ("clip-higher", DAPO) leaves low-probability tokens room to grow.
@@ -65,7 +93,7 @@ def ppo(
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
+    loss = -aggregate(torch.minimum(unclipped, clipped), mask)
     clip_fraction = masked_mean((clipped < unclipped).to(mask.dtype), mask)
     return loss, {
         "clip_fraction": clip_fraction.item(),
@@ -80,6 +108,18 @@ def kl_to_reference(logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor) -> Ten
     return masked_mean(torch.exp(log_ratio) - log_ratio - 1.0, mask)
 
 
+def truncated_is_weights(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
+                         cap: float) -> tuple[Tensor, dict[str, float]]:
+    """min(pi_trainer / pi_sampler, cap) per token, without gradient: corrects samples that an
+    older version (or a sampler whose numerics differ from the trainer's) produced, and the cap
+    bounds the variance a rare token could add."""
+    raw = torch.exp(_log_ratio(logprobs.detach(), sampler_logprobs, mask))
+    weights = raw.clamp(max=cap)
+    return weights, {"tis_weight_mean": masked_mean(weights, mask).item(),
+                     "tis_truncated_fraction": masked_mean((raw > cap).to(mask.dtype),
+                                                           mask).item()}
+
+
 def compute_loss(
     config: LossConfig,
     logprobs: Tensor,
@@ -89,17 +129,27 @@ def compute_loss(
     advantages: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
 ) -> LossOutput:
-    """The configured loss, plus kl_coef * KL when a reference is given and kl_coef > 0."""
+    """The configured loss, plus kl_coef * KL when a reference is given and kl_coef > 0.
+
+    With `tis_cap`, `old_logprobs` are the sampler's: the advantages are weighted by the
+    truncated ratio to them, and the policy ratio is taken against the current weights."""
+    aggregate = aggregator(config)
+    metrics: dict[str, float] = {}
     if config.name == LossName.cross_entropy:
-        loss, metrics = cross_entropy(logprobs, mask)
+        loss, metrics = cross_entropy(logprobs, mask, aggregate)
     else:
         if old_logprobs is None or advantages is None:
             raise ValueError(f"loss {config.name.value!r} needs old_logprobs and advantages")
+        if config.tis_cap is not None:
+            weights, metrics = truncated_is_weights(logprobs, old_logprobs, mask, config.tis_cap)
+            advantages, old_logprobs = advantages * weights, logprobs.detach()
         if config.name == LossName.importance_sampling:
-            loss, metrics = importance_sampling(logprobs, mask, old_logprobs, advantages)
+            loss, policy_metrics = importance_sampling(logprobs, mask, old_logprobs, advantages,
+                                                       aggregate)
         else:
-            loss, metrics = ppo(logprobs, mask, old_logprobs, advantages,
-                                config.clip_low, config.clip_high)
+            loss, policy_metrics = ppo(logprobs, mask, old_logprobs, advantages,
+                                       config.clip_low, config.clip_high, aggregate)
+        metrics = {**metrics, **policy_metrics}
     if config.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")

@@ -73,11 +73,37 @@ class LossName(StrEnum):
     ppo = "ppo"
 
 
+class LossAggregation(StrEnum):
+    """How per-token terms become one number (see `services/trainer/losses.py`)."""
+
+    token_mean = "token_mean"  # DAPO: every token of the batch weighs the same
+    sequence_mean = "sequence_mean"  # GRPO: mean over sequences of each one's token mean
+    sum_normalized = "sum_normalized"  # Dr. GRPO: token sum / (sequences x a constant)
+
+
 class LossConfig(StrictModel):
     name: LossName = LossName.cross_entropy
     clip_low: float = Field(default=0.2, ge=0, le=1, description="PPO: ratio >= 1 - clip_low")
     clip_high: float = Field(default=0.28, ge=0, le=10, description="PPO: ratio <= 1 + clip_high")
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of KL to the reference model")
+    aggregation: LossAggregation = LossAggregation.token_mean
+    normalizer: int | None = Field(
+        default=None, ge=1, description="sum_normalized: the constant, e.g. the generation "
+        "budget in tokens per sequence")
+    tis_cap: float | None = Field(
+        default=None, gt=0, description="Truncated importance sampling for stale samples: "
+        "weight each token by min(pi_trainer / pi_sampler, tis_cap), the ratio taken against "
+        "the current weights (no gradient) and the sampler's logprobs; the policy ratio is "
+        "then taken against the current weights")
+
+    @model_validator(mode="after")
+    def _normalizer_when_needed(self) -> Self:
+        if (self.aggregation == LossAggregation.sum_normalized) != (self.normalizer is not None):
+            raise ValueError("normalizer is required with aggregation 'sum_normalized' and "
+                             "means nothing with any other aggregation")
+        if self.tis_cap is not None and self.name == LossName.cross_entropy:
+            raise ValueError("tis_cap applies to the policy losses, not cross_entropy")
+        return self
 
 
 class ForwardBackwardRequest(StrictModel):

@@ -74,7 +74,7 @@ def test_regex(response: str, mode: str, reward: float) -> None:
 
 
 def test_unknown_verifier_lists_the_known_ones() -> None:
-    with pytest.raises(InvalidInput, match="code, exact_match, math, python, regex"):
+    with pytest.raises(InvalidInput, match="code, countdown, exact_match, math, python, regex"):
         resolve("nope", {}, [ScoreItem(response="x")])
 
 
@@ -101,6 +101,6 @@ def test_missing_reference_is_invalid_input() -> None:
 
 def test_every_verifier_is_listed_with_its_params() -> None:
     listed = {v.name: v for v in verifier_list().verifiers}
-    assert set(listed) == {"exact_match", "math", "regex", "code", "python"}
+    assert set(listed) == {"exact_match", "math", "regex", "code", "python", "countdown"}
     assert set(listed["regex"].params) == {"pattern", "mode"}
     assert all(v.description for v in listed.values())

@@ -14,7 +14,7 @@ from services.trainer.losses import (
     kl_to_reference,
     ppo,
 )
-from services.trainer.schemas import LossConfig, LossName
+from services.trainer.schemas import LossAggregation, LossConfig, LossName
 
 LN2 = math.log(2.0)
 
@@ -109,3 +109,59 @@ def test_masked_garbage_cannot_poison_gradients() -> None:
 def test_policy_losses_need_old_logprobs_and_advantages() -> None:
     with pytest.raises(ValueError, match="needs old_logprobs"):
         compute_loss(LossConfig(name=LossName.ppo), t([[0.0, -1.0]]), t([[0, 1]]))
+
+
+def test_sequence_mean_averages_each_sequences_token_mean() -> None:
+    logprobs = t([[0.0, -1.0, -2.0], [0.0, -0.5, -3.0], [0.0, -9.0, -9.0]])
+    mask = t([[0, 1, 1], [0, 1, 0], [0, 0, 0]])  # the third row has no loss tokens: not counted
+    config = LossConfig(aggregation=LossAggregation.sequence_mean)
+    loss, _ = compute_loss(config, logprobs, mask)
+    assert loss.item() == pytest.approx(((1.0 + 2.0) / 2 + 0.5) / 2)
+
+
+def test_sum_normalized_divides_by_sequences_times_the_constant() -> None:
+    logprobs = t([[0.0, -1.0, -2.0], [0.0, -0.5, -3.0]])
+    mask = t([[0, 1, 1], [0, 1, 0]])
+    config = LossConfig(aggregation=LossAggregation.sum_normalized, normalizer=4)
+    loss, _ = compute_loss(config, logprobs, mask)
+    assert loss.item() == pytest.approx((1.0 + 2.0 + 0.5) / (2 * 4))
+
+
+def test_sum_normalized_needs_its_constant() -> None:
+    with pytest.raises(ValueError, match="normalizer is required"):
+        LossConfig(aggregation=LossAggregation.sum_normalized)
+    with pytest.raises(ValueError, match="means nothing"):
+        LossConfig(normalizer=8)
+
+
+def test_truncated_importance_sampling_weights_and_gradient() -> None:
+    new = t([[0.0, 0.0, 0.0]]).requires_grad_()
+    sampler = t([[0.0, -LN2, LN2]])  # trainer / sampler ratios 2 and 1/2
+    advantages = t([[0.0, 1.0, -2.0]])
+    config = LossConfig(name=LossName.importance_sampling, tis_cap=1.5)
+    loss, metrics = compute_loss(config, new, t([[0, 1, 1]]), old_logprobs=sampler,
+                                 advantages=advantages)
+    # weights min(2, 1.5) = 1.5 and 0.5; the policy ratio is 1: -(1.5 * 1 + 0.5 * -2) / 2
+    assert loss.item() == pytest.approx(-0.25)
+    assert metrics["tis_weight_mean"] == pytest.approx(1.0)
+    assert metrics["tis_truncated_fraction"] == pytest.approx(0.5)
+    loss.backward()
+    assert new.grad is not None
+    assert new.grad[0].tolist() == pytest.approx([0.0, -0.75, 0.5])  # -w * A / 2, w constant
+
+
+def test_truncated_importance_sampling_under_ppo_never_clips() -> None:
+    """The ratio is taken against the current weights (1), so only the TIS weight acts."""
+    new = t([[0.0, -1.0]])
+    sampler = t([[0.0, -1.0 - 3.0]])  # ratio e^3, far outside the clip range
+    config = LossConfig(name=LossName.ppo, tis_cap=2.0)
+    loss, metrics = compute_loss(config, new, t([[0, 1]]), old_logprobs=sampler,
+                                 advantages=t([[0.0, 1.0]]))
+    assert loss.item() == pytest.approx(-2.0)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["tis_truncated_fraction"] == 1.0
+
+
+def test_tis_is_refused_for_cross_entropy() -> None:
+    with pytest.raises(ValueError, match="policy losses"):
+        LossConfig(tis_cap=2.0)

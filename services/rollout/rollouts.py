@@ -1,0 +1,130 @@
+"""`POST /v1/rollouts`: check a request whole before anything runs (a bad environment, bad
+params or a prompt that does not fit is a 4xx, not an error half-way through a stream), then
+run its groups and stream each as it completes (NDJSON, one `RolloutEvent` per line)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from pydantic import ValidationError
+
+from agents.envs import environments
+from services.common.errors import InvalidInput, LoomError
+from services.common.schemas import ErrorBody
+from services.rollout.agent_loop import AgentLoop, GroupVersion, Plan
+from services.rollout.schemas import (
+    RolloutEvent,
+    RolloutGroup,
+    RolloutRequest,
+    RolloutSummary,
+)
+from services.rollout.versions import Versions
+
+log = logging.getLogger(__name__)
+
+
+class Rollouts:
+    def __init__(self, loop: AgentLoop, versions: Versions) -> None:
+        self.loop = loop
+        self.versions = versions
+
+    def plan(self, request: RolloutRequest) -> tuple[Plan, list[int]]:
+        """The checked request and each task's prompt length."""
+        known = environments()
+        env_cls = known.get(request.env)
+        if env_cls is None:
+            raise InvalidInput(f"Unknown environment {request.env!r}; known environments: "
+                               f"{', '.join(sorted(known))}", {"known": sorted(known)})
+        try:
+            env_params = env_cls.params_model.model_validate(request.env_params)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'env_params'}: {e['msg']}"
+                                 for e in exc.errors())
+            raise InvalidInput(f"Invalid env_params for {request.env!r}: {problems}") from exc
+        engine = self.loop.sampler.engine
+        context = engine.max_model_len
+        if request.max_total_tokens is not None and request.max_total_tokens > context:
+            raise InvalidInput(f"max_total_tokens ({request.max_total_tokens}) exceeds the "
+                               f"model's context of {context} tokens.")
+        bad_stops = [t for t in request.params.stop_token_ids if not 0 <= t < engine.vocab_size]
+        if bad_stops:
+            raise InvalidInput(f"stop_token_ids must be in [0, {engine.vocab_size}); got "
+                               f"{bad_stops}.")
+        plan = Plan(request, env_cls, env_params, request.max_turns or env_cls.max_turns,
+                    request.max_total_tokens or context)
+        lengths = [self._prompt_length(plan, i) for i in range(len(request.tasks))]
+        return plan, lengths
+
+    def _prompt_length(self, plan: Plan, index: int) -> int:
+        try:
+            prompt = self.loop.prompt_ids(plan.environment(plan.request.tasks[index]))
+        except ValueError as exc:
+            raise InvalidInput(f"tasks[{index}]: {exc}") from exc
+        if not prompt or len(prompt) >= plan.max_total_tokens:
+            raise InvalidInput(f"tasks[{index}]: the prompt is {len(prompt)} tokens; it must "
+                               f"leave room for a reply within {plan.max_total_tokens}.")
+        return len(prompt)
+
+    async def start(self, request: RolloutRequest) -> AsyncIterator[str]:
+        plan, lengths = self.plan(request)
+        await self.versions.resolve(request.job_id, request.version)  # 404 before streaming
+        order = list(range(len(request.tasks)))
+        if request.schedule == "longest_prompt_first":
+            order.sort(key=lambda i: -lengths[i])
+        return self._stream(plan, order)
+
+    async def _stream(self, plan: Plan, order: list[int]) -> AsyncIterator[str]:
+        request = plan.request
+        started = time.perf_counter()
+        slots = asyncio.Semaphore(request.concurrency)
+        events: asyncio.Queue[RolloutEvent] = asyncio.Queue()
+
+        async def group(task_index: int) -> None:
+            version = GroupVersion(request.version, None if request.version_refresh == "turn"
+                                   else lambda: self._number(request))
+            try:
+                trajectories = await self.loop.run_group(plan, task_index, version,
+                                                         lambda: slots)
+                events.put_nowait(RolloutEvent(type="group", group=RolloutGroup(
+                    task_index=task_index, task_id=request.tasks[task_index].id,
+                    trajectories=trajectories)))
+            except LoomError as exc:
+                events.put_nowait(_error(exc.code, exc.message, task_index))
+            except Exception as exc:  # a bug: report it in the stream, keep the other groups
+                log.exception("rollout group %d failed", task_index)
+                events.put_nowait(_error("internal_error", f"{type(exc).__name__}: {exc}",
+                                         task_index))
+
+        tasks = [asyncio.create_task(group(i)) for i in order]
+        groups = model_tokens = env_tokens = 0
+        try:
+            for _ in tasks:
+                event = await events.get()
+                if event.group is not None:
+                    groups += 1
+                    for trajectory in event.group.trajectories:
+                        model_tokens += sum(trajectory.loss_mask)
+                        env_tokens += len(trajectory.loss_mask) - sum(trajectory.loss_mask)
+                yield event.model_dump_json(exclude_none=True) + "\n"
+            summary = RolloutSummary(groups=groups, trajectories=groups * request.group_size,
+                                     model_tokens=model_tokens, env_tokens=env_tokens,
+                                     wall_s=round(time.perf_counter() - started, 3))
+            yield RolloutEvent(type="summary", summary=summary).model_dump_json(
+                exclude_none=True) + "\n"
+        finally:  # the client went away (or we are done): stop what still runs
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _number(self, request: RolloutRequest) -> int:
+        return (await self.versions.resolve(request.job_id, request.version)).number
+
+
+def _error(code: str, message: str, task_index: int) -> RolloutEvent:
+    return RolloutEvent(type="error", error=ErrorBody(code=code, message=message,
+                                                      detail={"task_index": task_index}))
