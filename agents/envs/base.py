@@ -72,10 +72,14 @@ class Environment(ABC):
             raise ValueError(f"the {self.name} environment takes text prompts, not messages")
         return self.task.prompt
 
-    async def step(self, reply: str, tools: Tools) -> list[Message] | None:
-        """The environment's answer to a model turn, as messages (tool results, feedback);
-        None ends the episode. Single-turn environments end at once."""
-        return None
+    def done(self, reply: str) -> bool:
+        """Whether this model turn ends the episode (single-turn environments: always)."""
+        return True
+
+    async def step(self, reply: str, tools: Tools) -> list[Message]:
+        """The environment's answer to a model turn that did not end the episode, as
+        messages (tool results, feedback)."""
+        raise NotImplementedError(f"{self.name} is single-turn: every reply ends it")
 
     @abstractmethod
     def scoring(self, replies: list[str]) -> Scoring:

@@ -46,10 +46,11 @@ class PythonToolEnv(Environment):
     def tools(self) -> list[dict[str, Any]]:
         return [PYTHON_TOOL]
 
-    async def step(self, reply: str, tools: Tools) -> list[Message] | None:
+    def done(self, reply: str) -> bool:
+        return not parse_tool_calls(reply)
+
+    async def step(self, reply: str, tools: Tools) -> list[Message]:
         calls = parse_tool_calls(reply)
-        if not calls:
-            return None
         limit = self.params.max_calls_per_turn
         results = [await self._run(call, tools) for call in calls[:limit]]
         if len(calls) > limit:

@@ -9,8 +9,9 @@
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
+from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
-from agents.sdk.sync import Future, Job, LoomClient, SandboxSession
+from agents.sdk.sync import Future, Job, LoomClient, RolloutStream, SandboxSession
 from modelstate.schemas import Version
 from services.common.errors import (
     Conflict,
@@ -24,14 +25,23 @@ from services.common.errors import (
     UpstreamError,
 )
 from services.reward.schemas import ScoreItem
-from services.rollout.schemas import SampleResponse, SamplingParams
+from services.rollout.schemas import (
+    ChatMessage,
+    RolloutGroup,
+    RolloutTask,
+    SampleResponse,
+    SamplingParams,
+    Trajectory,
+)
 from services.trainer.schemas import AdamParams, Datum, LoraConfig, LossConfig, TrainingMode
 
 __all__ = [
     "AdamParams",
     "AsyncJob",
     "AsyncLoomClient",
+    "AsyncRolloutStream",
     "AsyncSandboxSession",
+    "ChatMessage",
     "Conflict",
     "Datum",
     "Forbidden",
@@ -45,10 +55,14 @@ __all__ = [
     "LossConfig",
     "NotFound",
     "OperationFuture",
+    "RolloutGroup",
+    "RolloutStream",
+    "RolloutTask",
     "SampleResponse",
     "SandboxSession",
     "SamplingParams",
     "ScoreItem",
+    "Trajectory",
     "TrainingMode",
     "Unauthorized",
     "Unavailable",

@@ -13,6 +13,7 @@ import httpx
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk._http import GatewayHttp
+from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
 from gateway.schemas import Job, JobCreate, StackHealth
 from modelstate.schemas import (
@@ -33,6 +34,11 @@ from services.reward.schemas import (
     ScoreResponse,
 )
 from services.rollout.schemas import (
+    ChatMessage,
+    RenderRequest,
+    RenderResponse,
+    RolloutRequest,
+    RolloutTask,
     SampleRequest,
     SampleResponse,
     SamplingParams,
@@ -103,6 +109,18 @@ class AsyncLoomClient:
             body = await self._http.post_json("/v1/rollout/tokenize", request.model_dump())
             token_ids.extend(TokenizeResponse.model_validate(body).token_ids)
         return token_ids
+
+    async def rollouts(self, request: RolloutRequest) -> AsyncRolloutStream:
+        """Trajectories of an environment, streamed a group at a time (see `AsyncJob`)."""
+        return await AsyncRolloutStream.open(self._http, request)
+
+    async def render(self, messages: Sequence[ChatMessage | dict[str, str]],
+                     tools: Sequence[dict[str, Any]] = ()) -> RenderResponse:
+        """A conversation as training tokens with the model's chat template: loss mask 1 on
+        the assistant's turns, exactly as a rollout of it would be tokenised."""
+        request = RenderRequest.model_validate({"messages": list(messages), "tools": list(tools)})
+        body = await self._http.post_json("/v1/rollout/render", request.model_dump(mode="json"))
+        return RenderResponse.model_validate(body)
 
     async def score(
         self, verifier: str, items: Sequence[ScoreItem], params: dict[str, Any] | None = None
@@ -191,6 +209,25 @@ class AsyncJob:
                 return await self.sample(prompt, n=n, params=params, version=version)
 
         return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    async def rollouts(
+        self,
+        tasks: Sequence[RolloutTask | dict[str, Any]],
+        *,
+        env: str,
+        group_size: int = 1,
+        params: SamplingParams | None = None,
+        version: VersionRef = "latest",
+        **options: Any,
+    ) -> AsyncRolloutStream:
+        """Episodes of `env` on this job's weights, `group_size` per task, each group
+        streamed with rewards as soon as it is complete. `options`: the other fields of
+        `RolloutRequest` (env_params, version_refresh, max_turns, max_total_tokens,
+        concurrency, schedule)."""
+        request = RolloutRequest.model_validate({
+            "job_id": self.id, "env": env, "tasks": list(tasks), "group_size": group_size,
+            "params": params or SamplingParams(), "version": version, **options})
+        return await self._client.rollouts(request)
 
     # --- trainer ---------------------------------------------------------------------------
 

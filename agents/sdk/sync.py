@@ -12,13 +12,14 @@ import asyncio
 import functools
 import inspect
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import httpx
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
+from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
 
 T = TypeVar("T")
@@ -84,6 +85,21 @@ class SandboxSession(_Blocking):
         self.close()
 
 
+class RolloutStream(_Blocking):
+    """Blocking view of `AsyncRolloutStream`: iterate for groups as they complete."""
+
+    def __iter__(self) -> Iterator[Any]:
+        groups = self._target.__aiter__()
+        try:
+            while True:
+                try:
+                    yield self._runner.run(groups.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._runner.run(groups.aclose())
+
+
 class LoomClient(_Blocking):
     """Synchronous client: the same methods as `AsyncLoomClient`, blocking."""
 
@@ -113,4 +129,5 @@ async def _make_client(
 
 
 _FACES: dict[type, type[_Blocking]] = {AsyncJob: Job, OperationFuture: Future,
-                                       AsyncSandboxSession: SandboxSession}
+                                       AsyncSandboxSession: SandboxSession,
+                                       AsyncRolloutStream: RolloutStream}

@@ -179,12 +179,14 @@ class AgentLoop:
                 budget_bound = params.max_tokens < request.params.max_tokens
                 stop_reason = "max_tokens" if budget_bound else sample.stop_reason
                 break
+            if environment.done(text):
+                stop_reason = "done"
+                break
+            if turn == plan.max_turns - 1:
+                break  # out of turns: the environment's answer could not be replied to
             began = time.perf_counter()
             feedback = await environment.step(text, self.tools)
             episode.timings["env_s"] += time.perf_counter() - began
-            if feedback is None:
-                stop_reason = "done"
-                break
             history.append({"role": "assistant", "content": text})
             feedback_ids = self._feedback_ids(environment, history, feedback, tools,
                                               sample.token_ids)

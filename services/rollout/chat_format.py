@@ -70,3 +70,35 @@ class ChatFormat:
         if ended_with_turn_end and self.turn_end_id is not None:
             closing = closing.removeprefix(self.decode([self.turn_end_id]))
         return self.encode(closing + after[len(before):])
+
+    def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None
+                     ) -> tuple[list[int], list[int]]:
+        """A whole conversation as the agent loop would have built it, with loss mask 1 on
+        the assistant's tokens (each turn's content and its end-of-turn token): supervised
+        examples for multi-turn tool use."""
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if first is None or first == 0:
+            raise InvalidInput("A conversation to render needs a prompt (at least one message) "
+                               "followed by at least one assistant message.")
+        token_ids = self.prompt_ids(messages[:first], tools)
+        mask = [0] * len(token_ids)
+        history = list(messages[:first])
+        i = first
+        while i < len(messages):
+            reply = self.encode(str(messages[i]["content"]))
+            if self.turn_end_id is not None:
+                reply.append(self.turn_end_id)
+            token_ids += reply
+            mask += [1] * len(reply)
+            history.append(messages[i])
+            after = next((j for j in range(i + 1, len(messages))
+                          if messages[j]["role"] == "assistant"), len(messages))
+            if after < len(messages):  # the environment's turn before the next reply
+                feedback = messages[i + 1:after]
+                between = self.feedback_ids(history, feedback, tools,
+                                            ended_with_turn_end=self.turn_end_id is not None)
+                token_ids += between
+                mask += [0] * len(between)
+                history.extend(feedback)
+            i = after
+        return token_ids, mask

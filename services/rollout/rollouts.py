@@ -17,6 +17,8 @@ from services.common.errors import InvalidInput, LoomError
 from services.common.schemas import ErrorBody
 from services.rollout.agent_loop import AgentLoop, GroupVersion, Plan
 from services.rollout.schemas import (
+    RenderRequest,
+    RenderResponse,
     RolloutEvent,
     RolloutGroup,
     RolloutRequest,
@@ -68,6 +70,11 @@ class Rollouts:
             raise InvalidInput(f"tasks[{index}]: the prompt is {len(prompt)} tokens; it must "
                                f"leave room for a reply within {plan.max_total_tokens}.")
         return len(prompt)
+
+    def render(self, request: RenderRequest) -> RenderResponse:
+        token_ids, mask = self.loop.chat.conversation(
+            [m.model_dump() for m in request.messages], request.tools)
+        return RenderResponse(token_ids=token_ids, loss_mask=mask)
 
     async def start(self, request: RolloutRequest) -> AsyncIterator[str]:
         plan, lengths = self.plan(request)

@@ -9,6 +9,8 @@ from services.rollout.deps import RolloutsDep, SamplerDep, VersionsDep
 from services.rollout.schemas import (
     LoadedVersion,
     LoadRequest,
+    RenderRequest,
+    RenderResponse,
     ResidentVersions,
     RolloutEvent,
     RolloutRequest,
@@ -46,3 +48,8 @@ async def load(versions: VersionsDep, body: LoadRequest) -> LoadedVersion:
     "content": {"application/x-ndjson": {"schema": RolloutEvent.model_json_schema()}}}})
 async def rollouts(runner: RolloutsDep, body: RolloutRequest) -> StreamingResponse:
     return StreamingResponse(await runner.start(body), media_type="application/x-ndjson")
+
+
+@router.post("/render", response_model=RenderResponse)
+async def render(runner: RolloutsDep, body: RenderRequest) -> RenderResponse:
+    return runner.render(body)

@@ -89,6 +89,19 @@ class ChatMessage(StrictModel):
     content: str = Field(max_length=1_000_000)
 
 
+class RenderRequest(StrictModel):
+    """A conversation to turn into training tokens with the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=2, max_length=256)
+    tools: list[dict[str, Any]] = Field(default=[], max_length=64,
+                                        description="Tool schemas (OpenAI function format)")
+
+
+class RenderResponse(LenientModel):
+    token_ids: list[int]
+    loss_mask: list[int] = Field(description="1 on the assistant's tokens")
+
+
 class RolloutTask(StrictModel):
     """One prompt of an environment: text (the user's message) or a whole conversation."""
 
@@ -145,7 +158,7 @@ class Trajectory(LenientModel):
     turns: list[TurnInfo]
     stop_reason: Literal["done", "max_turns", "max_tokens", "length", "abort"]
     response: str = Field(description="What the reward scored")
-    reward: float | None
+    reward: float | None = None
     reward_error: str | None = None
     reward_detail: dict[str, Any] = {}
     timings: dict[str, float] = {}
@@ -157,7 +170,7 @@ class Trajectory(LenientModel):
 
 class RolloutGroup(LenientModel):
     task_index: int
-    task_id: str | None
+    task_id: str | None = None
     trajectories: list[Trajectory]
 
     @property

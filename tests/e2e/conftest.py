@@ -12,9 +12,9 @@ from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
-    """(gateway url, admin key, data dir) of a running stack; stopped after the session."""
+    """(gateway url, admin key, data dir) of a running stack, shared by the e2e modules."""
     data_dir = tmp_path_factory.mktemp("loom-stack")
     urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
     settings = LoomSettings(data_dir=data_dir, **urls)

@@ -18,11 +18,12 @@ NOW = datetime.now(UTC).isoformat()
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
-        "AdamParams", "AsyncJob", "AsyncLoomClient", "AsyncSandboxSession", "Conflict", "Datum",
-        "Forbidden", "Future", "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError",
-        "LoraConfig", "LossConfig", "NotFound", "OperationFuture", "SampleResponse",
-        "SamplingParams", "SandboxSession", "ScoreItem", "TrainingMode", "Unauthorized",
-        "Unavailable", "UpstreamError", "Version",
+        "AdamParams", "AsyncJob", "AsyncLoomClient", "AsyncRolloutStream",
+        "AsyncSandboxSession", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
+        "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
+        "LossConfig", "NotFound", "OperationFuture", "RolloutGroup", "RolloutStream",
+        "RolloutTask", "SampleResponse", "SamplingParams", "SandboxSession", "ScoreItem",
+        "Trajectory", "TrainingMode", "Unauthorized", "Unavailable", "UpstreamError", "Version",
     ])
 
 
@@ -104,3 +105,54 @@ def test_sync_face_blocks_and_wraps_jobs_and_futures() -> None:
         assert future.result().step == 1
         with pytest.raises(NotFound):
             loom.get_job("missing")
+
+
+def _rollout_gateway(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content)
+    if body["env"] == "chess":
+        return httpx.Response(422, json={"error": {"code": "invalid_input",
+                                                   "message": "Unknown environment 'chess'"}})
+    trajectory = {"task_index": 0, "sample_index": 0, "prompt_token_ids": [1],
+                  "token_ids": [2, 3], "logprobs": [-0.1, -0.2], "loss_mask": [1, 1],
+                  "turns": [], "stop_reason": "done", "response": "5", "reward": 1.0}
+    lines = [
+        {"type": "group", "group": {"task_index": 0, "trajectories": [trajectory]}},
+        {"type": "error", "error": {"code": "unavailable", "message": "sandbox down",
+                                    "detail": {"task_index": 1}}},
+        {"type": "summary", "summary": {"groups": 1, "trajectories": 1, "model_tokens": 2,
+                                        "env_tokens": 0, "wall_s": 0.5}},
+    ]
+    assert request.url.path == "/v1/rollout/rollouts" and body["job_id"] == "job_1"
+    return httpx.Response(200, content="".join(json.dumps(x) + "\n" for x in lines),
+                          headers={"content-type": "application/x-ndjson"})
+
+
+def _rollouts_transport() -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/jobs/job_1":
+            return httpx.Response(200, json=_job())
+        return _rollout_gateway(request)
+
+    return httpx.MockTransport(handler)
+
+
+async def test_rollout_stream_yields_groups_and_keeps_errors_and_summary() -> None:
+    async with AsyncLoomClient("http://gw", "k", transport=_rollouts_transport()) as loom:
+        job = await loom.get_job("job_1")
+        stream = await job.rollouts([{"prompt": "2+3=", "reference": "5"}] * 2,
+                                    env="arithmetic")
+        groups = await stream.collect()
+        with pytest.raises(InvalidInput, match="Unknown environment 'chess'"):
+            await job.rollouts([{"prompt": "x"}], env="chess")
+    assert [g.rewards for g in groups] == [[1.0]]
+    assert [e.detail for e in stream.errors] == [{"task_index": 1}]
+    assert stream.summary is not None and stream.summary.model_tokens == 2
+
+
+def test_rollout_stream_sync_face_iterates() -> None:
+    with LoomClient("http://gw", "k", transport=_rollouts_transport()) as loom:
+        job = loom.get_job("job_1")
+        stream = job.rollouts([{"prompt": "2+3=", "reference": "5"}], env="arithmetic")
+        groups = list(stream)
+        assert groups[0].trajectories[0].response == "5"
+        assert stream.summary.groups == 1

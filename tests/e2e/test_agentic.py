@@ -1,0 +1,96 @@
+"""Agentic rollouts end to end: real vLLM, the real sandbox running the model's tool calls, the
+real reward service scoring, through the gateway and the SDK."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.algorithms import dapo
+from agents.envs.python_tool import PYTHON_TOOL
+from agents.envs.tool_calls import format_tool_call
+from agents.sdk import AdamParams, Datum, InvalidInput, LoomClient, NotFound, SamplingParams
+from services.reward.countdown import reference_of
+
+pytestmark = pytest.mark.e2e
+GREEDY = SamplingParams(max_tokens=96, temperature=0)
+
+
+def test_single_turn_groups_stream_with_rewards(stack) -> None:
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        job = loom.create_job("loom/tiny", name="rollouts-single", mode="lora")
+        tasks = [{"id": f"t{a}", "prompt": f"{a}+{a}=", "reference": str(2 * a)}
+                 for a in range(6)]
+        stream = job.rollouts(tasks, env="arithmetic", group_size=4,
+                              params=SamplingParams(max_tokens=4, temperature=1.0, seed=1),
+                              schedule="longest_prompt_first")
+        groups = list(stream)
+        assert sorted(g.task_id for g in groups) == [f"t{a}" for a in range(6)]
+        for group in groups:
+            assert len(group.trajectories) == 4
+            for trajectory in group.trajectories:
+                assert trajectory.reward in (0.0, 1.0) and trajectory.reward_error is None
+                assert len(trajectory.token_ids) == len(trajectory.logprobs) \
+                    == len(trajectory.loss_mask) <= 4
+                assert all(lp <= 0 for lp in trajectory.logprobs)
+                assert trajectory.versions == [0] and trajectory.timings["total_s"] > 0
+        assert stream.errors == [] and stream.summary.trajectories == 24
+        # DAPO's batch from them is valid trainer data
+        batch = dapo(max_tokens=4).batch(groups)
+        if batch.data:
+            assert job.forward_backward(batch.data, dapo(max_tokens=4).loss).result().num_tokens
+
+        countdown = job.rollouts([{"prompt": "3 5 7 -> 22: ",
+                                   "reference": reference_of([3, 5, 7], 22)}],
+                                 env="countdown", group_size=2,
+                                 params=SamplingParams(max_tokens=8))
+        (group,) = list(countdown)
+        assert all(t.reward == 0.0 for t in group.trajectories)  # a random model misses
+
+
+def test_bad_rollout_requests_are_clear_4xx(stack) -> None:
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        job = loom.create_job("loom/tiny", name="rollouts-bad", mode="lora")
+        with pytest.raises(InvalidInput, match="Unknown environment 'chess'.*python_tool"):
+            job.rollouts([{"prompt": "1+1="}], env="chess")
+        with pytest.raises(InvalidInput, match="timeout_s"):
+            job.rollouts([{"prompt": "1+1="}], env="python_tool",
+                         env_params={"timeout_s": 0})
+        with pytest.raises(NotFound):
+            job.rollouts([{"prompt": "1+1="}], env="arithmetic", version=9)
+
+
+def test_python_tool_episode_runs_the_models_code_in_the_sandbox(stack) -> None:
+    """Teach the tiny model one tool-use conversation, then roll it out: its tool call runs in
+    the real sandbox, the output comes back as a tool turn, its answer is scored."""
+    url, key, _ = stack
+    question, code, answer = "What is 123*45?", "print(123*45)", "5535"
+    with LoomClient(url, key) as loom:
+        job = loom.create_job("loom/tiny", name="rollouts-tool", mode="full")
+        rendered = loom.render([
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": format_tool_call("python", {"code": code})},
+            {"role": "tool", "content": f"{answer}\n"},
+            {"role": "assistant", "content": answer},
+        ], tools=[PYTHON_TOOL])
+        datum = Datum(input_ids=rendered.token_ids, loss_mask=rendered.loss_mask)
+        for _ in range(150):
+            job.forward_backward([datum])
+            job.optim_step(AdamParams(lr=3e-3))
+        version = job.save_weights().result().number
+
+        (group,) = list(job.rollouts([{"prompt": question, "reference": answer}],
+                                     env="python_tool", params=GREEDY))
+        (trajectory,) = group.trajectories
+        kinds = [t.kind for t in trajectory.turns]
+        assert kinds == ["model", "env", "model"], [t.text for t in trajectory.turns]
+        call, tool, reply = trajectory.turns
+        assert call.text == format_tool_call("python", {"code": code})
+        assert tool.text.startswith(f"\n<|im_start|>user\n<tool_response>\n{answer}\n")
+        assert {call.version, reply.version} == {version}
+        assert trajectory.stop_reason == "done"
+        assert (trajectory.response, trajectory.reward) == (answer, 1.0)
+        # The loop's tokens are the rendered conversation's: what SFT taught is what ran.
+        assert trajectory.prompt_token_ids + trajectory.token_ids == rendered.token_ids
+        assert trajectory.loss_mask == rendered.loss_mask[len(trajectory.prompt_token_ids):]

@@ -1,0 +1,330 @@
+"""The agent loop and the rollout stream with test doubles for the engine, sandbox and reward
+service (the real ones: tests/integration/rollout/test_rollouts.py). The tokenizer and chat
+template are the tiny model's own."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from agents.envs.python_tool import PYTHON_TOOL
+from agents.envs.tool_calls import format_tool_call
+from modelstate.tiny import build_tokenizer
+from services.common.errors import InvalidInput, Unavailable
+from services.reward.schemas import ItemScore, ScoreItem, ScoreResponse
+from services.rollout.agent_loop import AgentLoop
+from services.rollout.rollouts import Rollouts
+from services.rollout.schemas import (
+    ChatMessage,
+    RenderRequest,
+    RolloutEvent,
+    RolloutRequest,
+    Sample,
+    SampleRequest,
+    SampleResponse,
+)
+from services.sandbox.schemas import ExecuteResponse, ExecutionStatus
+
+Script = Callable[[SampleRequest, str], str]  # (request, decoded context) -> reply
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    directory: Path = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer(directory)
+    return AutoTokenizer.from_pretrained(directory)
+
+
+class FakeEngine:
+    max_model_len = 512
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+@dataclass
+class ScriptedSampler:
+    """Replies as the script says, ended with the template's end of turn (or cut at
+    max_tokens, as an engine would)."""
+
+    engine: FakeEngine
+    script: Script
+    requests: list[SampleRequest] = field(default_factory=list)
+
+    async def sample(self, request: SampleRequest) -> SampleResponse:
+        self.requests.append(request)
+        assert request.prompt_token_ids is not None
+        context = self.engine.tokenizer.decode(request.prompt_token_ids)
+        end = "<|im_end|>" if 2 in request.params.stop_token_ids else "<|endoftext|>"
+        ids = self.engine.encode(self.script(request, context) + end)
+        stop = "stop"
+        if len(ids) > request.params.max_tokens:
+            ids, stop = ids[:request.params.max_tokens], "length"
+        version = request.version if isinstance(request.version, int) else 7
+        sample = Sample(token_ids=ids, logprobs=[-0.25] * len(ids), text="", stop_reason=stop,
+                        version=version)
+        return SampleResponse(job_id=request.job_id, version=version,
+                              prompt_token_ids=request.prompt_token_ids, samples=[sample])
+
+
+@dataclass
+class FakeTools:
+    status: ExecutionStatus = ExecutionStatus.ok
+    fail: bool = False
+    programs: list[str] = field(default_factory=list)
+
+    async def run_python(self, code: str, *, timeout_s: float) -> ExecuteResponse:
+        if self.fail:
+            raise Unavailable("sandbox is unreachable")
+        self.programs.append(code)
+        # "runs" print(a*b) programs
+        stdout = ""
+        if code.startswith("print(") and self.status == ExecutionStatus.ok:
+            a, b = code[6:-1].split("*")
+            stdout = f"{int(a) * int(b)}\n"
+        return ExecuteResponse(status=self.status, exit_code=0, stdout=stdout, stderr="",
+                               stdout_truncated=False, stderr_truncated=False, wall_s=0.01,
+                               cpu_s=0.01)
+
+
+class ExactScorer:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[ScoreItem], dict[str, Any]]] = []
+
+    async def score(self, verifier: str, items: list[ScoreItem],
+                    params: dict[str, Any]) -> ScoreResponse:
+        self.calls.append((verifier, items, params))
+        return ScoreResponse(verifier=verifier, scores=[
+            ItemScore(reward=float(i.response.strip() == i.reference)) for i in items])
+
+
+class FakeVersions:
+    def __init__(self) -> None:
+        self.resolved = 0
+
+    async def resolve(self, job_id: str | None, ref: Any) -> Any:
+        self.resolved += 1
+
+        @dataclass
+        class Resolved:
+            number: int
+
+        return Resolved(3 if ref == "latest" else int(ref))
+
+
+def tool_then_answer(request: SampleRequest, context: str) -> str:
+    if "<tool_response>" in context:
+        return context.rsplit("<tool_response>\n", 1)[1].split("\n", 1)[0]
+    question = context.rsplit("What is ", 1)[1].split("?", 1)[0]
+    return format_tool_call("python", {"code": f"print({question})"})
+
+
+def make(tokenizer: Any, script: Script, tools: FakeTools | None = None
+         ) -> tuple[Rollouts, ScriptedSampler, FakeTools, ExactScorer, FakeVersions]:
+    sampler = ScriptedSampler(FakeEngine(tokenizer), script)
+    tools = tools or FakeTools()
+    scorer = ExactScorer()
+    versions = FakeVersions()
+    loop = AgentLoop(sampler, tools, scorer)  # type: ignore[arg-type]
+    return Rollouts(loop, versions), sampler, tools, scorer, versions  # type: ignore[arg-type]
+
+
+def request(**overrides: Any) -> RolloutRequest:
+    body: dict[str, Any] = {
+        "env": "python_tool", "env_params": {"verifier": "exact_match"},
+        "tasks": [{"prompt": "What is 12*34?", "reference": "408"},
+                  {"prompt": "What is 7*6?", "reference": "42"}],
+        "group_size": 2, "params": {"max_tokens": 100, "seed": 5},
+    }
+    return RolloutRequest.model_validate({**body, **overrides})
+
+
+async def run(rollouts: Rollouts, body: RolloutRequest) -> list[RolloutEvent]:
+    lines = [line async for line in await rollouts.start(body)]
+    assert all(line.endswith("\n") for line in lines)
+    return [RolloutEvent.model_validate_json(line) for line in lines]
+
+
+async def test_tool_use_episode_is_token_exact_and_masked(tokenizer: Any) -> None:
+    rollouts, sampler, tools, scorer, _ = make(tokenizer, tool_then_answer)
+    events = await run(rollouts, request())
+    assert [e.type for e in events] == ["group", "group", "summary"]
+    groups = {e.group.task_index: e.group for e in events if e.group}
+    trajectory = groups[0].trajectories[0]
+    assert [t.kind for t in trajectory.turns] == ["model", "env", "model"]
+    assert trajectory.stop_reason == "done"
+    assert trajectory.response == "408" and trajectory.reward == 1.0
+    assert tools.programs.count("print(12*34)") == 2  # both samples of the group
+    model, env, answer = trajectory.turns
+    assert "<tool_call>" in model.text and model.version == 3
+    assert env.text.startswith("\n<|im_start|>user\n<tool_response>\n408\n")
+    assert env.text.endswith("<|im_start|>assistant\n")
+    # The mask is 1 exactly on the model's tokens (their logprobs kept), 0 on the tool turn.
+    for turn in trajectory.turns:
+        span = slice(turn.start, turn.end)
+        expected = 1 if turn.kind == "model" else 0
+        assert set(trajectory.loss_mask[span]) == {expected}
+        assert set(trajectory.logprobs[span]) == ({-0.25} if expected else {0.0})
+    # The second turn was sampled on exactly prompt + model tokens + tool tokens.
+    second = [r for r in sampler.requests if r.prompt_token_ids and
+              len(r.prompt_token_ids) > len(trajectory.prompt_token_ids)]
+    contexts = {tuple(r.prompt_token_ids or []) for r in second}
+    assert tuple(trajectory.prompt_token_ids + trajectory.token_ids[:env.end]) in contexts
+    # Each model turn stops at the template's end of turn, and ends with it.
+    assert all(2 in r.params.stop_token_ids for r in sampler.requests)
+    assert trajectory.token_ids[model.end - 1] == 2
+    # One reward call per group, with the environment's verifier.
+    assert len(scorer.calls) == 2 and all(c[0] == "exact_match" for c in scorer.calls)
+    summary = events[-1].summary
+    assert summary is not None and summary.trajectories == 4
+    assert summary.model_tokens == sum(sum(t.loss_mask) for g in groups.values()
+                                       for t in g.trajectories)
+
+
+async def test_seeds_differ_per_trajectory_and_turn(tokenizer: Any) -> None:
+    rollouts, sampler, *_ = make(tokenizer, tool_then_answer)
+    await run(rollouts, request())
+    seeds = [r.params.seed for r in sampler.requests]
+    assert len(seeds) == 8 and len(set(seeds)) == 8
+
+
+async def test_malformed_tool_call_becomes_an_error_turn(tokenizer: Any) -> None:
+    def script(request: SampleRequest, context: str) -> str:
+        if "<tool_response>" in context:
+            return "no idea"
+        return '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"\n</tool_call>'
+
+    rollouts, *_ = make(tokenizer, script)
+    events = await run(rollouts, request(group_size=1, tasks=[{"prompt": "What is 1*1?",
+                                                                "reference": "1"}]))
+    trajectory = events[0].group.trajectories[0]  # type: ignore[union-attr]
+    assert "error: the tool call is not valid JSON" in trajectory.turns[1].text
+    assert trajectory.stop_reason == "done" and trajectory.reward == 0.0
+
+
+async def test_hanging_tool_surfaces_as_a_tool_error(tokenizer: Any) -> None:
+    rollouts, *_ = make(tokenizer, tool_then_answer, FakeTools(status=ExecutionStatus.timeout))
+    events = await run(rollouts, request(group_size=1))
+    turns = events[0].group.trajectories[0].turns  # type: ignore[union-attr]
+    assert "error: the program ran past its 5 s limit" in turns[1].text
+
+
+async def test_turn_limit_ends_an_episode_with_no_answer(tokenizer: Any) -> None:
+    def always_call(request: SampleRequest, context: str) -> str:
+        return format_tool_call("python", {"code": "print(2*2)"})
+
+    rollouts, *_ = make(tokenizer, always_call)
+    events = await run(rollouts, request(group_size=1, max_turns=3,
+                                         tasks=[{"prompt": "What is 2*2?", "reference": "4"}]))
+    trajectory = events[0].group.trajectories[0]  # type: ignore[union-attr]
+    assert trajectory.stop_reason == "max_turns"
+    assert [t.kind for t in trajectory.turns] == ["model", "env"] * 2 + ["model"]
+    assert trajectory.response == "" and trajectory.reward == 0.0
+
+
+async def test_token_budget_ends_an_episode(tokenizer: Any) -> None:
+    rollouts, *_ = make(tokenizer, tool_then_answer)
+    events = await run(rollouts, request(group_size=1, max_total_tokens=100))
+    for event in events[:-1]:
+        trajectory = event.group.trajectories[0]  # type: ignore[union-attr]
+        assert trajectory.stop_reason == "max_tokens"
+        assert len(trajectory.prompt_token_ids) + len(trajectory.token_ids) <= 100
+
+
+async def test_sandbox_outage_fails_only_its_groups(tokenizer: Any) -> None:
+    rollouts, *_ = make(tokenizer, tool_then_answer, FakeTools(fail=True))
+    events = await run(rollouts, request())
+    errors = [e for e in events if e.type == "error"]
+    assert len(errors) == 2 and errors[0].error is not None
+    assert errors[0].error.code == "unavailable"
+    assert {e.error.detail["task_index"] for e in errors if e.error} == {0, 1}
+    assert events[-1].summary is not None and events[-1].summary.groups == 0
+
+
+async def test_group_refresh_resolves_once_per_group_turn_refresh_never(tokenizer: Any) -> None:
+    rollouts, sampler, _, _, versions = make(tokenizer, tool_then_answer)
+    await run(rollouts, request())
+    assert versions.resolved == 1 + 2  # the up-front check, then once per group
+    assert {r.version for r in sampler.requests} == {3}
+    rollouts, sampler, _, _, versions = make(tokenizer, tool_then_answer)
+    await run(rollouts, request(version_refresh="turn"))
+    assert versions.resolved == 1
+    assert {r.version for r in sampler.requests} == {"latest"}
+
+
+async def test_longest_prompt_first_starts_long_prompts_first(tokenizer: Any) -> None:
+    rollouts, sampler, *_ = make(tokenizer, lambda r, c: "1")
+    tasks = [{"prompt": "1+1=", "reference": "2"}, {"prompt": "12+34=", "reference": "46"}]
+    await run(rollouts, request(env="arithmetic", env_params={}, tasks=tasks, group_size=1,
+                                concurrency=1, schedule="longest_prompt_first"))
+    first = tokenizer.decode(sampler.requests[0].prompt_token_ids)
+    assert first == "12+34="
+
+
+async def test_single_turn_raw_prompt(tokenizer: Any) -> None:
+    rollouts, sampler, _, scorer, _ = make(tokenizer, lambda r, c: "46")
+    events = await run(rollouts, request(env="arithmetic", env_params={}, group_size=3,
+                                         tasks=[{"prompt": "12+34=", "reference": "46"}]))
+    group = events[0].group
+    assert group is not None and group.rewards == [1.0, 1.0, 1.0]
+    assert tokenizer.decode(group.trajectories[0].prompt_token_ids) == "12+34="
+    assert scorer.calls[0][1][0].response == "46"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"env": "chess"}, "Unknown environment 'chess'; known environments: arithmetic, "
+                       "countdown, python_tool"),
+    ({"env_params": {"timeout_s": -1}}, "Invalid env_params for 'python_tool': timeout_s"),
+    ({"env_params": {"colour": "red"}}, "colour: Extra inputs"),
+    ({"max_total_tokens": 4096}, "exceeds the model's context of 512"),
+    ({"params": {"stop_token_ids": [9999]}}, r"stop_token_ids must be in \[0, 271\)"),
+    ({"tasks": [{"prompt": "What is " + "9" * 600 + "?"}]}, "tasks\\[0\\]: the prompt is"),
+    ({"env": "arithmetic", "env_params": {},
+      "tasks": [{"prompt": [{"role": "user", "content": "1+1="}]}]},
+     "tasks\\[0\\]: the arithmetic environment takes text prompts"),
+])
+async def test_bad_requests_are_refused_before_anything_runs(
+        tokenizer: Any, overrides: dict[str, Any], message: str) -> None:
+    rollouts, sampler, *_ = make(tokenizer, tool_then_answer)
+    with pytest.raises(InvalidInput, match=message):
+        await rollouts.start(request(**overrides))
+    assert sampler.requests == []
+
+
+def test_events_are_json_lines() -> None:
+    event = RolloutEvent(type="summary")
+    assert json.loads(event.model_dump_json(exclude_none=True)) == {"type": "summary"}
+
+
+async def test_rendered_conversation_matches_the_agent_loops_tokens(tokenizer: Any) -> None:
+    """A supervised tool-use example is tokenised exactly as a rollout of it would be."""
+    rollouts, *_ = make(tokenizer, tool_then_answer)
+    events = await run(rollouts, request(group_size=1))
+    trajectory = events[0].group.trajectories[0]  # type: ignore[union-attr]
+    task = request().tasks[trajectory.task_index]
+    call = format_tool_call("python", {"code": f"print({task.prompt[8:-1]})"})
+    rendered = rollouts.render(RenderRequest(messages=[
+        ChatMessage(role="user", content=str(task.prompt)),
+        ChatMessage(role="assistant", content=call),
+        ChatMessage(role="tool", content=f"{task.reference}\n"),
+        ChatMessage(role="assistant", content=str(task.reference)),
+    ], tools=[PYTHON_TOOL]))
+    assert rendered.token_ids == trajectory.prompt_token_ids + trajectory.token_ids
+    assert rendered.loss_mask == [0] * len(trajectory.prompt_token_ids) + trajectory.loss_mask
+
+
+def test_render_needs_a_prompt_and_a_reply(tokenizer: Any) -> None:
+    rollouts, *_ = make(tokenizer, tool_then_answer)
+    with pytest.raises(InvalidInput, match="at least one assistant message"):
+        rollouts.render(RenderRequest(messages=[ChatMessage(role="user", content="a"),
+                                                ChatMessage(role="user", content="b")]))
