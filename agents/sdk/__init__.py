@@ -9,9 +9,10 @@
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
+from agents.sdk.pipeline import AsyncPipeline, StepResult
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
-from agents.sdk.sync import Future, Job, LoomClient, RolloutStream, SandboxSession
+from agents.sdk.sync import Future, Job, LoomClient, Pipeline, RolloutStream, SandboxSession
 from modelstate.schemas import Version
 from services.common.errors import (
     Conflict,
@@ -39,6 +40,7 @@ __all__ = [
     "AdamParams",
     "AsyncJob",
     "AsyncLoomClient",
+    "AsyncPipeline",
     "AsyncRolloutStream",
     "AsyncSandboxSession",
     "ChatMessage",
@@ -55,6 +57,7 @@ __all__ = [
     "LossConfig",
     "NotFound",
     "OperationFuture",
+    "Pipeline",
     "RolloutGroup",
     "RolloutStream",
     "RolloutTask",
@@ -62,6 +65,7 @@ __all__ = [
     "SandboxSession",
     "SamplingParams",
     "ScoreItem",
+    "StepResult",
     "Trajectory",
     "TrainingMode",
     "Unauthorized",

@@ -12,13 +12,15 @@ import asyncio
 import functools
 import inspect
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import httpx
 
+from agents.algorithms.recipes import Algorithm
 from agents.sdk._futures import OperationFuture
 from agents.sdk.client import AsyncJob, AsyncLoomClient
+from agents.sdk.pipeline import AsyncPipeline, StepResult
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
 
@@ -37,6 +39,19 @@ class _LoopThread:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+
+    def iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """An async iterator's items, each awaited on the loop; closed when abandoned."""
+        try:
+            while True:
+                try:
+                    yield self.run(items.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            close = getattr(items, "aclose", None)
+            if close is not None:
+                self.run(close())
 
 
 class _Blocking:
@@ -89,15 +104,18 @@ class RolloutStream(_Blocking):
     """Blocking view of `AsyncRolloutStream`: iterate for groups as they complete."""
 
     def __iter__(self) -> Iterator[Any]:
-        groups = self._target.__aiter__()
-        try:
-            while True:
-                try:
-                    yield self._runner.run(groups.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            self._runner.run(groups.aclose())
+        return self._runner.iterate(self._target.__aiter__())
+
+
+class Pipeline:
+    """Blocking view of `AsyncPipeline`: `for step in Pipeline(job, algo, ...).run(n)`."""
+
+    def __init__(self, job: Job, algorithm: Algorithm, **options: Any) -> None:
+        self._runner: _LoopThread = job._runner
+        self._pipeline = AsyncPipeline(job._target, algorithm, **options)
+
+    def run(self, steps: int) -> Iterator[StepResult]:
+        return self._runner.iterate(self._pipeline.run(steps))
 
 
 class LoomClient(_Blocking):

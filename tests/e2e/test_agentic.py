@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from agents.algorithms import dapo
+from agents.algorithms import dapo, grpo
 from agents.envs.python_tool import PYTHON_TOOL
 from agents.envs.tool_calls import format_tool_call
-from agents.sdk import AdamParams, Datum, InvalidInput, LoomClient, NotFound, SamplingParams
+from agents.sdk import (
+    AdamParams,
+    Datum,
+    InvalidInput,
+    LoomClient,
+    NotFound,
+    Pipeline,
+    SamplingParams,
+)
 from services.reward.countdown import reference_of
 
 pytestmark = pytest.mark.e2e
@@ -94,3 +102,20 @@ def test_python_tool_episode_runs_the_models_code_in_the_sandbox(stack) -> None:
         # The loop's tokens are the rendered conversation's: what SFT taught is what ran.
         assert trajectory.prompt_token_ids + trajectory.token_ids == rendered.token_ids
         assert trajectory.loss_mask == rendered.loss_mask[len(trajectory.prompt_token_ids):]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_pipeline_steps_publish_versions_within_the_staleness_bound(stack, mode: str) -> None:
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        job = loom.create_job("loom/tiny", name=f"pipeline-{mode}", mode="lora")
+        tasks = [{"prompt": f"{a}+{b}=", "reference": str(a + b)}
+                 for a in range(10) for b in range(10)]
+        pipeline = Pipeline(job, grpo(), env="arithmetic", tasks=tasks, groups_per_step=4,
+                            group_size=4, params=SamplingParams(max_tokens=4), mode=mode,
+                            max_staleness=1)
+        results = list(pipeline.run(3))
+        assert [r.version for r in results] == [1, 2, 3]
+        assert all(r.groups == 4 and r.failed_groups == 0 for r in results)
+        assert all(r.max_staleness <= (1 if mode == "async" else 0) for r in results)
+        assert [v.number for v in job.versions()] == [1, 2, 3]

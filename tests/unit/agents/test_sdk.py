@@ -18,13 +18,15 @@ NOW = datetime.now(UTC).isoformat()
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
-        "AdamParams", "AsyncJob", "AsyncLoomClient", "AsyncRolloutStream",
+        "AdamParams", "AsyncJob", "AsyncLoomClient", "AsyncPipeline", "AsyncRolloutStream",
         "AsyncSandboxSession", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
         "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
-        "LossConfig", "NotFound", "OperationFuture", "RolloutGroup", "RolloutStream",
+        "LossConfig", "NotFound", "OperationFuture", "Pipeline", "RolloutGroup", "RolloutStream",
         "RolloutTask", "SampleResponse", "SamplingParams", "SandboxSession", "ScoreItem",
-        "Trajectory", "TrainingMode", "Unauthorized", "Unavailable", "UpstreamError", "Version",
+        "StepResult", "Trajectory", "TrainingMode", "Unauthorized", "Unavailable",
+        "UpstreamError", "Version",
     ])
+    assert [name for name in sdk.__all__ if not hasattr(sdk, name)] == []
 
 
 def _job(job_id: str = "job_1") -> dict:

@@ -1,0 +1,192 @@
+"""The RL loop, written once: rollouts → algorithm → trainer → publish, sync or async.
+
+    pipeline = AsyncPipeline(job, dapo(max_tokens=96), env="python_tool", tasks=tasks,
+                             groups_per_step=16, group_size=8, mode="async", max_staleness=1)
+    async for step in pipeline.run(steps=50):
+        print(step.version, step.mean_reward)
+
+- `sync`: the groups of step k are sampled by the version step k - 1 published; the engine
+  waits while the trainer trains, and the trainer waits while the engine samples.
+- `async`: rollouts for the next `max_staleness` steps run while the trainer trains, so both
+  stay busy. A group sampled more than `max_staleness` versions before the one being trained
+  is dropped (counted in `StepResult.dropped_stale`); set the algorithm's `tis_cap` to
+  correct the staleness that remains.
+- Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
+  more: a step trains on `groups_per_step` groups with signal (`oversample` > 1 asks for more
+  up front, so fewer top-ups are needed); extra groups carry over to the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agents.algorithms.recipes import Algorithm
+from agents.sdk.client import AsyncJob
+from services.common.errors import NotFound
+from services.rollout.schemas import RolloutGroup, RolloutTask, SamplingParams
+from services.trainer.schemas import AdamParams
+
+
+@dataclass
+class StepResult:
+    step: int
+    version: int  # published by this step
+    groups: int  # trained on
+    mean_reward: float  # over every scored group this step looked at
+    dropped_stale: int = 0
+    dropped_filtered: int = 0  # by the algorithm (zero variance, unscored)
+    failed_groups: int = 0  # the rollout service reported an error for them
+    max_staleness: int = 0  # versions between a trained group's sampler and the trainer
+    wait_s: float = 0.0  # the trainer waiting for groups
+    train_s: float = 0.0  # forward_backward + optim_step + save_weights
+    loss: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def group_version(group: RolloutGroup) -> int:
+    """The oldest version that sampled any of the group's tokens."""
+    versions = [v for t in group.trajectories for v in t.versions]
+    return min(versions) if versions else 0
+
+
+class AsyncPipeline:
+    def __init__(
+        self,
+        job: AsyncJob,
+        algorithm: Algorithm,
+        *,
+        env: str,
+        tasks: Iterable[RolloutTask | dict[str, Any]],
+        groups_per_step: int,
+        group_size: int,
+        params: SamplingParams | None = None,
+        mode: Literal["sync", "async"] = "sync",
+        max_staleness: int = 1,
+        oversample: float = 1.0,
+        adam: AdamParams | None = None,
+        **rollout_options: Any,
+    ) -> None:
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode is 'sync' or 'async', not {mode!r}")
+        if groups_per_step < 1 or oversample < 1 or max_staleness < 0:
+            raise ValueError("groups_per_step >= 1, oversample >= 1 and max_staleness >= 0")
+        self.job = job
+        self.algorithm = algorithm
+        self.env = env
+        self.tasks: Iterator[RolloutTask | dict[str, Any]] = iter(tasks)
+        self.groups_per_step = groups_per_step
+        self.group_size = group_size
+        self.params = params or SamplingParams()
+        self.staleness = max_staleness if mode == "async" else 0
+        self.lookahead = 1 + self.staleness  # chunks in flight: this step's and the next ones'
+        self.chunk_size = math.ceil(groups_per_step * oversample)
+        self.adam = adam or AdamParams()
+        self.rollout_options = rollout_options
+        self._groups: asyncio.Queue[RolloutGroup | None] = asyncio.Queue()
+        self._chunks: set[asyncio.Task[None]] = set()
+        self._running = 0  # chunks still streaming (the set may lag: done callbacks are late)
+        self._error: BaseException | None = None
+        self._failed = 0
+
+    async def run(self, steps: int) -> AsyncIterator[StepResult]:
+        """Train `steps` steps (fewer if the tasks run out); one result per step."""
+        try:
+            published = await self._latest()
+            carried: list[RolloutGroup] = []
+            for step in range(1, steps + 1):
+                while self._running < self.lookahead and self._start_chunk():
+                    pass
+                result, carried = await self._step(step, published, carried)
+                if result is None:
+                    return
+                published = result.version
+                yield result
+        finally:
+            for chunk in self._chunks:
+                chunk.cancel()
+            await asyncio.gather(*self._chunks, return_exceptions=True)
+
+    async def _step(self, step: int, published: int, carried: list[RolloutGroup]
+                    ) -> tuple[StepResult | None, list[RolloutGroup]]:
+        result = StepResult(step=step, version=published, groups=0, mean_reward=0.0)
+        failed_before = self._failed
+        kept, rewards = [], []
+        began = time.perf_counter()
+        pending = list(carried)
+        while len(kept) < self.groups_per_step:
+            group = pending.pop(0) if pending else await self._next_group()
+            if group is None:  # tasks exhausted and everything sampled was used
+                if not kept:
+                    return None, []
+                break
+            staleness = published - group_version(group)
+            if staleness > self.staleness:
+                result.dropped_stale += 1
+                continue
+            batch = self.algorithm.batch([group])
+            rewards.extend(batch.rewards)
+            if not batch.data:
+                result.dropped_filtered += 1
+                continue
+            kept.append(group)
+            result.max_staleness = max(result.max_staleness, staleness)
+        result.wait_s = time.perf_counter() - began
+        result.failed_groups = self._failed - failed_before
+        train, rest = kept[:self.groups_per_step], pending
+        began = time.perf_counter()
+        batch = self.algorithm.batch(train)
+        trained = await self.job.forward_backward(batch.data, self.algorithm.loss)
+        await self.job.optim_step(self.adam)
+        result.mean_reward = sum(rewards) / len(rewards) if rewards else 0.0
+        saved = await self.job.save_weights(metrics={"reward": result.mean_reward})
+        loss = await trained
+        result.version = (await saved).number
+        result.train_s = time.perf_counter() - began
+        result.groups, result.loss, result.metrics = len(train), loss.loss, loss.metrics
+        return result, kept[self.groups_per_step:] + rest
+
+    async def _next_group(self) -> RolloutGroup | None:
+        """The next finished group, starting another chunk when nothing else would come."""
+        while True:
+            if self._groups.empty() and not self._running and not self._start_chunk():
+                return None
+            group = await self._groups.get()
+            if self._error is not None:
+                raise self._error
+            if group is not None:
+                return group
+            # a chunk ended; loop to start another one if that was the last
+    def _start_chunk(self) -> bool:
+        tasks = list(itertools.islice(self.tasks, self.chunk_size))
+        if not tasks:
+            return False
+        self._running += 1
+        chunk = asyncio.create_task(self._sample(tasks))
+        self._chunks.add(chunk)
+        chunk.add_done_callback(self._chunks.discard)
+        return True
+
+    async def _sample(self, tasks: list[RolloutTask | dict[str, Any]]) -> None:
+        try:
+            stream = await self.job.rollouts(tasks, env=self.env, group_size=self.group_size,
+                                             params=self.params, **self.rollout_options)
+            async for group in stream:
+                self._groups.put_nowait(group)
+            self._failed += len(stream.errors)
+        except Exception as exc:  # e.g. a refused request: the consumer raises it
+            self._error = exc
+        finally:
+            self._running -= 1
+            self._groups.put_nowait(None)  # wakes a consumer waiting on an ended chunk
+
+    async def _latest(self) -> int:
+        try:
+            return (await self.job.version("latest")).number
+        except NotFound:
+            return 0

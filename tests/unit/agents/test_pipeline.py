@@ -1,0 +1,155 @@
+"""The SDK pipeline's orchestration against a scripted job (the real services:
+tests/e2e/test_agentic.py and bench/pipeline.py). Order and overlap are checked through an
+event log, never through timings."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from agents.algorithms import dapo, grpo
+from agents.sdk.pipeline import AsyncPipeline, group_version
+from services.common.errors import InvalidInput, NotFound
+from services.rollout.schemas import RolloutGroup, Trajectory, TurnInfo
+from services.trainer.schemas import ForwardBackwardResult, SaveWeightsResult
+
+
+def trajectory(task: dict[str, Any], i: int, version: int) -> Trajectory:
+    return Trajectory(
+        task_index=0, sample_index=i, prompt_token_ids=[1], token_ids=[2, 3],
+        logprobs=[-0.1, -0.1], loss_mask=[1, 1], stop_reason="done", response="",
+        turns=[TurnInfo(kind="model", start=0, end=2, text="", version=version)],
+        reward=task["rewards"][i % len(task["rewards"])])
+
+
+@dataclass
+class Stream:
+    job: ScriptedJob
+    tasks: list[dict[str, Any]]
+    group_size: int
+    errors: list[Any] = field(default_factory=list)
+
+    def __aiter__(self) -> Any:
+        return self._groups()
+
+    async def _groups(self) -> Any:
+        for task in self.tasks:
+            self.job.log.append(("sample", self.job.current, self.job.training))
+            await asyncio.sleep(0.001)
+            yield RolloutGroup(task_index=0, task_id=task.get("id"), trajectories=[
+                trajectory(task, i, self.job.current) for i in range(self.group_size)])
+
+
+@dataclass
+class ScriptedJob:
+    current: int = 0  # the latest published version
+    training: bool = False
+    refuse: bool = False
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+    trained_groups: list[int] = field(default_factory=list)
+
+    async def version(self, ref: str) -> Any:
+        assert ref == "latest" and self.current == 0, "only asked before the first step"
+        raise NotFound("no versions yet")
+
+    async def rollouts(self, tasks: list[dict[str, Any]], **options: Any) -> Stream:
+        if self.refuse:
+            raise InvalidInput("Unknown environment 'chess'")
+        return Stream(self, tasks, options["group_size"])
+
+    async def forward_backward(self, data: list[Any], loss: Any) -> Any:
+        self.training = True
+        self.trained_groups.append(len(data))
+
+        async def done() -> ForwardBackwardResult:
+            await asyncio.sleep(0.01)  # lets in-flight rollouts make progress meanwhile
+            return ForwardBackwardResult(loss=0.5, num_tokens=len(data), metrics={})
+
+        return asyncio.ensure_future(done())
+
+    async def optim_step(self, adam: Any) -> Any:
+        return asyncio.ensure_future(asyncio.sleep(0))
+
+    async def save_weights(self, metrics: dict[str, float]) -> Any:
+        async def saved() -> SaveWeightsResult:
+            await asyncio.sleep(0.01)
+            self.current += 1
+            self.training = False
+            self.log.append(("published", self.current))
+            return SaveWeightsResult(job_id="j", number=self.current, kind="full",
+                                     step=self.current)
+
+        return asyncio.ensure_future(saved())
+
+
+def tasks(n: int, rewards: list[float] | None = None) -> list[dict[str, Any]]:
+    return [{"id": f"t{i}", "prompt": "p", "rewards": rewards or [1.0, 0.0]} for i in range(n)]
+
+
+async def run(job: ScriptedJob, steps: int, **options: Any) -> list[Any]:
+    defaults: dict[str, Any] = {"env": "arithmetic", "groups_per_step": 2, "group_size": 2}
+    pipeline = AsyncPipeline(job, options.pop("algorithm", grpo()),  # type: ignore[arg-type]
+                             **{**defaults, **options})
+    return [result async for result in pipeline.run(steps)]
+
+
+async def test_sync_trains_each_step_on_the_version_just_published() -> None:
+    job = ScriptedJob()
+    results = await run(job, 3, tasks=tasks(20), mode="sync")
+    assert [r.version for r in results] == [1, 2, 3]
+    assert all(r.groups == 2 and r.max_staleness == 0 for r in results)
+    # nothing is sampled while the trainer trains
+    assert not any(e[0] == "sample" and e[2] for e in job.log)
+
+
+async def test_async_samples_while_training_within_the_staleness_bound() -> None:
+    job = ScriptedJob()
+    results = await run(job, 4, tasks=tasks(40), mode="async", max_staleness=1)
+    assert [r.version for r in results] == [1, 2, 3, 4]
+    assert any(e[0] == "sample" and e[2] for e in job.log), "no rollout overlapped training"
+    assert all(r.max_staleness <= 1 for r in results)
+    assert any(r.max_staleness == 1 for r in results)
+
+
+async def test_zero_variance_groups_are_replaced_by_more_sampling() -> None:
+    job = ScriptedJob()
+    mixed = [t for pair in zip(tasks(20, [1.0, 1.0]), tasks(20), strict=True) for t in pair]
+    results = await run(job, 3, tasks=mixed, algorithm=dapo(max_tokens=8))
+    assert all(r.groups == 2 for r in results)
+    assert sum(r.dropped_filtered for r in results) >= 3
+    assert job.trained_groups == [4, 4, 4]  # 2 groups x 2 trajectories each step
+    assert all(r.mean_reward < 1.0 for r in results)
+
+
+async def test_sync_drops_groups_left_over_from_an_older_version() -> None:
+    job = ScriptedJob()
+    results = await run(job, 3, tasks=tasks(30), mode="sync", oversample=2.0)
+    assert sum(r.dropped_stale for r in results) >= 2
+    assert all(r.max_staleness == 0 for r in results)
+
+
+async def test_running_out_of_tasks_ends_the_run_early() -> None:
+    results = await run(ScriptedJob(), 10, tasks=tasks(5))
+    assert [r.groups for r in results] == [2, 2, 1]
+
+
+async def test_a_refused_rollout_request_is_raised() -> None:
+    with pytest.raises(InvalidInput, match="chess"):
+        await run(ScriptedJob(refuse=True), 2, tasks=tasks(4))
+
+
+def test_group_version_is_the_oldest_turn() -> None:
+    group = RolloutGroup(task_index=0, trajectories=[
+        trajectory({"rewards": [1.0]}, 0, 3), trajectory({"rewards": [1.0]}, 1, 2)])
+    assert group_version(group) == 2
+
+
+@pytest.mark.parametrize("options", [{"mode": "later"}, {"groups_per_step": 0},
+                                     {"oversample": 0.5}, {"max_staleness": -1}])
+def test_bad_pipeline_options(options: dict[str, Any]) -> None:
+    base: dict[str, Any] = {"env": "e", "tasks": [], "groups_per_step": 1, "group_size": 1}
+    with pytest.raises(ValueError):
+        AsyncPipeline(ScriptedJob(), grpo(), **{**base, **options})  # type: ignore[arg-type]
