@@ -24,7 +24,7 @@ async def test_verifiers_are_listed(client: httpx.AsyncClient) -> None:
     response = await client.get("/v1/verifiers")
     assert response.status_code == 200
     names = [v["name"] for v in response.json()["verifiers"]]
-    assert names == ["exact_match", "math", "regex", "code", "python"]
+    assert names == ["exact_match", "math", "regex", "countdown", "code", "python"]
 
 
 async def test_math_batch(client: httpx.AsyncClient) -> None:
@@ -69,7 +69,8 @@ async def test_a_hanging_item_times_out_alone(client: httpx.AsyncClient) -> None
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"verifier": "nope", "items": [{"response": "x"}]}, "known verifiers: code, exact_match"),
+        ({"verifier": "nope", "items": [{"response": "x"}]},
+         "known verifiers: code, countdown, exact_match"),
         ({"verifier": "regex", "params": {"pattern": "[a-"}, "items": [{"response": "x"}]},
          "invalid regular expression"),
         ({"verifier": "math", "items": [{"response": "1"}]}, "needs a reference"),
