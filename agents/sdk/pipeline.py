@@ -30,7 +30,7 @@ from agents.algorithms.recipes import Algorithm
 from agents.sdk.client import AsyncJob
 from services.common.errors import NotFound
 from services.rollout.schemas import RolloutGroup, RolloutTask, SamplingParams
-from services.trainer.schemas import AdamParams
+from services.trainer.schemas import AdamParams, Datum
 
 
 @dataclass
@@ -116,13 +116,14 @@ class AsyncPipeline:
                     ) -> tuple[StepResult | None, list[RolloutGroup]]:
         result = StepResult(step=step, version=published, groups=0, mean_reward=0.0)
         failed_before = self._failed
-        kept, rewards = [], []
+        kept: list[Datum] = []
+        rewards: list[float] = []
         began = time.perf_counter()
         pending = list(carried)
-        while len(kept) < self.groups_per_step:
+        while result.groups < self.groups_per_step:
             group = pending.pop(0) if pending else await self._next_group()
             if group is None:  # tasks exhausted and everything sampled was used
-                if not kept:
+                if not result.groups:
                     return None, []
                 break
             staleness = published - group_version(group)
@@ -134,22 +135,21 @@ class AsyncPipeline:
             if not batch.data:
                 result.dropped_filtered += 1
                 continue
-            kept.append(group)
+            kept.extend(batch.data)
+            result.groups += 1
             result.max_staleness = max(result.max_staleness, staleness)
         result.wait_s = time.perf_counter() - began
         result.failed_groups = self._failed - failed_before
-        train, rest = kept[:self.groups_per_step], pending
         began = time.perf_counter()
-        batch = self.algorithm.batch(train)
-        trained = await self.job.forward_backward(batch.data, self.algorithm.loss)
+        trained = await self.job.forward_backward(kept, self.algorithm.loss)
         await self.job.optim_step(self.adam)
         result.mean_reward = sum(rewards) / len(rewards) if rewards else 0.0
         saved = await self.job.save_weights(metrics={"reward": result.mean_reward})
         loss = await trained
         result.version = (await saved).number
         result.train_s = time.perf_counter() - began
-        result.groups, result.loss, result.metrics = len(train), loss.loss, loss.metrics
-        return result, kept[self.groups_per_step:] + rest
+        result.loss, result.metrics = loss.loss, loss.metrics
+        return result, pending
 
     async def _next_group(self) -> RolloutGroup | None:
         """The next finished group, starting another chunk when nothing else would come."""
@@ -162,6 +162,7 @@ class AsyncPipeline:
             if group is not None:
                 return group
             # a chunk ended; loop to start another one if that was the last
+
     def _start_chunk(self) -> bool:
         tasks = list(itertools.islice(self.tasks, self.chunk_size))
         if not tasks:

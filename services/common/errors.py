@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 
 class LoomError(Exception):
     """Base class: a fault with a stable machine code and a message a user can act on."""
@@ -85,6 +87,15 @@ _BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in (LoomError, *_E
 # By status, the general class wins: it comes later, so it overwrites (Conflict, not
 # InvalidTransition).
 _BY_STATUS: dict[int, type[LoomError]] = {cls.status_code: cls for cls in _ERRORS}
+
+
+def invalid_options(exc: ValidationError, what: str, root: str) -> InvalidInput:
+    """Options a user gave (a verifier's, an environment's) that failed validation, as one
+    message naming each field (`root` names the options object itself)."""
+    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or root}: {e['msg']}"
+                         for e in exc.errors())
+    return InvalidInput(f"{what}: {problems}",
+                        exc.errors(include_url=False, include_context=False))
 
 
 def error_from_envelope(status_code: int, body: Any) -> LoomError:

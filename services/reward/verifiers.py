@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from services.common.errors import InvalidInput
+from services.common.errors import InvalidInput, invalid_options
 from services.common.schemas import StrictModel
 from services.reward.countdown import CountdownParams, score_countdown
 from services.reward.sandboxed import CodeParams, PythonParams, score_code, score_python
@@ -158,10 +158,7 @@ def resolve(name: str, params: dict[str, Any], items: list[ScoreItem]) -> tuple[
     try:
         parsed = verifier.params_model.model_validate(params)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}"
-                             for e in exc.errors())
-        raise InvalidInput(f"Invalid params for verifier {name!r}: {problems}",
-                           exc.errors(include_url=False, include_context=False)) from exc
+        raise invalid_options(exc, f"Invalid params for verifier {name!r}", "params") from exc
     needs_reference = verifier.needs_reference or (
         isinstance(parsed, CodeParams) and parsed.tests is None)
     if needs_reference:

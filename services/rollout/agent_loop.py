@@ -36,13 +36,15 @@ SEED_STRIDE = 1009  # seeds of a request's trajectories and turns stay distinct
 
 @dataclass(frozen=True)
 class Plan:
-    """A checked rollout request: the environment, its params and the limits."""
+    """A checked rollout request: the environment, its params, the limits and each task's
+    prompt tokens."""
 
     request: RolloutRequest
     env_cls: type[Environment]
     env_params: StrictModel
     max_turns: int
     max_total_tokens: int
+    prompts: list[list[int]]
 
     def environment(self, task: RolloutTask) -> Environment:
         return self.env_cls(self.env_params, task)
@@ -152,7 +154,7 @@ class AgentLoop:
         request = plan.request
         environment = plan.environment(request.tasks[task_index])
         started = time.perf_counter()
-        episode = Episode(self.prompt_ids(environment))
+        episode = Episode(list(plan.prompts[task_index]))
         tools = environment.tools()
         history: list[Message] = environment.messages() if environment.chat else []
         stop_ids = self._stop_ids(environment, request.params.stop_token_ids)

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 from pydantic import ValidationError
 
-from agents.envs import environments
-from services.common.errors import InvalidInput, LoomError
+from agents.envs import Environment, environments
+from services.common.errors import InvalidInput, LoomError, invalid_options
 from services.common.schemas import ErrorBody
 from services.rollout.agent_loop import AgentLoop, GroupVersion, Plan
 from services.rollout.schemas import (
@@ -34,8 +34,8 @@ class Rollouts:
         self.loop = loop
         self.versions = versions
 
-    def plan(self, request: RolloutRequest) -> tuple[Plan, list[int]]:
-        """The checked request and each task's prompt length."""
+    def plan(self, request: RolloutRequest) -> Plan:
+        """The checked request, with each task's prompt tokenised once."""
         known = environments()
         env_cls = known.get(request.env)
         if env_cls is None:
@@ -44,9 +44,8 @@ class Rollouts:
         try:
             env_params = env_cls.params_model.model_validate(request.env_params)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'env_params'}: {e['msg']}"
-                                 for e in exc.errors())
-            raise InvalidInput(f"Invalid env_params for {request.env!r}: {problems}") from exc
+            raise invalid_options(exc, f"Invalid env_params for {request.env!r}",
+                                  "env_params") from exc
         engine = self.loop.sampler.engine
         context = engine.max_model_len
         if request.max_total_tokens is not None and request.max_total_tokens > context:
@@ -56,20 +55,21 @@ class Rollouts:
         if bad_stops:
             raise InvalidInput(f"stop_token_ids must be in [0, {engine.vocab_size}); got "
                                f"{bad_stops}.")
-        plan = Plan(request, env_cls, env_params, request.max_turns or env_cls.max_turns,
-                    request.max_total_tokens or context)
-        lengths = [self._prompt_length(plan, i) for i in range(len(request.tasks))]
-        return plan, lengths
+        max_total_tokens = request.max_total_tokens or context
+        prompts = [self._prompt(index, env_cls(env_params, task), max_total_tokens)
+                   for index, task in enumerate(request.tasks)]
+        return Plan(request, env_cls, env_params, request.max_turns or env_cls.max_turns,
+                    max_total_tokens, prompts)
 
-    def _prompt_length(self, plan: Plan, index: int) -> int:
+    def _prompt(self, index: int, environment: Environment, max_total_tokens: int) -> list[int]:
         try:
-            prompt = self.loop.prompt_ids(plan.environment(plan.request.tasks[index]))
+            prompt = self.loop.prompt_ids(environment)
         except ValueError as exc:
             raise InvalidInput(f"tasks[{index}]: {exc}") from exc
-        if not prompt or len(prompt) >= plan.max_total_tokens:
+        if not prompt or len(prompt) >= max_total_tokens:
             raise InvalidInput(f"tasks[{index}]: the prompt is {len(prompt)} tokens; it must "
-                               f"leave room for a reply within {plan.max_total_tokens}.")
-        return len(prompt)
+                               f"leave room for a reply within {max_total_tokens}.")
+        return prompt
 
     def render(self, request: RenderRequest) -> RenderResponse:
         token_ids, mask = self.loop.chat.conversation(
@@ -77,11 +77,11 @@ class Rollouts:
         return RenderResponse(token_ids=token_ids, loss_mask=mask)
 
     async def start(self, request: RolloutRequest) -> AsyncIterator[str]:
-        plan, lengths = self.plan(request)
+        plan = self.plan(request)
         await self.versions.resolve(request.job_id, request.version)  # 404 before streaming
         order = list(range(len(request.tasks)))
         if request.schedule == "longest_prompt_first":
-            order.sort(key=lambda i: -lengths[i])
+            order.sort(key=lambda i: -len(plan.prompts[i]))
         return self._stream(plan, order)
 
     async def _stream(self, plan: Plan, order: list[int]) -> AsyncIterator[str]:
