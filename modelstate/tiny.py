@@ -44,11 +44,15 @@ CHAT_TEMPLATE = (
     "<|im_end|>\n{% endif %}"
     "{% for m in messages %}{% if m['role'] == 'tool' %}"
     "<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
+    "{% for call in m['tool_calls'] or [] %}{% if m['content'] or not loop.first %}\n{% endif %}"
+    "<tool_call>\n{\"name\": \"{{ call['function']['name'] }}\", \"arguments\": "
+    "{{ call['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 # Bumped whenever the recipe changes what is written, so cached copies are rebuilt.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 RECIPE_FILE = "loom-tiny-recipe.json"
 
 

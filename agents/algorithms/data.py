@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.rollout.schemas import Sample, Trajectory
+from services.rollout.schemas import Sample, TokenTrajectory
 from services.trainer.schemas import Datum
 
 
@@ -28,9 +28,9 @@ def rl_datum(prompt_ids: Sequence[int], sample: Sample, advantage: float) -> Dat
     )
 
 
-def trajectory_datum(trajectory: Trajectory, advantage: float) -> Datum:
-    """A multi-turn trajectory: only the model's tokens (loss mask 1) are trained; tool and
-    environment tokens are context."""
+def trajectory_datum(trajectory: TokenTrajectory, advantage: float) -> Datum:
+    """A multi-turn trajectory (a rollout's or a captured agent's segment): only the model's
+    tokens (loss mask 1) are trained; tool and environment tokens are context."""
     n_prompt = len(trajectory.prompt_token_ids)
     mask = [float(m) for m in trajectory.loss_mask]
     return Datum(

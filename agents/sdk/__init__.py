@@ -8,11 +8,20 @@
 """
 
 from agents.sdk._futures import OperationFuture
+from agents.sdk.capture import AsyncCaptureSession
 from agents.sdk.client import AsyncJob, AsyncLoomClient
 from agents.sdk.pipeline import AsyncPipeline, StepResult
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
-from agents.sdk.sync import Future, Job, LoomClient, Pipeline, RolloutStream, SandboxSession
+from agents.sdk.sync import (
+    CaptureSession,
+    Future,
+    Job,
+    LoomClient,
+    Pipeline,
+    RolloutStream,
+    SandboxSession,
+)
 from modelstate.schemas import Version
 from services.common.errors import (
     Conflict,
@@ -27,6 +36,8 @@ from services.common.errors import (
 )
 from services.reward.schemas import ScoreItem
 from services.rollout.schemas import (
+    CapturedSegment,
+    CapturedTrajectory,
     ChatMessage,
     RolloutGroup,
     RolloutTask,
@@ -38,11 +49,15 @@ from services.trainer.schemas import AdamParams, Datum, LoraConfig, LossConfig, 
 
 __all__ = [
     "AdamParams",
+    "AsyncCaptureSession",
     "AsyncJob",
     "AsyncLoomClient",
     "AsyncPipeline",
     "AsyncRolloutStream",
     "AsyncSandboxSession",
+    "CaptureSession",
+    "CapturedSegment",
+    "CapturedTrajectory",
     "ChatMessage",
     "Conflict",
     "Datum",

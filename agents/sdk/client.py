@@ -13,6 +13,7 @@ import httpx
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk._http import GatewayHttp
+from agents.sdk.capture import AsyncCaptureSession
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
 from gateway.schemas import Job, JobCreate, StackHealth
@@ -44,6 +45,7 @@ from services.rollout.schemas import (
     SamplingParams,
     TokenizeRequest,
     TokenizeResponse,
+    TrajectoryCreate,
     VersionRef,
 )
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, SessionCreate, SessionInfo
@@ -76,6 +78,7 @@ class AsyncLoomClient:
         self, url: str, api_key: str, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self._http = GatewayHttp(url, api_key, transport=transport)
+        self._api_key = api_key
 
     async def health(self) -> StackHealth:
         return StackHealth.model_validate(await self._http.get_json("/v1/health"))
@@ -121,6 +124,12 @@ class AsyncLoomClient:
         request = RenderRequest.model_validate({"messages": list(messages), "tools": list(tools)})
         body = await self._http.post_json("/v1/rollout/render", request.model_dump(mode="json"))
         return RenderResponse.model_validate(body)
+
+    async def capture(self, *, job_id: str | None = None, version: VersionRef = "latest",
+                      metadata: dict[str, Any] | None = None) -> AsyncCaptureSession:
+        """A trajectory an OpenAI-speaking agent's calls are recorded into (see `AsyncJob`)."""
+        request = TrajectoryCreate(job_id=job_id, version=version, metadata=metadata or {})
+        return await AsyncCaptureSession.create(self._http, self._api_key, request)
 
     async def score(
         self, verifier: str, items: Sequence[ScoreItem], params: dict[str, Any] | None = None
@@ -228,6 +237,14 @@ class AsyncJob:
             "job_id": self.id, "env": env, "tasks": list(tasks), "group_size": group_size,
             "params": params or SamplingParams(), "version": version, **options})
         return await self._client.rollouts(request)
+
+    async def capture(self, *, version: VersionRef = "latest",
+                      metadata: dict[str, Any] | None = None) -> AsyncCaptureSession:
+        """Record a black-box agent: point its OpenAI client at `.openai_base_url` (with
+        `.api_key`); every call is answered by this job's `version` (an alias is resolved
+        per call) and recorded with token ids and logprobs, whatever model name the agent
+        uses. `.fetch()` gives the calls and the training segments."""
+        return await self._client.capture(job_id=self.id, version=version, metadata=metadata)
 
     # --- trainer ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import httpx
 
 from agents.algorithms.recipes import Algorithm
 from agents.sdk._futures import OperationFuture
+from agents.sdk.capture import AsyncCaptureSession
 from agents.sdk.client import AsyncJob, AsyncLoomClient
 from agents.sdk.pipeline import AsyncPipeline, StepResult
 from agents.sdk.rollouts import AsyncRolloutStream
@@ -107,6 +108,10 @@ class RolloutStream(_Blocking):
         return self._runner.iterate(self._target.__aiter__())
 
 
+class CaptureSession(_Blocking):
+    """Blocking view of `AsyncCaptureSession`."""
+
+
 class Pipeline:
     """Blocking view of `AsyncPipeline`: `for step in Pipeline(job, algo, ...).run(n)`."""
 
@@ -148,4 +153,5 @@ async def _make_client(
 
 _FACES: dict[type, type[_Blocking]] = {AsyncJob: Job, OperationFuture: Future,
                                        AsyncSandboxSession: SandboxSession,
-                                       AsyncRolloutStream: RolloutStream}
+                                       AsyncRolloutStream: RolloutStream,
+                                       AsyncCaptureSession: CaptureSession}

@@ -20,10 +20,12 @@ from modelstate.client import ModelStateClient, local_or_download
 from modelstate.schemas import Version
 from services.common.app_factory import create_service_app
 from services.common.base_models import resolve_base_model
+from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.errors import Unavailable
 from services.common.http import ServiceClient
 from services.rollout import routes
 from services.rollout.agent_loop import AgentLoop
+from services.rollout.capture import Capture, TrajectoryStore
 from services.rollout.engine import RolloutEngine
 from services.rollout.openai import routes as openai_routes
 from services.rollout.openai.chat import ChatCompletions
@@ -36,6 +38,8 @@ from services.rollout.sampling import Sampler
 from services.rollout.settings import RolloutSettings
 from services.rollout.versions import Versions
 
+ALEMBIC_DIR = Path(__file__).parent / "alembic"
+VERSION_TABLE = "alembic_version_rollout"
 log = logging.getLogger(__name__)
 
 
@@ -55,11 +59,16 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         versions = Versions(engine, store, materialize, base_model=settings.rollout_model,
                             base_path=model_path, max_loras=settings.rollout_max_loras)
         sampler = Sampler(engine, versions)
-        serving = OpenAIServing(sampler, versions, settings.rollout_model)
+        url = settings.database_url_for("rollout")
+        await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
+        database = make_engine(url)
+        capture = Capture(TrajectoryStore(make_sessionmaker(database)), versions)
+        serving = OpenAIServing(sampler, versions, settings.rollout_model, capture)
         app.state.settings = settings
         app.state.engine = engine
         app.state.versions = versions
         app.state.sampler = sampler
+        app.state.capture = capture
         app.state.openai = serving
         app.state.completions = Completions(serving)
         app.state.chat = ChatCompletions(serving)
@@ -83,6 +92,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
             with contextlib.suppress(BaseException):
                 await task
             engine.shutdown()
+            database.dispose()
             await asyncio.gather(store.aclose(), sandbox.aclose(), reward.aclose())
 
     async def readiness() -> dict[str, Any]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.responses import StreamingResponse
 
-from services.rollout.deps import RolloutsDep, SamplerDep, VersionsDep
+from services.rollout.deps import CaptureDep, RolloutsDep, SamplerDep, VersionsDep
+from services.rollout.openai.routes import TrajectoryId
 from services.rollout.schemas import (
+    CapturedTrajectory,
     LoadedVersion,
     LoadRequest,
     RenderRequest,
@@ -18,6 +20,8 @@ from services.rollout.schemas import (
     SampleResponse,
     TokenizeRequest,
     TokenizeResponse,
+    TrajectoryCreate,
+    TrajectoryInfo,
 )
 
 router = APIRouter(prefix="/v1", tags=["rollout"])
@@ -53,3 +57,20 @@ async def rollouts(runner: RolloutsDep, body: RolloutRequest) -> StreamingRespon
 @router.post("/render", response_model=RenderResponse)
 async def render(runner: RolloutsDep, body: RenderRequest) -> RenderResponse:
     return runner.render(body)
+
+
+@router.post("/trajectories", response_model=TrajectoryInfo, status_code=201)
+async def create_trajectory(capture: CaptureDep, body: TrajectoryCreate) -> TrajectoryInfo:
+    return await capture.create(body)
+
+
+@router.get("/trajectories/{trajectory_id}", response_model=CapturedTrajectory)
+async def get_trajectory(capture: CaptureDep, sampler: SamplerDep,
+                         trajectory_id: TrajectoryId) -> CapturedTrajectory:
+    return await capture.get(trajectory_id, sampler.engine.decode)
+
+
+@router.delete("/trajectories/{trajectory_id}", status_code=204)
+async def delete_trajectory(capture: CaptureDep, trajectory_id: TrajectoryId) -> Response:
+    await capture.delete(trajectory_id)
+    return Response(status_code=204)

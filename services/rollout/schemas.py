@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
@@ -148,24 +149,29 @@ class TurnInfo(LenientModel):
     stop_reason: Literal["stop", "length", "abort"] | None = None
 
 
-class Trajectory(LenientModel):
-    task_index: int
-    sample_index: int
+class TokenTrajectory(LenientModel):
+    """A conversation as training tokens: the prompt, then model and environment turns."""
+
     prompt_token_ids: list[int]
     token_ids: list[int] = Field(description="Everything after the prompt, turns in order")
     logprobs: list[float] = Field(description="Per token of token_ids; 0 for env tokens")
     loss_mask: list[int] = Field(description="1 for model tokens, 0 for env tokens")
     turns: list[TurnInfo]
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted({t.version for t in self.turns if t.version is not None})
+
+
+class Trajectory(TokenTrajectory):
+    task_index: int
+    sample_index: int
     stop_reason: Literal["done", "max_turns", "max_tokens", "length", "abort"]
     response: str = Field(description="What the reward scored")
     reward: float | None = None
     reward_error: str | None = None
     reward_detail: dict[str, Any] = {}
     timings: dict[str, float] = {}
-
-    @property
-    def versions(self) -> list[int]:
-        return sorted({t.version for t in self.turns if t.version is not None})
 
 
 class RolloutGroup(LenientModel):
@@ -193,3 +199,50 @@ class RolloutEvent(LenientModel):
     group: RolloutGroup | None = None
     error: ErrorBody | None = None
     summary: RolloutSummary | None = None
+
+
+# --- captured trajectories: OpenAI calls recorded for training ---------------------------------
+
+class TrajectoryCreate(StrictModel):
+    job_id: JobId | None = Field(default=None, description="None: the base model")
+    version: VersionRef = Field(default="latest", description="Which version answers every "
+                                "call; an alias is resolved at each call")
+    metadata: dict[str, Any] = Field(default={}, description="Kept with the trajectory "
+                                     "(task, episode, anything the script needs back)")
+
+
+class TrajectoryInfo(LenientModel):
+    id: str
+    job_id: str | None
+    version: VersionRef
+    metadata: dict[str, Any]
+    created_at: datetime
+    calls: int = Field(description="Completions recorded so far")
+
+
+class CapturedCall(LenientModel):
+    """One recorded completion (a call with n choices records n)."""
+
+    index: int
+    parent: int | None = Field(description="The earlier call this one's prompt extends")
+    endpoint: Literal["chat", "completions"]
+    version: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+
+
+class CapturedSegment(TokenTrajectory):
+    """A chain of calls, each extending the last: one sequence to train on, the model's
+    tokens exactly as sampled and everything the agent added in between as context."""
+
+    calls: list[int]
+
+
+class CapturedTrajectory(LenientModel):
+    trajectory: TrajectoryInfo
+    calls: list[CapturedCall]
+    segments: list[CapturedSegment] = Field(
+        description="One per branch: calls that do not extend each other start a new one")

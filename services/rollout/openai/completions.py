@@ -1,4 +1,5 @@
-"""`POST /v1/completions`: OpenAI's legacy completions, on any Loom version."""
+"""`POST /v1/completions`: OpenAI's legacy completions, on any Loom version; inside a
+trajectory, every completion is recorded for training."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from services.rollout.capture import NewCall, Recording
 from services.rollout.openai.schemas import (
     CompletionChoice,
     CompletionLogprobs,
@@ -13,8 +15,10 @@ from services.rollout.openai.schemas import (
     CompletionResponse,
 )
 from services.rollout.openai.serving import (
+    Accumulated,
     OpenAIServing,
     Prepared,
+    accumulated,
     loom_choice,
     sse,
     token_text,
@@ -33,7 +37,9 @@ class Completions:
         self.serving = serving
         self.sampler = serving.sampler
 
-    async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+    async def create(self, request: CompletionRequest, trajectory_id: str | None = None
+                     ) -> CompletionResponse | AsyncIterator[str]:
+        recording = await self.serving.recording(trajectory_id)
         prompts = [self.sampler.engine.encode(p, add_special_tokens=True) if isinstance(p, str)
                    else p for p in request.prompts]
         params = vllm_params(
@@ -44,13 +50,17 @@ class Completions:
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
         )
-        prepared = await self.serving.prepare(request.model, prompts, params, "cmpl")
+        prepared = await self.serving.prepare(request.model, prompts, params, "cmpl", recording)
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return sse(self._chunks(prepared, request.logprobs, include_usage))
+            return sse(self._chunks(prepared, request.logprobs, include_usage, recording))
         outputs = await self.serving.generate(prepared)
+        if recording is not None:
+            await self._record(recording, prepared, [
+                accumulated(prompt, c) for prompt, output in zip(prompts, outputs, strict=True)
+                for c in sorted(output.outputs, key=lambda c: c.index)])
         choices = [
-            self._choice(prepared.choice_index(i, c), c, request.logprobs, 0)
+            self._choice(prepared.choice_index(i, c.index), c, request.logprobs, 0)
             for i, output in enumerate(outputs) for c in output.outputs
         ]
         return CompletionResponse(
@@ -60,13 +70,26 @@ class Completions:
             loom=prepared.loom(),
         )
 
-    async def _chunks(self, prepared: Prepared, logprobs: int | None,
-                      include_usage: bool) -> AsyncIterator[CompletionResponse]:
+    async def _record(self, recording: Recording, prepared: Prepared,
+                      choices: list[Accumulated]) -> None:
+        await recording.record([
+            NewCall(endpoint="completions", version=prepared.target.number,
+                    prompt_token_ids=c.prompt, token_ids=c.token_ids, logprobs=c.logprobs,
+                    finish_reason=c.finish_reason, text=c.text,
+                    parent=recording.token_parent(c.prompt))
+            for c in choices])
+
+    async def _chunks(self, prepared: Prepared, logprobs: int | None, include_usage: bool,
+                      recording: Recording | None) -> AsyncIterator[CompletionResponse]:
         offsets: dict[int, int] = defaultdict(int)
         completions: list[CompletionOutput] = []
+        streamed = {prepared.choice_index(i, j): Accumulated(prompt)
+                    for i, prompt in enumerate(prepared.prompts)
+                    for j in range(prepared.params.n)}
         first = True
         async for prompt_index, delta in self.serving.stream(prepared):
-            index = prepared.choice_index(prompt_index, delta)
+            index = prepared.choice_index(prompt_index, delta.index)
+            streamed[index].add(delta)
             choice = self._choice(index, delta, logprobs, offsets[index])
             offsets[index] += len(delta.text)
             completions.append(delta)
@@ -74,6 +97,8 @@ class Completions:
                                      model=prepared.model, choices=[choice],
                                      loom=prepared.loom(with_prompts=first))
             first = False
+        if recording is not None:
+            await self._record(recording, prepared, [streamed[i] for i in sorted(streamed)])
         if include_usage:
             yield CompletionResponse(id=prepared.id, created=prepared.created,
                                      model=prepared.model, choices=[],

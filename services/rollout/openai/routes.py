@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from fastapi.responses import StreamingResponse
 
 from services.rollout.deps import ChatDep, CompletionsDep, OpenAIDep
@@ -18,6 +18,7 @@ from services.rollout.openai.schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+TrajectoryId = Annotated[str, Path(max_length=64, description="From POST /v1/trajectories")]
 
 STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}}}
 Body = TypeVar("Body")
@@ -42,6 +43,24 @@ async def chat_completions(
     serving: ChatDep, body: ChatCompletionRequest
 ) -> ChatCompletionResponse | StreamingResponse:
     return _respond(await serving.create(body))
+
+
+# Inside a trajectory: an agent's OpenAI base URL is `.../v1/trajectories/<id>`, so every call
+# it makes is recorded there, whatever `model` it names.
+@router.post("/trajectories/{trajectory_id}/completions", response_model=CompletionResponse,
+             responses=STREAM_RESPONSES)
+async def trajectory_completions(
+    serving: CompletionsDep, trajectory_id: TrajectoryId, body: CompletionRequest
+) -> CompletionResponse | StreamingResponse:
+    return _respond(await serving.create(body, trajectory_id))
+
+
+@router.post("/trajectories/{trajectory_id}/chat/completions",
+             response_model=ChatCompletionResponse, responses=STREAM_RESPONSES)
+async def trajectory_chat_completions(
+    serving: ChatDep, trajectory_id: TrajectoryId, body: ChatCompletionRequest
+) -> ChatCompletionResponse | StreamingResponse:
+    return _respond(await serving.create(body, trajectory_id))
 
 
 @router.get("/models", response_model=ModelList)

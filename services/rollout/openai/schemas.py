@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from services.common.schemas import LenientModel, StrictModel
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 MAX_TOKENS = 32768  # as Loom's own SamplingParams allows
 
 
@@ -63,16 +63,55 @@ class TextPart(StrictModel):
     text: str
 
 
+class FunctionDef(StrictModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] = {}
+    strict: bool | None = None
+
+
+class ToolDef(StrictModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
+class FunctionCall(LenientModel):
+    name: str
+    arguments: str = Field(description="JSON-encoded, as OpenAI sends it")
+
+
+class ToolCallOut(LenientModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallOut] | None = Field(default=None, max_length=64)
+    tool_call_id: str | None = None
+    refusal: str | None = None  # OpenAI echoes it on assistant messages; nothing to render
 
-    def template_dict(self) -> dict[str, str]:
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+    @model_validator(mode="after")
+    def _roles(self) -> Self:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -81,12 +120,26 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[ToolDef] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> Self:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice(self) -> Self:
+        if self.tool_choice not in (None, "auto", "none"):
+            raise ValueError("tool_choice may be 'auto' or 'none': Loom samples exactly what "
+                             "the model writes, so it cannot force a tool call")
+        return self
+
+    @property
+    def offers_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 # --- responses ----------------------------------------------------------------------------
@@ -111,6 +164,7 @@ class LoomInfo(LenientModel):
     job_id: str | None
     version: int
     prompt_token_ids: list[list[int]] | None = None
+    trajectory_id: str | None = Field(default=None, description="Where the call was recorded")
 
 
 class CompletionLogprobs(LenientModel):
@@ -154,7 +208,8 @@ class ChatLogprobs(LenientModel):
 
 class AssistantMessage(LenientModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(LenientModel):
@@ -175,9 +230,14 @@ class ChatCompletionResponse(LenientModel):
     loom: LoomInfo
 
 
+class ToolCallDelta(ToolCallOut):
+    index: int
+
+
 class ChatDelta(LenientModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(LenientModel):

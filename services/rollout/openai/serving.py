@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 
 from services.common.errors import LoomError, NotFound
 from services.common.schemas import ErrorBody, ErrorEnvelope, LenientModel
+from services.rollout.capture import Capture, Recording
+from services.rollout.chat_format import ChatFormat
 from services.rollout.openai.schemas import LoomChoice, LoomInfo, ModelCard, ModelList, Usage
-from services.rollout.sampling import Sampler, check_weights, sampled_logprobs
+from services.rollout.sampling import Sampler, check_weights, sampled_logprobs, stop_reason
 from services.rollout.schemas import VersionRef
 from services.rollout.versions import LATEST, Target, Versions
 
@@ -39,12 +41,40 @@ class Prepared:
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
 
+    trajectory_id: str | None = None
+
     def loom(self, with_prompts: bool = True) -> LoomInfo:
         return LoomInfo(job_id=self.target.job_id, version=self.target.number,
-                        prompt_token_ids=self.prompts if with_prompts else None)
+                        prompt_token_ids=self.prompts if with_prompts else None,
+                        trajectory_id=self.trajectory_id)
 
-    def choice_index(self, prompt_index: int, completion: CompletionOutput) -> int:
-        return prompt_index * self.params.n + completion.index
+    def choice_index(self, prompt_index: int, completion_index: int) -> int:
+        return prompt_index * self.params.n + completion_index
+
+
+@dataclass
+class Accumulated:
+    """A streamed choice put back together, for the trajectory's recording."""
+
+    prompt: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = "abort"
+
+    def add(self, delta: CompletionOutput) -> None:
+        self.token_ids += delta.token_ids
+        self.logprobs += sampled_logprobs(delta)
+        self.text += delta.text
+        if delta.finished():
+            self.finish_reason = stop_reason(delta)
+
+
+def accumulated(prompt: list[int], completion: CompletionOutput) -> Accumulated:
+    """A whole (not streamed) choice, as the recording takes it."""
+    choice = Accumulated(prompt)
+    choice.add(completion)
+    return choice
 
 
 def loom_choice(completion: CompletionOutput) -> LoomChoice:
@@ -60,10 +90,22 @@ def usage(prompts: list[list[int]], completions: list[CompletionOutput]) -> Usag
 
 
 class OpenAIServing:
-    def __init__(self, sampler: Sampler, versions: Versions, base_model: str) -> None:
+    def __init__(self, sampler: Sampler, versions: Versions, base_model: str,
+                 capture: Capture) -> None:
         self.sampler = sampler
         self.versions = versions
         self.base_model = base_model
+        self.capture = capture
+        self._chat: ChatFormat | None = None
+
+    @property
+    def chat(self) -> ChatFormat:
+        if self._chat is None:  # the tokenizer exists once the engine has started
+            self._chat = ChatFormat(self.sampler.engine.tokenizer)
+        return self._chat
+
+    async def recording(self, trajectory_id: str | None) -> Recording | None:
+        return None if trajectory_id is None else await self.capture.open(trajectory_id)
 
     def parse_model(self, model: str) -> tuple[str | None, VersionRef]:
         """`<base model>` or `base` → version 0; `<job_id>` → its latest version;
@@ -79,12 +121,15 @@ class OpenAIServing:
         return match["job"], match["ref"] or LATEST
 
     async def prepare(self, model: str, prompts: list[list[int]], params: vllm.SamplingParams,
-                      kind: str) -> Prepared:
+                      kind: str, recording: Recording | None = None) -> Prepared:
+        """Inside a trajectory, the trajectory's version answers whatever `model` says."""
         for prompt in prompts:
             self.sampler.check_prompt(prompt, params.max_tokens or 1)
-        target = await self.versions.resolve(*self.parse_model(model))
+        ref = recording.ref if recording else self.parse_model(model)
+        target = await self.versions.resolve(*ref)
         return Prepared(model=model, target=target, prompts=prompts, params=params,
-                        id=f"{kind}-{uuid.uuid4().hex}")
+                        id=f"{kind}-{uuid.uuid4().hex}",
+                        trajectory_id=recording.info.id if recording else None)
 
     async def generate(self, prepared: Prepared) -> list[RequestOutput]:
         """Every prompt's output, all produced by the prepared version."""

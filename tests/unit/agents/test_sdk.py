@@ -18,8 +18,9 @@ NOW = datetime.now(UTC).isoformat()
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
-        "AdamParams", "AsyncJob", "AsyncLoomClient", "AsyncPipeline", "AsyncRolloutStream",
-        "AsyncSandboxSession", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
+        "AdamParams", "AsyncCaptureSession", "AsyncJob", "AsyncLoomClient", "AsyncPipeline",
+        "AsyncRolloutStream", "AsyncSandboxSession", "CaptureSession", "CapturedSegment",
+        "CapturedTrajectory", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
         "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
         "LossConfig", "NotFound", "OperationFuture", "Pipeline", "RolloutGroup", "RolloutStream",
         "RolloutTask", "SampleResponse", "SamplingParams", "SandboxSession", "ScoreItem",
