@@ -26,6 +26,7 @@ from services.rollout.schemas import (
     RolloutTask,
     Sample,
     SampleRequest,
+    SamplingParams,
     Trajectory,
     TurnInfo,
     VersionRef,
@@ -89,9 +90,11 @@ class Episode:
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.token_ids)
 
-    def add_model_turn(self, sample: Sample, text: str) -> None:
-        self._add("model", sample.token_ids, sample.logprobs, 1, text, sample.version,
-                  sample.stop_reason)
+    def add_model_turn(self, parts: list[Sample], text: str) -> None:
+        """A model turn: one span per version that sampled part of it (partial rollouts)."""
+        for part in parts:
+            self._add("model", part.token_ids, part.logprobs, 1,
+                      text if len(parts) == 1 else part.text, part.version, part.stop_reason)
         self.replies.append(text)
 
     def add_env_turn(self, token_ids: list[int], text: str) -> None:
@@ -170,13 +173,11 @@ class AgentLoop:
                 "seed": _seed(request.params.seed, task_index, sample_index, turn),
             })
             began = time.perf_counter()
-            response = await self.sampler.sample(SampleRequest(
-                job_id=request.job_id, version=version, prompt_token_ids=episode.context,
-                params=params))
+            parts = await self._model_turn(request, episode.context, version, params)
             episode.timings["generate_s"] += time.perf_counter() - began
-            sample = response.samples[0]
+            sample = joined(parts)
             text = self.chat.reply_text(sample.token_ids, stop_ids)
-            episode.add_model_turn(sample, text)
+            episode.add_model_turn(parts, text)
             if sample.stop_reason != "stop":
                 budget_bound = params.max_tokens < request.params.max_tokens
                 stop_reason = "max_tokens" if budget_bound else sample.stop_reason
@@ -199,6 +200,25 @@ class AgentLoop:
             episode.add_env_turn(feedback_ids, self.chat.decode(feedback_ids))
         episode.timings["total_s"] = time.perf_counter() - started
         return Finished(episode, environment, stop_reason)
+
+    async def _model_turn(self, request: RolloutRequest, context: list[int],
+                          version: VersionRef, params: SamplingParams) -> list[Sample]:
+        """One model turn: one sample, or with refresh 'partial', parts: a generation that a
+        newer version interrupts continues on it from the tokens it has."""
+        sample_request = SampleRequest(job_id=request.job_id, version=version,
+                                       prompt_token_ids=context, params=params)
+        if request.version_refresh != "partial":
+            return (await self.sampler.sample(sample_request)).samples[:1]
+        parts: list[Sample] = []
+        while True:
+            done = [t for part in parts for t in part.token_ids]
+            part, interrupted = await self.sampler.sample_until_newer(sample_request.model_copy(
+                update={"prompt_token_ids": [*context, *done], "params": params.model_copy(
+                    update={"max_tokens": params.max_tokens - len(done)})}))
+            if part.token_ids or not interrupted:
+                parts.append(part)
+            if not interrupted or len(done) + len(part.token_ids) >= params.max_tokens:
+                return parts
 
     def _stop_ids(self, environment: Environment, requested: list[int]) -> set[int]:
         """Tokens that end a model turn: EOS, the template's end of turn, the caller's."""
@@ -254,6 +274,14 @@ class AgentLoop:
         reward_s = round(time.perf_counter() - began, 4)
         for trajectory in trajectories:
             trajectory.timings["reward_s"] = reward_s
+
+
+def joined(parts: list[Sample]) -> Sample:
+    """The parts of a model turn as one sample (the last part's stop reason and version)."""
+    return parts[-1].model_copy(update={
+        "token_ids": [t for part in parts for t in part.token_ids],
+        "logprobs": [lp for part in parts for lp in part.logprobs],
+        "text": "".join(part.text for part in parts)})
 
 
 def _seed(seed: int | None, task_index: int, sample_index: int, turn: int) -> int | None:

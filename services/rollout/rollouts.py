@@ -46,6 +46,9 @@ class Rollouts:
         except ValidationError as exc:
             raise invalid_options(exc, f"Invalid env_params for {request.env!r}",
                                   "env_params") from exc
+        if request.version_refresh == "partial" and request.job_id is None:
+            raise InvalidInput("version_refresh 'partial' needs a job_id: the base model has no "
+                               "newer versions to continue on.")
         engine = self.loop.sampler.engine
         context = engine.max_model_len
         if request.max_total_tokens is not None and request.max_total_tokens > context:
@@ -91,7 +94,7 @@ class Rollouts:
         events: asyncio.Queue[RolloutEvent] = asyncio.Queue()
 
         async def group(task_index: int) -> None:
-            version = GroupVersion(request.version, None if request.version_refresh == "turn"
+            version = GroupVersion(request.version, None if request.version_refresh != "group"
                                    else lambda: self._number(request))
             try:
                 trajectories = await self.loop.run_group(plan, task_index, version,

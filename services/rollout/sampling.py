@@ -3,6 +3,7 @@ OpenAI-compatible endpoints share."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Literal
 
 from services.common.errors import InvalidInput, LoomError
@@ -45,7 +46,7 @@ def check_prompt(prompt_token_ids: list[int], max_tokens: int, *, vocab_size: in
 
 def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream: bool = False,
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                ) -> vllm.SamplingParams:
+                skip_special_tokens: bool = True) -> vllm.SamplingParams:
     """Loom's sampling options as vLLM's; `logprobs=0` returns the sampled token's own (and
     `k` also the `k` most likely ones)."""
     from vllm import SamplingParams as VllmSamplingParams
@@ -58,7 +59,7 @@ def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream
             top_p=params.top_p, top_k=params.top_k, stop=params.stop or None, seed=params.seed,
             stop_token_ids=params.stop_token_ids or None,
             logprobs=logprobs, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
+            frequency_penalty=frequency_penalty, skip_special_tokens=skip_special_tokens,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
     except (ValueError, VLLMClientError) as exc:  # vLLM's checks on combinations of options
@@ -115,6 +116,44 @@ class Sampler:
             ))
         return SampleResponse(job_id=request.job_id, version=version,
                               prompt_token_ids=prompt_ids, samples=samples)
+
+    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, bool]:
+        """One sample (n=1) that stops early, keeping what it has, if a newer version of the
+        job is published meanwhile (partial rollouts); and whether it was interrupted."""
+        assert request.prompt_token_ids is not None and request.job_id is not None
+        self.check_prompt(request.prompt_token_ids, request.params.max_tokens)
+        params = vllm_params(request.params, stream=True)
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        finished: list[CompletionOutput] = []
+        async with self.versions.use(request.job_id, request.version) as served:
+
+            async def generate() -> None:
+                async for output in self.engine.stream(request.prompt_token_ids or [], params,
+                                                       served.lora_request):
+                    for delta in output.outputs:
+                        check_weights(delta, served.target.weights)
+                        token_ids.extend(delta.token_ids)
+                        logprobs.extend(sampled_logprobs(delta))
+                        if delta.finished():
+                            finished.append(delta)
+
+            version = served.target.number
+            generation = asyncio.ensure_future(generate())
+            newer = asyncio.ensure_future(self.versions.newer_than(request.job_id, version))
+            try:
+                await asyncio.wait({generation, newer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                newer.cancel()
+                if not generation.done():
+                    generation.cancel()  # vLLM aborts the request; its tokens so far stay
+                await asyncio.gather(generation, newer, return_exceptions=True)
+            if generation.done() and not generation.cancelled():
+                generation.result()  # an engine error is raised, not taken as an interruption
+        interrupted = not finished
+        reason = "abort" if interrupted else stop_reason(finished[0])
+        return Sample(token_ids=token_ids, logprobs=logprobs, text=self.engine.decode(token_ids),
+                      stop_reason=reason, version=version), interrupted
 
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         return TokenizeResponse(token_ids=[

@@ -122,9 +122,11 @@ class RolloutRequest(StrictModel):
                                    description="Per model turn; a seed is varied per "
                                    "trajectory and turn")
     version: VersionRef = "latest"
-    version_refresh: Literal["group", "turn"] = Field(
+    version_refresh: Literal["group", "turn", "partial"] = Field(
         default="group", description="group: an alias is resolved once per group; turn: "
-        "before every model turn, so a trajectory continues on a newer version")
+        "before every model turn, so a trajectory continues on a newer version; partial: "
+        "also within a turn: a generation a newer version interrupts continues on it (each "
+        "part a turn of its own, tagged with its version); needs a job_id")
     max_turns: int | None = Field(default=None, ge=1, le=64,
                                   description="Model turns per trajectory (default: the "
                                   "environment's)")

@@ -98,6 +98,8 @@ class Versions:
         self.loras = LoraSlots(engine, max_loras)
         self._full: Target | None = base_target()
         self._known: dict[tuple[str, int], Target] = {}  # published versions never change
+        self._newest: dict[str, int] = {}  # per job, the newest version announced
+        self._announced = asyncio.Condition()
 
     # --- resolution ---------------------------------------------------------------------
 
@@ -182,6 +184,20 @@ class Versions:
 
     # --- hand-off on publish --------------------------------------------------------------
 
+    async def newer_than(self, job_id: str, number: int) -> int:
+        """Wait until a version of `job_id` newer than `number` is published; its number."""
+        async with self._announced:
+            await self._announced.wait_for(lambda: self._newest.get(job_id, 0) > number)
+            return self._newest[job_id]
+
+    async def _announce(self, version: Version) -> None:
+        # Announced before it is pre-loaded: new full weights can only be swapped in once the
+        # generations on the old ones stop, and partial rollouts stop when they hear of it.
+        async with self._announced:
+            if version.number > self._newest.get(version.job_id, 0):
+                self._newest[version.job_id] = version.number
+                self._announced.notify_all()
+
     async def preload(self, version: Version) -> None:
         """Make a just-published version resident, so its first sample is fast."""
         target = await self.target_of(version)
@@ -203,6 +219,7 @@ class Versions:
                 async for version in self.store.subscribe(after=after):
                     after = max(after, version.id)
                     if _as_utc(version.created_at) >= since:
+                        await self._announce(version)
                         await self._preload_logged(version)
             except LoomError as exc:
                 log.warning("modelstate events unavailable (%s); retrying", exc.message)

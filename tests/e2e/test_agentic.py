@@ -6,11 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agents.algorithms import dapo, grpo
-from agents.envs.python_tool import PYTHON_TOOL
 from agents.envs.tool_calls import format_tool_call
 from agents.sdk import (
-    AdamParams,
-    Datum,
     InvalidInput,
     LoomClient,
     NotFound,
@@ -18,6 +15,7 @@ from agents.sdk import (
     SamplingParams,
 )
 from services.reward.countdown import reference_of
+from tests.e2e.conftest import ToolModel
 
 pytestmark = pytest.mark.e2e
 GREEDY = SamplingParams(max_tokens=96, temperature=0)
@@ -69,39 +67,29 @@ def test_bad_rollout_requests_are_clear_4xx(stack) -> None:
             job.rollouts([{"prompt": "1+1="}], env="arithmetic", version=9)
 
 
-def test_python_tool_episode_runs_the_models_code_in_the_sandbox(stack) -> None:
-    """Teach the tiny model one tool-use conversation, then roll it out: its tool call runs in
-    the real sandbox, the output comes back as a tool turn, its answer is scored."""
+def test_python_tool_episode_runs_the_models_code_in_the_sandbox(
+        stack, tool_model: ToolModel) -> None:
+    """Roll out a model taught one tool-use conversation: its tool call runs in the real
+    sandbox, the output comes back as a tool turn, its answer is scored."""
     url, key, _ = stack
-    question, code, answer = "What is 123*45?", "print(123*45)", "5535"
     with LoomClient(url, key) as loom:
-        job = loom.create_job("loom/tiny", name="rollouts-tool", mode="full")
-        rendered = loom.render([
-            {"role": "user", "content": question},
-            {"role": "assistant", "content": format_tool_call("python", {"code": code})},
-            {"role": "tool", "content": f"{answer}\n"},
-            {"role": "assistant", "content": answer},
-        ], tools=[PYTHON_TOOL])
-        datum = Datum(input_ids=rendered.token_ids, loss_mask=rendered.loss_mask)
-        for _ in range(150):
-            job.forward_backward([datum])
-            job.optim_step(AdamParams(lr=3e-3))
-        version = job.save_weights().result().number
-
-        (group,) = list(job.rollouts([{"prompt": question, "reference": answer}],
-                                     env="python_tool", params=GREEDY))
+        job = loom.get_job(tool_model.job_id)
+        (group,) = list(job.rollouts(
+            [{"prompt": tool_model.question, "reference": tool_model.answer}],
+            env="python_tool", params=GREEDY))
         (trajectory,) = group.trajectories
         kinds = [t.kind for t in trajectory.turns]
         assert kinds == ["model", "env", "model"], [t.text for t in trajectory.turns]
         call, tool, reply = trajectory.turns
-        assert call.text == format_tool_call("python", {"code": code})
-        assert tool.text.startswith(f"\n<|im_start|>user\n<tool_response>\n{answer}\n")
-        assert {call.version, reply.version} == {version}
+        assert call.text == format_tool_call("python", {"code": tool_model.code})
+        assert tool.text.startswith(
+            f"\n<|im_start|>user\n<tool_response>\n{tool_model.answer}\n")
+        assert {call.version, reply.version} == {tool_model.version}
         assert trajectory.stop_reason == "done"
-        assert (trajectory.response, trajectory.reward) == (answer, 1.0)
+        assert (trajectory.response, trajectory.reward) == (tool_model.answer, 1.0)
         # The loop's tokens are the rendered conversation's: what SFT taught is what ran.
-        assert trajectory.prompt_token_ids + trajectory.token_ids == rendered.token_ids
-        assert trajectory.loss_mask == rendered.loss_mask[len(trajectory.prompt_token_ids):]
+        assert trajectory.prompt_token_ids + trajectory.token_ids == tool_model.token_ids
+        assert trajectory.loss_mask == tool_model.loss_mask[len(trajectory.prompt_token_ids):]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -76,6 +76,13 @@ class ChatCompletions:
         self.serving = serving
         self.sampler = serving.sampler
 
+    @property
+    def turn_end_ids(self) -> list[int]:
+        """A reply ends where the template closes the assistant's turn, whatever the model's
+        end-of-sequence token is."""
+        turn_end = self.serving.chat.turn_end_id
+        return [] if turn_end is None else [turn_end]
+
     async def conversation(self, request: ChatCompletionRequest,
                            trajectory_id: str | None) -> Conversation:
         messages = template_messages(request.messages)
@@ -96,10 +103,13 @@ class ChatCompletions:
         params = vllm_params(
             SamplingParams(max_tokens=min(max_tokens, MAX_TOKENS),
                            temperature=request.temperature, top_p=request.top_p,
-                           stop=request.stop_list, seed=request.seed),
+                           stop=request.stop_list, seed=request.seed,
+                           stop_token_ids=self.turn_end_ids),
             n=request.n, logprobs=request.top_logprobs or 0, stream=request.stream,
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
+            # Tool-call markup may be special tokens (it is in the tiny model's vocabulary).
+            skip_special_tokens=conversation.tools is None,
         )
         prepared = await self.serving.prepare(request.model, [conversation.prompt], params,
                                               "chatcmpl", conversation.recording)

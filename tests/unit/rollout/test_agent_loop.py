@@ -60,6 +60,30 @@ class ScriptedSampler:
     engine: FakeEngine
     script: Script
     requests: list[SampleRequest] = field(default_factory=list)
+    # Partial rollouts: the next generations are interrupted after these many tokens by a
+    # newer version (one more each time), and continue where they stopped.
+    interrupt_after: list[int] = field(default_factory=list)
+    rest: list[int] | None = None
+    newest: int = 7
+
+    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, bool]:
+        self.requests.append(request)
+        if self.rest is not None:
+            ids, self.rest = self.rest, None
+            sample = Sample(token_ids=ids, logprobs=[-0.25] * len(ids), text="",
+                            stop_reason="stop", version=self.newest)
+        else:
+            sample = (await self.sample(request)).samples[0]
+            self.requests.pop()
+        if not self.interrupt_after:
+            return sample, False
+        cut = self.interrupt_after.pop(0)
+        self.rest = sample.token_ids[cut:]
+        part = sample.model_copy(update={"token_ids": sample.token_ids[:cut],
+                                         "logprobs": sample.logprobs[:cut],
+                                         "stop_reason": "abort", "version": self.newest})
+        self.newest += 1
+        return part, True
 
     async def sample(self, request: SampleRequest) -> SampleResponse:
         self.requests.append(request)
@@ -260,6 +284,38 @@ async def test_group_refresh_resolves_once_per_group_turn_refresh_never(tokenize
     await run(rollouts, request(version_refresh="turn"))
     assert versions.resolved == 1
     assert {r.version for r in sampler.requests} == {"latest"}
+
+
+async def test_partial_rollouts_continue_a_turn_on_the_newer_version(tokenizer: Any) -> None:
+    """A newer version interrupts the first model turn twice: the turn continues from the
+    tokens it has, each part tagged with the version that sampled it, and the episode is the
+    same tokens as an uninterrupted one."""
+    body = request(group_size=1, tasks=[{"prompt": "What is 12*34?", "reference": "408"}],
+                   job_id="job_1")
+    plain, *_ = make(tokenizer, tool_then_answer)
+    (expected,) = (await run(plain, body))[0].group.trajectories  # type: ignore[union-attr]
+
+    rollouts, sampler, tools, *_ = make(tokenizer, tool_then_answer)
+    sampler.interrupt_after = [5, 3]
+    events = await run(rollouts, body.model_copy(update={"version_refresh": "partial"}))
+    (trajectory,) = events[0].group.trajectories  # type: ignore[union-attr]
+    assert trajectory.token_ids == expected.token_ids
+    assert trajectory.loss_mask == expected.loss_mask
+    assert [(t.kind, t.version, t.end - t.start) for t in trajectory.turns][:3] == [
+        ("model", 7, 5), ("model", 8, 3), ("model", 9, expected.turns[0].end - 8)]
+    assert [t.stop_reason for t in trajectory.turns[:3]] == ["abort", "abort", "stop"]
+    assert tools.programs == ["print(12*34)"]  # the joined turn's tool call ran once
+    assert trajectory.reward == 1.0 and trajectory.versions == [7, 8, 9]
+    # Each continuation samples on the context plus the tokens so far, for what budget is left.
+    first, second, third = sampler.requests[:3]
+    assert second.prompt_token_ids == [*first.prompt_token_ids, *trajectory.token_ids[:5]]
+    assert third.params.max_tokens == first.params.max_tokens - 8
+
+
+async def test_partial_rollouts_need_a_job(tokenizer: Any) -> None:
+    rollouts, *_ = make(tokenizer, tool_then_answer)
+    with pytest.raises(InvalidInput, match="needs a job_id"):
+        await rollouts.start(request(version_refresh="partial"))
 
 
 async def test_longest_prompt_first_starts_long_prompts_first(tokenizer: Any) -> None:

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from services.common.errors import InvalidInput, NotFound
 from services.rollout.openai.schemas import ChatCompletionRequest, CompletionRequest
 from services.rollout.openai.serving import OpenAIServing
+from services.rollout.openai.tools import template_messages
 from services.rollout.sampling import check_prompt, vllm_params
 from services.rollout.schemas import SampleRequest, SamplingParams
 
@@ -43,7 +44,8 @@ def test_vllm_params_ask_for_the_sampled_tokens_logprob() -> None:
 
 
 def test_openai_model_names() -> None:
-    serving = OpenAIServing(sampler=None, versions=None, base_model="loom/tiny")  # type: ignore[arg-type]
+    serving = OpenAIServing(sampler=None, versions=None, base_model="loom/tiny",  # type: ignore[arg-type]
+                            capture=None)  # type: ignore[arg-type]
     assert serving.parse_model("loom/tiny") == (None, 0)
     assert serving.parse_model("base") == (None, 0)
     assert serving.parse_model("job-1") == ("job-1", "latest")
@@ -68,7 +70,7 @@ def test_openai_completion_prompts_single_or_batch() -> None:
 
 def test_openai_chat_request_checks() -> None:
     ok = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
-    assert ok.messages[0].template_dict() == {"role": "user", "content": "hi"}
+    assert template_messages(ok.messages) == [{"role": "user", "content": "hi"}]
     for body in ({"model": "m", "messages": []},
                  {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
                  {"model": "m", "messages": [{"role": "user", "content": "x"}],
