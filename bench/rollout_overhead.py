@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -39,10 +39,11 @@ from agents.sdk import AsyncLoomClient, SamplingParams
 from agents.tasks.arithmetic import corpus
 from gateway.cli.supervisor import Supervisor
 from services.common.base_models import ensure_tiny_model
+from services.common.http import ServiceClient
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 from services.rollout.sampling import vllm_params
-from services.rollout.schemas import SampleRequest
+from services.rollout.schemas import SampleRequest, SampleResponse
 from services.rollout.settings import RolloutSettings
 from services.rollout.vllm_plugin import BUSY_POLL_ENV
 
@@ -77,22 +78,49 @@ class Workload:
 
 @dataclass
 class ArmRun:
-    """One timed batch of one arm. CPU seconds are measured over the batch's wall time."""
+    """The timed batches of one arm in one round (one engine start). CPU seconds are summed
+    over the batches' wall times."""
 
-    arm: str  # "direct" | "loom"
+    arm: str  # "direct" | "loom" | "loom, no gateway"
     round: int
     position: int  # 1: ran first in its round
-    wall_s: float = 0.0
-    tokens: int = 0
-    samples: list[list[list[int]]] = field(default_factory=list)  # per request, per sample
+    walls: list[float] = field(default_factory=list)  # s, per batch
+    batch_tokens: list[int] = field(default_factory=list)  # completion tokens, per batch
+    samples: list[list[list[int]]] = field(default_factory=list)  # 1st batch: request, sample
     startup_s: float = 0.0  # process start → ready to time (engine start-up and warm-up)
-    cpu: dict[str, float] = field(default_factory=dict)  # CPU s by group, over the batch
-    cpu_total_s: float = 0.0  # the whole machine's busy CPU s over the batch
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU s by group
+    cpu_total_s: float = 0.0  # the whole machine's busy CPU s
     stop_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def wall_s(self) -> float:
+        return sum(self.walls)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.batch_tokens)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s
+
+    @property
+    def our_cpu_s(self) -> float:
+        """CPU s of the arm's own processes (the idle services' included)."""
+        return sum(self.cpu.values())
+
+    def cpu_ms_per_1k(self, group: str | None = None) -> float:
+        cpu = self.our_cpu_s if group is None else self.cpu.get(group, 0.0)
+        return 1e6 * cpu / self.tokens
+
+    def add_batch(self, wall_s: float, samples: list[list[list[int]]],
+                  reasons: list[str]) -> None:
+        self.walls.append(wall_s)
+        self.batch_tokens.append(sum(len(s) for request in samples for s in request))
+        if not self.samples:
+            self.samples = samples
+        for reason in reasons:
+            self.stop_reasons[reason] = self.stop_reasons.get(reason, 0) + 1
 
 
 # --- prompts and model ----------------------------------------------------------------------
@@ -156,9 +184,11 @@ class CpuMeter:
         self.busy_before = machine_busy_s()
 
     def stop(self, run: ArmRun) -> None:
+        """Add the CPU seconds since `start` to `run`'s."""
         after = self.read()
-        run.cpu = {name: after[name] - self.before[name] for name in self.groups}
-        run.cpu_total_s = machine_busy_s() - self.busy_before
+        for name in self.groups:
+            run.cpu[name] = run.cpu.get(name, 0.0) + after[name] - self.before[name]
+        run.cpu_total_s += machine_busy_s() - self.busy_before
 
 
 # --- the direct arm: a bare AsyncLLM in its own process ---------------------------------------
@@ -206,7 +236,7 @@ async def direct_batch(llm: AsyncLLM, workload: Workload, max_tokens: int | None
                                   for prompt, p in zip(workload.prompts, params, strict=True)))
 
 
-async def direct_arm(model_dir: str, workload: Workload, run: ArmRun) -> None:
+async def direct_arm(model_dir: str, workload: Workload, batches: int, run: ArmRun) -> None:
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -224,36 +254,35 @@ async def direct_arm(model_dir: str, workload: Workload, run: ArmRun) -> None:
         run.startup_s = time.perf_counter() - started
         me = os.getpid()
         meter = CpuMeter({"engine core": (me, "spawned"), "frontend": (me, "own")})
-        meter.start()
-        begin = time.perf_counter()
-        outputs = await direct_batch(llm, workload)
-        run.wall_s = time.perf_counter() - begin
-        meter.stop(run)
+        for _ in range(batches):
+            meter.start()
+            begin = time.perf_counter()
+            outputs = await direct_batch(llm, workload)
+            wall = time.perf_counter() - begin
+            meter.stop(run)
+            completions = [sorted(o.outputs, key=lambda c: c.index) for o in outputs]
+            run.add_batch(wall, [[list(c.token_ids) for c in cs] for cs in completions],
+                          [str(c.finish_reason) for cs in completions for c in cs])
     finally:
         llm.shutdown()
-    for output in outputs:
-        completions = sorted(output.outputs, key=lambda c: c.index)
-        run.samples.append([list(c.token_ids) for c in completions])
-        for c in completions:
-            reason = str(c.finish_reason)
-            run.stop_reasons[reason] = run.stop_reasons.get(reason, 0) + 1
-    run.tokens = sum(len(s) for request in run.samples for s in request)
 
 
 def direct_worker(spec_path: str, out_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     run = ArmRun(arm="direct", round=spec["round"], position=spec["position"])
-    asyncio.run(direct_arm(spec["model_dir"], Workload(**spec["workload"]), run))
+    asyncio.run(direct_arm(spec["model_dir"], Workload(**spec["workload"]), spec["batches"],
+                           run))
     Path(out_path).write_text(json.dumps(asdict(run)))
 
 
-def run_direct(model_dir: Path, workload: Workload, work: Path, round_: int,
-               position: int) -> ArmRun:
+def run_direct(model_dir: Path, workload: Workload, work: Path, round_: int, position: int,
+               args: argparse.Namespace) -> list[ArmRun]:
     """The direct arm in a subprocess of its own session (vLLM spawns processes); whatever
     it leaves behind in its process group is killed before the next arm starts."""
     spec, out = work / f"direct-{round_}.json", work / f"direct-{round_}.out.json"
     spec.write_text(json.dumps({"model_dir": str(model_dir), "workload": asdict(workload),
-                                "round": round_, "position": position}))
+                                "round": round_, "position": position,
+                                "batches": args.batches}))
     argv = [sys.executable, __file__, "--direct-worker", str(spec), str(out)]
     env = {**os.environ, **engine_env(RolloutSettings())}
     with open(work / "direct.log", "ab") as sink:
@@ -266,8 +295,7 @@ def run_direct(model_dir: Path, workload: Workload, work: Path, round_: int,
                 os.killpg(process.pid, signal.SIGKILL)
     if code != 0:
         raise RuntimeError(f"direct worker failed ({code}); see {work / 'direct.log'}")
-    data = json.loads(out.read_text())
-    return ArmRun(**data)
+    return [ArmRun(**json.loads(out.read_text()))]
 
 
 # --- the Loom arm: the local stack, sampled through the gateway with the SDK -------------------
@@ -285,32 +313,54 @@ def stack(model_dir: Path, work: Path, round_: int) -> Iterator[tuple[str, str, 
 
 
 async def loom_batch(client: AsyncLoomClient, workload: Workload,
-                     max_tokens: int | None = None) -> list[Any]:
+                     max_tokens: int | None = None) -> list[SampleResponse]:
     requests = [SampleRequest(prompt_token_ids=prompt, n=workload.n,
                               params=workload.params(i, max_tokens))
                 for i, prompt in enumerate(workload.prompts)]
     return await asyncio.gather(*(client.sample(request) for request in requests))
 
 
-async def loom_timed(url: str, key: str, workload: Workload, meter: CpuMeter,
-                     run: ArmRun) -> None:
+async def rollout_batch(client: ServiceClient, workload: Workload) -> list[SampleResponse]:
+    """The same requests straight to the rollout service (no gateway, no SDK)."""
+    async def one(i: int, prompt: list[int]) -> SampleResponse:
+        request = SampleRequest(prompt_token_ids=prompt, n=workload.n, params=workload.params(i))
+        body = await client.post_json("/v1/sample", request.model_dump(mode="json"))
+        return SampleResponse.model_validate(body)
+
+    return await asyncio.gather(*(one(i, p) for i, p in enumerate(workload.prompts)))
+
+
+def add_responses(run: ArmRun, wall_s: float, responses: list[SampleResponse]) -> None:
+    run.add_batch(wall_s, [[list(s.token_ids) for s in r.samples] for r in responses],
+                  [s.stop_reason for r in responses for s in r.samples])
+
+
+async def loom_timed(url: str, key: str, rollout_url: str, workload: Workload, batches: int,
+                     meter: CpuMeter, runs: list[ArmRun]) -> None:
+    """Timed batches through the gateway (and, with a second run, straight to rollout,
+    alternating with them)."""
     async with AsyncLoomClient(url, key) as client:
-        await loom_batch(client, workload, WARMUP_MAX_TOKENS)
-        meter.start()
-        begin = time.perf_counter()
-        responses = await loom_batch(client, workload)
-        run.wall_s = time.perf_counter() - begin
-        meter.stop(run)
-    for response in responses:
-        run.samples.append([list(s.token_ids) for s in response.samples])
-        for s in response.samples:
-            run.stop_reasons[s.stop_reason] = run.stop_reasons.get(s.stop_reason, 0) + 1
-    run.tokens = sum(len(s) for request in run.samples for s in request)
+        rollout = ServiceClient(rollout_url, service="rollout")
+        try:
+            await loom_batch(client, workload, WARMUP_MAX_TOKENS)
+            for _ in range(batches):
+                for run in runs:
+                    meter.start()
+                    begin = time.perf_counter()
+                    responses = await (loom_batch(client, workload) if run.arm == "loom"
+                                       else rollout_batch(rollout, workload))
+                    wall = time.perf_counter() - begin
+                    meter.stop(run)
+                    add_responses(run, wall, responses)
+        finally:
+            await rollout.aclose()
 
 
-def run_loom(model_dir: Path, workload: Workload, work: Path, round_: int,
-             position: int) -> ArmRun:
-    run = ArmRun(arm="loom", round=round_, position=position)
+def run_loom(model_dir: Path, workload: Workload, work: Path, round_: int, position: int,
+             args: argparse.Namespace) -> list[ArmRun]:
+    runs = [ArmRun(arm="loom", round=round_, position=position)]
+    if args.breakdown:
+        runs.append(ArmRun(arm="loom, no gateway", round=round_, position=position))
     started = time.perf_counter()
     with stack(model_dir, work, round_) as (url, key, supervisor):
         pids = {s.name: s.pid for s in supervisor.services}
@@ -320,9 +370,12 @@ def run_loom(model_dir: Path, workload: Workload, work: Path, round_: int,
                   "client (SDK)": (os.getpid(), "own")}
         groups.update({f"idle {name}": (pid, "tree") for name, pid in pids.items()
                        if name not in ("rollout", "gateway")})
-        run.startup_s = time.perf_counter() - started
-        asyncio.run(loom_timed(url, key, workload, CpuMeter(groups), run))
-    return run
+        for run in runs:
+            run.startup_s = time.perf_counter() - started
+        rollout_url = supervisor.settings.url_of("rollout")
+        asyncio.run(loom_timed(url, key, rollout_url, workload, args.batches,
+                               CpuMeter(groups), runs))
+    return runs
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -360,34 +413,74 @@ CPU_COLUMNS = ["engine core", "frontend", "rollout service", "gateway", "client 
 
 
 def run_line(run: ArmRun) -> str:
-    samples = sum(len(r) for r in run.samples)
-    ours = sum(run.cpu.values())
+    samples = sum(len(r) for r in run.samples) * len(run.walls)
     idle_cpu = [v for k, v in run.cpu.items() if k.startswith("idle ")]
     idle = f"{sum(idle_cpu):.1f}" if idle_cpu else "–"
     cells = [f"{run.cpu[c]:.1f}" if c in run.cpu else "–" for c in CPU_COLUMNS]
+    batches = ", ".join(f"{t / w:.0f}" for t, w in zip(run.batch_tokens, run.walls, strict=True))
     return (f"| {run.round} | {run.arm} | {run.position} | {run.startup_s:.0f} | {samples} | "
             f"{run.tokens} | {run.tokens / samples:.1f} | {run.wall_s:.2f} | "
-            f"**{run.tokens_per_s:.0f}** | " + " | ".join(cells)
-            + f" | {idle} | {run.cpu_total_s - ours:.1f} | {run.cpu_total_s:.1f} |")
+            f"**{run.tokens_per_s:.0f}** | {batches} | " + " | ".join(cells)
+            + f" | {idle} | {run.cpu_total_s - run.our_cpu_s:.1f} | {run.cpu_total_s:.1f} | "
+            f"{run.cpu_ms_per_1k():.0f} |")
+
+
+def median_of(runs: list[ArmRun], value: Callable[[ArmRun], float]) -> float:
+    return statistics.median(value(r) for r in runs)
+
+
+def cpu_lines(arms: dict[str, list[ArmRun]]) -> list[str]:
+    """CPU ms per 1,000 completion tokens, by process group, median over rounds: what each
+    arm costs the machine besides the wall time (on 2 cores, the Loom processes' CPU is
+    taken from the engine)."""
+    groups = [*CPU_COLUMNS, "idle services", "all of the arm's processes"]
+
+    def cell(runs: list[ArmRun], group: str) -> str:
+        if group == "all of the arm's processes":
+            return f"{median_of(runs, lambda r: r.cpu_ms_per_1k()):.0f}"
+        if group == "idle services":
+            if not any(k.startswith("idle ") for k in runs[0].cpu):
+                return "–"
+            return f"{median_of(runs, lambda r: sum(r.cpu_ms_per_1k(k) for k in r.cpu if k.startswith('idle '))):.0f}"  # noqa: E501
+        if group not in runs[0].cpu:
+            return "–"
+        return f"{median_of(runs, lambda r: r.cpu_ms_per_1k(group)):.0f}"
+
+    return ["| CPU ms per 1k tokens | " + " | ".join(arms) + " |",
+            "|---|" + "---|" * len(arms),
+            *(f"| {g} | " + " | ".join(cell(runs, g) for runs in arms.values()) + " |"
+              for g in groups)]
 
 
 def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, command: str,
            model_dir: Path, wall_s: float) -> str:
-    direct = [r for r in runs if r.arm == "direct"]
-    loom = [r for r in runs if r.arm == "loom"]
-    direct_med = statistics.median(r.tokens_per_s for r in direct)
-    loom_med = statistics.median(r.tokens_per_s for r in loom)
-    ratio = loom_med / direct_med
-    per_round = [next(r for r in loom if r.round == k).tokens_per_s
-                 / next(r for r in direct if r.round == k).tokens_per_s
-                 for k in range(1, args.rounds + 1)]
-    same = [same_samples(next(r for r in direct if r.round == k),
-                         next(r for r in loom if r.round == k))
-            for k in range(1, args.rounds + 1)]
+    arms = {name: [r for r in runs if r.arm == name]
+            for name in ("direct", "loom", "loom, no gateway")}
+    arms = {name: arm_runs for name, arm_runs in arms.items() if arm_runs}
+    medians = {name: median_of(arm_runs, lambda r: r.tokens_per_s)
+               for name, arm_runs in arms.items()}
+    ratio = medians["loom"] / medians["direct"]
+
+    def in_round(name: str, k: int) -> ArmRun:
+        return next(r for r in arms[name] if r.round == k)
+
+    rounds = range(1, args.rounds + 1)
+    per_round = [in_round("loom", k).tokens_per_s / in_round("direct", k).tokens_per_s
+                 for k in rounds]
+    same = [same_samples(in_round("direct", k), in_round("loom", k)) for k in rounds]
     prompt_lens = [len(p) for p in workload.prompts]
     seeding = ("unseeded (the SDK's default; see --seed)" if workload.seed0 is None
                else f"seed {workload.seed0}+i for request i")
     settings = RolloutSettings()
+    try:
+        shown_model = model_dir.relative_to(REPO)
+    except ValueError:
+        shown_model = model_dir
+    result_rows = [
+        f"| {name} | {medians[name]:.0f} | "
+        + ", ".join(f"{r.tokens_per_s:.0f}" for r in arm_runs) + " |"
+        for name, arm_runs in arms.items()
+    ]
     lines = [
         f"# Rollout overhead: generation tokens/s through Loom vs direct vLLM "
         f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
@@ -397,18 +490,22 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         f"Machine: {machine()}. Load average at the end: "
         f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}.",
         "",
-        "**Measured**: completion tokens returned / wall time of one batch of "
+        "**Measured**: completion tokens returned / wall time, over batches of "
         f"{len(workload.prompts)} requests sent at once, each n={workload.n}, "
         f"max_tokens={workload.max_tokens}, temperature {TEMPERATURE}, {seeding}, "
-        "logprobs of the sampled tokens, base model "
-        f"`loom/tiny` (built by modelstate/tiny.py: random-init Qwen2-style, float32, "
-        f"{model_dir}). Prompts: arithmetic few-shot text from the task corpus, "
-        f"{min(prompt_lens)}–{max(prompt_lens)} tokens, the same token ids in both arms.",
+        "logprobs of the sampled tokens, base model `loom/tiny` (built by modelstate/tiny.py: "
+        f"random-init Qwen2-style, float32, in {shown_model}). Prompts: arithmetic few-shot "
+        f"text from the task corpus, {min(prompt_lens)}–{max(prompt_lens)} tokens, the same "
+        f"token ids in both arms. {args.rounds} rounds; in each, every arm starts its engine, "
+        f"warms up, and times {args.batches} batches back to back.",
         "",
         "- **loom**: the real local stack (every service a local process, embedded defaults, "
         "`gateway.cli.supervisor.Supervisor`), sampled with the SDK "
         "(`AsyncLoomClient.sample(SampleRequest(...))`, job_id None = the base model) "
         "through the gateway → rollout `/v1/sample` → its `AsyncLLM`.",
+        *(["- **loom, no gateway** (--breakdown): the same stack and requests, posted straight "
+           "to the rollout service's `/v1/sample` (httpx, no gateway, no SDK), its batches "
+           "alternating with the gateway's."] if "loom, no gateway" in arms else []),
         "- **direct**: a bare `vllm.v1.engine.async_llm.AsyncLLM` in a process of its own, "
         "built with the rollout engine's `AsyncEngineArgs` (dtype "
         f"{settings.rollout_dtype}, enforce_eager={settings.rollout_enforce_eager}, "
@@ -417,44 +514,45 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         f"{settings.rollout_seed}) and its environment (VLLM_CPU_KVCACHE_SPACE="
         f"{settings.rollout_kv_cache_gib}, {BUSY_POLL_ENV}={settings.rollout_cpu_busy_poll_ms:g}"
         "), given the service's own vLLM SamplingParams (`services.rollout.sampling."
-        "vllm_params`), `generate()` per request, all at once.",
-        "- Each arm, once started: the rollout engine's warm-up (the service's own; repeated "
-        f"in the direct arm), one untimed batch at max_tokens={WARMUP_MAX_TOKENS}, then the "
-        "timed batch; then it is shut down completely before the other arm starts (never both "
-        "at once). The order alternates between rounds (position 1 = ran first).",
-        "- CPU s: user+system CPU seconds over the timed batch, from /proc: *engine core* = "
-        "the processes vLLM spawned (EngineCore with the model); *frontend* = the direct "
-        "arm's own process (AsyncLLM's input/output processing); *rollout service* = the "
-        "rollout process (HTTP, pydantic, AsyncLLM frontend); *gateway*; *client* = this "
-        "script's process (SDK, httpx); *idle services* = modelstate, trainer, reward, "
-        "sandbox; *other* = the machine's busy time minus all those (other work on the "
-        "machine: tests, daemons).",
+        "vllm_params`: logprobs=0, final output only), `generate()` per request, all at once.",
+        "- Warm-up, each arm, after its engine starts: the rollout engine's own warm-up "
+        f"(repeated in the direct arm), then one untimed batch at max_tokens="
+        f"{WARMUP_MAX_TOKENS}. After its timed batches an arm is shut down completely before "
+        "the other starts (never both at once); the order alternates between rounds "
+        "(position 1 = ran first).",
+        "- CPU s: user+system CPU seconds over the timed batches, from /proc: *engine core* = "
+        "the processes vLLM spawned (EngineCore and its worker, with the model); *frontend* = "
+        "the direct arm's own process (AsyncLLM input/output processing, detokenizing); "
+        "*rollout service* = the rollout process (uvicorn, pydantic, the same AsyncLLM "
+        "frontend); *gateway*; *client* = this script's process (SDK, httpx); *idle services* "
+        "= modelstate, trainer, reward, sandbox; *other* = the machine's busy time minus all "
+        "of those: other work on the machine (tests, daemons) — when it is large, the round "
+        "is noisy.",
         "",
         "## Result",
         "",
-        f"Target: ratio (loom / direct, medians of tokens/s) ≥ {TARGET_RATIO}.",
+        f"Target: ratio (loom / direct, medians over rounds of tokens/s) ≥ {TARGET_RATIO}.",
         "",
-        "| arm | median tokens/s | rounds (tokens/s) |",
+        "| arm | median tokens/s | per round |",
         "|---|---|---|",
-        f"| direct | {direct_med:.0f} | "
-        + ", ".join(f"{r.tokens_per_s:.0f}" for r in direct) + " |",
-        f"| loom | {loom_med:.0f} | " + ", ".join(f"{r.tokens_per_s:.0f}" for r in loom) + " |",
-        f"| **ratio** | **{ratio:.3f}** {'PASS' if ratio >= TARGET_RATIO else 'FAIL'} "
-        f"(target ≥ {TARGET_RATIO}) | per round: "
-        + ", ".join(f"{x:.3f}" for x in per_round) + " |",
+        *result_rows,
+        f"| **ratio loom / direct** | **{ratio:.3f} {'PASS' if ratio >= TARGET_RATIO else 'FAIL'}"
+        f"** (target ≥ {TARGET_RATIO}) | " + ", ".join(f"{x:.3f}" for x in per_round) + " |",
         "",
-        "Identical samples in both arms (same seeds, token for token), per round: "
-        + ", ".join(f"{a}/{b}" for a, b in same) + "." if workload.seed0 is not None else
+        ("Identical samples in both arms (same seeds, token for token), per round: "
+         + ", ".join(f"{a}/{b}" for a, b in same) + ".") if workload.seed0 is not None else
         "Unseeded, so the arms' samples differ; their lengths are comparable (the random-init "
         "model rarely samples EOS) and tokens/s counts the tokens each arm really returned.",
+        "",
+        *cpu_lines(arms),
         "",
         "## Per round",
         "",
         "| round | arm | position | start-up + warm-up s | samples | completion tokens "
-        "| mean tokens/sample | wall s | tokens/s | CPU s engine core | CPU s frontend "
-        "| CPU s rollout service | CPU s gateway | CPU s client | CPU s idle services "
-        "| CPU s other | CPU s machine |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mean tokens/sample | wall s | tokens/s | per batch | CPU s engine core "
+        "| CPU s frontend | CPU s rollout service | CPU s gateway | CPU s client "
+        "| CPU s idle services | CPU s other | CPU s machine | arm's CPU ms per 1k tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(run_line(r) for r in sorted(runs, key=lambda r: (r.round, r.position))),
         "",
         "Stop reasons: " + "; ".join(
@@ -476,6 +574,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=64, help="Requests sent at once.")
     parser.add_argument("--n", type=int, default=4, help="Samples per request.")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--batches", type=int, default=3,
+                        help="Timed batches per arm per round (one engine start).")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="Also time the same batches sent straight to the rollout service "
+                        "(no gateway, no SDK), alternating with the gateway's, in the Loom arm.")
     parser.add_argument(
         "--seed", type=int, default=None,
         help="Seed request i with SEED+i (both arms then return the same samples). Default: "
@@ -508,12 +611,14 @@ def main() -> None:
         for round_ in range(1, args.rounds + 1):
             arms = ["direct", "loom"] if round_ % 2 else ["loom", "direct"]
             for position, arm in enumerate(arms, start=1):
-                run = (run_direct if arm == "direct" else run_loom)(
-                    model_dir, workload, work, round_, position)
-                runs.append(run)
-                print(f"round {round_} {arm}: {run.tokens} tokens in {run.wall_s:.2f} s = "
-                      f"{run.tokens_per_s:.0f} tokens/s (start-up {run.startup_s:.0f} s)",
-                      file=sys.stderr, flush=True)
+                for run in (run_direct if arm == "direct" else run_loom)(
+                        model_dir, workload, work, round_, position, args):
+                    runs.append(run)
+                    print(f"round {round_} {run.arm}: {run.tokens} tokens in "
+                          f"{run.wall_s:.2f} s = {run.tokens_per_s:.0f} tokens/s (batches: "
+                          + ", ".join(f"{t / w:.0f}" for t, w in
+                                      zip(run.batch_tokens, run.walls, strict=True))
+                          + f"; start-up {run.startup_s:.0f} s)", file=sys.stderr, flush=True)
     text = report(runs, args, workload, command, model_dir, time.perf_counter() - started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from services.common.busy import BusyClock
 from services.common.errors import InvalidTransition, LoomError, NotFound
 from services.common.schemas import ErrorBody, Operation, OperationStatus
 
@@ -49,7 +50,8 @@ class _Entry:
 
 
 class OperationQueue:
-    def __init__(self, history: int = 10_000) -> None:
+    def __init__(self, history: int = 10_000, busy: BusyClock | None = None) -> None:
+        self._busy = busy or BusyClock("operations_busy_seconds", "Operations running")
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._queues: dict[str, asyncio.Queue[_Entry]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
@@ -93,7 +95,8 @@ class OperationQueue:
             entry = queue.get_nowait()
             entry.move(OperationStatus.running, started_at=_now())
             try:
-                result = await loop.run_in_executor(self._executor, entry.fn)
+                with self._busy.busy():
+                    result = await loop.run_in_executor(self._executor, entry.fn)
             except LoomError as exc:
                 entry.move(OperationStatus.failed, finished_at=_now(),
                            error=ErrorBody(code=exc.code, message=exc.message, detail=exc.detail))

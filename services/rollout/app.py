@@ -20,6 +20,7 @@ from modelstate.client import ModelStateClient, local_or_download
 from modelstate.schemas import Version
 from services.common.app_factory import create_service_app
 from services.common.base_models import resolve_base_model
+from services.common.busy import BusyClock
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.errors import Unavailable
 from services.common.http import ServiceClient
@@ -50,7 +51,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model_path = await run_in_threadpool(
             resolve_base_model, settings.rollout_model, settings.data_dir)
-        engine = RolloutEngine(settings, model_path)
+        engine = RolloutEngine(settings, model_path, busy)
         store = ModelStateClient(settings.url_of("modelstate"))
 
         async def materialize(version: Version) -> Path:
@@ -105,6 +106,9 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
 
     app = create_service_app("rollout", routers=[routes.router, openai_routes.router],
                              lifespan=lifespan)
+    busy = BusyClock("loom_rollout_engine_busy_seconds",
+                     "Seconds the engine had at least one generation in flight")
+    app.state.metrics_registry.register(busy)
     app.state.readiness = readiness  # set after: it reads the engine the lifespan puts on `app`
     return app
 

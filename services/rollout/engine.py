@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from services.common.busy import BusyClock
 from services.common.errors import Unavailable
 from services.rollout.settings import RolloutSettings
 from services.rollout.vllm_plugin import BUSY_POLL_ENV
@@ -28,9 +29,10 @@ BASE_WEIGHTS_LABEL = "base"
 class RolloutEngine:
     """Owns one `AsyncLLM`. Every method but `start` needs a started engine."""
 
-    def __init__(self, settings: RolloutSettings, model_path: str) -> None:
+    def __init__(self, settings: RolloutSettings, model_path: str, busy: BusyClock) -> None:
         self.settings = settings
         self.model_path = model_path
+        self.busy = busy
         self._llm: AsyncLLM | None = None
         self.start_error: str | None = None
         self.warmup_seconds: float | None = None
@@ -112,10 +114,12 @@ class RolloutEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Outputs as vLLM produces them (cumulative or delta, per `params.output_kind`)."""
         request_id = uuid.uuid4().hex
-        async for output in self.llm.generate(
-            {"prompt_token_ids": prompt_token_ids}, params, request_id, lora_request=lora_request
-        ):
-            yield output
+        with self.busy.busy():
+            async for output in self.llm.generate(
+                {"prompt_token_ids": prompt_token_ids}, params, request_id,
+                lora_request=lora_request,
+            ):
+                yield output
 
     async def generate(
         self,

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from modelstate.client import ModelStateClient
 from services.common.app_factory import create_service_app
+from services.common.busy import BusyClock
 from services.common.operations import OperationQueue
 from services.trainer.checkpoint import ThreadPublisher
 from services.trainer.model import resolve_device
@@ -33,7 +34,7 @@ def create_app(
             torch.set_num_threads(settings.trainer_threads)
         device = resolve_device(settings.trainer_device)
         client = modelstate or ModelStateClient(settings.url_of("modelstate"))
-        queue = OperationQueue()
+        queue = OperationQueue(busy=busy)
         app.state.trainer = TrainerService(
             ModelRegistry(settings.data_dir, device),
             queue,
@@ -48,4 +49,8 @@ def create_app(
             if modelstate is None:
                 await client.aclose()
 
-    return create_service_app("trainer", routers=[router], lifespan=lifespan)
+    app = create_service_app("trainer", routers=[router], lifespan=lifespan)
+    busy = BusyClock("loom_trainer_busy_seconds",
+                     "Seconds the trainer spent running operations (its device busy)")
+    app.state.metrics_registry.register(busy)
+    return app

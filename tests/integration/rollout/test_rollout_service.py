@@ -354,8 +354,49 @@ async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelSta
         "model": "lora-job@1", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 4})
     assert chat.status_code == 200 and chat.json()["loom"] == {
-        "job_id": "lora-job", "version": 1, "prompt_token_ids": chat.json()["loom"][
-            "prompt_token_ids"]}
+        "job_id": "lora-job", "version": 1, "trajectory_id": None,
+        "prompt_token_ids": chat.json()["loom"]["prompt_token_ids"]}
+
+
+@pytest.mark.parametrize("kind", [VersionKind.lora, VersionKind.full])
+async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
+        rollout: httpx.AsyncClient, store: ModelStateClient, tiny_model_dir: Path,
+        tmp_path: Path, kind: VersionKind) -> None:
+    """Long generations are running when version 2 is published: each continues on it from
+    the tokens it has, so its turn has a part per version, and no token is lost."""
+    job_id = f"partial-{kind.value}"
+
+    async def publish(seed: int) -> None:
+        weights = (lora_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed=seed)
+                   if kind == VersionKind.lora
+                   else perturbed_copy(tiny_model_dir, tmp_path / f"v{seed}", 1 + seed / 10))
+        await store.publish(VersionMeta(job_id=job_id, kind=kind,
+                                        base_model=str(tiny_model_dir)), weights)
+
+    await publish(1)
+    body = {"job_id": job_id, "env": "arithmetic", "group_size": 16,
+            "tasks": [{"prompt": "1+1=", "reference": "2"}],
+            "params": {"max_tokens": 400, "seed": 3}, "version_refresh": "partial"}
+
+    async def publish_mid_generation() -> None:
+        await asyncio.sleep(0.5)  # 16 x 400 tokens take seconds on this CPU
+        await publish(2)
+
+    response, _ = await asyncio.gather(rollout.post("/v1/rollouts", json=body),
+                                       publish_mid_generation())
+    events = [json.loads(line) for line in response.text.splitlines()]
+    (group,) = [e["group"] for e in events if e["type"] == "group"]
+    interrupted = 0
+    for trajectory in group["trajectories"]:
+        turns = trajectory["turns"]
+        assert all(t["kind"] == "model" for t in turns)
+        assert [t["start"] for t in turns[1:]] == [t["end"] for t in turns[:-1]]
+        assert turns[-1]["end"] == len(trajectory["token_ids"]) == len(trajectory["logprobs"])
+        assert set(trajectory["loss_mask"]) == {1}
+        versions = [t["version"] for t in turns]
+        assert versions in ([1], [2], [1, 2]), versions
+        interrupted += versions == [1, 2]
+    assert interrupted > 0, "no generation was running when version 2 was published"
 
 
 async def test_load_endpoint_and_unknown_versions(rollout: httpx.AsyncClient,

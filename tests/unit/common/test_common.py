@@ -104,3 +104,24 @@ async def test_operations_of_one_key_run_in_submission_order() -> None:
         queue.get("op_unknown")
     queue.shutdown()
     await asyncio.sleep(0)
+
+
+def test_busy_clock_counts_overlapping_work_once_and_the_period_in_progress() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from services.common.busy import BusyClock
+
+    clock = BusyClock("loom_test_busy_seconds", "test")
+    registry = CollectorRegistry()
+    registry.register(clock)
+    assert clock.seconds() == 0.0
+    with clock.busy():
+        with clock.busy():  # overlapping work: the resource is busy once, not twice
+            time.sleep(0.05)
+        during = clock.seconds()  # the period in progress is included
+        time.sleep(0.05)
+    after = clock.seconds()
+    assert 0.05 <= during < after
+    time.sleep(0.05)
+    assert clock.seconds() == after  # idle time is not counted
+    assert b"loom_test_busy_seconds_total" in generate_latest(registry)
