@@ -429,6 +429,10 @@ def median_of(runs: list[ArmRun], value: Callable[[ArmRun], float]) -> float:
     return statistics.median(value(r) for r in runs)
 
 
+def idle_ms_per_1k(run: ArmRun) -> float:
+    return sum(run.cpu_ms_per_1k(k) for k in run.cpu if k.startswith("idle "))
+
+
 def cpu_lines(arms: dict[str, list[ArmRun]]) -> list[str]:
     """CPU ms per 1,000 completion tokens, by process group, median over rounds: what each
     arm costs the machine besides the wall time (on 2 cores, the Loom processes' CPU is
@@ -441,7 +445,7 @@ def cpu_lines(arms: dict[str, list[ArmRun]]) -> list[str]:
         if group == "idle services":
             if not any(k.startswith("idle ") for k in runs[0].cpu):
                 return "–"
-            return f"{median_of(runs, lambda r: sum(r.cpu_ms_per_1k(k) for k in r.cpu if k.startswith('idle '))):.0f}"  # noqa: E501
+            return f"{median_of(runs, idle_ms_per_1k):.0f}"
         if group not in runs[0].cpu:
             return "–"
         return f"{median_of(runs, lambda r: r.cpu_ms_per_1k(group)):.0f}"

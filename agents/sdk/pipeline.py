@@ -14,6 +14,9 @@
 - Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
   more: a step trains on `groups_per_step` groups with signal (`oversample` > 1 asks for more
   up front, so fewer top-ups are needed); extra groups carry over to the next step.
+- `epochs` > 1 makes several optimizer steps on each step's batch (PPO's epochs, TRL's
+  `num_iterations`); the PPO-style losses clip the ratio to the sampling policy, which is what
+  keeps the later passes close to the data.
 """
 
 from __future__ import annotations
@@ -69,13 +72,15 @@ class AsyncPipeline:
         mode: Literal["sync", "async"] = "sync",
         max_staleness: int = 1,
         oversample: float = 1.0,
+        epochs: int = 1,
         adam: AdamParams | None = None,
         **rollout_options: Any,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode is 'sync' or 'async', not {mode!r}")
-        if groups_per_step < 1 or oversample < 1 or max_staleness < 0:
-            raise ValueError("groups_per_step >= 1, oversample >= 1 and max_staleness >= 0")
+        if groups_per_step < 1 or oversample < 1 or max_staleness < 0 or epochs < 1:
+            raise ValueError("groups_per_step >= 1, oversample >= 1, max_staleness >= 0 and "
+                             "epochs >= 1")
         self.job = job
         self.algorithm = algorithm
         self.env = env
@@ -86,6 +91,7 @@ class AsyncPipeline:
         self.staleness = max_staleness if mode == "async" else 0
         self.lookahead = 1 + self.staleness  # chunks in flight: this step's and the next ones'
         self.chunk_size = math.ceil(groups_per_step * oversample)
+        self.epochs = epochs
         self.adam = adam or AdamParams()
         self.rollout_options = rollout_options
         self._groups: asyncio.Queue[RolloutGroup | None] = asyncio.Queue()
@@ -141,8 +147,11 @@ class AsyncPipeline:
         result.wait_s = time.perf_counter() - began
         result.failed_groups = self._failed - failed_before
         began = time.perf_counter()
-        trained = await self.job.forward_backward(kept, self.algorithm.loss)
-        await self.job.optim_step(self.adam)
+        passes = []
+        for _ in range(self.epochs):  # queued at once: the trainer runs them in order
+            passes.append(await self.job.forward_backward(kept, self.algorithm.loss))
+            await self.job.optim_step(self.adam)
+        trained = passes[0]  # the loss and metrics of the data as sampled
         result.mean_reward = sum(rewards) / len(rewards) if rewards else 0.0
         saved = await self.job.save_weights(metrics={"reward": result.mean_reward})
         loss = await trained

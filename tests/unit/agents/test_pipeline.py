@@ -71,6 +71,7 @@ class ScriptedJob:
         return asyncio.ensure_future(done())
 
     async def optim_step(self, adam: Any) -> Any:
+        self.log.append(("optim_step",))
         return asyncio.ensure_future(asyncio.sleep(0))
 
     async def save_weights(self, metrics: dict[str, float]) -> Any:
@@ -147,8 +148,18 @@ def test_group_version_is_the_oldest_turn() -> None:
     assert group_version(group) == 2
 
 
+async def test_epochs_make_several_passes_over_each_batch() -> None:
+    job = ScriptedJob()
+    results = await run(job, 2, tasks=tasks(20), mode="sync", epochs=3)
+    assert job.trained_groups == [4] * 6  # 2 groups of 2 samples, three passes per step
+    assert [e for e in job.log if e[0] != "sample"] == [
+        ("optim_step",)] * 3 + [("published", 1)] + [("optim_step",)] * 3 + [("published", 2)]
+    assert [r.loss for r in results] == [0.5, 0.5]
+
+
 @pytest.mark.parametrize("options", [{"mode": "later"}, {"groups_per_step": 0},
-                                     {"oversample": 0.5}, {"max_staleness": -1}])
+                                     {"oversample": 0.5}, {"max_staleness": -1},
+                                     {"epochs": 0}])
 def test_bad_pipeline_options(options: dict[str, Any]) -> None:
     base: dict[str, Any] = {"env": "e", "tasks": [], "groups_per_step": 1, "group_size": 1}
     with pytest.raises(ValueError):

@@ -1,0 +1,260 @@
+"""RL pipeline throughput: samples trained per second and bubbles (the idle fraction of the
+rollout engine and of the trainer) for the SDK pipeline in `sync`, `async` and
+`async + partial rollouts + length-aware scheduling`, at equal sample counts, on the real local
+stack (vLLM CPU engine, torch trainer) with the tiny model. Writes bench/results/pipeline.md.
+
+Output lengths are long-tailed: a stop token is picked so that the model, sampling freely,
+emits it at a rate giving a mean length of `--mean-tokens`, capped at `--max-tokens` (a
+geometric distribution: most replies short, a few run to the cap). On a 2-core machine the
+engine and the trainer get a core each (`--no-pin` to let them share), so what a bubble costs
+is what it would cost with a device each.
+
+    .venv/bin/python -m bench.pipeline [--steps 8] [--groups-per-step 8] [--group-size 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agents.algorithms import grpo
+from agents.algorithms.recipes import Algorithm, TrainingBatch
+from agents.sdk import (
+    AsyncJob,
+    AsyncLoomClient,
+    AsyncPipeline,
+    LossConfig,
+    SamplingParams,
+    StepResult,
+)
+from bench._stack import LocalStack, local_stack
+from services.rollout.schemas import RolloutGroup, SampleRequest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "pipeline.md"
+MIN_SPEEDUP, MAX_BUBBLE = 2.5, 0.15
+ENGINE_BUSY = "loom_rollout_engine_busy_seconds_total"
+TRAINER_BUSY = "loom_trainer_busy_seconds_total"
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    mode: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+ARMS = [
+    Arm("sync", "sync"),
+    Arm("async", "async"),
+    Arm("async+partial+length-aware", "async",
+        {"version_refresh": "partial", "schedule": "longest_prompt_first"}),
+]
+
+
+@dataclass
+class Measured:
+    arm: Arm
+    steps: list[StepResult]
+    wall_s: float
+    engine_busy_s: float
+    trainer_busy_s: float
+    lengths: list[int]  # of every sample trained on
+
+    @property
+    def samples(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s
+
+    @property
+    def engine_bubble(self) -> float:
+        return 1 - self.engine_busy_s / self.wall_s
+
+    @property
+    def trainer_bubble(self) -> float:
+        return 1 - self.trainer_busy_s / self.wall_s
+
+
+@dataclass
+class Observed:
+    """The algorithm, noting each group the trainer is given."""
+
+    inner: Algorithm
+    groups: list[RolloutGroup] = field(default_factory=list)
+
+    @property
+    def loss(self) -> LossConfig:
+        return self.inner.loss
+
+    def batch(self, groups: list[RolloutGroup]) -> TrainingBatch:
+        self.groups.extend(groups)
+        return self.inner.batch(groups)
+
+
+async def calibrate_stop_tokens(loom: AsyncLoomClient, mean_tokens: int,
+                                max_tokens: int) -> tuple[list[int], float]:
+    """Tokens the base model, sampling freely, emits about once per `mean_tokens` tokens
+    between them (the most frequent first, until their rates add up)."""
+    response = await loom.sample(SampleRequest(
+        prompt="1+2=", n=64, params=SamplingParams(max_tokens=max_tokens, temperature=1.0,
+                                                   seed=0)))
+    counts = Counter(t for s in response.samples for t in s.token_ids)
+    total = sum(counts.values())
+    chosen: list[int] = []
+    rate = 0.0
+    for token, count in counts.most_common():
+        if rate >= 1 / mean_tokens:
+            break
+        chosen.append(token)
+        rate += count / total
+    return chosen, rate
+
+
+def arithmetic_tasks(count: int) -> list[dict[str, str]]:
+    return [{"prompt": f"{a % 97}+{b % 89}=", "reference": str(a % 97 + b % 89)}
+            for a, b in zip(range(count), range(7, 7 + 3 * count, 3), strict=True)]
+
+
+async def run_arm(stack: LocalStack, loom: AsyncLoomClient, arm: Arm, args: argparse.Namespace,
+                  stop_tokens: list[int]) -> Measured:
+    job: AsyncJob = await loom.create_job("loom/tiny", name=f"bench-{arm.name}", mode="lora")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1,
+                            stop_token_ids=stop_tokens)
+    tasks = arithmetic_tasks(args.groups_per_step * (args.steps + 4))
+    algorithm = Observed(grpo())
+    pipeline = AsyncPipeline(job, algorithm, env="arithmetic",  # type: ignore[arg-type]
+                             tasks=tasks, groups_per_step=args.groups_per_step,
+                             group_size=args.group_size, params=params, mode=arm.mode,
+                             max_staleness=1, epochs=args.epochs, **arm.options)
+    engine0 = stack.counter("rollout", ENGINE_BUSY)
+    trainer0 = stack.counter("trainer", TRAINER_BUSY)
+    began = time.perf_counter()
+    steps = [step async for step in pipeline.run(args.steps)]
+    wall = time.perf_counter() - began
+    engine_busy = stack.counter("rollout", ENGINE_BUSY) - engine0
+    trainer_busy = stack.counter("trainer", TRAINER_BUSY) - trainer0
+    lengths = [sum(t.loss_mask) for g in algorithm.groups for t in g.trajectories]
+    return Measured(arm, steps, wall, engine_busy, trainer_busy, lengths)
+
+
+def percentile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[int], float],
+          pinned: bool) -> str:
+    sync = results[0]
+    rows = [
+        "| arm | samples | wall s | samples/s | × sync | engine bubble | trainer bubble | "
+        "max staleness | wait s/step | train s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        rows.append(
+            f"| {r.arm.name} | {r.samples} | {r.wall_s:.1f} | {r.samples_per_s:.2f} | "
+            f"{r.samples_per_s / sync.samples_per_s:.2f} | {r.engine_bubble:.0%} | "
+            f"{r.trainer_bubble:.0%} | {max(s.max_staleness for s in r.steps)} | "
+            f"{statistics.mean(s.wait_s for s in r.steps):.2f} | "
+            f"{statistics.mean(s.train_s for s in r.steps):.2f} |")
+    best = results[-1]
+    speedup = best.samples_per_s / sync.samples_per_s
+    bubble = max(best.engine_bubble, best.trainer_bubble)
+    lengths = sync.lengths
+    header = [
+        "# RL pipeline: throughput and bubbles",
+        "",
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
+        f"({os.cpu_count()} cores, {platform.machine()}, no GPU); "
+        f"`.venv/bin/python -m bench.pipeline --steps {args.steps} --groups-per-step "
+        f"{args.groups_per_step} --group-size {args.group_size} --max-tokens {args.max_tokens} "
+        f"--mean-tokens {args.mean_tokens} --epochs {args.epochs}"
+        f"{'' if pinned else ' --no-pin'}`.",
+        "",
+        "Each arm trains a fresh LoRA job on the tiny model for the same number of steps "
+        f"({args.steps} × {args.groups_per_step} groups × {args.group_size} samples, GRPO "
+        f"with {args.epochs} optimizer passes per batch, arithmetic prompts) through the SDK "
+        "`Pipeline` and the real services. "
+        "Bubbles come from the services' own busy-seconds counters (`/metrics`): the "
+        "fraction of the arm's wall time with no generation in flight (engine) or no "
+        "operation running (trainer). "
+        + ("The engine (rollout service and its vLLM processes) runs on core 0, the trainer "
+           "(one torch thread) on core 1." if pinned else "No core pinning."),
+        "",
+        f"Output lengths (sync arm, tokens): p50 {percentile(lengths, 0.5):.0f}, "
+        f"p90 {percentile(lengths, 0.9):.0f}, p99 {percentile(lengths, 0.99):.0f}, "
+        f"max {max(lengths)}; stop tokens {stop[0]} (base-model rate {stop[1]:.4f}/token), "
+        f"cap {args.max_tokens}.",
+        "",
+    ]
+    verdict = [
+        "",
+        f"Targets (async+partial+length-aware): ≥ {MIN_SPEEDUP}× sync throughput: "
+        f"{speedup:.2f}× — {'PASS' if speedup >= MIN_SPEEDUP else 'FAIL'}; bubble ≤ "
+        f"{MAX_BUBBLE:.0%} (worse of engine and trainer): {bubble:.0%} — "
+        f"{'PASS' if bubble <= MAX_BUBBLE else 'FAIL'}.",
+        "",
+    ]
+    return "\n".join(header + rows + verdict)
+
+
+async def main_async(args: argparse.Namespace) -> str:
+    env = {"LOOM_ROLLOUT_KV_CACHE_GIB": "2", "LOOM_TRAINER_THREADS": "1"}
+    cores = None
+    if args.pin and (os.cpu_count() or 1) >= 2:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
+        cores = {"rollout": [0], "trainer": [1]}
+    with tempfile.TemporaryDirectory(prefix="loom-bench-pipeline-") as work, \
+            local_stack(Path(work), env, cores) as stack:
+        async with AsyncLoomClient(stack.settings.gateway_url, stack.api_key) as loom:
+            stop = await calibrate_stop_tokens(loom, args.mean_tokens, args.max_tokens)
+            # One-time costs (vLLM compiles its logprob kernels for new batch shapes, the first
+            # LoRA loads) are paid here, not by whichever arm runs first.
+            await run_arm(stack, loom, ARMS[-1], argparse.Namespace(
+                **{**vars(args), "steps": 2}), stop[0])
+            results = []
+            for arm in ARMS:
+                if args.arms and arm.name not in args.arms:
+                    continue
+                print(f"arm {arm.name} ...", flush=True)
+                results.append(await run_arm(stack, loom, arm, args, stop[0]))
+                r = results[-1]
+                print(f"  {r.samples} samples in {r.wall_s:.1f} s, engine bubble "
+                      f"{r.engine_bubble:.0%}, trainer bubble {r.trainer_bubble:.0%}", flush=True)
+    return table(results, args, stop, cores is not None)
+
+
+def main() -> None:
+    import asyncio
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--groups-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--mean-tokens", type=int, default=48)
+    parser.add_argument("--epochs", type=int, default=4,
+                        help="optimizer passes per batch: sets the trainer's share of the work")
+    parser.add_argument("--no-pin", dest="pin", action="store_false")
+    parser.add_argument("--arms", nargs="*", help="a subset, by name (the first is the baseline)")
+    args = parser.parse_args()
+    report = asyncio.run(main_async(args))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
