@@ -18,10 +18,12 @@ from services.rollout.vllm_plugin import BUSY_POLL_ENV
 
 if TYPE_CHECKING:  # vLLM is heavy to import: only the engine's own start-up pays for it
     from vllm import RequestOutput, SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger(__name__)
+CPU_BATCHED_TOKENS = 2048  # tokens per engine step on CPU (vLLM's own CPU default)
 
 BASE_WEIGHTS_LABEL = "base"
 
@@ -51,24 +53,12 @@ class RolloutEngine:
         return self._llm is not None and self.warmup_seconds is not None
 
     async def start(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # Read by the engine processes vLLM spawns, so it must be set before they start.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.rollout_kv_cache_gib)
         os.environ[BUSY_POLL_ENV] = str(self.settings.rollout_cpu_busy_poll_ms)
-        args = AsyncEngineArgs(
-            model=self.model_path,
-            dtype=self.settings.rollout_dtype,
-            enforce_eager=self.settings.rollout_enforce_eager,
-            max_model_len=self.settings.rollout_max_model_len,
-            enable_lora=True,
-            max_lora_rank=self.settings.rollout_max_lora_rank,
-            max_loras=self.settings.rollout_max_loras,
-            seed=self.settings.rollout_seed,
-            disable_log_stats=True,
-            worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
-        )
+        args = engine_args(self.settings, self.model_path)
         started = time.perf_counter()
         # Built off the event loop (tens of seconds) so /healthz answers meanwhile; the
         # engine's output loop starts lazily on the first request, on this loop.
@@ -184,3 +174,36 @@ class RolloutEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def engine_args(settings: RolloutSettings, model_path: str) -> AsyncEngineArgs:
+    """The engine's arguments (benchmarks build a bare engine from the same)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=model_path,
+        dtype=settings.rollout_dtype,
+        enforce_eager=settings.rollout_enforce_eager,
+        max_model_len=settings.rollout_max_model_len,
+        enable_lora=True,
+        max_lora_rank=settings.rollout_max_lora_rank,
+        max_loras=settings.rollout_max_loras,
+        seed=settings.rollout_seed,
+        disable_log_stats=True,
+        worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
+        **_cpu_scheduling(settings.rollout_max_model_len),
+    )
+
+
+def _cpu_scheduling(max_model_len: int) -> dict[str, Any]:
+    """On CPU, never split a prompt across engine steps. vLLM rewinds a seeded request's
+    random generator after a partial prefill step, which the CPU generator cannot do
+    (`RuntimeError: CPU Generator does not use offset`), and the engine dies: any seeded
+    request arriving while more than a step's worth of prompt tokens is queued would kill it.
+    Whole prompts per step cost nothing here (no GPU memory peaks to smooth)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(CPU_BATCHED_TOKENS, max_model_len)}

@@ -148,6 +148,18 @@ async def test_sample_base_model(rollout: httpx.AsyncClient) -> None:
     assert again["samples"] == body["samples"]  # seeded: reproducible
 
 
+async def test_seeded_samples_survive_more_prompt_tokens_than_one_engine_step(
+        rollout: httpx.AsyncClient) -> None:
+    """More queued prompt tokens than a step takes (2,048 on CPU): vLLM would split a prompt
+    across steps and then fail to rewind the seeded CPU generator, killing the engine."""
+    prompt = list(range(3, 203))  # 200 tokens; 32 requests: 6,400 prompt tokens at once
+    results = await asyncio.gather(*(
+        sample(rollout, prompt_token_ids=prompt, params={"max_tokens": 4, "seed": i})
+        for i in range(32)))
+    assert all(len(r["samples"][0]["token_ids"]) >= 1 for r in results)
+    assert (await rollout.get("/readyz")).status_code == 200
+
+
 async def test_an_idle_cpu_worker_does_not_keep_busy_polling(rollout: httpx.AsyncClient) -> None:
     """vLLM's worker would spin on its message queue for a second after every message, a
     core taken from the trainer on a small machine; ours stops after a few milliseconds
