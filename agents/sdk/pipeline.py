@@ -8,7 +8,8 @@
 - `sync`: the groups of step k are sampled by the version step k - 1 published; the engine
   waits while the trainer trains, and the trainer waits while the engine samples.
 - `async`: rollouts for the next `max_staleness` steps run while the trainer trains, so both
-  stay busy. A group sampled more than `max_staleness` versions before the one being trained
+  stay busy. Groups are asked for as places free up, not step by step, so a step's slowest
+  group never holds back the next step's. A group sampled more than `max_staleness` versions before the one being trained
   is dropped (counted in `StepResult.dropped_stale`); set the algorithm's `tis_cap` to
   correct the staleness that remains.
 - Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
@@ -89,14 +90,15 @@ class AsyncPipeline:
         self.group_size = group_size
         self.params = params or SamplingParams()
         self.staleness = max_staleness if mode == "async" else 0
-        self.lookahead = 1 + self.staleness  # chunks in flight: this step's and the next ones'
-        self.chunk_size = math.ceil(groups_per_step * oversample)
+        self.oversample = oversample
         self.epochs = epochs
         self.adam = adam or AdamParams()
         self.rollout_options = rollout_options
         self._groups: asyncio.Queue[RolloutGroup | None] = asyncio.Queue()
-        self._chunks: set[asyncio.Task[None]] = set()
-        self._running = 0  # chunks still streaming (the set may lag: done callbacks are late)
+        self._requests: set[asyncio.Task[None]] = set()
+        self._outstanding = 0  # groups asked for and not yet taken by a step
+        self._need = 0  # groups the step being assembled still needs
+        self._tasks_left = True
         self._error: BaseException | None = None
         self._failed = 0
 
@@ -104,33 +106,29 @@ class AsyncPipeline:
         """Train `steps` steps (fewer if the tasks run out); one result per step."""
         try:
             published = await self._latest()
-            carried: list[RolloutGroup] = []
             for step in range(1, steps + 1):
-                while self._running < self.lookahead and self._start_chunk():
-                    pass
-                result, carried = await self._step(step, published, carried)
+                result = await self._step(step, published)
                 if result is None:
                     return
                 published = result.version
                 yield result
         finally:
-            for chunk in self._chunks:
-                chunk.cancel()
-            await asyncio.gather(*self._chunks, return_exceptions=True)
+            for request in self._requests:
+                request.cancel()
+            await asyncio.gather(*self._requests, return_exceptions=True)
 
-    async def _step(self, step: int, published: int, carried: list[RolloutGroup]
-                    ) -> tuple[StepResult | None, list[RolloutGroup]]:
+    async def _step(self, step: int, published: int) -> StepResult | None:
         result = StepResult(step=step, version=published, groups=0, mean_reward=0.0)
         failed_before = self._failed
         kept: list[Datum] = []
         rewards: list[float] = []
         began = time.perf_counter()
-        pending = list(carried)
         while result.groups < self.groups_per_step:
-            group = pending.pop(0) if pending else await self._next_group()
+            self._need = self.groups_per_step - result.groups
+            group = await self._next_group()
             if group is None:  # tasks exhausted and everything sampled was used
                 if not result.groups:
-                    return None, []
+                    return None
                 break
             staleness = published - group_version(group)
             if staleness > self.staleness:
@@ -144,6 +142,7 @@ class AsyncPipeline:
             kept.extend(batch.data)
             result.groups += 1
             result.max_staleness = max(result.max_staleness, staleness)
+        self._need = 0  # while this step trains, only the next steps' groups are sampled
         result.wait_s = time.perf_counter() - began
         result.failed_groups = self._failed - failed_before
         began = time.perf_counter()
@@ -158,42 +157,52 @@ class AsyncPipeline:
         result.version = (await saved).number
         result.train_s = time.perf_counter() - began
         result.loss, result.metrics = loss.loss, loss.metrics
-        return result, pending
+        return result
 
     async def _next_group(self) -> RolloutGroup | None:
-        """The next finished group, starting another chunk when nothing else would come."""
+        """The next finished group, asking for more first if the step's budget allows."""
         while True:
-            if self._groups.empty() and not self._running and not self._start_chunk():
+            self._request_more()
+            if not self._outstanding:
                 return None
             group = await self._groups.get()
             if self._error is not None:
                 raise self._error
             if group is not None:
+                self._outstanding -= 1
                 return group
-            # a chunk ended; loop to start another one if that was the last
+            # a request ended with groups missing (failed): loop to ask for replacements
 
-    def _start_chunk(self) -> bool:
-        tasks = list(itertools.islice(self.tasks, self.chunk_size))
-        if not tasks:
-            return False
-        self._running += 1
-        chunk = asyncio.create_task(self._sample(tasks))
-        self._chunks.add(chunk)
-        chunk.add_done_callback(self._chunks.discard)
-        return True
+    def _request_more(self) -> None:
+        """Keep the engine fed group by group, not batch by batch (a step's slowest group
+        must not hold back the next step's), within what staleness allows: the groups this
+        step still needs (`oversample` times over) plus `max_staleness` steps ahead."""
+        budget = math.ceil(self._need * self.oversample) + self.staleness * math.ceil(
+            self.groups_per_step * self.oversample)
+        if self._outstanding >= budget or not self._tasks_left:
+            return
+        tasks = list(itertools.islice(self.tasks, budget - self._outstanding))
+        self._tasks_left = len(tasks) == budget - self._outstanding
+        if tasks:
+            self._outstanding += len(tasks)
+            request = asyncio.create_task(self._sample(tasks))
+            self._requests.add(request)
+            request.add_done_callback(self._requests.discard)
 
     async def _sample(self, tasks: list[RolloutTask | dict[str, Any]]) -> None:
+        delivered = 0
         try:
             stream = await self.job.rollouts(tasks, env=self.env, group_size=self.group_size,
                                              params=self.params, **self.rollout_options)
             async for group in stream:
+                delivered += 1
                 self._groups.put_nowait(group)
             self._failed += len(stream.errors)
         except Exception as exc:  # e.g. a refused request: the consumer raises it
             self._error = exc
         finally:
-            self._running -= 1
-            self._groups.put_nowait(None)  # wakes a consumer waiting on an ended chunk
+            self._outstanding -= len(tasks) - delivered
+            self._groups.put_nowait(None)  # wakes a consumer waiting on a group that failed
 
     async def _latest(self) -> int:
         try:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -201,20 +203,36 @@ def gateway_answers(url: str) -> bool:
         return False
 
 
+class DemoName(StrEnum):
+    arith = "arith"
+    python_tool = "python-tool"
+
+
+def _demo_runner(name: DemoName) -> Callable[[str, str, Path], Any]:
+    if name is DemoName.python_tool:
+        from agents.examples.python_tool_grpo import run_demo
+    else:
+        from agents.examples.arith_grpo import run_demo
+    return run_demo
+
+
 @app.command()
 def demo(
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
-    out: Annotated[Path, typer.Option("--out", help="Where plots and metrics go.")] = Path(
-        "runs/arith_grpo"),
+    example: Annotated[DemoName, typer.Option(
+        "--example", help="arith: GRPO on arithmetic (a few minutes); python-tool: multi-turn "
+        "tool use, the model calls a sandboxed Python tool (about 20 minutes).")] = DemoName.arith,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Where plots and metrics go (default runs/<example>_grpo).")] = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Train the tiny model on arithmetic with GRPO (starts a local stack if needed).
+    """Train the tiny model with GRPO (starts a local stack if needed).
 
     Runs against the gateway at --url if one answers there; otherwise starts the local stack,
     runs the demo, and stops the stack again."""
-    from agents.examples.arith_grpo import run_demo
-
+    run_demo = _demo_runner(example)
+    out = out or Path("runs") / f"{example.value.replace('-', '_')}_grpo"
     settings = _settings(data_dir)
     url = url or settings.gateway_url
     if gateway_answers(url):

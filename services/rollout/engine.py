@@ -101,24 +101,38 @@ class RolloutEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         lora_request: LoRARequest | None = None,
+        interrupt: asyncio.Future[Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Outputs as vLLM produces them (cumulative or delta, per `params.output_kind`)."""
+        """Outputs as vLLM produces them (cumulative or delta, per `params.output_kind`).
+        When `interrupt` completes first, the request is aborted and its last output (finish
+        reason `abort`) holds the tokens sampled so far."""
         request_id = uuid.uuid4().hex
-        with self.busy.busy():
-            async for output in self.llm.generate(
-                {"prompt_token_ids": prompt_token_ids}, params, request_id,
-                lora_request=lora_request,
-            ):
-                yield output
+        watcher = None if interrupt is None else asyncio.ensure_future(
+            self._abort_on(interrupt, request_id))
+        try:
+            with self.busy.busy():
+                async for output in self.llm.generate(
+                    {"prompt_token_ids": prompt_token_ids}, params, request_id,
+                    lora_request=lora_request,
+                ):
+                    yield output
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _abort_on(self, interrupt: asyncio.Future[Any], request_id: str) -> None:
+        await asyncio.shield(interrupt)  # the caller owns (and cancels) the future
+        await self.llm.abort(request_id)
 
     async def generate(
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
         lora_request: LoRARequest | None = None,
+        interrupt: asyncio.Future[Any] | None = None,
     ) -> RequestOutput:
         final: RequestOutput | None = None
-        async for output in self.stream(prompt_token_ids, params, lora_request):
+        async for output in self.stream(prompt_token_ids, params, lora_request, interrupt):
             final = output
         if final is None:  # vLLM always yields a finished output; this guards the type
             raise RuntimeError("vLLM returned no output")

@@ -122,38 +122,23 @@ class Sampler:
         job is published meanwhile (partial rollouts); and whether it was interrupted."""
         assert request.prompt_token_ids is not None and request.job_id is not None
         self.check_prompt(request.prompt_token_ids, request.params.max_tokens)
-        params = vllm_params(request.params, stream=True)
-        token_ids: list[int] = []
-        logprobs: list[float] = []
-        finished: list[CompletionOutput] = []
+        # Not streamed: an interruption aborts the request, and vLLM's final (aborted)
+        # output still holds every token and logprob, without a wake-up per token meanwhile.
+        params = vllm_params(request.params)
         async with self.versions.use(request.job_id, request.version) as served:
-
-            async def generate() -> None:
-                async for output in self.engine.stream(request.prompt_token_ids or [], params,
-                                                       served.lora_request):
-                    for delta in output.outputs:
-                        check_weights(delta, served.target.weights)
-                        token_ids.extend(delta.token_ids)
-                        logprobs.extend(sampled_logprobs(delta))
-                        if delta.finished():
-                            finished.append(delta)
-
             version = served.target.number
-            generation = asyncio.ensure_future(generate())
             newer = asyncio.ensure_future(self.versions.newer_than(request.job_id, version))
             try:
-                await asyncio.wait({generation, newer}, return_when=asyncio.FIRST_COMPLETED)
+                output = await self.engine.generate(request.prompt_token_ids, params,
+                                                    served.lora_request, interrupt=newer)
             finally:
                 newer.cancel()
-                if not generation.done():
-                    generation.cancel()  # vLLM aborts the request; its tokens so far stay
-                await asyncio.gather(generation, newer, return_exceptions=True)
-            if generation.done() and not generation.cancelled():
-                generation.result()  # an engine error is raised, not taken as an interruption
-        interrupted = not finished
-        reason = "abort" if interrupted else stop_reason(finished[0])
-        return Sample(token_ids=token_ids, logprobs=logprobs, text=self.engine.decode(token_ids),
-                      stop_reason=reason, version=version), interrupted
+        (completion,) = output.outputs
+        check_weights(completion, served.target.weights)
+        reason = stop_reason(completion)
+        return Sample(token_ids=list(completion.token_ids),
+                      logprobs=sampled_logprobs(completion), text=completion.text,
+                      stop_reason=reason, version=version), reason == "abort"
 
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         return TokenizeResponse(token_ids=[

@@ -191,8 +191,6 @@ class Versions:
             return self._newest[job_id]
 
     async def _announce(self, version: Version) -> None:
-        # Announced before it is pre-loaded: new full weights can only be swapped in once the
-        # generations on the old ones stop, and partial rollouts stop when they hear of it.
         async with self._announced:
             if version.number > self._newest.get(version.job_id, 0):
                 self._newest[version.job_id] = version.number
@@ -218,7 +216,16 @@ class Versions:
             try:
                 async for version in self.store.subscribe(after=after):
                     after = max(after, version.id)
-                    if _as_utc(version.created_at) >= since:
+                    if _as_utc(version.created_at) < since:
+                        continue
+                    if version.kind == VersionKind.lora:
+                        # Adapters sit side by side: partial rollouts move over once it is
+                        # resident, so they never wait for it to load.
+                        await self._preload_logged(version)
+                        await self._announce(version)
+                    else:
+                        # New full weights can only be swapped in once the generations on
+                        # the old ones stop, and partial rollouts stop when they hear of it.
                         await self._announce(version)
                         await self._preload_logged(version)
             except LoomError as exc:

@@ -36,17 +36,26 @@ class Stream:
         return self._groups()
 
     async def _groups(self) -> Any:
-        for task in self.tasks:
-            self.job.log.append(("sample", self.job.current, self.job.training))
-            await asyncio.sleep(0.001)
-            yield RolloutGroup(task_index=0, task_id=task.get("id"), trajectories=[
-                trajectory(task, i, self.job.current) for i in range(self.group_size)])
+        """Groups in the order they finish (a task's `delay` makes it slow)."""
+        async def sample(task: dict[str, Any]) -> RolloutGroup:
+            version = self.job.current
+            self.job.in_flight += 1
+            self.job.log.append(("sample", version, self.job.training, self.job.in_flight))
+            await asyncio.sleep(task.get("delay", 0.001))
+            self.job.in_flight -= 1
+            self.job.log.append(("delivered", task.get("id")))
+            return RolloutGroup(task_index=0, task_id=task.get("id"), trajectories=[
+                trajectory(task, i, version) for i in range(self.group_size)])
+
+        for finished in asyncio.as_completed([sample(task) for task in self.tasks]):
+            yield await finished
 
 
 @dataclass
 class ScriptedJob:
     current: int = 0  # the latest published version
     training: bool = False
+    in_flight: int = 0  # groups being sampled
     refuse: bool = False
     log: list[tuple[Any, ...]] = field(default_factory=list)
     trained_groups: list[int] = field(default_factory=list)
@@ -115,6 +124,20 @@ async def test_async_samples_while_training_within_the_staleness_bound() -> None
     assert any(r.max_staleness == 1 for r in results)
 
 
+async def test_slow_groups_do_not_hold_back_the_next_steps() -> None:
+    job = ScriptedJob()
+    fast = tasks(40)
+    slow = [{**task, "id": f"slow{i}", "delay": 0.3} for i, task in enumerate(tasks(2))]
+    # A slow group among the first step's and among the second step's tasks.
+    results = await run(job, 4, tasks=[slow[0], fast[0], slow[1], *fast[1:]], mode="async",
+                        max_staleness=1)
+    assert [r.groups for r in results] == [2, 2, 2, 2]
+    # Groups are asked for one by one, so two slow ones still sampling take two places of
+    # the four the staleness budget allows (not two steps' worth): steps go on meanwhile.
+    slow_done = [i for i, e in enumerate(job.log) if e[0] == "delivered" and "slow" in e[1]]
+    assert job.log.index(("published", 3)) < min(slow_done, default=len(job.log))
+
+
 async def test_zero_variance_groups_are_replaced_by_more_sampling() -> None:
     job = ScriptedJob()
     mixed = [t for pair in zip(tasks(20, [1.0, 1.0]), tasks(20), strict=True) for t in pair]
@@ -152,7 +175,7 @@ async def test_epochs_make_several_passes_over_each_batch() -> None:
     job = ScriptedJob()
     results = await run(job, 2, tasks=tasks(20), mode="sync", epochs=3)
     assert job.trained_groups == [4] * 6  # 2 groups of 2 samples, three passes per step
-    assert [e for e in job.log if e[0] != "sample"] == [
+    assert [e for e in job.log if e[0] not in ("sample", "delivered")] == [
         ("optim_step",)] * 3 + [("published", 1)] + [("optim_step",)] * 3 + [("published", 2)]
     assert [r.loss for r in results] == [0.5, 0.5]
 

@@ -257,6 +257,40 @@ async def test_follower_preloads_versions_as_they_are_published() -> None:
     assert engine.calls == [("add", "job@1"), ("reload", "full@1")]
 
 
+async def test_partial_rollouts_hear_of_an_adapter_once_resident_and_of_weights_at_once(
+) -> None:
+    """A LoRA version is announced after it is loaded (interrupted generations go on at once);
+    full weights before the swap (which waits for the generations on the old ones to stop)."""
+    versions, engine, store = make_versions()
+    published = [store.publish("job", VersionKind.lora), store.publish("full", VersionKind.full)]
+    loaded: list[str] = []
+    heard: dict[str, list[str]] = {}
+
+    async def slow(operation: str, name: str) -> None:
+        engine.calls.append((operation, name))
+        await asyncio.sleep(0.05)
+        loaded.append(name)
+
+    engine.add_lora = lambda request: slow("add", request.lora_name)  # type: ignore[method-assign]
+    engine.reload_weights = lambda path, label: slow("reload", label)  # type: ignore[method-assign]
+
+    async def listen(job_id: str) -> None:
+        await versions.newer_than(job_id, 0)
+        heard[job_id] = list(loaded)
+
+    async def events(job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
+        for version in published:
+            yield version
+        await asyncio.Event().wait()
+
+    store.subscribe = events  # type: ignore[method-assign]
+    listeners = [asyncio.create_task(listen(job)) for job in ("job", "full")]
+    follower = asyncio.create_task(versions.follow_publications())
+    await asyncio.wait_for(asyncio.gather(*listeners), timeout=5)
+    follower.cancel()
+    assert heard == {"job": ["job@1"], "full": ["job@1"]}  # full@1 not loaded yet
+
+
 class PinRecorder:
     def __init__(self, failures: int = 0) -> None:
         self.calls: list[tuple[str, list[tuple[str, int]], float]] = []
