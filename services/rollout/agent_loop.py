@@ -52,9 +52,10 @@ class Plan:
 
 
 class GroupVersion:
-    """The version a group samples: with refresh 'group', `ref` resolved once, when the
-    group's first episode starts (not when the request arrived: a group that waited for a
-    slot starts on the newest version); with 'turn', `ref` as is, resolved at every turn."""
+    """The version a group samples: with refresh 'group' (and 'partial'), `ref` resolved
+    once, when the group's first episode starts (not when the request arrived: a group that
+    waited for a slot starts on the newest version); with 'turn', `ref` as is, resolved at
+    every turn. With 'partial' an episode then moves to each version it is interrupted by."""
 
     def __init__(self, ref: VersionRef, resolve: Callable[[], Awaitable[int]] | None) -> None:
         self.ref = ref
@@ -176,6 +177,8 @@ class AgentLoop:
             parts = await self._model_turn(request, episode.context, version, params)
             episode.timings["generate_s"] += time.perf_counter() - began
             sample = joined(parts)
+            if request.version_refresh == "partial":
+                version = sample.version  # where the turn ended: the newest it heard of
             text = self.chat.reply_text(sample.token_ids, stop_ids)
             episode.add_model_turn(parts, text)
             if sample.stop_reason != "stop":
@@ -212,13 +215,14 @@ class AgentLoop:
         parts: list[Sample] = []
         while True:
             done = [t for part in parts for t in part.token_ids]
-            part, interrupted = await self.sampler.sample_until_newer(sample_request.model_copy(
+            part, newer = await self.sampler.sample_until_newer(sample_request.model_copy(
                 update={"prompt_token_ids": [*context, *done], "params": params.model_copy(
                     update={"max_tokens": params.max_tokens - len(done)})}))
-            if part.token_ids or not interrupted:
+            if part.token_ids or newer is None:
                 parts.append(part)
-            if not interrupted or len(done) + len(part.token_ids) >= params.max_tokens:
+            if newer is None or len(done) + len(part.token_ids) >= params.max_tokens:
                 return parts
+            sample_request.version = newer  # the number announced: no alias lookup
 
     def _stop_ids(self, environment: Environment, requested: list[int]) -> set[int]:
         """Tokens that end a model turn: EOS, the template's end of turn, the caller's."""

@@ -94,7 +94,7 @@ class Rollouts:
         events: asyncio.Queue[RolloutEvent] = asyncio.Queue()
 
         async def group(task_index: int) -> None:
-            version = GroupVersion(request.version, None if request.version_refresh != "group"
+            version = GroupVersion(request.version, None if request.version_refresh == "turn"
                                    else lambda: self._number(request))
             try:
                 trajectories = await self.loop.run_group(plan, task_index, version,

@@ -117,9 +117,9 @@ class Sampler:
         return SampleResponse(job_id=request.job_id, version=version,
                               prompt_token_ids=prompt_ids, samples=samples)
 
-    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, bool]:
+    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, int | None]:
         """One sample (n=1) that stops early, keeping what it has, if a newer version of the
-        job is published meanwhile (partial rollouts); and whether it was interrupted."""
+        job is published meanwhile (partial rollouts); and that version if it did."""
         assert request.prompt_token_ids is not None and request.job_id is not None
         self.check_prompt(request.prompt_token_ids, request.params.max_tokens)
         # Not streamed: an interruption aborts the request, and vLLM's final (aborted)
@@ -136,9 +136,11 @@ class Sampler:
         (completion,) = output.outputs
         check_weights(completion, served.target.weights)
         reason = stop_reason(completion)
+        interrupted_by = newer.result() if reason == "abort" and newer.done() \
+            and not newer.cancelled() else None
         return Sample(token_ids=list(completion.token_ids),
                       logprobs=sampled_logprobs(completion), text=completion.text,
-                      stop_reason=reason, version=version), reason == "abort"
+                      stop_reason=reason, version=version), interrupted_by
 
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         return TokenizeResponse(token_ids=[

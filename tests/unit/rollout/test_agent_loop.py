@@ -66,24 +66,25 @@ class ScriptedSampler:
     rest: list[int] | None = None
     newest: int = 7
 
-    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, bool]:
+    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, int | None]:
         self.requests.append(request)
         if self.rest is not None:
             ids, self.rest = self.rest, None
+            assert isinstance(request.version, int)
             sample = Sample(token_ids=ids, logprobs=[-0.25] * len(ids), text="",
-                            stop_reason="stop", version=self.newest)
+                            stop_reason="stop", version=request.version)
         else:
             sample = (await self.sample(request)).samples[0]
             self.requests.pop()
         if not self.interrupt_after:
-            return sample, False
+            return sample, None
         cut = self.interrupt_after.pop(0)
         self.rest = sample.token_ids[cut:]
         part = sample.model_copy(update={"token_ids": sample.token_ids[:cut],
                                          "logprobs": sample.logprobs[:cut],
-                                         "stop_reason": "abort", "version": self.newest})
+                                         "stop_reason": "abort"})
         self.newest += 1
-        return part, True
+        return part, self.newest
 
     async def sample(self, request: SampleRequest) -> SampleResponse:
         self.requests.append(request)
@@ -301,15 +302,18 @@ async def test_partial_rollouts_continue_a_turn_on_the_newer_version(tokenizer: 
     (trajectory,) = events[0].group.trajectories  # type: ignore[union-attr]
     assert trajectory.token_ids == expected.token_ids
     assert trajectory.loss_mask == expected.loss_mask
+    # The group started on the version `latest` meant (3); versions 8 and 9 interrupted it.
     assert [(t.kind, t.version, t.end - t.start) for t in trajectory.turns][:3] == [
-        ("model", 7, 5), ("model", 8, 3), ("model", 9, expected.turns[0].end - 8)]
+        ("model", 3, 5), ("model", 8, 3), ("model", 9, expected.turns[0].end - 8)]
     assert [t.stop_reason for t in trajectory.turns[:3]] == ["abort", "abort", "stop"]
     assert tools.programs == ["print(12*34)"]  # the joined turn's tool call ran once
-    assert trajectory.reward == 1.0 and trajectory.versions == [7, 8, 9]
-    # Each continuation samples on the context plus the tokens so far, for what budget is left.
-    first, second, third = sampler.requests[:3]
+    assert trajectory.reward == 1.0 and trajectory.versions == [3, 8, 9]  # distinct
+    # Each continuation samples on the context plus the tokens so far, for what budget is left,
+    # on the version number announced (no alias lookup); the next turn stays on the newest.
+    first, second, third, answer = sampler.requests
     assert second.prompt_token_ids == [*first.prompt_token_ids, *trajectory.token_ids[:5]]
     assert third.params.max_tokens == first.params.max_tokens - 8
+    assert [r.version for r in sampler.requests] == [3, 8, 9, 9]
 
 
 async def test_partial_rollouts_need_a_job(tokenizer: Any) -> None:
