@@ -129,7 +129,8 @@ def arithmetic_tasks(count: int) -> list[dict[str, str]]:
 
 async def run_arm(stack: LocalStack, loom: AsyncLoomClient, arm: Arm, args: argparse.Namespace,
                   stop_tokens: list[int]) -> Measured:
-    job: AsyncJob = await loom.create_job("loom/tiny", name=f"bench-{arm.name}", mode="lora")
+    job: AsyncJob = await loom.create_job("loom/tiny", name=f"bench-{arm.name}",
+                                          mode=args.mode)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1,
                             stop_token_ids=stop_tokens)
     tasks = arithmetic_tasks(args.groups_per_step * (args.steps + 4))
@@ -180,10 +181,11 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
         f"({os.cpu_count()} cores, {platform.machine()}, no GPU); "
         f"`.venv/bin/python -m bench.pipeline --steps {args.steps} --groups-per-step "
         f"{args.groups_per_step} --group-size {args.group_size} --max-tokens {args.max_tokens} "
-        f"--mean-tokens {args.mean_tokens} --epochs {args.epochs}"
+        f"--mean-tokens {args.mean_tokens} --epochs {args.epochs} --mode {args.mode}"
         f"{'' if pinned else ' --no-pin'}`.",
         "",
-        "Each arm trains a fresh LoRA job on the tiny model for the same number of steps "
+        f"Each arm trains a fresh {'LoRA' if args.mode == 'lora' else 'full-weights'} job on "
+        "the tiny model for the same number of steps "
         f"({args.steps} × {args.groups_per_step} groups × {args.group_size} samples, GRPO "
         f"with {args.epochs} optimizer passes per batch, arithmetic prompts) through the SDK "
         "`Pipeline` and the real services. "
@@ -247,6 +249,8 @@ def main() -> None:
     parser.add_argument("--mean-tokens", type=int, default=48)
     parser.add_argument("--epochs", type=int, default=4,
                         help="optimizer passes per batch: sets the trainer's share of the work")
+    parser.add_argument("--mode", choices=["lora", "full"], default="lora",
+                        help="what each job trains and hands to the engine")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
     parser.add_argument("--arms", nargs="*", help="a subset, by name (the first is the baseline)")
     args = parser.parse_args()

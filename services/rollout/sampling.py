@@ -125,6 +125,11 @@ class Sampler:
         # Not streamed: an interruption aborts the request, and vLLM's final (aborted)
         # output still holds every token and logprob, without a wake-up per token meanwhile.
         params = vllm_params(request.params)
+        newest = self.versions.newest(request.job_id)
+        if isinstance(request.version, int) and request.version < newest:
+            # Already outdated: holding it could even swap old full weights back in.
+            return Sample(token_ids=[], logprobs=[], text="", stop_reason="abort",
+                          version=request.version), newest
         async with self.versions.use(request.job_id, request.version) as served:
             version = served.target.number
             newer = asyncio.ensure_future(self.versions.newer_than(request.job_id, version))

@@ -184,6 +184,10 @@ class Versions:
 
     # --- hand-off on publish --------------------------------------------------------------
 
+    def newest(self, job_id: str) -> int:
+        """The newest version of `job_id` announced so far (0: none)."""
+        return self._newest.get(job_id, 0)
+
     async def newer_than(self, job_id: str, number: int) -> int:
         """Wait until a version of `job_id` newer than `number` is published; its number."""
         async with self._announced:

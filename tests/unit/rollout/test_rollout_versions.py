@@ -13,6 +13,8 @@ import pytest
 from modelstate.schemas import PinList, Version, VersionKey, VersionKind
 from services.common.errors import InvalidInput, NotFound, Unavailable
 from services.rollout.pins import PinKeeper, holder_name
+from services.rollout.sampling import Sampler
+from services.rollout.schemas import SampleRequest
 from services.rollout.versions import Target, Versions
 
 
@@ -289,6 +291,20 @@ async def test_partial_rollouts_hear_of_an_adapter_once_resident_and_of_weights_
     await asyncio.wait_for(asyncio.gather(*listeners), timeout=5)
     follower.cancel()
     assert heard == {"job": ["job@1"], "full": ["job@1"]}  # full@1 not loaded yet
+
+
+async def test_a_partial_sample_on_an_outdated_version_moves_on_without_loading_it() -> None:
+    """Another episode of the group started on version 1 after version 2 was announced: it
+    goes straight to 2 (holding 1 could swap old full weights back in)."""
+    versions, engine, store = make_versions()
+    for _ in range(2):
+        await versions._announce(store.publish("full", VersionKind.full))
+    sampler = Sampler(engine, versions)  # type: ignore[arg-type]
+    sampler.check_prompt = lambda ids, max_tokens: None  # type: ignore[method-assign]
+    sample, newer = await sampler.sample_until_newer(SampleRequest(
+        job_id="full", version=1, prompt_token_ids=[1, 2]))
+    assert (sample.token_ids, sample.stop_reason, newer) == ([], "abort", 2)
+    assert engine.calls == []  # no swap, no generation
 
 
 class PinRecorder:
