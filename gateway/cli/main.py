@@ -222,7 +222,7 @@ def demo(
     api_key: ApiKeyOption = None,
     example: Annotated[DemoName, typer.Option(
         "--example", help="arith: GRPO on arithmetic (a few minutes); python-tool: multi-turn "
-        "tool use, the model calls a sandboxed Python tool (about 20 minutes).")] = DemoName.arith,
+        "tool use, the model calls a sandboxed Python tool (about 11 minutes).")] = DemoName.arith,
     out: Annotated[Path | None, typer.Option(
         "--out", help="Where plots and metrics go (default runs/<example>_grpo).")] = None,
     data_dir: DataDirOption = None,
