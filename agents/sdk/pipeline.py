@@ -9,9 +9,9 @@
   waits while the trainer trains, and the trainer waits while the engine samples.
 - `async`: rollouts for the next `max_staleness` steps run while the trainer trains, so both
   stay busy. Groups are asked for as places free up, not step by step, so a step's slowest
-  group never holds back the next step's. A group sampled more than `max_staleness` versions before the one being trained
-  is dropped (counted in `StepResult.dropped_stale`); set the algorithm's `tis_cap` to
-  correct the staleness that remains.
+  group never holds back the next step's. A group sampled more than `max_staleness`
+  versions before the one being trained is dropped (counted in `StepResult.dropped_stale`);
+  set the algorithm's `tis_cap` to correct the staleness that remains.
 - Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
   more: a step trains on `groups_per_step` groups with signal (`oversample` > 1 asks for more
   up front, so fewer top-ups are needed); extra groups carry over to the next step.
