@@ -15,6 +15,8 @@ from starlette.middleware import Middleware
 from gateway import proxy, routes
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.settings import GatewaySettings
+from gateway.tinker import routes as tinker_routes
+from gateway.tinker.service import TinkerService
 from gateway.upstreams import Upstreams
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate
@@ -39,9 +41,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.auth_cache = AuthCache(settings.gateway_auth_cache_s)
         app.state.upstreams = Upstreams(settings)
         app.state.trainer = ServiceClient(settings.url_of("trainer"), service="trainer")
+        rollout = ServiceClient(settings.url_of("rollout"), service="rollout")
+        app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
+                                         settings.gateway_tinker_base_models)
         try:
             yield
         finally:
+            await rollout.aclose()
             await app.state.trainer.aclose()
             await app.state.upstreams.aclose()
             engine.dispose()
@@ -55,7 +61,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         return {"database": "ok"}
 
     # Our routes first: /v1/jobs, /v1/keys and /v1/health win over the /v1/{service} proxy.
-    app = create_service_app("gateway", routers=[routes.router, proxy.router],
+    app = create_service_app("gateway", routers=[routes.router, tinker_routes.router,
+                                                 proxy.router],
                              lifespan=lifespan, readiness=readiness)
     app.state.settings = settings
     # Innermost (appended, not add_middleware): requests are already stamped with a request id

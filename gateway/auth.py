@@ -37,13 +37,17 @@ MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Ke
                "`loom up` prints the admin key once and writes it to <data_dir>/admin_key.")
 
 
+# The Tinker SDK refuses keys without this prefix, so Tinker scripts send `tml-<loom key>`.
+TINKER_KEY_PREFIX = "tml-"
+
+
 def presented_secret(headers: dict[bytes, bytes]) -> str | None:
     authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     api_key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
-    return api_key or None
+    return api_key.removeprefix(TINKER_KEY_PREFIX) or None
 
 
 def is_public(path: str) -> bool:

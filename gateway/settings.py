@@ -36,6 +36,12 @@ class GatewaySettings(LoomSettings):
         "long because sampling and streams can be slow.",
     )
     gateway_health_timeout_s: float = Field(default=2.0, gt=0)
+    gateway_tinker_base_models: dict[str, str] = Field(
+        default={},
+        description="Tinker SDK base model names -> Loom base models (JSON), since nothing is "
+        "fetched from a hub: e.g. {\"Qwen/Qwen3-8B\": \"/models/qwen3-8b\"}. Unlisted names "
+        "are used as given.",
+    )
 
     @property
     def admin_key_file(self) -> Path:

@@ -9,7 +9,8 @@ on padding:
   weighs the same and long sequences weigh more than short ones;
 - sequence_mean (GRPO as published): the mean over sequences of each one's token mean;
 - sum_normalized (Dr. GRPO): sum(x * mask) / (sequences * normalizer), a constant denominator
-  that removes the length bias of dividing by each sequence's own length.
+  that removes the length bias of dividing by each sequence's own length;
+- sum (Tinker's losses): sum(x * mask), the caller's weights being the whole normalization.
 The caller guarantees sum(mask) > 0. Gradients of several `forward_backward` calls add up
 until the optimizer step, so each call's aggregate counts once. Metrics are token means.
 """
@@ -46,6 +47,8 @@ def sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
 def aggregator(config: LossConfig) -> Aggregate:
     if config.aggregation == LossAggregation.sequence_mean:
         return sequence_mean
+    if config.aggregation == LossAggregation.sum:
+        return lambda values, mask: (values * mask).sum()
     if config.aggregation == LossAggregation.sum_normalized:
         normalizer = float(config.normalizer or 1)
         return lambda values, mask: (values * mask).sum() / (mask.shape[0] * normalizer)

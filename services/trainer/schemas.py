@@ -79,6 +79,7 @@ class LossAggregation(StrEnum):
     token_mean = "token_mean"  # DAPO: every token of the batch weighs the same
     sequence_mean = "sequence_mean"  # GRPO: mean over sequences of each one's token mean
     sum_normalized = "sum_normalized"  # Dr. GRPO: token sum / (sequences x a constant)
+    sum = "sum"  # Tinker's convention: the plain token sum, no normalization
 
 
 class LossConfig(StrictModel):

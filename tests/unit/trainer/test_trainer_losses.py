@@ -127,6 +127,14 @@ def test_sum_normalized_divides_by_sequences_times_the_constant() -> None:
     assert loss.item() == pytest.approx((1.0 + 2.0 + 0.5) / (2 * 4))
 
 
+def test_sum_is_the_weighted_token_sum() -> None:
+    """Tinker's cross_entropy: sum(-weights * logprob), fractional weights included."""
+    logprobs = t([[0.0, -1.0, -2.0], [0.0, -0.5, -3.0]])
+    mask = t([[0, 1, 0.5], [0, 2, 0]])
+    loss, _ = compute_loss(LossConfig(aggregation=LossAggregation.sum), logprobs, mask)
+    assert loss.item() == pytest.approx(1.0 + 0.5 * 2.0 + 2 * 0.5)
+
+
 def test_sum_normalized_needs_its_constant() -> None:
     with pytest.raises(ValueError, match="normalizer is required"):
         LossConfig(aggregation=LossAggregation.sum_normalized)

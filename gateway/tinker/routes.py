@@ -1,0 +1,128 @@
+"""The Tinker SDK's endpoints (`/api/v1/...`): parse, call `TinkerService`, return."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response, status
+
+from gateway.deps import CurrentKey
+from gateway.tinker import schemas
+from gateway.tinker.futures import PENDING, failure
+from gateway.tinker.service import TinkerService
+from services.common.deps import app_state
+from services.common.errors import InvalidInput
+
+# Every route is async: the service's state and futures live on the event loop.
+router = APIRouter(prefix="/api/v1", tags=["tinker"])
+TinkerDep = Annotated[TinkerService, Depends(app_state("tinker"))]
+# Below the SDK's 45 s read timeout: it asks again at once after a try-again.
+RETRIEVE_WAIT_S = 25.0
+PROTOBUF = "application/x-protobuf"
+
+
+@router.post("/client/config")
+async def client_config() -> dict[str, Any]:
+    return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False}
+
+
+@router.post("/client/dynamic_config")
+async def dynamic_config() -> dict[str, Any]:
+    return {"refresh_interval_sec": 300}
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.post("/telemetry")
+async def telemetry() -> dict[str, str]:
+    return {"status": "accepted"}  # the SDK's events are not kept
+
+
+@router.post("/create_session")
+async def create_session(tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+    return {"type": "create_session", "session_id": tinker.create_session(key)}
+
+
+@router.post("/session_heartbeat")
+async def heartbeat(body: schemas.Heartbeat, tinker: TinkerDep, key: CurrentKey) -> dict[str, str]:
+    tinker.check_session(body.session_id, key)
+    return {"type": "session_heartbeat"}
+
+
+@router.post("/sessions/{session_id}/finish", status_code=status.HTTP_204_NO_CONTENT)
+async def finish_session(session_id: str, tinker: TinkerDep, key: CurrentKey) -> None:
+    tinker.check_session(session_id, key)
+
+
+@router.post("/create_model")
+async def create_model(body: schemas.CreateModel, tinker: TinkerDep, key: CurrentKey
+                 ) -> dict[str, Any]:
+    return tinker.create_model(body, key)
+
+
+@router.post("/get_info")
+async def get_info(body: schemas.ModelRef, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+    return tinker.get_info(body.model_id, key)
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, tinker: TinkerDep, key: CurrentKey
+                           ) -> dict[str, Any]:
+    if request.headers.get("content-encoding"):
+        raise InvalidInput("Compressed forward_backward bodies are not supported.")
+    return await tinker.forward_backward(await request.body(), key)
+
+
+@router.post("/optim_step")
+async def optim_step(body: schemas.OptimStep, tinker: TinkerDep, key: CurrentKey
+                     ) -> dict[str, Any]:
+    return await tinker.optim_step(body, key)
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(body: schemas.SaveForSampler, tinker: TinkerDep,
+                                   key: CurrentKey) -> dict[str, Any]:
+    return await tinker.save_for_sampler(body, key)
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(body: schemas.CreateSamplingSession, tinker: TinkerDep,
+                            key: CurrentKey) -> dict[str, Any]:
+    return tinker.create_sampling_session(body, key)
+
+
+@router.get("/samplers/{sampler_id:path}")
+async def get_sampler(sampler_id: str, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+    ref = tinker.sampler(sampler_id, key)
+    return {"sampler_id": sampler_id, "base_model": ref.base_model,
+            "model_path": ref.model_path}
+
+
+@router.post("/asample")
+async def asample(body: schemas.Sample, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+    return tinker.sample(body, key)
+
+
+@router.post("/retrieve_future", response_model=None)
+async def retrieve_future(body: schemas.RetrieveFuture, tinker: TinkerDep,
+                          _key: CurrentKey) -> Response | dict[str, Any]:
+    result = await tinker.futures.retrieve(body.request_id, RETRIEVE_WAIT_S)
+    if result is PENDING:
+        return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
+    if isinstance(result, bytes):
+        return Response(content=result, media_type=PROTOBUF)
+    return result  # type: ignore[return-value]
+
+
+@router.post("/{call}")
+async def unsupported(call: str, tinker: TinkerDep, _key: CurrentKey) -> dict[str, Any]:
+    """Calls Loom does not serve yet fail as the SDK expects a failed call to (its own
+    error shape, category `user`), never hang."""
+
+    async def refuse() -> Any:
+        return failure(InvalidInput(f"Loom does not serve the Tinker call {call!r} yet."))
+
+    return {"request_id": tinker.futures.submit(refuse())}

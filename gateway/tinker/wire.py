@@ -1,0 +1,123 @@
+"""The protobuf messages of the Tinker protocol that Loom reads and writes.
+
+The SDK sends `forward_backward` as protobuf and accepts only protobuf for the results of
+forward/backward and sampling. The message classes are built here from a descriptor written
+from the protocol's field numbers (only what Loom uses: unknown fields are skipped on parse).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+Field = descriptor_pb2.FieldDescriptorProto
+OPTIONAL, REPEATED = Field.LABEL_OPTIONAL, Field.LABEL_REPEATED
+SCALARS = {"bytes": Field.TYPE_BYTES, "string": Field.TYPE_STRING, "int32": Field.TYPE_INT32,
+           "int64": Field.TYPE_INT64, "bool": Field.TYPE_BOOL, "double": Field.TYPE_DOUBLE}
+PACKAGE = "loom.tinker_wire"
+
+# DType enum values on the wire.
+FLOAT32, INT64, INT32 = 1, 2, 3
+NUMPY_DTYPES = {FLOAT32: "<f4", INT64: "<i8", INT32: "<i4"}
+STOP_REASON_STOP, STOP_REASON_LENGTH = 0, 1
+
+# message -> [(field, number, type or message, repeated)]; "map:K:V" declares a map field.
+MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
+    "EncodedTextChunk": [("tokens", 1, "bytes", False)],
+    # image and dmel are messages on the wire; read as bytes they only need to be seen.
+    "Chunk": [("encoded_text", 1, "EncodedTextChunk", False), ("image", 2, "bytes", False),
+              ("dmel", 3, "bytes", False)],
+    "SparseCsr": [("values", 1, "bytes", False)],
+    "Tensor": [("dense", 1, "bytes", False), ("sparse_csr", 2, "SparseCsr", False),
+               ("dtype", 3, "int32", False), ("shape", 4, "int64", True)],
+    "Datum": [("model_input", 1, "Chunk", True), ("loss_fn_inputs", 2, "map:string:Tensor", True)],
+    "LossConfigValue": [("number", 1, "double", False), ("text", 2, "string", False)],
+    "ForwardBackwardRequest": [
+        ("model_id", 1, "string", False), ("seq_id", 2, "int32", False),
+        ("data", 3, "Datum", True), ("loss_fn", 4, "string", False),
+        ("loss_fn_config", 5, "map:string:double", True), ("forward_only", 6, "bool", False),
+        ("loss_fn_config_v2", 7, "map:string:LossConfigValue", True)],
+    "BatchedTensor": [("data", 1, "bytes", False), ("offsets", 2, "bytes", False),
+                      ("dtype", 3, "int32", False), ("trailing_shape", 4, "int64", True)],
+    "ArrayRecord": [("type_tag", 1, "string", False),
+                    ("fields", 2, "map:string:BatchedTensor", True),
+                    ("num_datums", 3, "int64", False)],
+    "ForwardBackwardOutput": [("loss_fn_output_type", 1, "string", False),
+                              ("loss_fn_outputs", 2, "ArrayRecord", True),
+                              ("metrics", 3, "map:string:double", True)],
+    "SampledSequence": [("stop_reason", 1, "int32", False), ("tokens", 2, "bytes", False),
+                        ("logprobs", 3, "bytes", False)],
+    "SampleResponse": [("sequences", 1, "SampledSequence", True),
+                       ("prompt_logprobs", 2, "bytes", False)],
+}
+
+
+def _set_type(field: Any, type_name: str) -> None:
+    if type_name in SCALARS:
+        field.type = SCALARS[type_name]
+    else:
+        field.type = Field.TYPE_MESSAGE
+        field.type_name = f".{PACKAGE}.{type_name}"
+
+
+def _descriptor() -> descriptor_pb2.FileDescriptorProto:
+    file = descriptor_pb2.FileDescriptorProto(name="loom_tinker_wire.proto", package=PACKAGE,
+                                              syntax="proto3")
+    for name, fields in MESSAGES.items():
+        message = file.message_type.add(name=name)
+        for field_name, number, type_name, repeated in fields:
+            field = message.field.add(name=field_name, number=number,
+                                      label=REPEATED if repeated else OPTIONAL)
+            if type_name.startswith("map:"):
+                _, key, value = type_name.split(":")
+                entry = message.nested_type.add(name=f"{field_name.title().replace('_', '')}Entry")
+                entry.options.map_entry = True
+                _set_type(entry.field.add(name="key", number=1, label=OPTIONAL), key)
+                _set_type(entry.field.add(name="value", number=2, label=OPTIONAL), value)
+                field.type = Field.TYPE_MESSAGE
+                field.type_name = f".{PACKAGE}.{name}.{entry.name}"
+            else:
+                _set_type(field, type_name)
+    return file
+
+
+_POOL = descriptor_pool.DescriptorPool()
+_POOL.Add(_descriptor())
+_CLASSES = {name: message_factory.GetMessageClass(
+    _POOL.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in MESSAGES}
+
+ForwardBackwardRequest = _CLASSES["ForwardBackwardRequest"]
+ForwardBackwardOutput = _CLASSES["ForwardBackwardOutput"]
+SampleResponse = _CLASSES["SampleResponse"]
+
+
+def tensor_values(tensor: Any) -> np.ndarray:
+    """A dense wire tensor as a flat numpy array (sparse ones are refused by the caller)."""
+    return np.frombuffer(tensor.dense, dtype=NUMPY_DTYPES[tensor.dtype or FLOAT32])
+
+
+def forward_backward_output(logprobs: list[list[float]], metrics: dict[str, float]) -> bytes:
+    """Per-datum logprobs of the target tokens as one batched float32 record."""
+    out = ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(logprobs))
+    arrays = [np.asarray(values, dtype="<f4") for values in logprobs]
+    offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype("<i8")
+    field = record.fields["logprobs"]
+    field.data = b"".join(a.tobytes() for a in arrays)
+    field.offsets = offsets.tobytes()
+    field.dtype = FLOAT32
+    for name, value in metrics.items():
+        out.metrics[name] = value
+    return bytes(out.SerializeToString())
+
+
+def sample_response(sequences: list[tuple[list[int], list[float], bool]]) -> bytes:
+    """(tokens, logprobs, stopped by length) per sample."""
+    out = SampleResponse()
+    for tokens, logprobs, by_length in sequences:
+        out.sequences.add(tokens=np.asarray(tokens, dtype="<i4").tobytes(),
+                          logprobs=np.asarray(logprobs, dtype="<f4").tobytes(),
+                          stop_reason=STOP_REASON_LENGTH if by_length else STOP_REASON_STOP)
+    return bytes(out.SerializeToString())

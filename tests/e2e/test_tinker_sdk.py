@@ -1,0 +1,81 @@
+"""Unmodified Tinker SDK scripts (the real `tinker` package from PyPI, in a virtualenv of its
+own, as a user would have it) against a running Loom: the gateway serves Tinker's protocol
+on Loom's own trainer, rollout and modelstate."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agents.sdk import LoomClient
+from tests.conftest import CACHE
+
+pytestmark = pytest.mark.e2e
+TINKER = "tinker==0.38.0"
+SCRIPTS = Path(__file__).resolve().parent / "tinker_scripts"
+
+
+@pytest.fixture(scope="module")
+def tinker_python() -> Path:
+    """A virtualenv with the Tinker SDK, made once and cached."""
+    venv = CACHE / "tinker-sdk-venv"
+    python = venv / "bin" / "python"
+    if not (venv / ".installed").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", TINKER], check=True)
+        (venv / ".installed").write_text(TINKER)
+    return python
+
+
+def run_script(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
+    url, key, _ = stack
+    env = {**os.environ, "TINKER_BASE_URL": url, "TINKER_API_KEY": f"tml-{key}",
+           "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([str(python), str(SCRIPTS / name)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
+        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    *steps, final = run_script(tinker_python, "supervised.py", stack)
+    losses = [step["loss"] for step in steps]
+    assert len(losses) == 25 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < 0.85 * losses[0], losses
+    # loss:sum is the weighted sum of -logprob over the target tokens the script returned
+    last = steps[-1]
+    assert len(last["logprobs"]) == 7
+    assert last["loss"] == pytest.approx(-sum(last["logprobs"][2:]), rel=0.05, abs=0.05)
+    # Greedy samples of the new sampler, both alike, scored by the new sampler and by the
+    # trained model alike: the sampler serves the trained weights.
+    assert final["after"][0] == final["after"][1] and final["stop"] == ["length", "length"]
+    assert final["trainer_logprobs"] == pytest.approx(final["sampler_logprobs"], abs=2e-3)
+
+
+def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
+        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    *iterations, final = run_script(tinker_python, "rl.py", stack)
+    assert len(iterations) == 4
+    first = iterations[0]
+    # The trainer's logprobs of the sampled tokens, before any step, are the sampler's: the
+    # tokens line up and both run the same weights.
+    for sampled, trained in zip(first["sampler_logprobs"], first["trainer_logprobs"],
+                                strict=True):
+        assert trained == pytest.approx(sampled, abs=2e-3)
+    assert all(math.isfinite(i["loss"]) for i in iterations)
+    url, key, _ = stack
+    jobs = httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
+    (job_id,) = [j["id"] for j in jobs["jobs"]
+                 if j["config"].get("tinker_model_id") == final["model_id"]]
+    with LoomClient(url, key) as loom:
+        # the first sampler, then one version per iteration, each sampled by the next round
+        assert loom.get_job(job_id).version("latest").number == 5

@@ -1,0 +1,93 @@
+"""The Tinker protocol's pure parts: protobuf round trips, datum conversion, futures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from gateway.tinker import wire
+from gateway.tinker.futures import PENDING, Futures
+from gateway.tinker.schemas import TinkerSamplingParams
+from gateway.tinker.service import TinkerDatum, loom_datum, sampling_params, tinker_datum
+from services.common.errors import InvalidInput, NotFound
+
+
+def request(tokens: list[int], targets: list[int], **floats: list[float]) -> bytes:
+    message = wire.ForwardBackwardRequest(model_id="s:train:0", seq_id=1, loss_fn="cross_entropy")
+    datum = message.data.add()
+    datum.model_input.add().encoded_text.tokens = np.asarray(tokens, "<i4").tobytes()
+    tensor = datum.loss_fn_inputs["target_tokens"]
+    tensor.dense, tensor.dtype = np.asarray(targets, "<i8").tobytes(), wire.INT64
+    for name, values in floats.items():
+        tensor = datum.loss_fn_inputs[name]
+        tensor.dense, tensor.dtype = np.asarray(values, "<f4").tobytes(), wire.FLOAT32
+    return bytes(message.SerializeToString())
+
+
+def parsed(body: bytes) -> TinkerDatum:
+    message = wire.ForwardBackwardRequest()
+    message.ParseFromString(body)
+    return tinker_datum(message.data[0], 0)
+
+
+def test_a_shifted_datum_becomes_one_loom_sequence_with_weights_as_the_mask() -> None:
+    datum = parsed(request([5, 6, 7], [6, 7, 8], weights=[0.0, 1.0, 0.5]))
+    converted = loom_datum(datum, "cross_entropy", 0)
+    assert converted.input_ids == [5, 6, 7, 8]
+    assert converted.loss_mask == [0.0, 0.0, 1.0, 0.5]
+
+
+def test_importance_sampling_carries_sampler_logprobs_and_advantages() -> None:
+    datum = parsed(request([5, 6], [6, 7], logprobs=[0.0, -0.5], advantages=[0.0, 2.0]))
+    converted = loom_datum(datum, "importance_sampling", 0)
+    assert converted.logprobs == [0.0, 0.0, -0.5] and converted.advantages == [0.0, 0.0, 2.0]
+    with pytest.raises(InvalidInput, match="needs loss_fn_inputs\\['logprobs'\\]"):
+        loom_datum(parsed(request([5, 6], [6, 7], advantages=[0, 1])), "importance_sampling", 0)
+
+
+@pytest.mark.parametrize("targets", [[9, 9, 9], [6, 7]])
+def test_targets_that_are_not_the_shifted_input_are_refused(targets: list[int]) -> None:
+    with pytest.raises(InvalidInput, match="target_tokens"):
+        loom_datum(parsed(request([5, 6, 7], targets)), "cross_entropy", 0)
+
+
+def test_outputs_round_trip_as_the_sdk_decodes_them() -> None:
+    out = wire.ForwardBackwardOutput()
+    out.ParseFromString(wire.forward_backward_output([[-1.0, -2.0], [-3.0]], {"loss:sum": 6.0}))
+    field = out.loss_fn_outputs[0].fields["logprobs"]
+    offsets = np.frombuffer(field.offsets, "<i8")
+    values = np.frombuffer(field.data, "<f4")
+    assert list(offsets) == [0, 8, 12] and list(values) == [-1.0, -2.0, -3.0]
+    assert out.metrics["loss:sum"] == 6.0
+    sample = wire.SampleResponse()
+    sample.ParseFromString(wire.sample_response([([4, 5], [-0.5, -0.25], True)]))
+    assert list(np.frombuffer(sample.sequences[0].tokens, "<i4")) == [4, 5]
+    assert sample.sequences[0].stop_reason == wire.STOP_REASON_LENGTH
+
+
+def test_stop_strings_and_stop_tokens_are_told_apart() -> None:
+    assert sampling_params(TinkerSamplingParams(stop="\n")).stop == ["\n"]
+    params = sampling_params(TinkerSamplingParams(stop=[7, 8], max_tokens=5))
+    assert (params.stop, params.stop_token_ids, params.max_tokens) == ([], [7, 8], 5)
+
+
+async def test_futures_wait_then_answer_and_failures_take_the_sdk_shape() -> None:
+    futures = Futures()
+    gate = asyncio.Event()
+
+    async def work() -> bytes:
+        await gate.wait()
+        return b"done"
+
+    async def broken() -> bytes:
+        raise InvalidInput("bad datum")
+
+    slow, failing = futures.submit(work()), futures.submit(broken())
+    assert await futures.retrieve(slow, 0.01) is PENDING
+    gate.set()
+    assert await futures.retrieve(slow, 1) == b"done"
+    assert await futures.retrieve(failing, 1) == {"error": "bad datum", "category": "user"}
+    with pytest.raises(NotFound):
+        await futures.retrieve("req-unknown", 0)
