@@ -8,6 +8,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,3 +65,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'loom.db'}"
     return str(request.getfixturevalue("postgres_url"))
+
+
+def migrated_engine(url: str, alembic_dir: Path, version_table: str) -> Iterator[Any]:
+    """A database engine on `url` with one service's migrations applied, disposed after (for
+    a service's engine fixture: `yield from migrated_engine(...)`)."""
+    from services.common.db import make_engine, migrate
+
+    migrate(url, alembic_dir, version_table)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()

@@ -20,15 +20,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agents.algorithms import group_advantages, has_signal, rl_datum, sft_datum
+from agents.examples.console import console, progress_bar
 from agents.sdk import AdamParams, Job, LoomClient, LossConfig, SamplingParams, ScoreItem
 from agents.tasks.arithmetic import EOS, Problem, Splits, make_splits
-
-console = Console()
 
 
 @dataclass(frozen=True)
@@ -131,11 +128,6 @@ def _encode(loom: LoomClient, splits: Splits) -> list[list[Encoded]]:
     return [[next(encoded) for _ in split] for split in splits]
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
-
-
 def _adam(lr: float, config: DemoConfig) -> AdamParams:
     return AdamParams(lr=lr, weight_decay=config.weight_decay)
 
@@ -145,7 +137,7 @@ def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enco
     """Supervised steps until validation accuracy reaches the target (or the step budget ends);
     the version it stops on gets the `sft` alias."""
     checked = ScoredVersion(0, 0.0)
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task("SFT warm-up", total=config.sft_max_steps, info="")
         for step in range(1, config.sft_max_steps + 1):
             batch = rng.sample(train, config.sft_batch)
@@ -172,7 +164,7 @@ def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enc
     loss = LossConfig(name="ppo", clip_low=config.clip_low, clip_high=config.clip_high)
     curve: list[dict[str, float]] = []
     version = job.version("latest").number
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task("GRPO", total=config.rl_steps, info="")
         for step in range(1, config.rl_steps + 1):
             batch = rng.sample(train, config.prompts_per_step)

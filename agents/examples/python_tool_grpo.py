@@ -35,13 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agents.algorithms import Algorithm, dapo, grpo, sft_datum
 from agents.envs.python_tool import PYTHON_TOOL
 from agents.envs.tool_calls import ToolCall, format_tool_call, parse_tool_calls
+from agents.examples.console import console, progress_bar
 from agents.sdk import (
     AdamParams,
     Datum,
@@ -55,7 +54,6 @@ from agents.sdk import (
 )
 from agents.tasks.arithmetic import EOS
 
-console = Console()
 ENV = "python_tool"
 # Rendering is one request per conversation; a few in flight hide the round trips.
 RENDER_THREADS = 8
@@ -231,11 +229,6 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
     return result
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
-
-
 def _adam(lr: float, config: DemoConfig) -> AdamParams:
     return AdamParams(lr=lr, weight_decay=config.weight_decay)
 
@@ -246,7 +239,7 @@ def _copy_warmup(loom: LoomClient, job: Job, config: DemoConfig, rng: random.Ran
     prompts = loom.tokenize([f"{t}=" for t in texts])
     copies = loom.tokenize([t + EOS for t in texts])
     data = [sft_datum(p, c) for p, c in zip(prompts, copies, strict=True)]
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task("Copy warm-up", total=config.copy_steps, info="")
         for start in range(0, len(data), config.copy_batch):
             loss = job.forward_backward(data[start:start + config.copy_batch],
@@ -271,7 +264,7 @@ def _sft(job: Job, demos: list[Datum], validation: list[ToolTask], config: DemoC
     """Supervised steps until validation success reaches the target (or the step budget
     ends); returns the steps taken and the version it stopped on (alias `sft`)."""
     version, step = 0, 0
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task("SFT on tool use", total=config.sft_max_steps, info="")
         for step in range(1, config.sft_max_steps + 1):
             loss = job.forward_backward(rng.sample(demos, config.sft_batch),
@@ -306,7 +299,7 @@ def _rl(job: Job, train: list[ToolTask], config: DemoConfig, rng: random.Random
         adam=_adam(config.rl_lr, config), max_turns=config.max_turns)
     curve: list[StepResult] = []
     title = f"{config.algorithm.upper()} ({config.pipeline_mode})"
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task(title, total=config.rl_steps, info="")
         for step in pipeline.run(config.rl_steps):
             curve.append(step)

@@ -19,17 +19,15 @@ from modelstate.blobstore import BlobStore
 from modelstate.models import Base
 from modelstate.schemas import FileRef, PublishRequest, Version, VersionKey, VersionKind
 from modelstate.store import ModelStore
-from services.common.db import make_engine, make_sessionmaker, migrate
+from services.common.db import make_sessionmaker
 from services.common.errors import Conflict, InvalidInput, NotFound
+from tests.conftest import migrated_engine
 from tests.support.blobs import receive
 
 
 @pytest.fixture
 def engine(database_url: str) -> Any:
-    migrate(database_url, ALEMBIC_DIR, VERSION_TABLE)
-    engine = make_engine(database_url)
-    yield engine
-    engine.dispose()
+    yield from migrated_engine(database_url, ALEMBIC_DIR, VERSION_TABLE)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine
 
 from modelstate.tiny import build_tokenizer
-from services.common.db import make_engine, make_sessionmaker, migrate
+from services.common.db import make_sessionmaker
 from services.common.errors import InvalidInput, NotFound
 from services.rollout.app import ALEMBIC_DIR, VERSION_TABLE
 from services.rollout.capture import NewCall, Recording, TrajectoryStore
@@ -30,6 +30,7 @@ from services.rollout.openai.tools import (
     template_messages,
 )
 from services.rollout.schemas import TrajectoryCreate
+from tests.conftest import migrated_engine
 
 TOOLS = [{"type": "function", "function": {"name": "python"}}]
 CALL_TEXT = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>'
@@ -37,10 +38,7 @@ CALL_TEXT = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}
 
 @pytest.fixture
 def engine(database_url: str) -> Any:
-    migrate(database_url, ALEMBIC_DIR, VERSION_TABLE)
-    engine = make_engine(database_url)
-    yield engine
-    engine.dispose()
+    yield from migrated_engine(database_url, ALEMBIC_DIR, VERSION_TABLE)
 
 
 @pytest.fixture
