@@ -11,7 +11,7 @@ from gateway.tinker import schemas
 from gateway.tinker.futures import PENDING, failure
 from gateway.tinker.service import TinkerService
 from services.common.deps import app_state
-from services.common.errors import InvalidInput
+from services.common.errors import InvalidInput, PayloadTooLarge
 
 # Every route is async: the service's state and futures live on the event loop.
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -19,6 +19,8 @@ TinkerDep = Annotated[TinkerService, Depends(app_state("tinker"))]
 # Below the SDK's 45 s read timeout: it asks again at once after a try-again.
 RETRIEVE_WAIT_S = 25.0
 PROTOBUF = "application/x-protobuf"
+# The SDK's own chunks stay under 5 MB; this leaves room without letting a body exhaust memory.
+MAX_FORWARD_BACKWARD_BYTES = 64 << 20
 
 
 @router.post("/client/config")
@@ -73,7 +75,14 @@ async def forward_backward(request: Request, tinker: TinkerDep, key: CurrentKey
                            ) -> dict[str, Any]:
     if request.headers.get("content-encoding"):
         raise InvalidInput("Compressed forward_backward bodies are not supported.")
-    return await tinker.forward_backward(await request.body(), key)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORWARD_BACKWARD_BYTES:
+            raise PayloadTooLarge(
+                f"forward_backward body over {MAX_FORWARD_BACKWARD_BYTES >> 20} MiB: send "
+                "fewer data per call (the SDK splits calls by fwdbwd_max_chunk_bytes_count).")
+    return await tinker.forward_backward(bytes(body), key)
 
 
 @router.post("/optim_step")

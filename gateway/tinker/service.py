@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway import jobs
@@ -18,19 +21,29 @@ from gateway.keys import KeyIdentity
 from gateway.schemas import JobCreate
 from gateway.tinker import schemas, wire
 from gateway.tinker.futures import Futures, Payload
-from services.common.errors import Forbidden, InvalidInput, LoomError, NotFound
+from services.common.errors import (
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    error_from_envelope,
+    invalid_options,
+)
 from services.common.http import ServiceClient
-from services.common.schemas import Operation
+from services.common.schemas import Operation, StrictModel
 from services.rollout.schemas import SampleRequest, SampleResponse, SamplingParams
 from services.trainer.schemas import (
     AdamParams,
     Datum,
+    ForwardBackwardRequest,
     ForwardBackwardResult,
+    ForwardRequest,
     ForwardResult,
     LoraConfig,
     LossAggregation,
     LossConfig,
     LossName,
+    OptimStepRequest,
+    SaveWeightsRequest,
     SaveWeightsResult,
     TrainingMode,
 )
@@ -142,17 +155,18 @@ class TinkerService:
             raise InvalidInput(f"Loss {request.loss_fn!r} is not served by Loom; supported: "
                                f"{', '.join(LOSSES)}.")
         data = [tinker_datum(d, i) for i, d in enumerate(request.data)]
-        loom_data = [loom_datum(d, request.loss_fn, i) for i, d in enumerate(data)]
-        loss = LossConfig(name=loss_name, aggregation=LossAggregation.sum)
+        with user_input("forward_backward", "data"):
+            loom_data = [loom_datum(d, request.loss_fn, i) for i, d in enumerate(data)]
+            forward_body = ForwardRequest(data=loom_data)
+            backward_body = ForwardBackwardRequest(
+                data=loom_data, loss=LossConfig(name=loss_name, aggregation=LossAggregation.sum))
         job = model.job_id
 
         async def submit() -> Any:
-            forward = await self._submit(job, "forward", {"data": loom_data})
+            forward = await self._submit(job, "forward", forward_body)
             if request.forward_only:
                 return forward, None
-            backward = await self._submit(job, "forward_backward", {
-                "data": loom_data, "loss": loss.model_dump(mode="json")})
-            return forward, backward
+            return forward, await self._submit(job, "forward_backward", backward_body)
 
         async def result(ops: Any) -> Payload:
             forward_op, backward_op = ops
@@ -170,13 +184,13 @@ class TinkerService:
     async def optim_step(self, body: schemas.OptimStep, owner: KeyIdentity) -> dict[str, Any]:
         model = self.model(body.model_id, owner)
         spec = body.adam_params
-        adam = AdamParams(lr=spec.learning_rate, beta1=spec.beta1, beta2=spec.beta2,
-                          eps=spec.eps, weight_decay=spec.weight_decay,
-                          grad_clip=spec.grad_clip_norm or None)
+        with user_input("optim_step", "adam_params"):
+            step = OptimStepRequest(adam=AdamParams(
+                lr=spec.learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.eps,
+                weight_decay=spec.weight_decay, grad_clip=spec.grad_clip_norm or None))
 
         async def submit() -> str:
-            return await self._submit(model.job_id, "optim_step",
-                                      {"adam": adam.model_dump(mode="json")})
+            return await self._submit(model.job_id, "optim_step", step)
 
         async def result(op: str) -> Payload:
             done = await self._result(op)
@@ -192,7 +206,7 @@ class TinkerService:
                                "sampling_session_seq_id.")
 
         async def submit() -> str:
-            return await self._submit(model.job_id, "save_weights", {})
+            return await self._submit(model.job_id, "save_weights", SaveWeightsRequest())
 
         async def result(op: str) -> Payload:
             saved = SaveWeightsResult.model_validate(await self._result(op))
@@ -243,13 +257,14 @@ class TinkerService:
                                "topk_*) are not served by Loom yet.")
         if any(chunk.type != "encoded_text" for chunk in body.prompt.chunks):
             raise InvalidInput("Only text prompts (encoded_text chunks) are supported.")
-        params = sampling_params(body.sampling_params)
-        # vLLM refuses n > 1 when greedy; greedy samples are all the same one anyway.
-        greedy_copies = body.num_samples if params.temperature == 0 else 1
-        request = SampleRequest(
-            job_id=ref.job_id, version=ref.version, n=body.num_samples // greedy_copies,
-            prompt_token_ids=[t for chunk in body.prompt.chunks for t in chunk.tokens],
-            params=params)
+        with user_input("asample", "sampling_params"):
+            params = sampling_params(body.sampling_params)
+            # vLLM refuses n > 1 when greedy; greedy samples are all the same one anyway.
+            greedy_copies = body.num_samples if params.temperature == 0 else 1
+            request = SampleRequest(
+                job_id=ref.job_id, version=ref.version, n=body.num_samples // greedy_copies,
+                prompt_token_ids=[t for chunk in body.prompt.chunks for t in chunk.tokens],
+                params=params)
 
         async def run() -> Payload:
             response = SampleResponse.model_validate(await self.rollout.post_json(
@@ -284,11 +299,9 @@ class TinkerService:
             model.submitted[seq_id] = request_id
             return {"request_id": request_id}
 
-    async def _submit(self, job_id: str, action: str, body: dict[str, Any]) -> str:
-        payload = {k: [d.model_dump(mode="json") for d in v] if k == "data" else v
-                   for k, v in body.items()}
+    async def _submit(self, job_id: str, action: str, body: StrictModel) -> str:
         op = Operation.model_validate(await self.trainer.post_json(
-            f"/v1/models/{job_id}/{action}", payload))
+            f"/v1/models/{job_id}/{action}", body.model_dump(mode="json")))
         return op.id
 
     async def _result(self, op_id: str) -> Any:
@@ -296,10 +309,18 @@ class TinkerService:
             op = Operation.model_validate(await self.trainer.get_json(
                 f"/v1/operations/{op_id}", params={"wait": OPERATION_WAIT_S}))
             if op.error is not None:
-                raise LoomError(op.error.message) if op.error.code.startswith("internal") \
-                    else InvalidInput(op.error.message)
+                raise error_from_envelope(400, {"error": op.error.model_dump()})
             if op.done:
                 return op.result
+
+
+@contextmanager
+def user_input(call: str, root: str) -> Iterator[None]:
+    """What the caller sent, checked by Loom's own schemas: a 4xx naming each bad field."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise invalid_options(exc, f"Invalid {call} request", root) from exc
 
 
 def tinker_datum(datum: Any, index: int) -> TinkerDatum:

@@ -79,3 +79,33 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
     with LoomClient(url, key) as loom:
         # the first sampler, then one version per iteration, each sampled by the next round
         assert loom.get_job(job_id).version("latest").number == 5
+
+
+def test_bad_tinker_requests_get_clear_client_errors(stack: tuple[str, str, Path]) -> None:
+    url, key, _ = stack
+    api = f"{url}/api/v1"
+    auth = {"X-API-Key": f"tml-{key}"}
+    assert httpx.post(f"{api}/create_session", json={}).status_code == 401
+    assert httpx.post(f"{api}/create_session", json={},
+                      headers={"X-API-Key": "tml-not-a-key"}).status_code == 401
+    session = httpx.post(f"{api}/create_session", json={}, headers=auth).json()["session_id"]
+    created = httpx.post(f"{api}/create_model", headers=auth, json={
+        "session_id": session, "model_seq_id": 0, "base_model": "loom/tiny"}).json()
+    retrieved = httpx.post(f"{api}/retrieve_future", headers=auth, timeout=60,
+                           json={"request_id": created["request_id"]}).json()
+    assert retrieved["model_id"] == created["model_id"]
+    cases = [
+        ("forward_backward", {"content": b"\xff\x00 not protobuf"}, 422, "ForwardBackward"),
+        ("forward_backward", {"content": b"\0" * (65 << 20)}, 413, "MiB"),
+        ("optim_step", {"json": {"model_id": created["model_id"], "seq_id": 1,
+                                 "adam_params": {"learning_rate": 5.0}}}, 422, "lr"),
+        ("optim_step", {"json": {"model_id": "nope:train:0", "seq_id": 1}}, 404, "nope"),
+        ("create_model", {"json": {"session_id": session}}, 422, "model_seq_id"),
+        ("asample", {"json": {"sampling_session_id": "nope:sample:0",
+                              "prompt": {"chunks": []}}}, 404, "nope"),
+        ("retrieve_future", {"json": {"request_id": "req-unknown"}}, 404, "req-unknown"),
+    ]
+    for call, body, status, words in cases:
+        response = httpx.post(f"{api}/{call}", headers=auth, timeout=60, **body)
+        assert response.status_code == status, (call, response.text[:300])
+        assert words in response.json()["error"]["message"], (call, response.text[:300])
