@@ -3,8 +3,10 @@ table of allowed moves.
 
 created   → the row exists; the trainer has not (yet) built the model
 running   → the trainer holds the job's model; the script trains and samples
+paused    → the owner paused it (a managed job's runner stops between steps); can resume
 completed → the script said it is done
 failed    → the trainer refused or could not be reached at creation, or the script gave up
+cancelled → the owner stopped it for good
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from gateway.schemas import JobStatus
 from services.common.errors import InvalidTransition
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.created: frozenset({JobStatus.running, JobStatus.failed}),
-    JobStatus.running: frozenset({JobStatus.completed, JobStatus.failed}),
+    JobStatus.created: frozenset({JobStatus.running, JobStatus.failed, JobStatus.cancelled}),
+    JobStatus.running: frozenset({JobStatus.paused, JobStatus.completed, JobStatus.failed,
+                                  JobStatus.cancelled}),
+    JobStatus.paused: frozenset({JobStatus.running, JobStatus.failed, JobStatus.cancelled}),
     JobStatus.completed: frozenset(),
     JobStatus.failed: frozenset(),
+    JobStatus.cancelled: frozenset(),
 }
 
 

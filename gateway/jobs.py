@@ -15,10 +15,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from gateway.job_logs import progress
 from gateway.job_states import move_job
 from gateway.keys import KeyIdentity
 from gateway.models import JobRow
-from gateway.schemas import Job, JobCreate, JobStatus
+from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
 from services.common.db import transaction
 from services.common.errors import LoomError, NotFound
 from services.common.http import ServiceClient
@@ -48,14 +49,21 @@ def list_jobs(session: Session, viewer: KeyIdentity) -> list[Job]:
     query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
     if not viewer.admin:
         query = query.where(JobRow.owner_key_id == viewer.id)
-    return [to_public(row) for row in session.scalars(query)]
+    rows = list(session.scalars(query))
+    steps = progress(session, (row.id for row in rows))
+    return [to_public(row, steps.get(row.id)) for row in rows]
+
+
+def get_job(session: Session, job_id: str, viewer: KeyIdentity) -> Job:
+    row = get_job_row(session, job_id, viewer)
+    return to_public(row, progress(session, [row.id]).get(row.id))
 
 
 def set_status(session: Session, job_id: str, status: JobStatus, viewer: KeyIdentity) -> Job:
     row = get_job_row(session, job_id, viewer)
     move_job(row, status)
     session.flush()
-    return to_public(row)
+    return get_job(session, job_id, viewer)
 
 
 async def create_job(sessions: sessionmaker[Session], trainer: ServiceClient, body: JobCreate,
@@ -85,7 +93,7 @@ async def in_transaction(sessions: sessionmaker[Session], work: Callable[[Sessio
     return await run_in_threadpool(run)
 
 
-def to_public(row: JobRow) -> Job:
+def to_public(row: JobRow, job_progress: JobProgress | None = None) -> Job:
     return Job(id=row.id, name=row.name, base_model=row.base_model, mode=TrainingMode(row.mode),
                lora=LoraConfig(**row.lora) if row.lora is not None else None, config=row.config,
-               status=JobStatus(row.status), created_at=row.created_at)
+               status=JobStatus(row.status), created_at=row.created_at, progress=job_progress)

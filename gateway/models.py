@@ -1,4 +1,5 @@
-"""The gateway's tables: API keys (stored as hashes only) and jobs.
+"""The gateway's tables: API keys (stored as hashes only), jobs, and what jobs log (metrics,
+a bounded set of samples).
 
 Schema changes go through Alembic (`gateway/alembic`), never `create_all`.
 """
@@ -9,7 +10,19 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, String, TypeDecorator
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -66,3 +79,34 @@ class JobRow(Base):
         String(64), ForeignKey("api_keys.id"), index=True
     )
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+
+
+class JobMetricRow(Base):
+    """One value of one metric at one step; (job, name, step) is unique, so a re-sent point
+    replaces the value instead of duplicating it."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (UniqueConstraint("job_id", "name", "step", name="uq_job_metrics_point"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(64), ForeignKey("jobs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+
+
+class JobSampleRow(Base):
+    __tablename__ = "job_samples"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(64), ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        index=True)
+    step: Mapped[int] = mapped_column(BigInteger)
+    version: Mapped[int | None] = mapped_column(Integer, default=None)
+    prompt: Mapped[str] = mapped_column(Text)
+    completion: Mapped[str] = mapped_column(Text)
+    reward: Mapped[float | None] = mapped_column(Float, default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -15,8 +15,17 @@ from services.trainer.schemas import LoraConfig, TrainingMode
 class JobStatus(StrEnum):
     created = "created"
     running = "running"
+    paused = "paused"
     completed = "completed"
     failed = "failed"
+    cancelled = "cancelled"
+
+
+# Metric names: `reward`, `loss`, `eval/accuracy`, `throughput/samples_per_s`, ...
+METRIC_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}$"
+MAX_METRIC_POINTS = 10_000
+MAX_LOGGED_SAMPLES = 1_000
+MAX_SAMPLE_TEXT = 32_768
 
 
 class JobCreate(StrictModel):
@@ -25,6 +34,13 @@ class JobCreate(StrictModel):
     mode: TrainingMode = TrainingMode.lora
     lora: LoraConfig = LoraConfig()
     config: dict[str, Any] = Field(default={}, description="Free-form settings of the script")
+
+
+class JobProgress(LenientModel):
+    """The newest metric step a job logged, and when: what a dashboard shows as progress."""
+
+    step: int
+    updated_at: datetime
 
 
 class Job(LenientModel):
@@ -36,6 +52,7 @@ class Job(LenientModel):
     config: dict[str, Any]
     status: JobStatus
     created_at: datetime
+    progress: JobProgress | None = None
 
 
 class JobStatusUpdate(StrictModel):
@@ -46,6 +63,60 @@ class JobStatusUpdate(StrictModel):
 
 class JobList(LenientModel):
     jobs: list[Job]
+
+
+class MetricPoint(StrictModel):
+    step: int = Field(ge=0, le=2**62)
+    name: str = Field(pattern=METRIC_NAME_PATTERN)
+    value: float = Field(allow_inf_nan=False)
+
+
+class MetricsLog(StrictModel):
+    """Metrics of a job. A point sent again (same step and name) replaces the earlier value,
+    so a retried request never double-counts."""
+
+    points: list[MetricPoint] = Field(min_length=1, max_length=MAX_METRIC_POINTS)
+
+
+class MetricSeries(LenientModel):
+    name: str
+    steps: list[int]
+    values: list[float]
+
+
+class JobMetrics(LenientModel):
+    job_id: str
+    series: list[MetricSeries]
+
+
+class SampleRecord(StrictModel):
+    """One trajectory kept for inspection (the job keeps a bounded number of the newest)."""
+
+    step: int = Field(ge=0, le=2**62)
+    version: int | None = Field(default=None, ge=0)
+    prompt: str = Field(max_length=MAX_SAMPLE_TEXT)
+    completion: str = Field(max_length=MAX_SAMPLE_TEXT)
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class SamplesLog(StrictModel):
+    samples: list[SampleRecord] = Field(min_length=1, max_length=MAX_LOGGED_SAMPLES)
+
+
+class LoggedSample(SampleRecord):
+    model_config = LenientModel.model_config
+    id: int
+    created_at: datetime
+
+
+class JobSamples(LenientModel):
+    job_id: str
+    samples: list[LoggedSample]
+
+
+class LoggedCount(LenientModel):
+    job_id: str
+    accepted: int
 
 
 class ApiKeyCreate(StrictModel):

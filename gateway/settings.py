@@ -36,6 +36,21 @@ class GatewaySettings(LoomSettings):
         "long because sampling and streams can be slow.",
     )
     gateway_health_timeout_s: float = Field(default=2.0, gt=0)
+    gateway_admin_session_secret: SecretStr | None = Field(
+        default=None,
+        min_length=32,
+        description="Key that signs web admin (/admin) session cookies and CSRF tokens. Unset: "
+        "a random one per gateway start, so restarting logs everyone out; set the same value "
+        "on every replica behind one load balancer.",
+    )
+    gateway_admin_session_ttl_s: float = Field(
+        default=12 * 3600, gt=0,
+        description="How long a web admin login lasts before the key must be entered again.",
+    )
+    gateway_samples_kept_per_job: int = Field(
+        default=1_000, ge=1, le=1_000_000,
+        description="Logged samples a job keeps for inspection; older ones are dropped.",
+    )
     gateway_tinker_base_models: dict[str, str] = Field(
         default={},
         description="Tinker SDK base model names -> Loom base models (JSON), since nothing is "

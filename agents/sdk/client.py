@@ -16,7 +16,21 @@ from agents.sdk._http import GatewayHttp
 from agents.sdk.capture import AsyncCaptureSession
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
-from gateway.schemas import Job, JobCreate, StackHealth
+from gateway.schemas import (
+    Job,
+    JobCreate,
+    JobMetrics,
+    JobSamples,
+    JobStatus,
+    JobStatusUpdate,
+    LoggedSample,
+    MetricPoint,
+    MetricSeries,
+    MetricsLog,
+    SampleRecord,
+    SamplesLog,
+    StackHealth,
+)
 from modelstate.schemas import (
     Alias,
     Lineage,
@@ -179,6 +193,41 @@ class AsyncJob:
     @property
     def id(self) -> str:
         return self.info.id
+
+    # --- job record ------------------------------------------------------------------------
+
+    async def set_status(self, status: JobStatus | str) -> Job:
+        """Move the job (running, paused, completed, failed, cancelled); see the state machine."""
+        body = await self._http.post_json(
+            f"/v1/jobs/{self.id}/status", JobStatusUpdate(status=JobStatus(status)).model_dump())
+        self.info = Job.model_validate(body)
+        return self.info
+
+    async def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """`{"reward": 0.4, "loss": 1.2}` at `step`; the web admin plots them. Sending a step
+        again replaces its values, so retrying is safe."""
+        points = [MetricPoint(step=step, name=name, value=value)
+                  for name, value in metrics.items()]
+        await self._http.post_json(f"/v1/jobs/{self.id}/metrics",
+                                   MetricsLog(points=points).model_dump())
+
+    async def metrics(self, names: Sequence[str] = (), *,
+                      since_step: int | None = None) -> dict[str, MetricSeries]:
+        params: dict[str, Any] = {"name": list(names)}
+        if since_step is not None:
+            params["since_step"] = since_step
+        body = await self._http.get_json(f"/v1/jobs/{self.id}/metrics", params=params)
+        return {s.name: s for s in JobMetrics.model_validate(body).series}
+
+    async def log_samples(self, samples: Sequence[SampleRecord | dict[str, Any]]) -> None:
+        """Keep some trajectories (prompt, completion, reward, version) for inspection."""
+        request = SamplesLog.model_validate({"samples": list(samples)})
+        await self._http.post_json(f"/v1/jobs/{self.id}/samples", request.model_dump())
+
+    async def samples(self, limit: int = 50) -> list[LoggedSample]:
+        body = await self._http.get_json(f"/v1/jobs/{self.id}/samples",
+                                         params={"limit": limit})
+        return JobSamples.model_validate(body).samples
 
     # --- rollout ---------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ async def test_malformed_job_requests_get_422(stack: Stack) -> None:
             assert response.status_code == 422, body
             assert response.json()["error"]["code"] == "invalid_input"
         assert not stack.trainer.state.created  # nothing reached the trainer
-        bad_status = await admin.post("/v1/jobs/job_x/status", json={"status": "paused"})
+        bad_status = await admin.post("/v1/jobs/job_x/status", json={"status": "asleep"})
         assert bad_status.status_code == 422
         assert (await admin.post("/v1/jobs", content=b"[",
                                  headers={"Content-Type": "application/json"})).status_code == 422

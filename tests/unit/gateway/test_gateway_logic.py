@@ -32,7 +32,15 @@ def test_job_moves_follow_the_table(start: JobStatus, target: JobStatus) -> None
 
 
 def test_final_states_are_final() -> None:
-    assert TRANSITIONS[JobStatus.completed] == TRANSITIONS[JobStatus.failed] == frozenset()
+    final = (JobStatus.completed, JobStatus.failed, JobStatus.cancelled)
+    assert all(TRANSITIONS[status] == frozenset() for status in final)
+
+
+def test_a_paused_job_resumes_or_stops() -> None:
+    row = job(JobStatus.running)
+    for target in (JobStatus.paused, JobStatus.running, JobStatus.paused, JobStatus.cancelled):
+        move_job(row, target)
+    assert row.status == "cancelled"
 
 
 def test_secrets_are_random_prefixed_and_hashed() -> None:

@@ -1,0 +1,105 @@
+"""What a job logs for inspection: metrics (step, name, value) and a bounded set of samples.
+
+Data functions take a session and only flush; the caller owns the transaction. Metric points
+are upserted on (job, name, step), so a script or task that retries a request after a timeout
+replaces its own values instead of adding duplicates. Samples keep the newest `keep` per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from gateway.models import JobMetricRow, JobSampleRow, utcnow
+from gateway.schemas import JobProgress, LoggedSample, MetricPoint, MetricSeries, SampleRecord
+
+# Rows per INSERT statement: well under SQLite's 32,766 bound parameters (5 per row).
+INSERT_BATCH = 1_000
+
+
+def log_metrics(session: Session, job_id: str, points: list[MetricPoint]) -> int:
+    """Record `points`; the last value given for a (name, step) wins, also within one call."""
+    latest = {(p.name, p.step): p.value for p in points}
+    now = utcnow()
+    rows = [{"job_id": job_id, "name": name, "step": step, "value": value, "updated_at": now}
+            for (name, step), value in latest.items()]
+    insert = _upsert_dialect(session)
+    for start in range(0, len(rows), INSERT_BATCH):
+        statement = insert(JobMetricRow).values(rows[start:start + INSERT_BATCH])
+        session.execute(statement.on_conflict_do_update(
+            index_elements=["job_id", "name", "step"],
+            set_={"value": statement.excluded.value, "updated_at": statement.excluded.updated_at},
+        ))
+    session.flush()
+    return len(rows)
+
+
+def metric_series(session: Session, job_id: str, names: list[str] | None = None,
+                  since_step: int | None = None) -> list[MetricSeries]:
+    """Every metric of the job (or the `names` asked for), steps ascending, after `since_step`
+    when given: a live chart asks only for what it has not drawn yet."""
+    query = (select(JobMetricRow.name, JobMetricRow.step, JobMetricRow.value)
+             .where(JobMetricRow.job_id == job_id)
+             .order_by(JobMetricRow.name, JobMetricRow.step))
+    if names:
+        query = query.where(JobMetricRow.name.in_(names))
+    if since_step is not None:
+        query = query.where(JobMetricRow.step > since_step)
+    series: dict[str, MetricSeries] = {}
+    for name, step, value in session.execute(query):
+        line = series.setdefault(name, MetricSeries(name=name, steps=[], values=[]))
+        line.steps.append(step)
+        line.values.append(value)
+    return list(series.values())
+
+
+def progress(session: Session, job_ids: Iterable[str]) -> dict[str, JobProgress]:
+    """Per job: the newest step it logged a metric for, and when it last logged one."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    query = (select(JobMetricRow.job_id, func.max(JobMetricRow.step),
+                    func.max(JobMetricRow.updated_at))
+             .where(JobMetricRow.job_id.in_(ids)).group_by(JobMetricRow.job_id))
+    return {job_id: JobProgress(step=step, updated_at=updated)
+            for job_id, step, updated in session.execute(query)}
+
+
+def log_samples(session: Session, job_id: str, samples: list[SampleRecord], keep: int) -> int:
+    """Append `samples`, then drop the job's oldest beyond the newest `keep`."""
+    now = utcnow()
+    session.add_all(JobSampleRow(job_id=job_id, created_at=now, **s.model_dump())
+                    for s in samples)
+    session.flush()
+    cutoff = session.scalar(
+        select(JobSampleRow.id).where(JobSampleRow.job_id == job_id)
+        .order_by(JobSampleRow.id.desc()).offset(keep).limit(1)
+    )
+    if cutoff is not None:
+        session.execute(delete(JobSampleRow).where(JobSampleRow.job_id == job_id,
+                                                   JobSampleRow.id <= cutoff))
+    return len(samples)
+
+
+def recent_samples(session: Session, job_id: str, limit: int) -> list[LoggedSample]:
+    """The newest `limit` samples of the job, newest first."""
+    rows = session.scalars(select(JobSampleRow).where(JobSampleRow.job_id == job_id)
+                           .order_by(JobSampleRow.id.desc()).limit(limit))
+    return [LoggedSample(id=r.id, step=r.step, version=r.version, prompt=r.prompt,
+                         completion=r.completion, reward=r.reward,
+                         created_at=r.created_at) for r in rows]
+
+
+def _upsert_dialect(session: Session) -> Any:
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        return postgresql.insert
+    if name == "sqlite":
+        return sqlite.insert
+    raise NotImplementedError(f"Metric upserts support PostgreSQL and SQLite, not {name}.")
+
+
