@@ -14,6 +14,7 @@ from starlette.middleware import Middleware
 
 from gateway import proxy, routes
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
+from gateway.jobs import JobOwners
 from gateway.settings import GatewaySettings
 from gateway.tinker import routes as tinker_routes
 from gateway.tinker.service import TinkerService
@@ -39,6 +40,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             bootstrap_admin_key, app.state.sessions, settings
         )
         app.state.auth_cache = AuthCache(settings.gateway_auth_cache_s)
+        app.state.job_owners = JobOwners(app.state.sessions)
         app.state.upstreams = Upstreams(settings)
         app.state.trainer = ServiceClient(settings.url_of("trainer"), service="trainer")
         rollout = ServiceClient(settings.url_of("rollout"), service="rollout")

@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.auth import AuthCache
+from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
 from gateway.settings import GatewaySettings
 from gateway.upstreams import Upstreams
@@ -43,6 +44,7 @@ SessionsDep = Annotated[sessionmaker[Session], Depends(app_state("sessions"))]
 SettingsDep = Annotated[GatewaySettings, Depends(app_state("settings"))]
 AuthCacheDep = Annotated[AuthCache, Depends(app_state("auth_cache"))]
 UpstreamsDep = Annotated[Upstreams, Depends(app_state("upstreams"))]
+JobOwnersDep = Annotated[JobOwners, Depends(app_state("job_owners"))]
 TrainerDep = Annotated[ServiceClient, Depends(app_state("trainer"))]
 CurrentKey = Annotated[KeyIdentity, Depends(current_key)]
 AdminKey = Annotated[KeyIdentity, Depends(admin_key)]

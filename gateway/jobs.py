@@ -45,6 +45,30 @@ def get_job_row(session: Session, job_id: str, viewer: KeyIdentity) -> JobRow:
     return row
 
 
+class JobOwners:
+    """Answers "does this key own this job?" for the proxy's hot path. Owners never change,
+    so a yes is remembered (bounded); a no is asked again, since the job may be new."""
+
+    def __init__(self, sessions: sessionmaker[Session], max_entries: int = 100_000) -> None:
+        self.sessions = sessions
+        self.max_entries = max_entries
+        self._owned: set[tuple[str, str]] = set()
+
+    async def check(self, key: KeyIdentity, job_id: str) -> None:
+        """NotFound unless `key` may act on `job_id` (the same answer as `get_job_row`)."""
+        if key.admin or (key.id, job_id) in self._owned:
+            return
+
+        def lookup() -> None:
+            with self.sessions() as session:
+                get_job_row(session, job_id, key)
+
+        await run_in_threadpool(lookup)
+        if len(self._owned) >= self.max_entries:
+            self._owned.clear()
+        self._owned.add((key.id, job_id))
+
+
 def list_jobs(session: Session, viewer: KeyIdentity) -> list[Job]:
     query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
     if not viewer.admin:

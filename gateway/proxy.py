@@ -2,19 +2,27 @@
 
 Method, query string, headers and body go through; the body is streamed both ways, so an SSE
 stream from rollout reaches the client event by event. Hop-by-hop headers, `Host` and the
-client's credentials stay behind (services trust the gateway, not the caller's key).
+client's credentials stay behind (services trust the gateway, not the caller's key). A
+non-admin key reaches only its own jobs (`gateway.scopes`).
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from urllib.parse import unquote
 
 import httpx
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
-from gateway.deps import UpstreamsDep
+from gateway import scopes
+from gateway.deps import CurrentKey, JobOwnersDep, UpstreamsDep
+from gateway.jobs import JobOwners
+from gateway.keys import KeyIdentity
 from gateway.upstreams import Upstreams
-from services.common.errors import Unavailable, UpstreamError
+from services.common.errors import PayloadTooLarge, Unavailable, UpstreamError
 from services.common.logs import request_id_var
 
 HOP_BY_HOP = frozenset({
@@ -28,14 +36,21 @@ NOT_RETURNED = HOP_BY_HOP | {"x-request-id"}
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-async def forward(upstreams: Upstreams, service: str, request: Request) -> StreamingResponse:
+async def forward(upstreams: Upstreams, service: str, request: Request, key: KeyIdentity,
+                  owners: JobOwners) -> StreamingResponse:
     client = upstreams.client(service)
+    dropped = NOT_FORWARDED
+    content: bytes | AsyncIterator[bytes] | None = request.stream() if has_body(request) else None
+    if not key.admin:
+        checked = await authorize(request, service, key, owners)
+        if checked is not None:  # the body was read to find its job: send what was checked
+            content, dropped = checked, NOT_FORWARDED | {"content-length"}
     upstream_request = client.build_request(
         request.method,
         upstream_target(request, service),
-        headers=forwarded_headers(request.headers.raw, NOT_FORWARDED)
+        headers=forwarded_headers(request.headers.raw, dropped)
         + [(b"x-request-id", request_id_var.get().encode("latin-1"))],
-        content=request.stream() if has_body(request) else None,
+        content=content,
     )
     try:
         upstream = await client.send(upstream_request, stream=True)
@@ -53,6 +68,35 @@ async def forward(upstreams: Upstreams, service: str, request: Request) -> Strea
     # Content-Length and Content-Encoding stay valid.
     response.raw_headers = forwarded_headers(upstream.headers.raw, NOT_RETURNED)
     return response
+
+
+async def authorize(request: Request, service: str, key: KeyIdentity, owners: JobOwners
+                    ) -> bytes | None:
+    """Refuse a non-admin key's call on another key's job. Returns the body when the rule had
+    to read it: re-encoded from what was checked, so the service cannot see another job_id
+    than the one checked here (duplicate JSON keys, say)."""
+    # Decoded as the service's server will decode it, so both see the same job id.
+    path = unquote(upstream_target(request, service).split("?", 1)[0].removeprefix("/v1"))
+    found = scopes.rule_for(service, request.method, path)
+    body, content = None, None
+    if found is not None and found[0].reads_body:
+        body = scopes.parse_body(await read_capped(request, scopes.MAX_SCOPED_BODY))
+        content = json.dumps(body).encode() if body is not None else b""
+    job_id = scopes.job_named(service, request.method, path, dict(request.query_params), body)
+    if job_id is not None:
+        await owners.check(key, job_id)
+    return content
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request bodies of this endpoint are limited to "
+                                  f"{limit >> 20} MiB.")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def upstream_target(request: Request, service: str) -> str:
@@ -81,10 +125,10 @@ def has_body(request: Request) -> bool:
     return "content-length" in request.headers or "transfer-encoding" in request.headers
 
 
-async def proxy(service: str, path: str, request: Request,
-                upstreams: UpstreamsDep) -> StreamingResponse:
+async def proxy(service: str, path: str, request: Request, upstreams: UpstreamsDep,
+                key: CurrentKey, owners: JobOwnersDep) -> StreamingResponse:
     """Forward to a Loom service: /v1/<service>/<rest> → <service>/v1/<rest>."""
-    return await forward(upstreams, service, request)
+    return await forward(upstreams, service, request, key, owners)
 
 
 router = APIRouter(tags=["proxy"])

@@ -64,3 +64,50 @@ async def test_proxy_reaches_the_reward_service(real_gateway: httpx.AsyncClient)
         malformed = await client.post("/v1/reward/score", json={"verifier": "math", "items": []})
         assert malformed.status_code == 422
         assert malformed.json()["error"]["code"] == "invalid_input"
+
+
+async def test_a_job_key_reaches_only_its_own_jobs(real_gateway: httpx.AsyncClient,
+                                                   tiny_model_dir: Path) -> None:
+    datum = {"input_ids": [1, 2, 3, 4], "loss_mask": [0, 1, 1, 1]}
+    async with real_gateway as admin:
+        keys = [(await admin.post("/v1/keys", json={"name": n})).json()["key"]
+                for n in ("alice", "bob")]
+    alice, bob = (httpx.AsyncClient(base_url=str(admin.base_url), timeout=120,
+                                    headers={"Authorization": f"Bearer {k}"}) for k in keys)
+    async with alice, bob:
+        job = (await alice.post("/v1/jobs", json={"base_model": str(tiny_model_dir),
+                                                  "lora": {"rank": 4}})).json()["id"]
+        own = await alice.post(f"/v1/trainer/models/{job}/forward_backward",
+                               json={"data": [datum]})
+        assert own.status_code == 202, own.text
+        operation = await bob.get(f"/v1/trainer/operations/{own.json()['id']}")
+        assert operation.status_code == 200  # an operation id works as a capability
+
+        for call in (bob.get(f"/v1/trainer/models/{job}"),
+                     bob.post(f"/v1/trainer/models/{job}/optim_step", json={}),
+                     bob.get(f"/v1/trainer/models/job%5F{job.removeprefix('job_')}"),
+                     bob.put("/v1/reward/functions/mine", json={
+                         "job_id": job, "code": "def reward(response, reference):\n  return 1"}),
+                     # Duplicate keys: the last one counts, here as in the service.
+                     bob.post("/v1/reward/score", content=(
+                         '{"verifier": "math", "items": [{"response": "1", "reference": "1"}], '
+                         f'"params": {{"job_id": "job_bobs", "job_id": "{job}"}}}}').encode(),
+                              headers={"Content-Type": "application/json"})):
+            refused = await call
+            assert refused.status_code == 404, refused.text
+            assert job in refused.json()["error"]["message"]
+        forbidden = await bob.post("/v1/trainer/models", json={
+            "job_id": "job_mine", "base_model": str(tiny_model_dir)})
+        assert forbidden.status_code == 403
+        assert "reserved to admin keys" in forbidden.json()["error"]["message"]
+        shared = await bob.put("/v1/reward/functions/shared", json={
+            "code": "def reward(response, reference):\n    return 1.0"})
+        assert shared.status_code == 403 and "job_id" in shared.json()["error"]["message"]
+        not_json = await bob.post("/v1/reward/score", content=b"{",
+                                  headers={"Content-Type": "application/json"})
+        assert not_json.status_code == 422
+
+        scored = await bob.post("/v1/reward/score", json={
+            "verifier": "exact_match", "items": [{"response": "4", "reference": "4"}]})
+        assert scored.status_code == 200 and scored.json()["scores"][0]["reward"] == 1.0
+        assert (await alice.get(f"/v1/trainer/models/{job}")).status_code == 200
