@@ -144,6 +144,7 @@ def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enco
             data = [sft_datum(e.prompt_ids, e.answer_ids) for e in batch]
             loss = job.forward_backward(data, LossConfig(name="cross_entropy"))
             job.optim_step(_adam(config.sft_lr, config)).result()
+            job.log_metrics(step, {"sft/loss": loss.result().loss})
             progress.update(task, advance=1, info=f"loss {loss.result().loss:.3f}")
             due = step >= config.sft_min_steps and step % config.sft_check_every == 0
             if due or step == config.sft_max_steps:
@@ -167,6 +168,7 @@ def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enc
     with progress_bar() as progress:
         task = progress.add_task("GRPO", total=config.rl_steps, info="")
         for step in range(1, config.rl_steps + 1):
+            started = time.perf_counter()
             batch = rng.sample(train, config.prompts_per_step)
             responses = job.sample_many([e.prompt_ids for e in batch], n=config.group_size,
                                         params=params, version=version)
@@ -185,9 +187,12 @@ def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enc
                                              strict=True):
                     data.append(rl_datum(response.prompt_token_ids, sample, advantage))
             mean_reward = sum(rewards) / len(rewards)
+            metrics = {"reward": mean_reward}
             if data:
-                job.forward_backward(data, loss)
+                trained = job.forward_backward(data, loss)
                 job.optim_step(_adam(config.rl_lr, config)).result()
+                metrics |= {"loss": trained.result().loss, **trained.result().metrics}
+            sampled_version = version
             version = job.save_weights(metrics={"reward": mean_reward}).result().number
             point = {"step": step, "version": version, "reward": mean_reward,
                      "groups_with_signal": len(data) / config.group_size}
@@ -198,6 +203,15 @@ def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enc
                     best.version, best.accuracy = version, accuracy
                     job.move_alias("best", version)
             curve.append(point)
+            metrics["samples_per_s"] = len(rewards) / (time.perf_counter() - started)
+            if "validation_accuracy" in point:
+                metrics["validation_accuracy"] = point["validation_accuracy"]
+            job.log_metrics(step, metrics)
+            job.log_samples([{"step": step, "version": sampled_version, "prompt": e.problem.prompt,
+                              "completion": s.text, "reward": reward}
+                             for e, r, reward in zip(batch, responses, rewards[::config.group_size],
+                                                     strict=True)
+                             for s in r.samples[:1]])
             progress.update(task, advance=1, info=f"reward {mean_reward:.3f} v{version}")
     return curve, version
 

@@ -151,7 +151,14 @@ def test_grpo_improves_held_out_accuracy(stack, tmp_path: Path) -> None:
 
     assert result.accuracy_after > result.accuracy_before
     with LoomClient(url, key) as loom:
-        assert loom.get_job(result.job_id).version("best").number == result.best_version
+        job = loom.get_job(result.job_id)
+        assert job.version("best").number == result.best_version
+        # What the web admin plots: the same reward curve, logged step by step.
+        logged = job.metrics(["reward", "samples_per_s"])
+        assert logged["reward"].values == pytest.approx([p["reward"] for p in result.curve])
+        assert len(logged["samples_per_s"].steps) == DemoConfig().rl_steps
+        assert job.info.progress is not None and job.info.progress.step >= DemoConfig().rl_steps
+        assert {s.version for s in job.samples(limit=1000)} >= {result.curve[-1]["version"] - 1}
     versions = [point["version"] for point in result.curve]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
     assert result.png_path is not None and result.png_path.stat().st_size > 1000
