@@ -1,4 +1,5 @@
-"""One trainable model: a Hugging Face causal LM, trained in full or through a LoRA adapter.
+"""One trainable model: a Hugging Face causal LM, trained in full or through a LoRA adapter
+(an adapter of a base shared with the other LoRA jobs on it, see `lora_host`).
 
 Like Tinker, gradients add up over `forward_backward` calls until `optim_step` applies them.
 Every method runs on the operation queue's worker thread, one at a time per model.
@@ -6,6 +7,8 @@ Every method runs on the operation queue's worker thread, one at a time per mode
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import peft
@@ -15,6 +18,7 @@ from transformers.utils import logging as hf_logging
 
 from services.common.errors import Conflict, InvalidInput
 from services.trainer.batch import Batch, collate, token_logprobs, unpad, validate_data
+from services.trainer.lora_host import LoraHost
 from services.trainer.losses import compute_loss
 from services.trainer.schemas import (
     AdamParams,
@@ -48,17 +52,25 @@ def load_causal_lm(path: str, device: torch.device) -> PreTrainedModel:
 
 
 class TrainerModel:
-    def __init__(self, spec: CreateModelRequest, model_path: str, device: torch.device) -> None:
+    def __init__(self, spec: CreateModelRequest, model_path: str, device: torch.device,
+                 host: LoraHost | None = None) -> None:
+        """Full training loads its own copy of the base; LoRA adds an adapter to `host`."""
         self.spec = spec
         self.model_path = model_path
         self.device = device
-        base = load_causal_lm(model_path, device)
+        self._host = host if spec.mode == TrainingMode.lora else None
+        self._full: PreTrainedModel | None = None
+        if self._host is None:
+            self._full = load_causal_lm(model_path, device)
+            base = self._full
+            self.params = [p for p in base.parameters() if p.requires_grad]
+        else:
+            base = self._host.base
+            self.params = self._host.attach(spec.job_id, spec.lora, spec.seed)
         self.vocab_size: int = base.get_input_embeddings().num_embeddings
         self.max_length: int = base.config.max_position_embeddings
-        self.network: PreTrainedModel | peft.PeftModel = (
-            base if spec.mode == TrainingMode.full else self._with_adapter(base)
-        )
-        self.params = [p for p in self.network.parameters() if p.requires_grad]
+        self._base_params = (self._host.base_params if self._host
+                             else sum(p.numel() for p in base.parameters()))
         self.step = 0
         self.last_version = 0
         self._optimizer: torch.optim.AdamW | None = None
@@ -66,26 +78,23 @@ class TrainerModel:
         self._has_gradients = False
         self._tokenizer_files = TokenizerFiles(model_path)
 
-    def _with_adapter(self, base: PreTrainedModel) -> peft.PeftModel:
-        lora = self.spec.lora
-        config = peft.LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=lora.target_modules, task_type="CAUSAL_LM",
-        )
-        # The adapter's random init depends on the job's seed only, not on the global RNG.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.spec.seed)
-            try:
-                return peft.get_peft_model(base, config)
-            except ValueError as exc:  # e.g. target modules the model does not have
-                raise InvalidInput(f"Cannot apply LoRA to {self.spec.base_model!r}: {exc}") from exc
+    @contextmanager
+    def network(self) -> Iterator[PreTrainedModel | peft.PeftModel]:
+        """The module to run: the full model, or the shared PEFT model on this job's adapter."""
+        if self._host is None:
+            assert self._full is not None
+            yield self._full
+        else:
+            with self._host.using(self.spec.job_id) as network:
+                yield network
 
     def info(self) -> ModelInfo:
         return ModelInfo(
             model_id=self.spec.job_id, job_id=self.spec.job_id, base_model=self.spec.base_model,
             mode=self.spec.mode,
             lora=self.spec.lora if self.spec.mode == TrainingMode.lora else None,
-            num_params=sum(p.numel() for p in self.network.parameters()),
+            num_params=self._base_params + (
+                sum(p.numel() for p in self.params) if self._host else 0),
             trainable_params=sum(p.numel() for p in self.params),
             step=self.step, last_version=self.last_version,
         )
@@ -98,28 +107,30 @@ class TrainerModel:
 
     def forward_backward(self, data: list[Datum], loss_config: LossConfig) -> ForwardBackwardResult:
         batch = collate(data, self.device)
-        reference = self._reference_logprobs(batch) if loss_config.kl_coef > 0 else None
-        self.network.train()
-        logprobs = self._logprobs(self.network, batch)
-        loss, metrics = compute_loss(
-            loss_config, logprobs, batch.loss_mask, old_logprobs=batch.old_logprobs,
-            advantages=batch.advantages, ref_logprobs=reference,
-        )
-        if not torch.isfinite(loss):
-            raise InvalidInput(
-                f"The loss is {loss.item()} (check advantages and logprobs for huge or "
-                "non-finite values); no gradients were accumulated"
+        with self.network() as network:
+            reference = (self._reference_logprobs(network, batch) if loss_config.kl_coef > 0
+                         else None)
+            network.train()
+            logprobs = self._logprobs(network, batch)
+            loss, metrics = compute_loss(
+                loss_config, logprobs, batch.loss_mask, old_logprobs=batch.old_logprobs,
+                advantages=batch.advantages, ref_logprobs=reference,
             )
-        loss.backward()
+            if not torch.isfinite(loss):
+                raise InvalidInput(
+                    f"The loss is {loss.item()} (check advantages and logprobs for huge or "
+                    "non-finite values); no gradients were accumulated"
+                )
+            loss.backward()
         self._has_gradients = True
         return ForwardBackwardResult(loss=loss.item(), num_tokens=batch.num_tokens,
                                      metrics=metrics)
 
     def forward(self, data: list[Datum]) -> ForwardResult:
         batch = collate(data, self.device)
-        self.network.eval()
-        with torch.no_grad():
-            logprobs = self._logprobs(self.network, batch)
+        with self.network() as network, torch.no_grad():
+            network.eval()
+            logprobs = self._logprobs(network, batch)
         return ForwardResult(logprobs=unpad(logprobs, batch.lengths))
 
     def optim_step(self, adam: AdamParams) -> OptimStepResult:
@@ -144,10 +155,11 @@ class TrainerModel:
     def save(self, directory: Path, shard_bytes: int) -> None:
         """A Hugging Face model directory (full, in shards of at most `shard_bytes`) or a PEFT
         adapter directory (LoRA)."""
-        if isinstance(self.network, peft.PeftModel):
-            write_adapter(self.network, directory)
-            return
-        write_full(self.network, directory, shard_bytes)
+        with self.network() as network:
+            if isinstance(network, peft.PeftModel):
+                write_adapter(network, directory, self.spec.job_id)
+                return
+            write_full(network, directory, shard_bytes)
         self._tokenizer_files.write(directory)
 
     # --- internals ------------------------------------------------------------------------
@@ -168,14 +180,14 @@ class TrainerModel:
                          use_cache=False)
         return token_logprobs(output.logits, batch.input_ids)
 
-    def _reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def _reference_logprobs(self, network: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Logprobs under the base model: LoRA turns its adapter off; full training keeps a
         frozen copy of the base, loaded from disk on first use (the live weights have moved)."""
         with torch.no_grad():
-            if isinstance(self.network, peft.PeftModel):
-                self.network.eval()
-                with self.network.disable_adapter():
-                    return self._logprobs(self.network, batch)
+            if isinstance(network, peft.PeftModel):
+                network.eval()
+                with network.disable_adapter():
+                    return self._logprobs(network, batch)
             if self._frozen_reference is None:
                 self._frozen_reference = load_causal_lm(self.model_path, self.device).eval()
                 self._frozen_reference.requires_grad_(False)

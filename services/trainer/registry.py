@@ -9,7 +9,8 @@ import torch
 
 from services.common.base_models import resolve_base_model
 from services.common.errors import Conflict, NotFound
-from services.trainer.model import TrainerModel
+from services.trainer.lora_host import LoraHost
+from services.trainer.model import TrainerModel, load_causal_lm
 from services.trainer.schemas import CreateModelRequest, TrainingMode
 
 
@@ -24,6 +25,7 @@ class ModelRegistry:
         self._data_dir = data_dir
         self._device = device
         self._models: dict[str, TrainerModel] = {}
+        self._lora_hosts: dict[str, LoraHost] = {}  # by resolved base path: one copy each
         # Held while a model loads, so two identical creates build it once.
         self._lock = threading.Lock()
 
@@ -39,9 +41,17 @@ class ModelRegistry:
                     )
                 return existing, False
             path = resolve_base_model(spec.base_model, self._data_dir)
-            model = TrainerModel(spec, path, self._device)
+            host = self._lora_host(path, spec.base_model) if spec.mode == TrainingMode.lora \
+                else None
+            model = TrainerModel(spec, path, self._device, host)
             self._models[spec.job_id] = model
             return model, True
+
+    def _lora_host(self, path: str, name: str) -> LoraHost:
+        host = self._lora_hosts.get(path)
+        if host is None:
+            host = self._lora_hosts[path] = LoraHost(load_causal_lm(path, self._device), name)
+        return host
 
     def get(self, model_id: str) -> TrainerModel:
         model = self._models.get(model_id)

@@ -55,14 +55,16 @@ def write_full(model: PreTrainedModel, directory: Path,
         model.generation_config.save_pretrained(directory)
 
 
-def write_adapter(model: peft.PeftModel, directory: Path) -> None:
-    """The trained adapter and its config (embeddings are never targeted: not saved)."""
-    tensors = peft.get_peft_model_state_dict(model, save_embedding_layers=False)
+def write_adapter(model: peft.PeftModel, directory: Path, adapter: str = "default") -> None:
+    """One adapter of `model` and its config, laid out as a single-adapter PEFT directory
+    (embeddings are never targeted: not saved)."""
+    tensors = peft.get_peft_model_state_dict(model, adapter_name=adapter,
+                                             save_embedding_layers=False)
     save_file({name: t.contiguous() for name, t in tensors.items()},
               directory / ADAPTER_WEIGHTS_NAME, metadata=SAFETENSORS_METADATA)
     # As peft saves it: an adapter on disk is for inference and names the base it was trained
     # on (the directory the base was loaded from).
-    config = copy.copy(model.peft_config["default"])
+    config = copy.copy(model.peft_config[adapter])
     config.inference_mode = True
     config.base_model_name_or_path = (config.base_model_name_or_path
                                       or model.base_model.model.name_or_path)

@@ -25,9 +25,8 @@ async def train_one_step(trainer: TrainerHarness, job_id: str,
 
 
 def trained_logits(trainer: TrainerHarness, job_id: str) -> torch.Tensor:
-    network = trainer.service.registry.get(job_id).network
-    network.eval()
-    with torch.no_grad():
+    with trainer.service.registry.get(job_id).network() as network, torch.no_grad():
+        network.eval()
         logits: torch.Tensor = network(input_ids=TOKENS).logits
     return logits
 
