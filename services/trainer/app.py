@@ -41,6 +41,7 @@ def create_app(
             ThreadPublisher(client, asyncio.get_running_loop()),
             settings.trainer_work_dir,
             shard_bytes=settings.trainer_shard_mb << 20,
+            checkpoint_dir=settings.trainer_checkpoint_dir,
         )
         try:
             yield

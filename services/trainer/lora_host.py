@@ -30,7 +30,8 @@ class LoraHost:
         self.network: peft.PeftModel | None = None
         self.lock = threading.RLock()
 
-    def attach(self, adapter: str, lora: LoraConfig, seed: int) -> list[torch.nn.Parameter]:
+    def attach(self, adapter: str, lora: LoraConfig, seed: int
+               ) -> list[tuple[str, torch.nn.Parameter]]:
         """Add the job's adapter (random init from its seed only); returns its parameters."""
         config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                  target_modules=lora.target_modules, task_type="CAUSAL_LM")
@@ -46,11 +47,14 @@ class LoraHost:
                     f"Cannot apply LoRA to {self.base_model!r}: {exc}") from exc
             return self.parameters_of(adapter)
 
-    def parameters_of(self, adapter: str) -> list[torch.nn.Parameter]:
+    def parameters_of(self, adapter: str) -> list[tuple[str, torch.nn.Parameter]]:
+        """The adapter's parameters, named as in a single-adapter model (no adapter name), so
+        a checkpoint of one job's adapter fits whatever name the adapter has later."""
         assert self.network is not None
         # LoRA weights live in ModuleDicts keyed by adapter: `...lora_A.<adapter>.weight`.
-        mine = re.compile(rf"\.lora_(?:A|B|embedding_A|embedding_B)\.{re.escape(adapter)}\.")
-        return [p for name, p in self.network.named_parameters() if mine.search(name)]
+        mine = re.compile(rf"(\.lora_(?:A|B|embedding_A|embedding_B))\.{re.escape(adapter)}\.")
+        return [(mine.sub(r"\1.", name), p) for name, p in self.network.named_parameters()
+                if mine.search(name)]
 
     @contextmanager
     def using(self, adapter: str) -> Iterator[peft.PeftModel]:

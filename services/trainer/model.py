@@ -63,10 +63,11 @@ class TrainerModel:
         if self._host is None:
             self._full = load_causal_lm(model_path, device)
             base = self._full
-            self.params = [p for p in base.parameters() if p.requires_grad]
+            self._named = [(n, p) for n, p in base.named_parameters() if p.requires_grad]
         else:
             base = self._host.base
-            self.params = self._host.attach(spec.job_id, spec.lora, spec.seed)
+            self._named = self._host.attach(spec.job_id, spec.lora, spec.seed)
+        self.params = [p for _, p in self._named]
         self.vocab_size: int = base.get_input_embeddings().num_embeddings
         self.max_length: int = base.config.max_position_embeddings
         self._base_params = (self._host.base_params if self._host
@@ -161,6 +162,37 @@ class TrainerModel:
                 return
             write_full(network, directory, shard_bytes)
         self._tokenizer_files.write(directory)
+
+    # --- checkpoints (state_files) ----------------------------------------------------------
+
+    def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return list(self._named)
+
+    def optimizer_state(self) -> dict[str, object] | None:
+        return None if self._optimizer is None else self._optimizer.state_dict()
+
+    def restore(self, weights: dict[str, torch.Tensor], optimizer: dict[str, object] | None,
+                step: int, last_version: int) -> None:
+        """Weights, optimizer moments and step from a checkpoint; pending gradients dropped."""
+        names = {n for n, _ in self._named}
+        if set(weights) != names:
+            missing, extra = sorted(names - set(weights))[:3], sorted(set(weights) - names)[:3]
+            raise InvalidInput(f"The checkpoint does not fit job {self.spec.job_id}'s model "
+                               f"(missing {missing}, unexpected {extra}).")
+        with torch.no_grad():
+            for name, param in self._named:
+                if weights[name].shape != param.shape:
+                    raise InvalidInput(f"The checkpoint's {name} has shape "
+                                       f"{tuple(weights[name].shape)}, the model's "
+                                       f"{tuple(param.shape)}.")
+            for name, param in self._named:
+                param.copy_(weights[name])
+                param.grad = None
+        self._has_gradients = False
+        self._optimizer = None
+        if optimizer is not None:
+            self._optimizer_for(AdamParams()).load_state_dict(optimizer)
+        self.step, self.last_version = step, last_version
 
     # --- internals ------------------------------------------------------------------------
 

@@ -7,11 +7,14 @@ from fastapi import APIRouter, Query, Response, status
 from services.common.schemas import Operation
 from services.trainer.deps import ServiceDep
 from services.trainer.schemas import (
+    CheckpointList,
     CreateModelRequest,
     ForwardBackwardRequest,
     ForwardRequest,
+    LoadStateRequest,
     ModelInfo,
     OptimStepRequest,
+    SaveStateRequest,
     SaveWeightsRequest,
 )
 
@@ -58,6 +61,24 @@ async def optim_step(model_id: str, body: OptimStepRequest, service: ServiceDep)
 async def save_weights(model_id: str, body: SaveWeightsRequest,
                        service: ServiceDep) -> Operation:
     return service.save_weights(model_id, body)
+
+
+@router.post("/models/{model_id}/save_state", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Operation)
+async def save_state(model_id: str, body: SaveStateRequest, service: ServiceDep) -> Operation:
+    """Checkpoint weights, optimizer moments and step (queued behind earlier operations)."""
+    return service.save_state(model_id, body)
+
+
+@router.post("/models/{model_id}/load_state", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Operation)
+async def load_state(model_id: str, body: LoadStateRequest, service: ServiceDep) -> Operation:
+    return service.load_state(model_id, body)
+
+
+@router.get("/models/{model_id}/checkpoints", response_model=CheckpointList)
+async def list_checkpoints(model_id: str, service: ServiceDep) -> CheckpointList:
+    return CheckpointList(checkpoints=service.checkpoints(model_id))
 
 
 @router.get("/operations/{op_id}", response_model=Operation)

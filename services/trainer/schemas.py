@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
-from typing import Self
+from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
@@ -169,3 +170,32 @@ class ForwardResult(LenientModel):
     logprobs: list[list[float]] = Field(
         description="One list per datum, as long as its input_ids; position 0 is 0.0."
     )
+
+
+CheckpointName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                                      description="Unique per job; a name is never reused.")]
+
+
+class SaveStateRequest(StrictModel):
+    """Checkpoint the trainer state (trainable weights, optimizer moments, step) to resume
+    from later; gradients accumulated since the last optim_step are not part of it."""
+
+    name: CheckpointName
+
+
+class LoadStateRequest(StrictModel):
+    name: CheckpointName
+
+
+class StateCheckpoint(LenientModel):
+    job_id: str
+    name: str
+    step: int
+    last_version: int
+    has_optimizer: bool
+    bytes: int
+    created_at: datetime
+
+
+class CheckpointList(LenientModel):
+    checkpoints: list[StateCheckpoint]

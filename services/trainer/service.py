@@ -10,15 +10,19 @@ from pydantic import BaseModel
 
 from services.common.operations import OperationQueue
 from services.common.schemas import Operation
+from services.trainer import state_files
 from services.trainer.checkpoint import ThreadPublisher, save_weights
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     CreateModelRequest,
     ForwardBackwardRequest,
     ForwardRequest,
+    LoadStateRequest,
     ModelInfo,
     OptimStepRequest,
+    SaveStateRequest,
     SaveWeightsRequest,
+    StateCheckpoint,
 )
 from services.trainer.weights_files import DEFAULT_SHARD_BYTES
 
@@ -31,12 +35,14 @@ class TrainerService:
         publisher: ThreadPublisher,
         work_dir: Path,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        checkpoint_dir: Path | None = None,
     ) -> None:
         self.registry = registry
         self.queue = queue
         self.publisher = publisher
         self.work_dir = work_dir
         self.shard_bytes = shard_bytes
+        self.checkpoint_dir = checkpoint_dir or work_dir / "checkpoints"
 
     def create_model(self, request: CreateModelRequest) -> tuple[ModelInfo, bool]:
         """Loads the base (seconds for a large model): call it off the event loop."""
@@ -68,6 +74,21 @@ class TrainerService:
             lambda: save_weights(model, request, self.publisher, self.work_dir,
                                  self.shard_bytes),
         )
+
+    def save_state(self, model_id: str, request: SaveStateRequest) -> Operation:
+        model = self.registry.get(model_id)
+        return self._submit(model_id, "save_state", lambda: state_files.save_state(
+            model, self.checkpoint_dir, request.name))
+
+    def load_state(self, model_id: str, request: LoadStateRequest) -> Operation:
+        model = self.registry.get(model_id)
+        state_files.describe(self.checkpoint_dir / model_id / request.name)  # 404 at once
+        return self._submit(model_id, "load_state", lambda: state_files.load_state(
+            model, self.checkpoint_dir, request.name))
+
+    def checkpoints(self, model_id: str) -> list[StateCheckpoint]:
+        """Listed from disk, so a restarted trainer still finds a job's checkpoints."""
+        return state_files.list_states(self.checkpoint_dir, model_id)
 
     async def operation(self, op_id: str, wait: float) -> Operation:
         return await self.queue.wait(op_id, wait) if wait > 0 else self.queue.get(op_id)

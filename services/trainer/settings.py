@@ -30,6 +30,11 @@ class TrainerSettings(LoomSettings):
         "bigger tensor gets a shard of its own): the store hashes and syncs a version's shards "
         "in parallel, and stores a shard whose tensors did not change once.",
     )
+    trainer_checkpoint_dir: Path = Field(
+        default_factory=lambda data: Path(data["data_dir"]) / "trainer-checkpoints",
+        description="Where save_state writes trainer checkpoints (weights, optimizer moments, "
+        "step) to resume from after a restart. Default: <data_dir>/trainer-checkpoints.",
+    )
     trainer_work_dir: Path = Field(
         default_factory=lambda data: Path(data["data_dir"]) / "trainer",
         description="Scratch space for weights being published. Default: <data_dir>/trainer.",

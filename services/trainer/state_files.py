@@ -1,0 +1,103 @@
+"""Trainer state checkpoints: what a job needs to resume training where it stopped, after the
+trainer restarts (or on another trainer that sees the same disk).
+
+`<root>/<job_id>/<name>/` holds `trainable.safetensors` (the trainable weights, by parameter
+name), `optimizer.pt` (AdamW's moments, once a step was taken) and `state.json` (step, last
+published version, the model spec it came from). A checkpoint is written into a temporary
+directory, synced, then renamed into place: a reader sees a whole checkpoint or none. Names
+are never reused, so a checkpoint never changes once it exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from services.common.errors import Conflict, InvalidInput, NotFound
+from services.trainer.model import TrainerModel
+from services.trainer.schemas import StateCheckpoint, TrainingMode
+
+WEIGHTS, OPTIMIZER, STATE = "trainable.safetensors", "optimizer.pt", "state.json"
+
+
+def save_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
+    job_dir = root / model.spec.job_id
+    final = job_dir / name
+    if final.exists():
+        raise Conflict(f"Job {model.spec.job_id} already has a checkpoint named {name!r}; "
+                       "checkpoint names are never reused.")
+    job_dir.mkdir(parents=True, exist_ok=True)
+    work = job_dir / f".tmp-{name}-{uuid.uuid4().hex}"
+    work.mkdir()
+    try:
+        save_file({n: p.detach().contiguous().cpu() for n, p in model.named_trainable()},
+                  work / WEIGHTS)
+        optimizer = model.optimizer_state()
+        if optimizer is not None:
+            torch.save(optimizer, work / OPTIMIZER)
+        state = {"job_id": model.spec.job_id, "name": name, "step": model.step,
+                 "last_version": model.last_version, "has_optimizer": optimizer is not None,
+                 "created_at": datetime.now(UTC).isoformat(),
+                 "spec": model.spec.model_dump(mode="json")}
+        (work / STATE).write_text(json.dumps(state, indent=2))
+        for path in work.iterdir():
+            _fsync(path)
+        _fsync(work)
+        work.rename(final)
+        _fsync(job_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return describe(final)
+
+
+def load_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
+    """Put the checkpoint's weights, optimizer moments and step into `model`."""
+    directory = root / model.spec.job_id / name
+    checkpoint = describe(directory)
+    spec = json.loads((directory / STATE).read_text())["spec"]
+    if spec["mode"] != model.spec.mode or (
+            model.spec.mode == TrainingMode.lora and spec["lora"] != model.spec.lora.model_dump()):
+        raise InvalidInput(f"Checkpoint {name!r} was saved from a {spec['mode']} model with "
+                           f"LoRA {spec.get('lora')}; job {model.spec.job_id} trains "
+                           f"{model.spec.mode.value} with LoRA {model.spec.lora.model_dump()}.")
+    weights = load_file(directory / WEIGHTS, device=str(model.device))
+    optimizer = (torch.load(directory / OPTIMIZER, weights_only=True)
+                 if checkpoint.has_optimizer else None)
+    model.restore(weights, optimizer, checkpoint.step, checkpoint.last_version)
+    return checkpoint
+
+
+def list_states(root: Path, job_id: str) -> list[StateCheckpoint]:
+    job_dir = root / job_id
+    if not job_dir.is_dir():
+        return []
+    found = [describe(d) for d in job_dir.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    return sorted(found, key=lambda c: c.created_at)
+
+
+def describe(directory: Path) -> StateCheckpoint:
+    try:
+        state = json.loads((directory / STATE).read_text())
+    except FileNotFoundError:
+        raise NotFound(f"No checkpoint {directory.name!r} for job {directory.parent.name} "
+                       "(list them with GET /v1/models/{id}/checkpoints).") from None
+    size = sum(p.stat().st_size for p in directory.iterdir())
+    return StateCheckpoint(job_id=state["job_id"], name=state["name"], step=state["step"],
+                           last_version=state["last_version"],
+                           has_optimizer=state["has_optimizer"], bytes=size,
+                           created_at=datetime.fromisoformat(state["created_at"]))
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

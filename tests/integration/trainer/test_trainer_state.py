@@ -1,0 +1,100 @@
+"""Trainer checkpoints (save_state / load_state): a job resumes on a restarted trainer exactly
+where it stopped, optimizer moments included."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from trainer_harness import TrainerHarness
+
+from modelstate.client import ModelStateClient
+from services.trainer.app import create_app
+from services.trainer.settings import TrainerSettings
+
+ADAM = {"adam": {"lr": 1e-2}}
+Start = Callable[[], AbstractAsyncContextManager[TrainerHarness]]
+
+
+@pytest.fixture
+def start_trainer(tmp_path: Path, tiny_model_dir: Path,
+                  modelstate_client: ModelStateClient) -> Start:
+    """Starts a fresh trainer process-equivalent (new app, new memory) on the same disk."""
+    settings = TrainerSettings(data_dir=tmp_path / "trainer", trainer_device="cpu")
+
+    @asynccontextmanager
+    async def start() -> AsyncIterator[TrainerHarness]:
+        app = create_app(settings, modelstate=modelstate_client)
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app), base_url="http://trainer") as http:
+            yield TrainerHarness(http, app, str(tiny_model_dir))
+
+    return start
+
+
+async def steps(trainer: TrainerHarness, job: str, data: list[dict[str, Any]],
+                count: int) -> list[float]:
+    losses = []
+    for _ in range(count):
+        losses.append((await trainer.run(job, "forward_backward", {"data": data}))["loss"])
+        await trainer.run(job, "optim_step", ADAM)
+    return losses
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+async def test_a_job_resumes_exactly_on_a_restarted_trainer(
+        start_trainer: Start, arithmetic_data: list[dict[str, Any]], mode: str) -> None:
+    data = arithmetic_data[:4]
+    async with start_trainer() as first:
+        await first.create("job_resume", mode)
+        await steps(first, "job_resume", data, 3)
+        saved = await first.run("job_resume", "save_state", {"name": "step-3"})
+        assert saved["step"] == 3 and saved["has_optimizer"] and saved["bytes"] > 0
+        expected = await steps(first, "job_resume", data, 2)
+
+    async with start_trainer() as second:
+        await second.create("job_resume", mode)
+        listed = (await second.http.get("/v1/models/job_resume/checkpoints")).json()
+        assert [c["name"] for c in listed["checkpoints"]] == ["step-3"]
+        loaded = await second.run("job_resume", "load_state", {"name": "step-3"})
+        assert loaded["step"] == 3
+        assert (await second.http.get("/v1/models/job_resume")).json()["step"] == 3
+        resumed = await steps(second, "job_resume", data, 2)
+    assert resumed == pytest.approx(expected, rel=1e-5)
+
+
+async def test_bad_checkpoint_requests_are_4xx(start_trainer: Start,
+                                               arithmetic_data: list[dict[str, Any]]) -> None:
+    async with start_trainer() as trainer:
+        await trainer.create("job_a", "lora")
+        await trainer.create("job_b", "lora", lora={"rank": 4})
+        before_any_step = await trainer.run("job_a", "save_state", {"name": "fresh"})
+        assert before_any_step["has_optimizer"] is False
+
+        again = await trainer.wait((await trainer.submit("job_a", "save_state",
+                                                         {"name": "fresh"}))["id"])
+        assert again["status"] == "failed" and again["error"]["code"] == "conflict"
+        assert "never reused" in again["error"]["message"]
+
+        unknown = await trainer.http.post("/v1/models/job_a/load_state", json={"name": "nope"})
+        assert unknown.status_code == 404 and "nope" in unknown.json()["error"]["message"]
+        for body in ({"name": "../escape"}, {"name": ""}, {}, {"name": "x", "more": 1}):
+            response = await trainer.http.post("/v1/models/job_a/save_state", json=body)
+            assert response.status_code == 422, body
+        missing_model = await trainer.http.post("/v1/models/job_x/save_state",
+                                                json={"name": "a"})
+        assert missing_model.status_code == 404
+
+        # A checkpoint of another configuration is refused, and the model is left as it was.
+        trainer.service.checkpoint_dir.joinpath("job_b").mkdir(parents=True, exist_ok=True)
+        (trainer.service.checkpoint_dir / "job_a" / "fresh").rename(
+            trainer.service.checkpoint_dir / "job_b" / "fresh")
+        refused = await trainer.wait((await trainer.submit("job_b", "load_state",
+                                                           {"name": "fresh"}))["id"])
+        assert refused["status"] == "failed" and refused["error"]["code"] == "invalid_input"
+        assert "LoRA" in refused["error"]["message"]
+        assert await steps(trainer, "job_b", arithmetic_data[:2], 1)
