@@ -26,6 +26,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	bash docker/ensure-images.sh
+	bash tests/browser/ensure-chromium.sh
 	$(BIN)/python -m pytest -ra
 
 lint: $(STAMP)

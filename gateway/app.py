@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 
 from gateway import proxy, routes
+from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.jobs import JobOwners
 from gateway.settings import GatewaySettings
@@ -67,6 +68,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                                                  proxy.router],
                              lifespan=lifespan, readiness=readiness)
     app.state.settings = settings
+    install_admin(app, settings)  # /admin: pages, static files, session signer
     # Innermost (appended, not add_middleware): requests are already stamped with a request id
     # and counted when auth runs, so a 401 carries an X-Request-ID like any other answer.
     app.user_middleware.append(Middleware(ApiKeyAuthMiddleware))

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs", "/redoc")
+# The web admin authenticates with its own session cookie (gateway/admin/session.py), so the
+# API-key middleware lets it through and its routes check the cookie themselves.
+ADMIN_PREFIX = "/admin"
 MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'. "
                "`loom up` prints the admin key once and writes it to <data_dir>/admin_key.")
 
@@ -51,7 +54,8 @@ def presented_secret(headers: dict[bytes, bytes]) -> str | None:
 
 
 def is_public(path: str) -> bool:
-    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+    return (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+            or path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"))
 
 
 class ApiKeyAuthMiddleware:

@@ -59,6 +59,15 @@ def authenticate(session: Session, secret: str) -> KeyIdentity | None:
     return KeyIdentity(id=row.id, name=row.name, admin=row.admin)
 
 
+def active_identity(session: Session, key_id: str) -> KeyIdentity | None:
+    """The identity of key `key_id` while it is not revoked (a web admin session names its key
+    by id and asks this on every request, so revoking the key ends the session)."""
+    row = session.get(ApiKeyRow, key_id)
+    if row is None or row.revoked_at:
+        return None
+    return KeyIdentity(id=row.id, name=row.name, admin=row.admin)
+
+
 def count_keys(session: Session) -> int:
     return int(session.scalar(select(func.count()).select_from(ApiKeyRow)) or 0)
 

@@ -18,10 +18,9 @@ from fastapi.responses import StreamingResponse
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.common.app_factory import create_service_app
-from services.common.errors import InvalidInput
 from services.common.ports import free_port
-from services.trainer.schemas import CreateModelRequest
 from tests.support.servers import serve_in_thread
+from tests.support.trainer import trainer_stand_in
 
 
 @pytest.fixture
@@ -63,24 +62,6 @@ def echo_service(gate: StreamGate) -> FastAPI:
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     return create_service_app("reward", routers=[router])
-
-
-def trainer_stand_in() -> FastAPI:
-    """Stands in for the trainer's `POST /v1/models` only (the job logic needs nothing else):
-    it accepts the real request schema and refuses a base model that does not exist."""
-    router = APIRouter(prefix="/v1")
-    created: list[CreateModelRequest] = []
-
-    @router.post("/models", status_code=201)
-    async def create_model(body: CreateModelRequest) -> dict[str, str]:
-        if body.base_model.startswith("/missing"):
-            raise InvalidInput(f"Base model directory {body.base_model!r} does not exist")
-        created.append(body)
-        return {"model_id": body.job_id, "job_id": body.job_id}
-
-    app = create_service_app("trainer", routers=[router])
-    app.state.created = created
-    return app
 
 
 @dataclass

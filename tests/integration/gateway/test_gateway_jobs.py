@@ -1,7 +1,7 @@
 """Jobs through a real gateway on SQLite and PostgreSQL.
 
 The trainer here is a stand-in app serving only `POST /v1/models` with the trainer's real
-request schema (`trainer_stand_in` in conftest): enough for the job logic, which needs nothing
+request schema (`tests/support/trainer.py`): enough for the job logic, which needs nothing
 else from the trainer.
 """
 

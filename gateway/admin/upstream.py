@@ -1,0 +1,131 @@
+"""What the admin asks of modelstate and rollout, through the gateway's pooled upstream clients.
+
+Reads for a page never raise: a service that is down or refuses becomes a message shown on the
+page (`Fetched.error`), so one unreachable service cannot turn a page into an error. Actions
+(move an alias, delete a version) raise the typed error the service answered with, so the route
+can show e.g. modelstate's 409 for a pinned version next to the form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from gateway.upstreams import Upstreams
+from modelstate.schemas import AliasName, MoveAlias, Version, VersionList
+from services.common.errors import InvalidInput, LoomError, Unavailable, UpstreamError
+from services.common.http import raise_for_envelope
+from services.common.logs import request_id_var
+from services.rollout.schemas import LoadedVersion, ResidentVersions
+
+T = TypeVar("T")
+
+# A page waits this long at most for a service; the proxy's own timeouts are for long sampling.
+PAGE_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
+_ALIAS_NAME: TypeAdapter[str] = TypeAdapter(AliasName)
+
+
+@dataclass
+class Fetched(Generic[T]):
+    value: T | None = None
+    error: str | None = None
+
+
+@dataclass
+class ReplicaView:
+    """What one rollout replica serves, as far as one job's viewer may know."""
+
+    url: str
+    base_model: str | None = None
+    full: LoadedVersion | None = None
+    job_loras: list[int] = field(default_factory=list)
+    other_loras: int = 0  # other jobs' adapters: counted, not named (they may not be ours)
+    error: str | None = None
+
+
+async def job_versions(upstreams: Upstreams, job_id: str) -> Fetched[list[Version]]:
+    try:
+        response = await _call(upstreams, "modelstate", "GET", f"/v1/jobs/{job_id}/versions")
+        versions = VersionList.model_validate(response.json()).versions
+    except LoomError as exc:
+        return Fetched(error=exc.message)
+    except (ValueError, ValidationError) as exc:
+        return Fetched(error=f"modelstate answered something unexpected: {exc}")
+    return Fetched(value=sorted(versions, key=lambda v: v.number, reverse=True))
+
+
+async def move_alias(upstreams: Upstreams, job_id: str, name: str, number: int) -> None:
+    try:  # checked here too: the name becomes part of modelstate's URL path
+        name = _ALIAS_NAME.validate_python(name)
+    except ValidationError as exc:
+        raise InvalidInput(f"{name!r} is not an alias name: up to 64 letters, digits, '.', "
+                           "'_' or '-', starting with a letter or '_'.") from exc
+    body = MoveAlias(number=number).model_dump(mode="json")
+    await _call(upstreams, "modelstate", "PUT", f"/v1/jobs/{job_id}/aliases/{name}", json=body)
+
+
+async def delete_version(upstreams: Upstreams, job_id: str, number: int) -> None:
+    await _call(upstreams, "modelstate", "DELETE", f"/v1/jobs/{job_id}/versions/{number}")
+
+
+async def open_archive(upstreams: Upstreams, job_id: str, number: int) -> httpx.Response:
+    """modelstate's tar of a version, opened as a stream: the caller closes it."""
+    client = upstreams.client("modelstate")
+    request = client.build_request("GET", f"/v1/jobs/{job_id}/versions/{number}/archive",
+                                   headers=_headers(), timeout=PAGE_TIMEOUT)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TransportError as exc:
+        raise _unreachable("modelstate", client, exc) from exc
+    if response.status_code >= 400:
+        await response.aread()
+        await response.aclose()
+        raise_for_envelope(response, "modelstate")
+    return response
+
+
+async def rollout_replicas(upstreams: Upstreams, job_id: str) -> list[ReplicaView]:
+    """Each rollout replica the gateway routes to and the versions of `job_id` it has loaded.
+    The gateway knows one rollout URL today; a list keeps the page right for several."""
+    client = upstreams.client("rollout")
+    view = ReplicaView(url=str(client.base_url).rstrip("/"))
+    try:
+        response = await _call(upstreams, "rollout", "GET", "/v1/versions")
+        resident = ResidentVersions.model_validate(response.json())
+    except LoomError as exc:
+        view.error = exc.message
+        return [view]
+    except (ValueError, ValidationError) as exc:
+        view.error = f"rollout answered something unexpected: {exc}"
+        return [view]
+    view.base_model = resident.base_model
+    if resident.full is not None and resident.full.job_id == job_id:
+        view.full = resident.full
+    view.job_loras = sorted(v.number for v in resident.loras if v.job_id == job_id)
+    view.other_loras = sum(1 for v in resident.loras if v.job_id != job_id)
+    return [view]
+
+
+async def _call(upstreams: Upstreams, service: str, method: str, path: str,
+                json: object = None) -> httpx.Response:
+    client = upstreams.client(service)
+    try:
+        response = await client.request(method, path, json=json, headers=_headers(),
+                                        timeout=PAGE_TIMEOUT)
+    except httpx.TransportError as exc:
+        raise _unreachable(service, client, exc) from exc
+    raise_for_envelope(response, service)
+    return response
+
+
+def _headers() -> dict[str, str]:
+    return {"X-Request-ID": request_id_var.get()}
+
+
+def _unreachable(service: str, client: httpx.AsyncClient, exc: Exception) -> LoomError:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return Unavailable(f"The {service} service is unreachable at {client.base_url}.")
+    return UpstreamError(f"The {service} service failed to answer: {exc!r}")

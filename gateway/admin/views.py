@@ -1,0 +1,95 @@
+"""The data behind each admin page, gathered from the gateway's database and its services.
+
+Every read goes through the same data functions as the API (`jobs`, `job_logs`), with the
+viewer's key, so the admin can never show a job the key could not read through `/v1/jobs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway import job_logs, jobs
+from gateway.admin import upstream
+from gateway.admin.charts import Chart, build_charts, charts_payload
+from gateway.admin.upstream import Fetched, ReplicaView
+from gateway.keys import KeyIdentity
+from gateway.schemas import Job, LoggedSample, StackHealth
+from gateway.upstreams import Upstreams
+from modelstate.schemas import Version
+from services.common.schemas import Health
+
+SAMPLES_SHOWN = 20
+Sessions = sessionmaker[Session]
+
+
+@dataclass
+class JobPage:
+    job: Job
+    charts: list[Chart]
+    samples: list[LoggedSample]
+    versions: Fetched[list[Version]]
+    replicas: list[ReplicaView]
+
+    @property
+    def chart_data(self) -> dict[str, Any]:
+        return charts_payload(self.charts)
+
+    @property
+    def version_numbers(self) -> set[int]:
+        return {v.number for v in self.versions.value or []}
+
+    @property
+    def alias_names(self) -> list[str]:
+        return sorted({a for v in self.versions.value or [] for a in v.aliases})
+
+
+async def jobs_overview(sessions: Sessions, viewer: KeyIdentity) -> list[Job]:
+    return await jobs.in_transaction(sessions, lambda s: jobs.list_jobs(s, viewer))
+
+
+async def job_summary(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> Job:
+    """The job if the viewer may see it (NotFound otherwise, as the API answers)."""
+    return await jobs.in_transaction(sessions, lambda s: jobs.get_job(s, job_id, viewer))
+
+
+async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity,
+                   job_id: str) -> JobPage:
+    def read(session: Session) -> tuple[Job, list[Chart], list[LoggedSample]]:
+        job = jobs.get_job(session, job_id, viewer)  # the ownership check comes first
+        series = job_logs.metric_series(session, job.id)
+        return job, build_charts(series), job_logs.recent_samples(session, job.id,
+                                                                  SAMPLES_SHOWN)
+
+    job, charts, samples = await jobs.in_transaction(sessions, read)
+    versions, replicas = await asyncio.gather(upstream.job_versions(upstreams, job.id),
+                                              upstream.rollout_replicas(upstreams, job.id))
+    return JobPage(job=job, charts=charts, samples=samples, versions=versions,
+                   replicas=replicas)
+
+
+async def job_charts(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> dict[str, Any]:
+    """Just the charts' data, for the page's periodic refresh."""
+    def read(session: Session) -> dict[str, Any]:
+        job = jobs.get_job(session, job_id, viewer)
+        return charts_payload(build_charts(job_logs.metric_series(session, job.id)))
+
+    return await jobs.in_transaction(sessions, read)
+
+
+async def job_samples(sessions: Sessions, viewer: KeyIdentity,
+                      job_id: str) -> list[LoggedSample]:
+    def read(session: Session) -> list[LoggedSample]:
+        job = jobs.get_job(session, job_id, viewer)
+        return job_logs.recent_samples(session, job.id, SAMPLES_SHOWN)
+
+    return await jobs.in_transaction(sessions, read)
+
+
+async def stack_health(upstreams: Upstreams, gateway_version: str) -> StackHealth:
+    """The same aggregate `/v1/health` answers: an unreachable service is a row, not a 500."""
+    gateway = Health(service="gateway", status="ready", version=gateway_version)
+    return await upstreams.health(gateway)

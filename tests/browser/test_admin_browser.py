@@ -1,0 +1,198 @@
+"""The web admin in a real browser: log in, watch a job live, read its charts, manage its
+versions in a real modelstate, download one, and be refused what the key may not do.
+
+Everything the pages show is put there through the public HTTP APIs first (metrics and
+samples through the gateway, versions through modelstate), as a training script would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from modelstate.schemas import FileRef, PublishRequest, VersionKind
+
+if TYPE_CHECKING:
+    from tests.browser.conftest import AdminStack
+
+pytestmark = pytest.mark.integration
+
+STEPS = 12
+# name -> the chart it must land in
+METRICS = {"reward": "chart-reward", "eval/reward": "chart-reward", "loss": "chart-loss",
+           "kl": "chart-kl", "throughput/samples_per_s": "chart-throughput",
+           "grad_norm": "chart-grad-norm"}
+
+
+def publish_version(stack: AdminStack, job_id: str, step: int) -> int:
+    """Publish a two-file version through modelstate's HTTP API (upload blobs, then commit)."""
+    files = {"adapter_config.json": json.dumps({"r": 8, "step": step}).encode(),
+             "adapter_model.safetensors": bytes([step]) * 4096}
+    refs = []
+    with httpx.Client(base_url=stack.modelstate_url, timeout=30) as modelstate:
+        for name, data in files.items():
+            digest = hashlib.sha256(data).hexdigest()
+            modelstate.put(f"/v1/blobs/{digest}", content=data,
+                           headers={"Content-Type": "application/octet-stream"}
+                           ).raise_for_status()
+            refs.append(FileRef(path=name, sha256=digest, size=len(data)))
+        request = PublishRequest(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny",
+                                 step=step, metrics={"reward": step / 10}, files=refs)
+        response = modelstate.post("/v1/versions", json=request.model_dump(mode="json"))
+        response.raise_for_status()
+        return int(response.json()["number"])
+
+
+def seed_job(stack: AdminStack, key: str | None = None, name: str = "arith-grpo") -> str:
+    """A job with metrics and samples logged through the gateway, as a script would."""
+    with stack.api(key) as api:
+        job = api.post("/v1/jobs", json={"base_model": "loom/tiny", "name": name})
+        assert job.status_code == 201, job.text
+        job_id = str(job.json()["id"])
+        points = [{"step": step, "name": name, "value": value_of(name, step)}
+                  for name in METRICS for step in range(STEPS)]
+        api.post(f"/v1/jobs/{job_id}/metrics", json={"points": points}).raise_for_status()
+        samples = [{"step": step, "version": step // 4, "prompt": f"{step}+7=",
+                    "completion": str(step + 7), "reward": 1.0 if step % 2 else 0.0}
+                   for step in range(STEPS)]
+        api.post(f"/v1/jobs/{job_id}/samples", json={"samples": samples}).raise_for_status()
+    return job_id
+
+
+def value_of(name: str, step: int) -> float:
+    curves = {"loss": 2.0 / (step + 1), "kl": 0.01 * step, "eval/reward": 0.04 * step,
+              "grad_norm": 1.0 / (1 + step % 4)}
+    return curves.get(name, 0.05 * step + 0.1)
+
+
+def log_in(page: Any, stack: AdminStack, key: str, artifacts: Path | None = None) -> None:
+    page.goto(f"{stack.url}/admin/jobs")
+    page.wait_for_url(re.compile(r"/admin/login"))
+    page.fill("#api_key", key)
+    if artifacts is not None:
+        shoot(page, artifacts, "00-login")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/admin/jobs$"))
+
+
+def shoot(page: Any, artifacts: Path, name: str) -> None:
+    path = artifacts / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+
+
+def test_an_admin_watches_a_job_and_manages_its_versions(
+        page: Any, admin_stack: AdminStack, artifacts: Path) -> None:
+    stack = admin_stack
+    job_id = seed_job(stack)
+    for step in (4, 8, 11):
+        publish_version(stack, job_id, step)  # v1, v2, v3; `latest` follows to v3
+
+    log_in(page, stack, stack.admin_key, artifacts)
+    row = page.locator(f"tr[data-job='{job_id}']")
+    assert "running" in row.inner_text()
+    assert f"step {STEPS - 1}" in " ".join(row.inner_text().split())
+    # Live progress: a status change made through the API shows up without a reload (htmx).
+    with stack.api() as api:
+        api.post(f"/v1/jobs/{job_id}/status", json={"status": "paused"}).raise_for_status()
+    page.wait_for_selector(f"tr[data-job='{job_id}'] .status-paused", timeout=10_000)
+    shoot(page, artifacts, "01-jobs")
+
+    page.click(f"tr[data-job='{job_id}'] a")
+    page.wait_for_url(re.compile(f"/admin/jobs/{job_id}$"))
+    for slug in sorted(set(METRICS.values())):
+        logged = STEPS * sum(1 for chart in METRICS.values() if chart == slug)
+        # data-rendered-points is counted by admin.js from the uPlot chart's own data.
+        page.locator(f"figure#{slug}[data-rendered-points='{logged}']").wait_for()
+        box = page.locator(f"figure#{slug} canvas").first.bounding_box()
+        assert box is not None and box["width"] > 100 and box["height"] > 100, slug
+    legend = page.locator("figure#chart-reward .u-legend").inner_text()
+    assert "eval/reward" in legend and "reward" in legend
+    assert page.locator("#samples tbody tr").count() == STEPS
+    assert "unavailable" in page.locator("#replicas").inner_text()  # rollout is not running
+    shoot(page, artifacts, "02-job")
+
+    # Live charts: a point logged now is drawn by the next refresh, without a reload.
+    with stack.api() as api:
+        api.post(f"/v1/jobs/{job_id}/metrics", json={"points": [
+            {"step": STEPS, "name": "loss", "value": 0.1}]}).raise_for_status()
+    page.locator(f"figure#chart-loss[data-rendered-points='{STEPS + 1}']").wait_for(
+        timeout=20_000)
+
+    # Promote v1 to `best`: the alias shows up on its row once the form is submitted.
+    page.fill("#alias", "best")
+    page.select_option("#alias-number", "1")
+    page.click("#alias-form button[type=submit]")
+    page.wait_for_url(re.compile(r"done=alias"))
+    assert "best" in page.locator("tr[data-version='1'] .aliases").inner_text()
+    assert "latest" in page.locator("tr[data-version='3'] .aliases").inner_text()
+    shoot(page, artifacts, "03-alias-promoted")
+
+    # Deleting an aliased version is refused by modelstate; its message is on the page.
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.click("tr[data-version='1'] button.danger")
+    page.wait_for_selector("#problem")
+    assert "alias" in page.locator("#problem").inner_text().lower()
+    assert page.locator("tr[data-version='1']").count() == 1
+    shoot(page, artifacts, "04-delete-refused")
+    # An unaliased, unpinned version goes.
+    page.click("tr[data-version='2'] button.danger")
+    page.wait_for_url(re.compile(r"done=deleted"))
+    assert page.locator("tr[data-version='2']").count() == 0
+    # Lineage: v3 was trained from v2, which is gone now; the page says so.
+    assert page.locator("tr[data-version='3'] td").nth(1).inner_text() == "v2 (deleted)"
+
+    # Download: the admin streams modelstate's tar with the session cookie.
+    link = page.locator("tr[data-version='3'] a[download]").get_attribute("href")
+    archive = page.request.get(f"{stack.url}{link}")
+    assert archive.status == 200
+    with tarfile.open(fileobj=io.BytesIO(archive.body())) as tar:
+        names = sorted(Path(n).name for n in tar.getnames())
+    assert names == ["adapter_config.json", "adapter_model.safetensors"]
+
+    page.goto(f"{stack.url}/admin/health")
+    assert "unreachable" in page.locator("tr[data-service='rollout']").inner_text()
+    assert "ready" in page.locator("tr[data-service='modelstate']").inner_text()
+    shoot(page, artifacts, "05-health")
+
+
+def test_forbidden_actions_are_refused(page: Any, admin_stack: AdminStack,
+                                       artifacts: Path) -> None:
+    stack = admin_stack
+    admins_job = seed_job(stack, name="admins-job")
+    with stack.api() as api:
+        user = api.post("/v1/keys", json={"name": "researcher"}).json()
+    own_job = seed_job(stack, user["key"], name="own-job")
+
+    log_in(page, stack, user["key"])
+    assert page.locator(f"tr[data-job='{own_job}']").count() == 1
+    assert page.locator(f"tr[data-job='{admins_job}']").count() == 0
+    response = page.goto(f"{stack.url}/admin/jobs/{admins_job}")
+    assert response.status == 404
+    assert "belongs to another API key" in page.content()
+    shoot(page, artifacts, "06-other-keys-job")
+
+    # A form posted without the session's CSRF token changes nothing and says why.
+    page.goto(f"{stack.url}/admin/jobs/{own_job}")
+    page.evaluate("""() => {
+        const form = document.createElement("form");
+        form.method = "post";
+        form.action = location.pathname + "/aliases";
+        for (const [name, value] of [["alias", "best"], ["number", "1"]]) {
+            const input = document.createElement("input");
+            input.name = name; input.value = value; form.appendChild(input);
+        }
+        document.body.appendChild(form);
+        form.submit();
+    }""")
+    page.wait_for_selector("text=Request refused")
+    assert "CSRF token is missing" in page.content()
+    shoot(page, artifacts, "07-csrf-refused")

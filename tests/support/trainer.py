@@ -1,0 +1,27 @@
+"""A stand-in for the trainer's `POST /v1/models`, for gateway tests that create jobs."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI
+
+from services.common.app_factory import create_service_app
+from services.common.errors import InvalidInput
+from services.trainer.schemas import CreateModelRequest
+
+
+def trainer_stand_in() -> FastAPI:
+    """Stands in for the trainer's `POST /v1/models` only (the job logic needs nothing else):
+    it accepts the real request schema and refuses a base model that does not exist."""
+    router = APIRouter(prefix="/v1")
+    created: list[CreateModelRequest] = []
+
+    @router.post("/models", status_code=201)
+    async def create_model(body: CreateModelRequest) -> dict[str, str]:
+        if body.base_model.startswith("/missing"):
+            raise InvalidInput(f"Base model directory {body.base_model!r} does not exist")
+        created.append(body)
+        return {"model_id": body.job_id, "job_id": body.job_id}
+
+    app = create_service_app("trainer", routers=[router])
+    app.state.created = created
+    return app
