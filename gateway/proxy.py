@@ -82,8 +82,8 @@ async def authorize(request: Request, service: str, key: KeyIdentity, owners: Jo
     if found is not None and found[0].reads_body:
         body = scopes.parse_body(await read_capped(request, scopes.MAX_SCOPED_BODY))
         content = json.dumps(body).encode() if body is not None else b""
-    job_id = scopes.job_named(service, request.method, path, dict(request.query_params), body)
-    if job_id is not None:
+    for job_id in scopes.jobs_named(service, request.method, path, dict(request.query_params),
+                                    body):
         await owners.check(key, job_id)
     return content
 

@@ -33,11 +33,13 @@ class Rule:
     job_of: JobOf | None  # None: open to any key
     reads_body: bool = False
     job_required: bool = False  # no job named → admin-only (shared, store-wide state)
+    also_of: JobOf | None = None  # a second job the call reads (the caller must own it too)
 
 
 def _rule(methods: str, path: str, job_of: JobOf | None = None, *, body: bool = False,
-          required: bool = False) -> Rule:
-    return Rule(frozenset(methods.split()), re.compile(f"^{path}$"), job_of, body, required)
+          required: bool = False, also: JobOf | None = None) -> Rule:
+    return Rule(frozenset(methods.split()), re.compile(f"^{path}$"), job_of, body, required,
+                also)
 
 
 def _path(match: re.Match[str], _query: dict[str, str], _body: Any) -> str | None:
@@ -74,6 +76,8 @@ ANY_PATH = r"(?:/.*)?"
 
 RULES: dict[str, tuple[Rule, ...]] = {
     "trainer": (
+        # A load may name another job, whose checkpoint it reads.
+        _rule("POST", rf"/models/{JOB}/load_state", _path, body=True, also=_body),
         _rule("GET POST", rf"/models/{JOB}{ANY_PATH}", _path),
         _rule("GET", rf"/operations/{SEGMENT}"),
     ),
@@ -118,6 +122,20 @@ def parse_body(raw: bytes) -> Any:
         return json.loads(raw) if raw else None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"The request body is not valid JSON: {exc}") from exc
+
+
+def jobs_named(service: str, method: str, path: str, query: dict[str, str], body: Any
+               ) -> list[str]:
+    """Every job a non-admin key's request acts on or reads (none: an open call); the caller
+    must own each. Raises Forbidden for calls reserved to admins."""
+    job = job_named(service, method, path, query, body)  # Forbidden when no rule applies
+    found = rule_for(service, method, path)
+    assert found is not None
+    rule, match = found
+    also = rule.also_of(match, query, body) if rule.also_of is not None else None
+    if also is not None and not isinstance(also, str):
+        raise InvalidInput("job_id must be a string.")
+    return [j for j in dict.fromkeys((job, also)) if j is not None]
 
 
 def job_named(service: str, method: str, path: str, query: dict[str, str], body: Any

@@ -97,6 +97,37 @@ async def save_weights_for_sampler(body: schemas.SaveForSampler, tinker: TinkerD
     return await tinker.save_for_sampler(body, key)
 
 
+@router.post("/save_weights")
+async def save_weights(body: schemas.SaveState, tinker: TinkerDep, key: CurrentKey
+                       ) -> dict[str, Any]:
+    """The SDK's save_state: a trainer checkpoint of the model's job."""
+    return await tinker.save_state(body, key)
+
+
+@router.post("/load_weights")
+async def load_weights(body: schemas.LoadState, tinker: TinkerDep, key: CurrentKey
+                       ) -> dict[str, Any]:
+    """load_state(_with_optimizer), and create_training_client_from_state(_with_optimizer)."""
+    return await tinker.load_state(body, key)
+
+
+@router.post("/weights_info")
+async def weights_info(body: schemas.WeightsInfo, tinker: TinkerDep, key: CurrentKey
+                       ) -> dict[str, Any]:
+    return await tinker.weights_info(body.tinker_path, key)
+
+
+@router.get("/training_runs/{model_id}/checkpoints")
+async def list_checkpoints(model_id: str, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+    return await tinker.list_checkpoints(model_id, key)
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+async def delete_checkpoint(model_id: str, checkpoint_id: str, _key: CurrentKey) -> None:
+    raise InvalidInput(f"Loom keeps checkpoints: deleting {checkpoint_id!r} of {model_id!r} "
+                       "is not served.")
+
+
 @router.post("/create_sampling_session")
 async def create_sampling_session(body: schemas.CreateSamplingSession, tinker: TinkerDep,
                             key: CurrentKey) -> dict[str, Any]:

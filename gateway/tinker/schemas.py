@@ -56,6 +56,32 @@ class SaveForSampler(LenientModel):
     sampling_session_seq_id: int | None = None
 
 
+class SaveState(LenientModel):
+    model_id: str
+    seq_id: int
+    path: str | None = None  # the checkpoint's name
+    ttl_seconds: int | None = None
+    overwrite: bool = False
+    user_metadata: dict[str, str] | None = None
+
+
+class LoadState(LenientModel):
+    """Into a model (`model_id`, `seq_id`: load_state), or into a new one made for it
+    (`session_id`, `model_seq_id`: create_training_client_from_state)."""
+
+    path: str
+    optimizer: bool
+    model_id: str | None = None
+    seq_id: int | None = None
+    session_id: str | None = None
+    model_seq_id: int | None = None
+    base_model: str | None = None
+
+
+class WeightsInfo(LenientModel):
+    tinker_path: str
+
+
 class CreateSamplingSession(LenientModel):
     session_id: str
     sampling_session_seq_id: int

@@ -1,7 +1,8 @@
 """Tinker's calls mapped onto Loom: a training model is a Loom job (its trainer model), a
 sampler is a (job, version) pair served by rollout, `save_weights_for_sampler` publishes a
-version. Training calls of one model reach the trainer in `seq_id` order, as the SDK numbers
-them (from 1, no gaps), so the trainer's own per-model ordering keeps them in order."""
+version, `save_state` / `load_state` save and restore the job's trainer checkpoints
+(`checkpoints`). Training calls of one model reach the trainer in `seq_id` order, as the SDK
+numbers them (from 1, no gaps), so the trainer's own per-model ordering keeps them in order."""
 
 from __future__ import annotations
 
@@ -10,41 +11,47 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from gateway import jobs
 from gateway.keys import KeyIdentity
-from gateway.schemas import JobCreate
-from gateway.tinker import schemas, wire
+from gateway.schemas import JobCreate, JobStatus
+from gateway.tinker import checkpoints, schemas, wire
+from gateway.tinker.convert import forward_loss, loom_datum, sampling_params, tinker_datum
 from gateway.tinker.futures import Futures, Payload
 from services.common.errors import (
+    Conflict,
     Forbidden,
     InvalidInput,
+    LoomError,
     NotFound,
     error_from_envelope,
     invalid_options,
 )
 from services.common.http import ServiceClient
 from services.common.schemas import Operation, StrictModel
-from services.rollout.schemas import SampleRequest, SampleResponse, SamplingParams
+from services.rollout.schemas import SampleRequest, SampleResponse
 from services.trainer.schemas import (
     AdamParams,
-    Datum,
+    CheckpointList,
     ForwardBackwardRequest,
     ForwardBackwardResult,
     ForwardRequest,
     ForwardResult,
-    LoraConfig,
+    LoadStateRequest,
     LossAggregation,
     LossConfig,
     LossName,
     OptimStepRequest,
+    SaveStateRequest,
     SaveWeightsRequest,
     SaveWeightsResult,
+    StateCheckpoint,
     TrainingMode,
 )
 
@@ -53,7 +60,6 @@ LOSSES = {"cross_entropy": LossName.cross_entropy,
           "importance_sampling": LossName.importance_sampling}
 OPERATION_WAIT_S = 30.0
 SEQ_GAP_TIMEOUT_S = 60.0
-DEFAULT_MAX_TOKENS = 64
 
 
 @dataclass
@@ -74,12 +80,7 @@ class SamplerRef:
     job_id: str | None
     version: int
     model_path: str | None = None
-
-
-@dataclass(frozen=True)
-class TinkerDatum:
-    tokens: np.ndarray
-    inputs: dict[str, np.ndarray]
+    saved_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 class TinkerService:
@@ -115,8 +116,8 @@ class TinkerService:
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
         rank = (body.lora_config or schemas.LoraSpec()).rank
         base = self.base_models.get(body.base_model, body.base_model)
-        job = JobCreate(name=f"tinker {model_id}", base_model=base, mode=TrainingMode.lora,
-                        lora=LoraConfig(rank=rank, alpha=float(rank)),
+        job = JobCreate(name=checkpoints.job_name(model_id), base_model=base,
+                        mode=TrainingMode.lora, lora=checkpoints.lora_for_rank(rank),
                         config={"tinker_model_id": model_id, "tinker_base_model": body.base_model})
 
         async def create() -> Payload:
@@ -223,6 +224,129 @@ class TinkerService:
 
         return await self._in_order(model, body.seq_id, submit, result)
 
+    # --- training state ---------------------------------------------------------------
+
+    async def save_state(self, body: schemas.SaveState, owner: KeyIdentity) -> dict[str, Any]:
+        model = self.model(body.model_id, owner)
+
+        async def submit() -> str:
+            request = SaveStateRequest(name=checkpoints.checkpoint_name(body.path))
+            return await self._submit(model.job_id, "save_state", request)
+
+        async def result(op: str) -> Payload:
+            try:
+                saved = StateCheckpoint.model_validate(await self._result(op))
+            except Conflict as exc:
+                if body.overwrite:
+                    raise Conflict(f"{exc.message} (overwrite=True is not served: Loom keeps "
+                                   "every checkpoint; save under a new name.)") from exc
+                raise
+            path = checkpoints.TinkerPath(body.model_id, checkpoints.WEIGHTS, saved.name)
+            return {"path": str(path), "type": "save_weights"}
+
+        return await self._in_order(model, body.seq_id, submit, result)
+
+    async def load_state(self, body: schemas.LoadState, owner: KeyIdentity) -> dict[str, Any]:
+        if body.model_id is not None and body.seq_id is not None:
+            return await self._load_into(body, body.model_id, body.seq_id, owner)
+        if body.session_id is not None and body.model_seq_id is not None:
+            return self._create_from_state(body, body.session_id, body.model_seq_id, owner)
+        raise InvalidInput("load_weights needs a model_id and a seq_id (load_state) or a "
+                           "session_id and a model_seq_id (create_training_client_from_state).")
+
+    async def _load_into(self, body: schemas.LoadState, model_id: str, seq_id: int,
+                         owner: KeyIdentity) -> dict[str, Any]:
+        """load_state / load_state_with_optimizer, in the model's order of calls."""
+        model = self.model(model_id, owner)
+
+        async def submit() -> str:
+            path = checkpoints.training_path(body.path)
+            name = checkpoints.checkpoint_name(path.name)
+            source = await self.training_run(path.model_id, owner)
+            return await self._submit(model.job_id, "load_state", LoadStateRequest(
+                name=name, job_id=None if source.job_id == model.job_id else source.job_id,
+                optimizer=body.optimizer))
+
+        async def result(op: str) -> Payload:
+            await self._result(op)
+            return {"path": body.path, "model_id": model_id, "type": "load_weights"}
+
+        return await self._in_order(model, seq_id, submit, result)
+
+    def _create_from_state(self, body: schemas.LoadState, session_id: str, model_seq_id: int,
+                           owner: KeyIdentity) -> dict[str, Any]:
+        """create_training_client_from_state(_with_optimizer): a new job with the source's
+        LoRA, its model loaded with the source job's checkpoint before any call reaches it."""
+        self.check_session(session_id, owner)
+        path = checkpoints.training_path(body.path)
+        name = checkpoints.checkpoint_name(path.name)
+        model_id = f"{session_id}:train:{model_seq_id}"
+
+        async def create() -> Payload:
+            source = await self.training_run(path.model_id, owner)
+            base = body.base_model or source.base_model
+            if self.base_models.get(base, base) != self.base_models.get(source.base_model,
+                                                                        source.base_model):
+                raise InvalidInput(f"{body.path} was trained on {source.base_model!r}, not on "
+                                   f"base_model {base!r}.")
+            job = JobCreate(name=checkpoints.job_name(model_id),
+                            base_model=self.base_models.get(base, base), mode=TrainingMode.lora,
+                            lora=source.lora, config={"tinker_model_id": model_id,
+                                                      "tinker_base_model": base,
+                                                      "tinker_loaded_from": body.path})
+            created = await jobs.create_job(self.db, self.trainer, job, owner)
+            try:
+                await self._result(await self._submit(created.id, "load_state", LoadStateRequest(
+                    name=name, job_id=source.job_id, optimizer=body.optimizer)))
+            except LoomError:
+                await jobs.in_transaction(self.db, lambda s: jobs.set_status(
+                    s, created.id, JobStatus.failed, owner))
+                raise
+            self.models[model_id] = TrainingModel(owner.id, created.id, base, source.lora.rank)
+            return {"path": body.path, "model_id": model_id, "type": "load_weights"}
+
+        return {"request_id": self.futures.submit(create()), "model_id": model_id}
+
+    async def training_run(self, model_id: str, owner: KeyIdentity) -> checkpoints.TrainingRun:
+        """The run a Tinker model id names: a model of this gateway's lifetime, else the job
+        made for it (its checkpoints outlive the gateway)."""
+        if model_id in self.models:
+            model = self.model(model_id, owner)
+            return checkpoints.TrainingRun(model_id, model.job_id, model.base_model,
+                                           checkpoints.lora_for_rank(model.lora_rank))
+
+        def lookup() -> checkpoints.TrainingRun | None:
+            with self.db() as session:
+                return checkpoints.run_of_job(session, model_id, owner)
+
+        run = await run_in_threadpool(lookup)
+        if run is None:
+            raise NotFound(f"No training run {model_id!r} (or it belongs to another API key).")
+        return run
+
+    async def list_checkpoints(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
+        """Training state (the job's trainer checkpoints) and sampler weights saved by name in
+        this gateway's lifetime, oldest first."""
+        run = await self.training_run(model_id, owner)
+        listed = CheckpointList.model_validate(
+            await self.trainer.get_json(f"/v1/models/{run.job_id}/checkpoints"))
+        found = [(c.created_at, checkpoints.training_checkpoint(model_id, c))
+                 for c in listed.checkpoints]
+        for path, ref in self.sampler_paths.items():
+            parsed = checkpoints.parse_path(path)
+            if parsed.model_id == model_id:
+                found.append((ref.saved_at, checkpoints.checkpoint(parsed, ref.saved_at)))
+        return {"checkpoints": [entry for _, entry in sorted(found, key=lambda f: f[0])],
+                "cursor": None}
+
+    async def weights_info(self, tinker_path: str, owner: KeyIdentity) -> dict[str, Any]:
+        path = checkpoints.parse_path(tinker_path)
+        run = await self.training_run(path.model_id, owner)
+        listed = await self.list_checkpoints(path.model_id, owner)
+        if all(c["tinker_path"] != str(path) for c in listed["checkpoints"]):
+            raise NotFound(f"No checkpoint {tinker_path!r}.")
+        return {"base_model": run.base_model, "is_lora": True, "lora_rank": run.lora.rank}
+
     # --- sampling ---------------------------------------------------------------------
 
     def create_sampling_session(self, body: schemas.CreateSamplingSession,
@@ -321,70 +445,3 @@ def user_input(call: str, root: str) -> Iterator[None]:
         yield
     except ValidationError as exc:
         raise invalid_options(exc, f"Invalid {call} request", root) from exc
-
-
-def tinker_datum(datum: Any, index: int) -> TinkerDatum:
-    chunks = list(datum.model_input)
-    if any(not chunk.HasField("encoded_text") for chunk in chunks):
-        raise InvalidInput(f"data[{index}]: only text model inputs (encoded_text) are supported.")
-    tokens = np.concatenate([np.frombuffer(c.encoded_text.tokens, "<i4") for c in chunks]
-                            ) if chunks else np.zeros(0, "<i4")
-    inputs = {}
-    for name, tensor in datum.loss_fn_inputs.items():
-        if tensor.HasField("sparse_csr"):
-            raise InvalidInput(f"data[{index}].{name}: sparse tensors are not supported.")
-        inputs[name] = wire.tensor_values(tensor)
-    return TinkerDatum(tokens, inputs)
-
-
-def loom_datum(datum: TinkerDatum, loss_fn: str, index: int) -> Datum:
-    """Tinker: input t[0..T-1], targets t[1..T] (position i predicts target i). Loom: one
-    sequence t[0..T], position i predicting token i, so every per-token list shifts by one."""
-    targets = datum.inputs.get("target_tokens")
-    n = len(datum.tokens)
-    if targets is None or len(targets) != n or n == 0:
-        raise InvalidInput(f"data[{index}]: target_tokens must have one entry per input token "
-                           f"({n}).")
-    if not np.array_equal(targets[:-1], datum.tokens[1:]):
-        raise InvalidInput(f"data[{index}]: target_tokens must be the input shifted by one "
-                           "(input[1:] + [next token]); other targets are not supported.")
-    weights = per_token(datum, "weights", index, default=1.0)
-    ids = [int(t) for t in datum.tokens] + [int(targets[-1])]
-    if loss_fn == "cross_entropy":
-        return Datum(input_ids=ids, loss_mask=[0.0, *weights])
-    return Datum(input_ids=ids, loss_mask=[0.0] + [1.0] * n,
-                 advantages=[0.0, *per_token(datum, "advantages", index)],
-                 logprobs=[0.0, *per_token(datum, "logprobs", index)])
-
-
-def per_token(datum: TinkerDatum, name: str, index: int, default: float | None = None
-              ) -> list[float]:
-    values = datum.inputs.get(name)
-    n = len(datum.tokens)
-    if values is None:
-        if default is None:
-            raise InvalidInput(f"data[{index}]: this loss needs loss_fn_inputs[{name!r}].")
-        return [default] * n
-    if len(values) != n:
-        raise InvalidInput(f"data[{index}].{name} has {len(values)} entries; the input has {n}.")
-    return [float(v) for v in values]
-
-
-def forward_loss(loss_fn: str, datum: TinkerDatum, logprobs: list[float]) -> float:
-    """The loss `forward` reports, from the logprobs it computed (no gradient)."""
-    lp = np.asarray(logprobs)
-    if loss_fn == "cross_entropy":
-        return float(-(np.asarray(per_token(datum, "weights", 0, 1.0)) * lp).sum())
-    ratio = np.exp(lp - np.asarray(per_token(datum, "logprobs", 0)))
-    return float(-(ratio * np.asarray(per_token(datum, "advantages", 0))).sum())
-
-
-def sampling_params(params: schemas.TinkerSamplingParams) -> SamplingParams:
-    stop = params.stop
-    strings = [stop] if isinstance(stop, str) else [s for s in stop or [] if isinstance(s, str)]
-    token_ids = [s for s in stop or [] if isinstance(s, int)] if not isinstance(stop, str) \
-        else []
-    return SamplingParams(max_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
-                          temperature=params.temperature, top_p=params.top_p,
-                          top_k=params.top_k, seed=params.seed, stop=strings,
-                          stop_token_ids=token_ids)

@@ -172,8 +172,9 @@ class TrainerModel:
         return None if self._optimizer is None else self._optimizer.state_dict()
 
     def restore(self, weights: dict[str, torch.Tensor], optimizer: dict[str, object] | None,
-                step: int, last_version: int) -> None:
-        """Weights, optimizer moments and step from a checkpoint; pending gradients dropped."""
+                step: int, last_version: int | None) -> None:
+        """Weights, optimizer moments (None: a fresh optimizer) and step from a checkpoint;
+        pending gradients dropped. `last_version` None keeps the model's own."""
         names = {n for n, _ in self._named}
         if set(weights) != names:
             missing, extra = sorted(names - set(weights))[:3], sorted(set(weights) - names)[:3]
@@ -192,7 +193,9 @@ class TrainerModel:
         self._optimizer = None
         if optimizer is not None:
             self._optimizer_for(AdamParams()).load_state_dict(optimizer)
-        self.step, self.last_version = step, last_version
+        self.step = step
+        if last_version is not None:
+            self.last_version = last_version
 
     # --- internals ------------------------------------------------------------------------
 

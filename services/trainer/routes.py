@@ -73,6 +73,8 @@ async def save_state(model_id: str, body: SaveStateRequest, service: ServiceDep)
 @router.post("/models/{model_id}/load_state", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
 async def load_state(model_id: str, body: LoadStateRequest, service: ServiceDep) -> Operation:
+    """Restore a checkpoint of this job (or of `job_id`, a job of the same configuration);
+    `optimizer: false` loads weights and step, and resets the optimizer's moments."""
     return service.load_state(model_id, body)
 
 

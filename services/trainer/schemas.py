@@ -185,6 +185,13 @@ class SaveStateRequest(StrictModel):
 
 class LoadStateRequest(StrictModel):
     name: CheckpointName
+    job_id: JobId | None = Field(
+        default=None, description="The job that saved the checkpoint (default: this model's "
+        "own). Another job's checkpoint fits when it was saved from the same base model, "
+        "training mode and LoRA configuration.")
+    optimizer: bool = Field(
+        default=True, description="Restore the optimizer's moments too; false: weights and "
+        "step only, and the optimizer starts afresh at the next optim_step.")
 
 
 class StateCheckpoint(LenientModel):

@@ -82,9 +82,10 @@ class TrainerService:
 
     def load_state(self, model_id: str, request: LoadStateRequest) -> Operation:
         model = self.registry.get(model_id)
-        state_files.describe(self.checkpoint_dir / model_id / request.name)  # 404 at once
+        source = request.job_id or model_id
+        state_files.describe(self.checkpoint_dir / source / request.name)  # 404 at once
         return self._submit(model_id, "load_state", lambda: state_files.load_state(
-            model, self.checkpoint_dir, request.name))
+            model, self.checkpoint_dir, request.name, source, request.optimizer))
 
     def checkpoints(self, model_id: str) -> list[StateCheckpoint]:
         """Listed from disk, so a restarted trainer still finds a job's checkpoints."""

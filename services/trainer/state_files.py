@@ -57,20 +57,31 @@ def save_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
     return describe(final)
 
 
-def load_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
-    """Put the checkpoint's weights, optimizer moments and step into `model`."""
-    directory = root / model.spec.job_id / name
+def load_state(model: TrainerModel, root: Path, name: str, job_id: str | None = None,
+               optimizer: bool = True) -> StateCheckpoint:
+    """Put the checkpoint's weights, step and (with `optimizer`) optimizer moments into
+    `model`; without `optimizer` the moments are dropped. The checkpoint may be another job's
+    (`job_id`) of the same base model, mode and LoRA configuration: parameter names in a
+    checkpoint do not depend on the job. Version numbers are a job's own, so a checkpoint of
+    another job leaves the model's last published version as it was."""
+    source = job_id or model.spec.job_id
+    directory = root / source / name
     checkpoint = describe(directory)
     spec = json.loads((directory / STATE).read_text())["spec"]
+    where = f"Checkpoint {name!r}" + (f" of job {source}" if source != model.spec.job_id else "")
+    if spec["base_model"] != model.spec.base_model:
+        raise InvalidInput(f"{where} was saved from base model {spec['base_model']!r}; job "
+                           f"{model.spec.job_id} trains {model.spec.base_model!r}.")
     if spec["mode"] != model.spec.mode or (
             model.spec.mode == TrainingMode.lora and spec["lora"] != model.spec.lora.model_dump()):
-        raise InvalidInput(f"Checkpoint {name!r} was saved from a {spec['mode']} model with "
+        raise InvalidInput(f"{where} was saved from a {spec['mode']} model with "
                            f"LoRA {spec.get('lora')}; job {model.spec.job_id} trains "
                            f"{model.spec.mode.value} with LoRA {model.spec.lora.model_dump()}.")
     weights = load_file(directory / WEIGHTS, device=str(model.device))
-    optimizer = (torch.load(directory / OPTIMIZER, weights_only=True)
-                 if checkpoint.has_optimizer else None)
-    model.restore(weights, optimizer, checkpoint.step, checkpoint.last_version)
+    moments = (torch.load(directory / OPTIMIZER, weights_only=True)
+               if optimizer and checkpoint.has_optimizer else None)
+    model.restore(weights, moments, checkpoint.step,
+                  checkpoint.last_version if source == model.spec.job_id else None)
     return checkpoint
 
 

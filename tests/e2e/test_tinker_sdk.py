@@ -81,6 +81,34 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
         assert loom.get_job(job_id).version("latest").number == 5
 
 
+def test_saved_state_loads_back_with_and_without_the_optimizer_and_seeds_new_clients(
+        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    (seen,) = run_script(tinker_python, "checkpoints.py", stack)
+    model_id, path = seen["model_id"], seen["path"]
+    assert path == f"tinker://{model_id}/weights/after-3"
+    same = {"abs": 1e-5}
+    assert seen["moved"] != pytest.approx(seen["at_save"], abs=1e-3)  # training went on
+    # The weights went back, and with the optimizer's moments the next step is the one
+    # taken from the saved state the first time; without them it is another step.
+    assert seen["loaded_with_optimizer"] == pytest.approx(seen["at_save"], **same)
+    assert seen["stepped_with_optimizer"] == pytest.approx(seen["one_step_on"], **same)
+    assert seen["loaded_weights_only"] == pytest.approx(seen["at_save"], **same)
+    assert seen["stepped_weights_only"] != pytest.approx(seen["one_step_on"], **same)
+    # New training clients from the state: a job of their own, the same way.
+    assert seen["resumed_model_id"] != model_id and seen["resumed_rank"] == 8
+    assert seen["resumed_at_load"] == pytest.approx(seen["at_save"], **same)
+    assert seen["resumed_stepped"] == pytest.approx(seen["one_step_on"], **same)
+    assert seen["fresh_stepped"] == pytest.approx(seen["stepped_weights_only"], **same)
+    assert "never reused" in seen["reused"]
+    assert seen["listed"] == [["weights/after-3", "training", path],
+                              ["sampler_weights/final", "sampler", seen["sampler_path"]]]
+    assert seen["info"] == {"base_model": "loom/tiny", "lora_rank": 8}
+    url, key, _ = stack
+    jobs = httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
+    loaded_from = [j["config"].get("tinker_loaded_from") for j in jobs["jobs"]]
+    assert loaded_from.count(path) == 2
+
+
 def test_bad_tinker_requests_get_clear_client_errors(stack: tuple[str, str, Path]) -> None:
     url, key, _ = stack
     api = f"{url}/api/v1"

@@ -96,6 +96,19 @@ async def test_a_job_key_reaches_only_its_own_jobs(real_gateway: httpx.AsyncClie
             refused = await call
             assert refused.status_code == 404, refused.text
             assert job in refused.json()["error"]["message"]
+        # Loading another job's checkpoint reads that job: bob's own model is not enough.
+        saved = await alice.post(f"/v1/trainer/models/{job}/save_state", json={"name": "c"})
+        done = await alice.get(f"/v1/trainer/operations/{saved.json()['id']}",
+                               params={"wait": 60})
+        assert done.json()["status"] == "succeeded", done.text
+        bobs = (await bob.post("/v1/jobs", json={"base_model": str(tiny_model_dir),
+                                                 "lora": {"rank": 4}})).json()["id"]
+        theirs = await bob.post(f"/v1/trainer/models/{bobs}/load_state",
+                                json={"name": "c", "job_id": job})
+        assert theirs.status_code == 404 and "another API key" in theirs.text, theirs.text
+        mine = await alice.post(f"/v1/trainer/models/{job}/load_state",
+                                json={"name": "c", "job_id": job, "optimizer": False})
+        assert mine.status_code == 202, mine.text
         forbidden = await bob.post("/v1/trainer/models", json={
             "job_id": "job_mine", "base_model": str(tiny_model_dir)})
         assert forbidden.status_code == 403

@@ -98,3 +98,42 @@ async def test_bad_checkpoint_requests_are_4xx(start_trainer: Start,
         assert refused["status"] == "failed" and refused["error"]["code"] == "invalid_input"
         assert "LoRA" in refused["error"]["message"]
         assert await steps(trainer, "job_b", arithmetic_data[:2], 1)
+
+
+async def test_a_load_without_the_optimizer_resets_its_moments_and_other_jobs_may_load(
+        start_trainer: Start, arithmetic_data: list[dict[str, Any]]) -> None:
+    data = arithmetic_data[:4]
+    async with start_trainer() as trainer:
+        await trainer.create("job_src", "lora")
+        await steps(trainer, "job_src", data, 3)
+        assert (await trainer.run("job_src", "save_weights", {}))["number"] == 1
+        await trainer.run("job_src", "save_state", {"name": "s"})
+        with_moments = await steps(trainer, "job_src", data, 2)
+
+        loaded = await trainer.run("job_src", "load_state", {"name": "s", "optimizer": False})
+        assert loaded["step"] == 3
+        assert trainer.service.registry.get("job_src").optimizer_state() is None
+        fresh = await steps(trainer, "job_src", data, 2)
+        # The same weights give the same first loss; fresh moments then take another step.
+        assert fresh[0] == pytest.approx(with_moments[0], rel=1e-6)
+        assert fresh[1] != pytest.approx(with_moments[1], rel=1e-4)
+
+        # A job of the same configuration loads it too, as the source would have.
+        await trainer.create("job_dst", "lora")
+        await trainer.run("job_dst", "load_state",
+                          {"name": "s", "job_id": "job_src", "optimizer": False})
+        info = (await trainer.http.get("/v1/models/job_dst")).json()
+        assert info["step"] == 3 and info["last_version"] == 0  # versions are per job
+        assert await steps(trainer, "job_dst", data, 2) == pytest.approx(fresh, rel=1e-5)
+        await trainer.run("job_dst", "load_state", {"name": "s", "job_id": "job_src"})
+        assert await steps(trainer, "job_dst", data, 2) == pytest.approx(with_moments, rel=1e-5)
+        await trainer.run("job_src", "load_state", {"name": "s"})
+        assert (await trainer.http.get("/v1/models/job_src")).json()["last_version"] == 1
+
+        await trainer.create("job_rank4", "lora", lora={"rank": 4})
+        refused = await trainer.wait((await trainer.submit(
+            "job_rank4", "load_state", {"name": "s", "job_id": "job_src"}))["id"])
+        assert refused["status"] == "failed" and "of job job_src" in refused["error"]["message"]
+        unknown = await trainer.http.post("/v1/models/job_dst/load_state",
+                                          json={"name": "s", "job_id": "job_nope"})
+        assert unknown.status_code == 404 and "job_nope" in unknown.json()["error"]["message"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.routing import APIRoute
 
-from gateway.scopes import job_named, parse_body, rule_for
+from gateway.scopes import job_named, jobs_named, parse_body, rule_for
 from modelstate.app import create_app as modelstate_app
 from modelstate.settings import ModelStateSettings
 from services.common.errors import Forbidden, InvalidInput
@@ -102,3 +102,14 @@ def test_bodies_that_hide_their_job_are_refused() -> None:
     body = parse_body(b'{"job_id": "mine", "job_id": "theirs"}')
     assert job_named("rollout", "POST", "/sample", {}, body) == "theirs"
     assert json.loads(json.dumps(body)) == {"job_id": "theirs"}
+
+
+def test_a_load_of_another_jobs_checkpoint_needs_both_jobs() -> None:
+    path = "/models/job_a/load_state"
+    assert jobs_named("trainer", "POST", path, {}, {"name": "c"}) == ["job_a"]
+    assert jobs_named("trainer", "POST", path, {}, {"name": "c", "job_id": "job_a"}) == ["job_a"]
+    assert jobs_named("trainer", "POST", path, {}, {"name": "c", "job_id": "job_b"}
+                      ) == ["job_a", "job_b"]
+    assert jobs_named("rollout", "POST", "/sample", {}, {"job_id": "job_a"}) == ["job_a"]
+    with pytest.raises(InvalidInput, match="job_id must be a string"):
+        jobs_named("trainer", "POST", path, {}, {"name": "c", "job_id": ["job_b"]})

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from gateway.tinker import wire
+from gateway.tinker.convert import TinkerDatum, loom_datum, sampling_params, tinker_datum
 from gateway.tinker.futures import PENDING, Futures
 from gateway.tinker.schemas import TinkerSamplingParams
-from gateway.tinker.service import TinkerDatum, loom_datum, sampling_params, tinker_datum
 from services.common.errors import InvalidInput, NotFound
 
 

@@ -1,0 +1,117 @@
+"""Tinker's checkpoints on Loom's trainer checkpoints.
+
+Tinker names saved weights by path: `tinker://<model_id>/weights/<name>` for training state
+(`save_state`: trainable weights and optimizer moments, a trainer state checkpoint of the
+model's job) and `tinker://<model_id>/sampler_weights/<name>` for weights to sample
+(`save_weights_for_sampler`: a modelstate version). A model id names a training run; it is
+found in the gateway's memory, or after a gateway restart by the job it was made for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.keys import KeyIdentity
+from gateway.models import JobRow
+from gateway.schemas import JobStatus
+from services.common.errors import InvalidInput
+from services.trainer.schemas import LoraConfig, SaveStateRequest, StateCheckpoint
+
+SCHEME = "tinker://"
+WEIGHTS, SAMPLER_WEIGHTS = "weights", "sampler_weights"
+KINDS = {WEIGHTS: "training", SAMPLER_WEIGHTS: "sampler"}  # path segment -> checkpoint_type
+
+
+@dataclass(frozen=True)
+class TinkerPath:
+    model_id: str
+    kind: str  # WEIGHTS or SAMPLER_WEIGHTS
+    name: str
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.model_id}/{self.kind}/{self.name}"
+
+    @property
+    def checkpoint_id(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What a Tinker model id stands for: a Loom LoRA job."""
+
+    model_id: str
+    job_id: str
+    base_model: str  # the name the SDK gave
+    lora: LoraConfig
+
+
+def parse_path(path: str) -> TinkerPath:
+    parts = path.removeprefix(SCHEME).split("/") if path.startswith(SCHEME) else []
+    if len(parts) != 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
+        raise InvalidInput(f"{path!r} is not a Tinker checkpoint path: "
+                           f"{SCHEME}<model_id>/weights/<name> (save_state) or "
+                           f"{SCHEME}<model_id>/sampler_weights/<name> (save_weights_for_sampler).")
+    return TinkerPath(*parts)
+
+
+def training_path(path: str) -> TinkerPath:
+    """A path that load_state can take: training state, not sampler weights."""
+    parsed = parse_path(path)
+    if parsed.kind != WEIGHTS:
+        raise InvalidInput(f"{path!r} holds sampler weights (save_weights_for_sampler), not "
+                           f"training state: load one saved with save_state "
+                           f"({SCHEME}<model_id>/weights/<name>).")
+    return parsed
+
+
+def checkpoint_name(name: str | None) -> str:
+    """A save_state name Loom's trainer takes (a checkpoint directory of the job)."""
+    if name is None:
+        raise InvalidInput("save_state needs a name.")
+    try:
+        return SaveStateRequest(name=name).name
+    except ValidationError:
+        raise InvalidInput(f"Checkpoint name {name!r}: Loom takes 1 to 128 letters, digits, "
+                           "'.', '_' or '-', starting with a letter or digit.") from None
+
+
+def lora_for_rank(rank: int) -> LoraConfig:
+    """The LoRA of a Tinker training model of this rank (alpha = rank: a scale of 1)."""
+    return LoraConfig(rank=rank, alpha=float(rank))
+
+
+def run_of_job(session: Session, model_id: str, viewer: KeyIdentity) -> TrainingRun | None:
+    """The run `model_id` names, from the job made for it (the gateway's memory is gone)."""
+    query = select(JobRow).where(JobRow.name == job_name(model_id),
+                                 JobRow.status != JobStatus.failed.value)
+    if not viewer.admin:
+        query = query.where(JobRow.owner_key_id == viewer.id)
+    for row in session.scalars(query.order_by(JobRow.created_at.desc())):
+        if row.config.get("tinker_model_id") == model_id and row.lora is not None:
+            return TrainingRun(model_id, row.id,
+                               str(row.config.get("tinker_base_model", row.base_model)),
+                               LoraConfig(**row.lora))
+    return None
+
+
+def job_name(model_id: str) -> str:
+    return f"tinker {model_id}"
+
+
+def training_checkpoint(model_id: str, state: StateCheckpoint) -> dict[str, Any]:
+    path = TinkerPath(model_id, WEIGHTS, state.name)
+    return checkpoint(path, state.created_at, state.bytes)
+
+
+def checkpoint(path: TinkerPath, time: datetime, size: int | None = None) -> dict[str, Any]:
+    """One entry of Tinker's checkpoint list."""
+    return {"checkpoint_id": path.checkpoint_id, "checkpoint_type": KINDS[path.kind],
+            "time": time.isoformat(), "tinker_path": str(path), "size_bytes": size,
+            "public": False, "user_metadata": None, "expires_at": None}

@@ -1,0 +1,260 @@
+"""Tinker's save_state / load_state / checkpoint calls mapped onto the trainer's checkpoint
+operations: paths, ordering, create-from-state, listing. The trainer is a stand-in that
+records what reached it; the gateway's database is SQLite in a temporary directory."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import APIRouter, FastAPI
+
+from gateway.app import ALEMBIC_DIR, VERSION_TABLE
+from gateway.keys import KeyIdentity, create_key
+from gateway.tinker import schemas
+from gateway.tinker.checkpoints import checkpoint_name, parse_path, training_path
+from gateway.tinker.futures import PENDING
+from gateway.tinker.service import TinkerService, TrainingModel
+from services.common.app_factory import create_service_app
+from services.common.db import make_engine, make_sessionmaker, migrate, transaction
+from services.common.errors import InvalidInput, NotFound
+from services.common.http import ServiceClient
+from services.trainer.schemas import CreateModelRequest
+
+NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+class FakeTrainer:
+    """Records each call; checkpoint operations succeed at once unless a name is reused."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
+        self.created: list[CreateModelRequest] = []
+        self.saved: dict[str, list[str]] = {}
+        self.ops: dict[str, dict[str, Any]] = {}
+        self.app = self._app()
+
+    def _op(self, kind: str, result: Any = None, error: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+        op = {"id": f"op_{uuid.uuid4().hex[:8]}", "kind": kind,
+              "status": "failed" if error else "succeeded", "created_at": NOW.isoformat(),
+              "result": result, "error": error}
+        self.ops[op["id"]] = op
+        return op
+
+    def _app(self) -> FastAPI:
+        router = APIRouter(prefix="/v1")
+
+        @router.post("/models", status_code=201)
+        async def create(body: CreateModelRequest) -> dict[str, str]:
+            self.created.append(body)
+            return {"model_id": body.job_id}
+
+        @router.post("/models/{job}/{action}", status_code=202)
+        async def act(job: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+            self.calls.append((job, action, body))
+            if action == "save_state":
+                if body["name"] in self.saved.setdefault(job, []):
+                    return self._op(action, error={"code": "conflict", "message":
+                                                   f"{body['name']!r} is taken", "detail": {}})
+                self.saved[job].append(body["name"])
+            if action == "save_weights":
+                return self._op(action, result={"job_id": job, "number": 1, "kind": "lora",
+                                                "step": 3})
+            state = {"job_id": body.get("job_id") or job, "name": body.get("name", ""),
+                     "step": 3, "last_version": 0, "has_optimizer": True, "bytes": 10,
+                     "created_at": NOW.isoformat()}
+            return self._op(action, result=state)
+
+        @router.get("/models/{job}/checkpoints")
+        async def listed(job: str) -> dict[str, Any]:
+            return {"checkpoints": [
+                {"job_id": job, "name": name, "step": 3, "last_version": 0,
+                 "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat()}
+                for name in self.saved.get(job, [])]}
+
+        @router.get("/operations/{op_id}")
+        async def operation(op_id: str) -> dict[str, Any]:
+            return self.ops[op_id]
+
+        return create_service_app("trainer", routers=[router])
+
+
+@dataclass
+class Stand:
+    tinker: TinkerService
+    trainer: FakeTrainer
+    owner: KeyIdentity
+    other: KeyIdentity
+    restart: Callable[[], TinkerService]  # a new gateway's service on the same database
+
+
+@pytest.fixture
+async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    migrate(url, ALEMBIC_DIR, VERSION_TABLE)
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    with transaction(sessions) as session:
+        owner, other = (create_key(session, name, admin=False) for name in ("owner", "other"))
+    fake = FakeTrainer()
+    trainer = ServiceClient("http://trainer", service="trainer",
+                            transport=httpx.ASGITransport(fake.app))
+
+    def service() -> TinkerService:
+        return TinkerService(sessions, trainer, trainer, {})
+
+    yield Stand(service(), fake, KeyIdentity(id=owner.id, name="owner", admin=False),
+                KeyIdentity(id=other.id, name="other", admin=False), service)
+    await trainer.aclose()
+    engine.dispose()
+
+
+async def result(tinker: TinkerService, submitted: dict[str, Any]) -> Any:
+    answer = await tinker.futures.retrieve(submitted["request_id"], 10)
+    assert answer is not PENDING
+    return answer
+
+
+async def new_model(tinker: TinkerService, owner: KeyIdentity) -> str:
+    session = tinker.create_session(owner)
+    created = tinker.create_model(schemas.CreateModel(
+        session_id=session, model_seq_id=0, base_model="loom/tiny",
+        lora_config=schemas.LoraSpec(rank=4)), owner)
+    assert (await result(tinker, created))["model_id"] == created["model_id"]
+    model_id: str = created["model_id"]
+    return model_id
+
+
+def test_paths_name_a_model_a_kind_and_a_checkpoint() -> None:
+    path = parse_path("tinker://loom-1:train:0/weights/step-3")
+    assert (path.model_id, path.kind, path.name) == ("loom-1:train:0", "weights", "step-3")
+    assert str(path) == "tinker://loom-1:train:0/weights/step-3"
+    assert path.checkpoint_id == "weights/step-3"
+    assert parse_path("tinker://m/sampler_weights/s").kind == "sampler_weights"
+    for bad in ("m/weights/a", "tinker://m/weights", "tinker://m/other/a", "tinker:///weights/a",
+                "tinker://m/weights/a/b"):
+        with pytest.raises(InvalidInput, match="not a Tinker checkpoint path"):
+            parse_path(bad)
+    with pytest.raises(InvalidInput, match="sampler weights"):
+        training_path("tinker://m/sampler_weights/s")
+    with pytest.raises(InvalidInput, match="letters, digits"):
+        checkpoint_name("../up")
+    with pytest.raises(InvalidInput, match="needs a name"):
+        checkpoint_name(None)
+
+
+async def test_save_and_load_reach_the_trainer_in_seq_order(stand: Stand) -> None:
+    tinker, fake, owner = stand.tinker, stand.trainer, stand.owner
+    model_id = await new_model(tinker, owner)
+    job = tinker.models[model_id].job_id
+    path = f"tinker://{model_id}/weights/first"
+    load = asyncio.ensure_future(tinker.load_state(schemas.LoadState(
+        model_id=model_id, seq_id=2, path=path, optimizer=False), owner))
+    await asyncio.sleep(0.05)
+    assert not fake.calls  # seq_id 2 waits for seq_id 1
+    saved = await tinker.save_state(schemas.SaveState(model_id=model_id, seq_id=1,
+                                                      path="first"), owner)
+    loaded = await load
+    assert await result(tinker, saved) == {"path": path, "type": "save_weights"}
+    assert await result(tinker, loaded) == {"path": path, "model_id": model_id,
+                                            "type": "load_weights"}
+    assert fake.calls == [(job, "save_state", {"name": "first"}),
+                          (job, "load_state", {"name": "first", "job_id": None,
+                                               "optimizer": False})]
+    # A resent seq_id (the SDK's retry) is the same request, not a second save.
+    again = await tinker.save_state(schemas.SaveState(model_id=model_id, seq_id=1,
+                                                      path="first"), owner)
+    assert again == saved and len(fake.calls) == 2
+
+    # Names are never reused: the SDK gets a failed future that says so.
+    reused = await tinker.save_state(schemas.SaveState(model_id=model_id, seq_id=3,
+                                                       path="first", overwrite=True), owner)
+    failed = await result(tinker, reused)
+    assert failed["category"] == "user" and "overwrite=True is not served" in failed["error"]
+
+
+async def test_bad_paths_and_names_fail_without_holding_up_later_calls(stand: Stand) -> None:
+    tinker, fake, owner = stand.tinker, stand.trainer, stand.owner
+    model_id = await new_model(tinker, owner)
+    with pytest.raises(InvalidInput, match="letters, digits"):
+        await tinker.save_state(schemas.SaveState(model_id=model_id, seq_id=1, path="a b"),
+                                owner)
+    with pytest.raises(InvalidInput, match="sampler weights"):
+        await tinker.load_state(schemas.LoadState(
+            model_id=model_id, seq_id=2, path=f"tinker://{model_id}/sampler_weights/x",
+            optimizer=True), owner)
+    with pytest.raises(NotFound, match="nope:train:0"):
+        await tinker.load_state(schemas.LoadState(
+            model_id=model_id, seq_id=3, path="tinker://nope:train:0/weights/x",
+            optimizer=True), owner)
+    with pytest.raises(InvalidInput, match="model_id and a seq_id"):
+        await tinker.load_state(schemas.LoadState(path="tinker://m/weights/x",
+                                                  optimizer=True), owner)
+    saved = await tinker.save_state(schemas.SaveState(model_id=model_id, seq_id=4, path="ok"),
+                                    owner)
+    assert (await result(tinker, saved))["path"].endswith("/weights/ok")
+    assert [action for _, action, _ in fake.calls] == ["save_state"]
+
+
+async def test_create_from_state_makes_a_job_like_the_source_and_loads_its_checkpoint(
+        stand: Stand) -> None:
+    tinker, fake, owner = stand.tinker, stand.trainer, stand.owner
+    source = await new_model(tinker, owner)
+    source_job = tinker.models[source].job_id
+    await result(tinker, await tinker.save_state(
+        schemas.SaveState(model_id=source, seq_id=1, path="ckpt"), owner))
+    session = tinker.create_session(owner)
+    submitted = await tinker.load_state(schemas.LoadState(
+        session_id=session, model_seq_id=0, path=f"tinker://{source}/weights/ckpt",
+        optimizer=True), owner)
+    model_id = f"{session}:train:0"
+    assert submitted["model_id"] == model_id
+    assert (await result(tinker, submitted))["model_id"] == model_id
+    model: TrainingModel = tinker.models[model_id]
+    assert model.job_id != source_job and model.lora_rank == 4
+    assert fake.created[-1].lora == fake.created[0].lora
+    assert fake.calls[-1] == (model.job_id, "load_state",
+                              {"name": "ckpt", "job_id": source_job, "optimizer": True})
+    assert tinker.get_info(model_id, owner)["lora_rank"] == 4
+
+    # A checkpoint of another base model is refused, as a failed future.
+    refused = await tinker.load_state(schemas.LoadState(
+        session_id=session, model_seq_id=1, path=f"tinker://{source}/weights/ckpt",
+        optimizer=False, base_model="other/model"), owner)
+    assert "was trained on 'loom/tiny'" in (await result(tinker, refused))["error"]
+
+
+async def test_checkpoints_are_listed_and_found_again_after_a_gateway_restart(
+        stand: Stand) -> None:
+    tinker, owner = stand.tinker, stand.owner
+    model_id = await new_model(tinker, owner)
+    await result(tinker, await tinker.save_state(
+        schemas.SaveState(model_id=model_id, seq_id=1, path="s1"), owner))
+    await result(tinker, await tinker.save_for_sampler(
+        schemas.SaveForSampler(model_id=model_id, seq_id=2, path="w1"), owner))
+    listed = await tinker.list_checkpoints(model_id, owner)
+    assert [(c["checkpoint_id"], c["checkpoint_type"], c["tinker_path"])
+            for c in listed["checkpoints"]] == [
+        ("weights/s1", "training", f"tinker://{model_id}/weights/s1"),
+        ("sampler_weights/w1", "sampler", f"tinker://{model_id}/sampler_weights/w1")]
+    assert listed["checkpoints"][0]["size_bytes"] == 10 and listed["cursor"] is None
+    info = await tinker.weights_info(f"tinker://{model_id}/weights/s1", owner)
+    assert info == {"base_model": "loom/tiny", "is_lora": True, "lora_rank": 4}
+    with pytest.raises(NotFound):
+        await tinker.weights_info(f"tinker://{model_id}/weights/nope", owner)
+
+    restarted = stand.restart()  # memory gone: the run is found by its job
+    again = await restarted.list_checkpoints(model_id, owner)
+    assert [c["checkpoint_id"] for c in again["checkpoints"]] == ["weights/s1"]
+    run = await restarted.training_run(model_id, owner)
+    assert run.job_id == tinker.models[model_id].job_id and run.lora.rank == 4
+    with pytest.raises(NotFound):
+        await restarted.list_checkpoints(model_id, stand.other)
