@@ -12,7 +12,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 
-from gateway import proxy, routes
+from gateway import proxy, routes, tasks_routes
 from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.jobs import JobOwners
@@ -23,13 +23,21 @@ from gateway.upstreams import Upstreams
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.http import ServiceClient
+from services.common.settings import LoomSettings
+from services.worker.app import create_celery
+from services.worker.settings import WorkerSettings
 
 ALEMBIC_DIR = Path(__file__).resolve().parent / "alembic"
 VERSION_TABLE = "alembic_version_gateway"
 
 
-def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+def create_app(settings: GatewaySettings | None = None,
+               worker_settings: WorkerSettings | None = None) -> FastAPI:
+    """`worker_settings`: the broker tasks are sent to; default: LOOM_WORKER_* with the
+    gateway's data dir, database and service URLs."""
     settings = settings or GatewaySettings()
+    worker_settings = worker_settings or WorkerSettings(
+        **settings.model_dump(include=set(LoomSettings.model_fields)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -47,9 +55,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         rollout = ServiceClient(settings.url_of("rollout"), service="rollout")
         app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
                                          settings.gateway_tinker_base_models)
+        app.state.celery = create_celery(worker_settings)  # connects on the first send
         try:
             yield
         finally:
+            app.state.celery.close()
             await rollout.aclose()
             await app.state.trainer.aclose()
             await app.state.upstreams.aclose()
@@ -63,9 +73,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         await run_in_threadpool(ping)
         return {"database": "ok"}
 
-    # Our routes first: /v1/jobs, /v1/keys and /v1/health win over the /v1/{service} proxy.
-    app = create_service_app("gateway", routers=[routes.router, tinker_routes.router,
-                                                 proxy.router],
+    # Our routes first: /v1/jobs, /v1/keys, /v1/tasks and /v1/health win over the
+    # /v1/{service} proxy.
+    app = create_service_app("gateway", routers=[routes.router, tasks_routes.router,
+                                                 tinker_routes.router, proxy.router],
                              lifespan=lifespan, readiness=readiness)
     app.state.settings = settings
     install_admin(app, settings)  # /admin: pages, static files, session signer

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
+from celery import Celery
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -46,5 +47,6 @@ AuthCacheDep = Annotated[AuthCache, Depends(app_state("auth_cache"))]
 UpstreamsDep = Annotated[Upstreams, Depends(app_state("upstreams"))]
 JobOwnersDep = Annotated[JobOwners, Depends(app_state("job_owners"))]
 TrainerDep = Annotated[ServiceClient, Depends(app_state("trainer"))]
+CeleryDep = Annotated[Celery, Depends(app_state("celery"))]  # sends background tasks
 CurrentKey = Annotated[KeyIdentity, Depends(current_key)]
 AdminKey = Annotated[KeyIdentity, Depends(admin_key)]

@@ -1,5 +1,5 @@
-"""The gateway's tables: API keys (stored as hashes only), jobs, and what jobs log (metrics,
-a bounded set of samples).
+"""The gateway's tables: API keys (stored as hashes only), jobs, what jobs log (metrics,
+a bounded set of samples), and background tasks.
 
 Schema changes go through Alembic (`gateway/alembic`), never `create_all`.
 """
@@ -110,3 +110,30 @@ class JobSampleRow(Base):
     completion: Mapped[str] = mapped_column(Text)
     reward: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class BackgroundTaskRow(Base):
+    """A background operation run by a Celery worker (gc, evaluate, export). Its status moves
+    only through `gateway.task_states`; `attempts` doubles as the lease of the worker running
+    it, which refreshes `heartbeat_at` while it works."""
+
+    __tablename__ = "background_tasks"
+    __table_args__ = (
+        UniqueConstraint("job_id", "idempotency_key", name="uq_background_tasks_idempotency"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True,
+                                    default=lambda: new_id("task"))
+    job_id: Mapped[str | None] = mapped_column(
+        String(64), ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)

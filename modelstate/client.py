@@ -20,15 +20,18 @@ import httpx
 from modelstate.blobstore import check_relative_path, hash_file
 from modelstate.schemas import (
     FileRef,
+    GcReport,
     PinList,
     PublishRequest,
+    Retention,
+    RetentionPolicy,
     StoreInfo,
     Version,
     VersionKey,
     VersionList,
     VersionMeta,
 )
-from modelstate.transfer import download_file, raise_for_status, upload_blob
+from modelstate.transfer import download_archive, download_file, raise_for_status, upload_blob
 from services.common.errors import Conflict, InvalidInput, NotFound
 from services.common.http import ServiceClient
 from services.common.settings import LoomSettings
@@ -144,6 +147,25 @@ class ModelStateClient:
             url = f"{_version_url(version.job_id, version.number)}/files/{quote(entry.path)}"
             await download_file(self._service.http, url, target, entry)
         return dest
+
+    async def download_archive(self, version: Version, target: Path, *,
+                               merge_lora: bool = False) -> Path:
+        """The version as one tar file `target` (with `merge_lora`, a LoRA version merged into
+        its base model: a full Hugging Face directory)."""
+        url = f"{_version_url(version.job_id, version.number)}/archive"
+        await download_archive(self._service.http, url, target, {"merge_lora": merge_lora})
+        return target
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    async def set_retention(self, job_id: str, policy: RetentionPolicy) -> Retention:
+        response = await self._service.request(
+            "PUT", f"/v1/jobs/{quote(job_id, safe='')}/retention", json=policy.model_dump())
+        return Retention.model_validate(response.json())
+
+    async def collect_garbage(self) -> GcReport:
+        """Apply every job's retention, delete unreferenced blobs, sweep crash leftovers."""
+        return GcReport.model_validate(await self._service.post_json("/v1/gc"))
 
     # --- pins --------------------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""Moving files between the store and a client: streamed uploads, and downloads that verify
-sha256 and resume an interrupted file where it stopped (HTTP Range)."""
+"""Moving files between the store and a client: streamed uploads, downloads that verify
+sha256 and resume an interrupted file where it stopped (HTTP Range), and whole-version tar
+archives."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -88,3 +90,25 @@ async def _fetch_rest(http: httpx.AsyncClient, url: str, part: Path, size: int) 
             async for chunk in response.aiter_bytes(CHUNK_BYTES):
                 out.write(chunk)
 
+
+
+async def download_archive(http: httpx.AsyncClient, url: str, target: Path,
+                           params: dict[str, str | bool]) -> None:
+    """Stream a version's tar archive into the file `target`."""
+    try:
+        async with http.stream("GET", url, params=params) as response:
+            await raise_for_status(response)
+            with open(target, "wb") as out:
+                async for chunk in response.aiter_bytes(CHUNK_BYTES):
+                    out.write(chunk)
+    except httpx.TransportError as exc:
+        raise UpstreamError(f"modelstate: downloading {url}: {exc!r}") from exc
+
+
+def unpack_archive(archive_path: Path, dest: Path) -> None:
+    """Members land under `dest` without the archive's top directory; the `data` filter
+    refuses absolute paths, links out of `dest` and special files."""
+    with tarfile.open(archive_path, mode="r|") as archive:
+        for member in archive:
+            member.name = member.name.split("/", 1)[1]
+            archive.extract(member, dest, filter="data")

@@ -21,7 +21,10 @@ from agents.sdk.sync import (
     Pipeline,
     RolloutStream,
     SandboxSession,
+    Task,
 )
+from agents.sdk.tasks import AsyncTask
+from gateway.task_schemas import BackgroundTask
 from modelstate.schemas import Version
 from services.common.errors import (
     Conflict,
@@ -55,6 +58,8 @@ __all__ = [
     "AsyncPipeline",
     "AsyncRolloutStream",
     "AsyncSandboxSession",
+    "AsyncTask",
+    "BackgroundTask",
     "CaptureSession",
     "CapturedSegment",
     "CapturedTrajectory",
@@ -81,6 +86,7 @@ __all__ = [
     "SamplingParams",
     "ScoreItem",
     "StepResult",
+    "Task",
     "Trajectory",
     "TrainingMode",
     "Unauthorized",

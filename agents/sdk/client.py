@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import tarfile
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import BaseModel
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk._http import GatewayHttp
 from agents.sdk.capture import AsyncCaptureSession
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
+from agents.sdk.tasks import AsyncTask, list_tasks
 from gateway.schemas import (
     Job,
     JobCreate,
@@ -31,6 +32,7 @@ from gateway.schemas import (
     SamplesLog,
     StackHealth,
 )
+from gateway.task_schemas import BackgroundTask
 from modelstate.schemas import (
     Alias,
     Lineage,
@@ -40,6 +42,7 @@ from modelstate.schemas import (
     Version,
     VersionList,
 )
+from modelstate.transfer import unpack_archive
 from services.common.schemas import Operation
 from services.reward.schemas import (
     RewardFunction,
@@ -65,19 +68,24 @@ from services.rollout.schemas import (
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, SessionCreate, SessionInfo
 from services.trainer.schemas import (
     AdamParams,
+    CheckpointList,
     Datum,
     ForwardBackwardRequest,
     ForwardBackwardResult,
     ForwardRequest,
     ForwardResult,
+    LoadStateRequest,
     LoraConfig,
     LossConfig,
     OptimStepRequest,
     OptimStepResult,
+    SaveStateRequest,
     SaveWeightsRequest,
     SaveWeightsResult,
+    StateCheckpoint,
     TrainingMode,
 )
+from services.worker.schemas import TaskKind
 
 # Sampling many prompts at once: enough in flight to keep the engine's batch full.
 MAX_CONCURRENT_SAMPLES = 64
@@ -110,6 +118,11 @@ class AsyncLoomClient:
                             lora=lora or LoraConfig(), config=config or {})
         body = await self._http.post_json("/v1/jobs", request.model_dump(mode="json"))
         return AsyncJob(self, Job.model_validate(body))
+
+    async def get_task(self, task_id: str) -> AsyncTask:
+        """A background task by id (see `AsyncJob.submit_task`)."""
+        body = await self._http.get_json(f"/v1/tasks/{task_id}")
+        return AsyncTask(self._http, BackgroundTask.model_validate(body))
 
     async def get_job(self, job_id: str) -> AsyncJob:
         return AsyncJob(self, Job.model_validate(await self._http.get_json(f"/v1/jobs/{job_id}")))
@@ -324,6 +337,35 @@ class AsyncJob:
         return await self._submit("save_weights", request.model_dump(mode="json"),
                                   SaveWeightsResult)
 
+    async def save_state(self, name: str) -> OperationFuture[StateCheckpoint]:
+        """Checkpoint weights, optimizer moments and step (names are never reused); resume
+        with `load_state`, also on a restarted trainer."""
+        return await self._submit("save_state", SaveStateRequest(name=name).model_dump(),
+                                  StateCheckpoint)
+
+    async def load_state(self, name: str) -> OperationFuture[StateCheckpoint]:
+        return await self._submit("load_state", LoadStateRequest(name=name).model_dump(),
+                                  StateCheckpoint)
+
+    async def checkpoints(self) -> list[StateCheckpoint]:
+        body = await self._http.get_json(f"/v1/trainer/models/{self.id}/checkpoints")
+        return CheckpointList.model_validate(body).checkpoints
+
+    # --- background tasks ------------------------------------------------------------------
+
+    async def submit_task(self, kind: TaskKind | str,
+                          params: BaseModel | dict[str, Any] | None = None, *,
+                          idempotency_key: str | None = None) -> AsyncTask:
+        """Queue `gc`, `evaluate` or `export` (params: `GcParams`, `EvaluateParams`,
+        `ExportParams` or their dicts) on Loom's worker; returns at once. `await
+        task.result()` gives the report, evaluation or export directory. Submitting again
+        with the same `idempotency_key` returns the same task."""
+        return await AsyncTask.submit(self._http, self.id, kind, params, idempotency_key)
+
+    async def tasks(self) -> list[BackgroundTask]:
+        """This job's background tasks, newest first."""
+        return await list_tasks(self._http, self.id)
+
     # --- model state -----------------------------------------------------------------------
 
     async def versions(self) -> list[Version]:
@@ -383,7 +425,7 @@ class AsyncJob:
                 async for chunk in response.aiter_bytes(1 << 20):
                     archive.write(chunk)
             archive.flush()
-            await asyncio.to_thread(_unpack, Path(archive.name), dest)
+            await asyncio.to_thread(unpack_archive, Path(archive.name), dest)
         return dest
 
     @property
@@ -392,12 +434,3 @@ class AsyncJob:
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.info.base_model} {self.info.mode.value}>"
-
-
-def _unpack(archive_path: Path, dest: Path) -> None:
-    """Members land under `dest` without the archive's top directory; the `data` filter
-    refuses absolute paths, links out of `dest` and special files."""
-    with tarfile.open(archive_path, mode="r|") as archive:
-        for member in archive:
-            member.name = member.name.split("/", 1)[1]
-            archive.extract(member, dest, filter="data")

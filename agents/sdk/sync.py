@@ -24,6 +24,7 @@ from agents.sdk.client import AsyncJob, AsyncLoomClient
 from agents.sdk.pipeline import AsyncPipeline, StepResult
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
+from agents.sdk.tasks import AsyncTask
 
 T = TypeVar("T")
 
@@ -112,6 +113,10 @@ class CaptureSession(_Blocking):
     """Blocking view of `AsyncCaptureSession`."""
 
 
+class Task(_Blocking):
+    """Blocking view of `AsyncTask`: `job.submit_task("export").result()` waits for it."""
+
+
 class Pipeline:
     """Blocking view of `AsyncPipeline`: `for step in Pipeline(job, algo, ...).run(n)`."""
 
@@ -154,4 +159,4 @@ async def _make_client(
 _FACES: dict[type, type[_Blocking]] = {AsyncJob: Job, OperationFuture: Future,
                                        AsyncSandboxSession: SandboxSession,
                                        AsyncRolloutStream: RolloutStream,
-                                       AsyncCaptureSession: CaptureSession}
+                                       AsyncCaptureSession: CaptureSession, AsyncTask: Task}

@@ -31,10 +31,14 @@ class ServiceSpec:
     name: str
     argv: tuple[str, ...]
     startup_timeout_s: float = 60.0
+    # An HTTP service is ready when its URL setting answers /readyz. A process without a port
+    # (the Celery worker) is ready once it writes its pid to <data_dir>/run/<name>.ready.
+    http: bool = True
 
 
-def python_module(name: str, module: str, startup_timeout_s: float = 60.0) -> ServiceSpec:
-    return ServiceSpec(name, (sys.executable, "-m", module), startup_timeout_s)
+def python_module(name: str, module: str, startup_timeout_s: float = 60.0,
+                  http: bool = True) -> ServiceSpec:
+    return ServiceSpec(name, (sys.executable, "-m", module), startup_timeout_s, http)
 
 
 # Start order: the store first, the public entry last. They start side by side anyway; the
@@ -46,6 +50,7 @@ STACK: tuple[ServiceSpec, ...] = (
     python_module("sandbox", "services.sandbox"),
     python_module("rollout", "services.rollout", startup_timeout_s=600.0),
     python_module("gateway", "gateway"),
+    python_module("worker", "services.worker", http=False),  # waits for the gateway's schema
 )
 
 
@@ -123,8 +128,8 @@ class Supervisor:
                     spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
-            self.services.append(RunningService(spec, self.settings.url_of(spec.name),
-                                                log_path, process))
+            url = self.settings.url_of(spec.name) if spec.http else ""
+            self.services.append(RunningService(spec, url, log_path, process))
         return self.services
 
     def wait_ready(self, on_change: Callable[[RunningService], None] | None = None,
@@ -147,9 +152,20 @@ class Supervisor:
         limit = service.spec.startup_timeout_s
         if time.monotonic() - service.started_at > limit:
             raise ServiceFailed(service, f"was not ready after {limit:.0f} s")
+        if not service.spec.http:
+            if self._wrote_ready_file(service):
+                service.state = "ready"
+            return
         with contextlib.suppress(httpx.TransportError):
             if http.get(f"{service.url}/readyz").status_code == 200:
                 service.state = "ready"
+
+    def _wrote_ready_file(self, service: RunningService) -> bool:
+        try:
+            marker = (self.settings.data_dir / "run" / f"{service.name}.ready").read_text()
+        except OSError:
+            return False
+        return marker.strip() == str(service.pid)
 
     def start(self, on_change: Callable[[RunningService], None] | None = None
               ) -> list[RunningService]:

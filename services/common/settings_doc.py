@@ -19,6 +19,7 @@ SETTINGS_CLASSES = (
     "services.trainer.settings:TrainerSettings",
     "services.reward.settings:RewardSettings",
     "services.sandbox.settings:SandboxSettings",
+    "services.worker.settings:WorkerSettings",
 )
 
 

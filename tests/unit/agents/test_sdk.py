@@ -19,12 +19,13 @@ NOW = datetime.now(UTC).isoformat()
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
         "AdamParams", "AsyncCaptureSession", "AsyncJob", "AsyncLoomClient", "AsyncPipeline",
-        "AsyncRolloutStream", "AsyncSandboxSession", "CaptureSession", "CapturedSegment",
+        "AsyncRolloutStream", "AsyncSandboxSession", "AsyncTask", "BackgroundTask",
+        "CaptureSession", "CapturedSegment",
         "CapturedTrajectory", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
         "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
         "LossConfig", "NotFound", "OperationFuture", "Pipeline", "RolloutGroup", "RolloutStream",
         "RolloutTask", "SampleResponse", "SamplingParams", "SandboxSession", "ScoreItem",
-        "StepResult", "Trajectory", "TrainingMode", "Unauthorized", "Unavailable",
+        "StepResult", "Task", "Trajectory", "TrainingMode", "Unauthorized", "Unavailable",
         "UpstreamError", "Version",
     ])
     assert [name for name in sdk.__all__ if not hasattr(sdk, name)] == []

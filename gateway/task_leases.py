@@ -1,0 +1,112 @@
+"""Background tasks, the worker's side: claim a task for one attempt, keep it alive, record
+how the attempt ended. Every change is conditional on the attempt still owning the task, so a
+worker that lost its task (cancelled, or taken over after its heartbeats stopped) changes
+nothing. Data functions: they only flush, the caller owns the transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.models import BackgroundTaskRow
+from gateway.task_schemas import TaskStatus
+from gateway.task_states import move_task
+from services.common.schemas import ErrorBody
+
+
+class ClaimAction(StrEnum):
+    run = "run"  # this delivery runs the task, as attempt `attempt`
+    skip = "skip"  # done, failed, cancelled or unknown: the message is a duplicate
+    wait = "wait"  # another worker is running it: look again after `wait_s`
+
+
+@dataclass(frozen=True)
+class Claim:
+    action: ClaimAction
+    attempt: int = 0
+    wait_s: float = 0.0
+    status: str = ""
+
+
+def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: float) -> Claim:
+    """Decide what one delivery of the task's message does (idempotent on the task id)."""
+    row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
+    if row is None:
+        return Claim(ClaimAction.skip, status="missing")
+    status = TaskStatus(row.status)
+    if status is TaskStatus.running and row.heartbeat_at is not None:
+        age = (now - row.heartbeat_at).total_seconds()
+        if age < stale_after_s:
+            return Claim(ClaimAction.wait, wait_s=stale_after_s - age, status=status.value)
+    if status not in (TaskStatus.queued, TaskStatus.running):
+        return Claim(ClaimAction.skip, status=status.value)
+    move_task(row, TaskStatus.running, now)
+    row.attempts += 1
+    session.flush()
+    return Claim(ClaimAction.run, attempt=row.attempts, status=status.value)
+
+
+def _owned(session: Session, task_id: str, attempt: int) -> BackgroundTaskRow | None:
+    row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
+    if row is None or row.status != TaskStatus.running.value or row.attempts != attempt:
+        return None
+    return row
+
+
+def heartbeat(session: Session, task_id: str, attempt: int, now: datetime) -> bool:
+    """Refresh the attempt's heartbeat; False when it no longer owns the task (stop work)."""
+    row = _owned(session, task_id, attempt)
+    if row is None:
+        return False
+    row.heartbeat_at = now
+    session.flush()
+    return True
+
+
+def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskStatus,
+                   now: datetime, *, result: dict[str, Any] | None = None,
+                   error: ErrorBody | None = None) -> bool:
+    """Record how the attempt ended: succeeded (result), failed (error) or queued again after
+    an upstream outage (error: why). False, and nothing written, if it lost the task."""
+    row = _owned(session, task_id, attempt)
+    if row is None:
+        return False
+    move_task(row, status, now)
+    row.result = result
+    row.error = error.model_dump() if error is not None else None
+    session.flush()
+    return True
+
+
+def requeue_abandoned(session: Session, now: datetime, stale_after_s: float
+                      ) -> list[BackgroundTaskRow]:
+    """Running tasks whose worker stopped heartbeating `stale_after_s` ago (killed, host
+    lost): queued again, for the caller to send once this commits."""
+    cutoff = now - timedelta(seconds=stale_after_s)
+    rows = list(session.scalars(select(BackgroundTaskRow).where(
+        BackgroundTaskRow.status == TaskStatus.running.value,
+        BackgroundTaskRow.heartbeat_at < cutoff).with_for_update(skip_locked=True)))
+    for row in rows:
+        move_task(row, TaskStatus.queued, now)
+        row.error = ErrorBody(code="worker_lost", message=(
+            f"The worker running attempt {row.attempts} stopped (killed, or its host lost); "
+            "queued again.")).model_dump()
+    session.flush()
+    return rows
+
+
+def unsent_tasks(session: Session, now: datetime, older_than_s: float
+                 ) -> list[BackgroundTaskRow]:
+    """Tasks queued for `older_than_s`: their message may never have reached the broker (the
+    gateway died between commit and send) or may be waiting behind others. Sending them
+    again is safe, deliveries being idempotent, but it duplicates messages: a worker does it
+    when it starts, not periodically."""
+    cutoff = now - timedelta(seconds=older_than_s)
+    return list(session.scalars(select(BackgroundTaskRow).where(
+        BackgroundTaskRow.status == TaskStatus.queued.value,
+        BackgroundTaskRow.created_at < cutoff)))

@@ -1,0 +1,124 @@
+"""Background tasks in the gateway's database: the data functions of the API side (submit,
+read, cancel, retry). They take a session and only flush; the caller owns the transaction.
+The worker's side (claiming, heartbeats, outcomes) is `gateway.task_leases`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.jobs import get_job_row
+from gateway.keys import KeyIdentity
+from gateway.models import BackgroundTaskRow, JobRow, utcnow
+from gateway.task_schemas import BackgroundTask, TaskCreate, TaskStatus
+from gateway.task_states import move_task
+from services.common.errors import Conflict, LoomError, NotFound
+from services.common.schemas import ErrorBody
+from services.worker.schemas import TaskKind
+
+MAX_LISTED = 1_000
+
+
+def insert_task(session: Session, job_id: str | None, body: TaskCreate
+                ) -> tuple[BackgroundTask, bool]:
+    """A new queued task, or (same idempotency key) the one an earlier submit created."""
+    params = body.params.model_dump(mode="json")
+    if body.idempotency_key is not None:
+        existing = session.scalar(select(BackgroundTaskRow).where(
+            BackgroundTaskRow.job_id == job_id,
+            BackgroundTaskRow.idempotency_key == body.idempotency_key))
+        if existing is not None:
+            if existing.kind != body.kind or existing.params != params:
+                raise Conflict(
+                    f"Idempotency key {body.idempotency_key!r} was used for another task "
+                    f"({existing.id}, {existing.kind}) with other params.",
+                    {"task_id": existing.id})
+            return to_public(existing), False
+    row = BackgroundTaskRow(job_id=job_id, kind=body.kind, params=params,
+                            status=TaskStatus.queued.value, attempts=0,
+                            idempotency_key=body.idempotency_key, created_at=utcnow())
+    session.add(row)
+    session.flush()
+    return to_public(row), True
+
+
+def ensure_task(session: Session, task_id: str, kind: TaskKind, job_id: str | None,
+                params: dict[str, Any]) -> None:
+    """A queued task with this id unless one exists (for work whose message names its id,
+    such as a scheduled collection)."""
+    if session.get(BackgroundTaskRow, task_id) is None:
+        session.add(BackgroundTaskRow(id=task_id, job_id=job_id, kind=kind.value, params=params,
+                                      status=TaskStatus.queued.value, attempts=0,
+                                      created_at=utcnow()))
+        session.flush()
+
+
+def get_task_row(session: Session, task_id: str, viewer: KeyIdentity, *,
+                 lock: bool = False) -> BackgroundTaskRow:
+    """A task the viewer may see: a task of one of its jobs (admins: every task)."""
+    row = session.get(BackgroundTaskRow, task_id, with_for_update=lock)
+    if row is None or not (viewer.admin or _owns_job_of(session, row, viewer)):
+        raise NotFound(f"No task {task_id!r} (or it belongs to another API key).")
+    return row
+
+
+def _owns_job_of(session: Session, row: BackgroundTaskRow, viewer: KeyIdentity) -> bool:
+    if row.job_id is None:  # store-wide (the scheduled gc): admins only
+        return False
+    try:
+        get_job_row(session, row.job_id, viewer)
+    except NotFound:
+        return False
+    return True
+
+
+def list_tasks(session: Session, viewer: KeyIdentity, job_id: str | None = None,
+               limit: int = 100) -> list[BackgroundTask]:
+    """Newest first: one job's tasks, or every task the viewer may see."""
+    query = select(BackgroundTaskRow).order_by(BackgroundTaskRow.created_at.desc(),
+                                               BackgroundTaskRow.id).limit(limit)
+    if job_id is not None:
+        get_job_row(session, job_id, viewer)
+        query = query.where(BackgroundTaskRow.job_id == job_id)
+    elif not viewer.admin:
+        query = query.join(JobRow, JobRow.id == BackgroundTaskRow.job_id).where(
+            JobRow.owner_key_id == viewer.id)
+    return [to_public(row) for row in session.scalars(query)]
+
+
+def cancel_task(session: Session, task_id: str, viewer: KeyIdentity) -> BackgroundTask:
+    row = get_task_row(session, task_id, viewer, lock=True)
+    move_task(row, TaskStatus.cancelled, utcnow())
+    session.flush()
+    return to_public(row)
+
+
+def requeue_failed(session: Session, task_id: str, viewer: KeyIdentity) -> BackgroundTask:
+    """A failed task queued again (its attempts keep counting); the caller sends it."""
+    row = get_task_row(session, task_id, viewer, lock=True)
+    move_task(row, TaskStatus.queued, utcnow())
+    row.result = row.error = None
+    session.flush()
+    return to_public(row)
+
+
+def fail_undispatched(session: Session, task_id: str, exc: LoomError) -> BackgroundTask:
+    """The broker did not take the task: it fails, visibly, instead of waiting forever."""
+    row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
+    if row is None:
+        raise NotFound(f"No task {task_id!r}.")
+    move_task(row, TaskStatus.failed, utcnow())
+    row.error = ErrorBody(code=exc.code, message=exc.message, detail=exc.detail).model_dump()
+    session.flush()
+    return to_public(row)
+
+
+def to_public(row: BackgroundTaskRow) -> BackgroundTask:
+    return BackgroundTask(
+        id=row.id, job_id=row.job_id, kind=TaskKind(row.kind), params=row.params,
+        status=TaskStatus(row.status), result=row.result,
+        error=ErrorBody.model_validate(row.error) if row.error else None,
+        attempts=row.attempts, idempotency_key=row.idempotency_key, created_at=row.created_at,
+        started_at=row.started_at, finished_at=row.finished_at)

@@ -1,0 +1,60 @@
+"""Background tasks of jobs (gc, evaluate, export), run by the Celery worker. Routes parse,
+call, return: submitting is `gateway.background`, the rows are `gateway.tasks`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from gateway import background, tasks
+from gateway.deps import CeleryDep, CurrentKey, SessionDep, SessionsDep
+from gateway.task_schemas import BackgroundTask, BackgroundTaskList, TaskCreate
+
+router = APIRouter(prefix="/v1", tags=["tasks"])
+Limit = Annotated[int, Query(ge=1, le=tasks.MAX_LISTED)]
+
+
+@router.post("/jobs/{job_id}/tasks", response_model=BackgroundTask,
+             status_code=status.HTTP_202_ACCEPTED,
+             responses={200: {"model": BackgroundTask,
+                              "description": "Submitted before with this idempotency key."}})
+async def submit_task(job_id: str, body: TaskCreate, key: CurrentKey, sessions: SessionsDep,
+                      celery: CeleryDep, response: Response) -> BackgroundTask:
+    """Queue a task at once; poll `GET /v1/tasks/{id}` for its result. 503 (and the task
+    marked failed) when the broker is unreachable."""
+    task, created = await background.submit(sessions, celery, job_id, body, key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return task
+
+
+@router.get("/jobs/{job_id}/tasks", response_model=BackgroundTaskList)
+def list_job_tasks(job_id: str, key: CurrentKey, session: SessionDep,
+                   limit: Limit = 100) -> BackgroundTaskList:
+    return BackgroundTaskList(tasks=tasks.list_tasks(session, key, job_id, limit))
+
+
+@router.get("/tasks", response_model=BackgroundTaskList)
+def list_tasks(key: CurrentKey, session: SessionDep, limit: Limit = 100) -> BackgroundTaskList:
+    """Every task the key may see, newest first (admins: store-wide ones too)."""
+    return BackgroundTaskList(tasks=tasks.list_tasks(session, key, None, limit))
+
+
+@router.get("/tasks/{task_id}", response_model=BackgroundTask)
+def get_task(task_id: str, key: CurrentKey, session: SessionDep) -> BackgroundTask:
+    return tasks.to_public(tasks.get_task_row(session, task_id, key))
+
+
+@router.post("/tasks/{task_id}/cancel", response_model=BackgroundTask)
+def cancel_task(task_id: str, key: CurrentKey, session: SessionDep) -> BackgroundTask:
+    """A queued task never runs; a running one stops at its next heartbeat."""
+    return tasks.cancel_task(session, task_id, key)
+
+
+@router.post("/tasks/{task_id}/retry", response_model=BackgroundTask,
+             status_code=status.HTTP_202_ACCEPTED)
+async def retry_task(task_id: str, key: CurrentKey, sessions: SessionsDep,
+                     celery: CeleryDep) -> BackgroundTask:
+    """Queue a failed task again (409 for any other status)."""
+    return await background.retry(sessions, celery, task_id, key)

@@ -1,0 +1,44 @@
+"""`python -m services.worker`: a Celery worker consuming Loom's queue, one task at a time,
+with Celery beat inside it when a schedule is on (LOOM_WORKER_GC_INTERVAL_S)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import signals
+
+from services.common.logs import configure_logging
+from services.worker.app import create_celery
+from services.worker.settings import WorkerSettings
+from services.worker.startup import announce_readiness, wait_for_schema
+
+SCHEMA_WAIT_S = 120.0
+
+
+def worker_argv(settings: WorkerSettings) -> list[str]:
+    argv = ["worker", "--concurrency=1", "--pool=prefork", f"--queues={settings.worker_queue}",
+            "--without-mingle", "--without-gossip", f"--loglevel={settings.log_level.upper()}",
+            f"--hostname=loom-{os.getpid()}@%h"]
+    if settings.worker_gc_interval_s:
+        argv.append("--beat")
+    return argv
+
+
+def main() -> None:
+    settings = WorkerSettings()
+    configure_logging("worker", settings.log_level)
+
+    def keep_our_logging(**_: Any) -> None:  # a receiver here stops Celery configuring its own
+        configure_logging("worker", settings.log_level)
+
+    signals.setup_logging.connect(keep_our_logging, weak=False)
+    wait_for_schema(settings.database_url_for("gateway"), SCHEMA_WAIT_S)
+    settings.celery_dir.mkdir(parents=True, exist_ok=True)  # beat keeps its schedule there
+    app = create_celery(settings)
+    announce_readiness(app)
+    app.worker_main(worker_argv(settings))
+
+
+if __name__ == "__main__":
+    main()

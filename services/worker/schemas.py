@@ -1,0 +1,98 @@
+"""What each kind of background task takes (params) and gives (result): JSON-able pydantic
+models, sent to the worker as `model_dump(mode="json")` and imported by the gateway and SDK."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from modelstate.schemas import AliasName, GcReport
+from services.common.schemas import LenientModel, StrictModel
+from services.rollout.schemas import SamplingParams
+
+MAX_EVAL_ITEMS = 2_000
+MAX_EVAL_TEXT = 100_000
+EVAL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+
+# A version number (0: the base model) or an alias such as "latest".
+TaskVersionRef = Annotated[int, Field(ge=0)] | AliasName
+
+
+class TaskKind(StrEnum):
+    gc = "gc"
+    evaluate = "evaluate"
+    export = "export"
+
+
+class GcParams(StrictModel):
+    """Garbage collection through modelstate: set the job's retention first when `keep_last`
+    is given, then collect (retention of every job, unreferenced blobs, crash leftovers)."""
+
+    keep_last: int | None = Field(
+        default=None, ge=0, description="New retention of the job: keep its newest N versions "
+        "(0: keep all); aliased and pinned versions are always kept. None: leave it as is.")
+    keep_ancestors: bool = Field(
+        default=False, description="With keep_last: also keep ancestors of aliased versions.")
+
+
+class EvalItem(StrictModel):
+    prompt: str = Field(min_length=1, max_length=MAX_EVAL_TEXT)
+    reference: str | None = Field(default=None, max_length=MAX_EVAL_TEXT)
+
+
+def greedy() -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=64)
+
+
+class EvaluateParams(StrictModel):
+    """Sample one completion per item from a version, score them with a verifier, and record
+    `eval/<name>/accuracy` and `eval/<name>/mean_reward` at the version's step."""
+
+    name: str = Field(default="heldout", pattern=EVAL_NAME_PATTERN,
+                      description="Names the metrics: eval/<name>/accuracy, .../mean_reward.")
+    version: TaskVersionRef = "latest"
+    items: list[EvalItem] = Field(min_length=1, max_length=MAX_EVAL_ITEMS)
+    verifier: str = Field(min_length=1, max_length=64,
+                          description="A reward verifier: exact_match, math, regex, code, ...")
+    verifier_params: dict[str, Any] = Field(default={}, description="The verifier's options.")
+    sampling: SamplingParams = Field(default_factory=greedy,
+                                     description="Default: greedy, at most 64 tokens.")
+    pass_threshold: float = Field(
+        default=1.0, description="An item counts as correct when its reward is at least this.")
+
+
+class ExportParams(StrictModel):
+    """A LoRA version merged into its base model, written as a full Hugging Face directory
+    under <data_dir>/exports/<job_id>/<version>/ on the worker's host."""
+
+    version: TaskVersionRef = "latest"
+
+
+class EvaluateResult(LenientModel):
+    name: str
+    version: int
+    step: int
+    count: int
+    correct: int
+    errors: int = Field(description="Items the verifier could not score (reward 0).")
+    accuracy: float
+    mean_reward: float
+    metrics: list[str] = Field(description="Metric names recorded on the job at `step`.")
+
+
+class ExportedFile(LenientModel):
+    path: str
+    size: int
+
+
+class ExportResult(LenientModel):
+    version: int
+    path: str
+    files: list[ExportedFile]
+
+
+TASK_RESULTS: dict[TaskKind, type[LenientModel]] = {
+    TaskKind.gc: GcReport, TaskKind.evaluate: EvaluateResult, TaskKind.export: ExportResult,
+}

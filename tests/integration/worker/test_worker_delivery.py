@@ -1,0 +1,95 @@
+"""At-least-once delivery, at-most-once execution: a message delivered again does nothing
+once its task succeeded, and a worker killed mid-task (SIGKILL) loses nothing: the task is
+delivered again (late acks) and completes, on Redis and on the embedded filesystem broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.worker.app import create_celery, send
+from services.worker.schemas import TaskKind
+from services.worker.settings import WorkerSettings
+from tests.support.worker import (
+    WORKER_REDIS_URL,
+    TaskStack,
+    build_stack,
+    wait_for_task,
+)
+
+DONE = {"succeeded", "failed", "cancelled"}
+
+
+async def test_a_redelivered_message_of_a_succeeded_task_does_nothing(
+        stack: TaskStack, queue: str) -> None:
+    stack.worker().start()
+    async with stack.client() as http:
+        job = await stack.create_job(http)
+        task = (await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})).json()
+        task = await wait_for_task(http, task["id"], DONE)
+        assert (task["status"], stack.gate.calls) == ("succeeded", 1)
+
+        celery = create_celery(WorkerSettings(data_dir=stack.data_dir, worker_queue=queue,
+                                              worker_redis_prefix=f"{queue}:",
+                                              worker_broker_url=WORKER_REDIS_URL))
+        for _ in range(2):  # the same operation id, delivered twice more
+            send(celery, task["id"], TaskKind.gc, job, task["params"])
+        celery.close()
+        # One worker, one message at a time, in order: once this one is done, so are those.
+        after = (await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})).json()
+        assert (await wait_for_task(http, after["id"], DONE))["status"] == "succeeded"
+        again = (await http.get(f"/v1/tasks/{task['id']}")).json()
+        assert (again["status"], again["attempts"], again["finished_at"]) == (
+            "succeeded", 1, task["finished_at"])
+        assert stack.gate.calls == 2  # the store collected once per task, not per message
+
+
+async def kill_mid_task_and_recover(stack: TaskStack, kill: str) -> dict[str, object]:
+    """Stop a gc inside POST /v1/gc, SIGKILL the worker (`whole`) or its pool process
+    (`child`), let the gc go on, and return the task once done."""
+    worker = stack.worker()
+    worker.start()
+    stack.gate.close()
+    async with stack.client() as http:
+        job = await stack.create_job(http)
+        task = (await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})).json()
+        assert await asyncio.to_thread(stack.gate.entered.wait, 30)
+        if kill == "whole":
+            worker.kill()
+            assert (await http.get(f"/v1/tasks/{task['id']}")).json()["status"] == "running"
+            stack.worker().start()
+        else:
+            [child] = worker.pool_children()
+            os.kill(child.pid, signal.SIGKILL)
+        stack.gate.opened.set()
+        return await wait_for_task(http, task["id"], DONE)
+
+
+@pytest.mark.parametrize("kill", ["whole", "child"])
+async def test_a_worker_killed_mid_task_loses_nothing(stack: TaskStack, kill: str) -> None:
+    task = await kill_mid_task_and_recover(stack, kill)
+    assert (task["status"], task["attempts"]) == ("succeeded", 2), task
+    assert stack.gate.calls == 2
+
+
+@pytest.fixture
+def embedded_stack(tmp_path: Path, tiny_model_dir: Path) -> Iterator[TaskStack]:
+    """The embedded default: SQLite, and the filesystem broker under <data_dir>/celery."""
+    yield from build_stack(tmp_path, f"sqlite:///{tmp_path / 'loom.db'}", tiny_model_dir, {})
+
+
+async def test_the_embedded_filesystem_broker(embedded_stack: TaskStack) -> None:
+    stack = embedded_stack
+    task = await kill_mid_task_and_recover(stack, "whole")  # its message file is gone with it:
+    assert (task["status"], task["attempts"]) == ("succeeded", 2), task  # sent again at start
+    async with stack.client() as http:
+        job = await stack.create_job(http)
+        task = (await http.post(f"/v1/jobs/{job}/tasks",
+                                json={"kind": "gc", "params": {"keep_last": 2}})).json()
+        assert (await wait_for_task(http, task["id"], DONE))["status"] == "succeeded"
+    assert (stack.data_dir / "celery" / "queue").is_dir()
