@@ -96,11 +96,13 @@ def table(results: list[Measured], args: argparse.Namespace, pinned: bool) -> st
         f"({os.cpu_count()} cores, {platform.machine()}, no GPU); `.venv/bin/python -m "
         f"bench.multiplex --jobs {args.jobs} --steps {args.steps} --groups-per-step "
         f"{args.groups_per_step} --group-size {args.group_size} --max-tokens {args.max_tokens} "
-        f"--epochs {args.epochs}{'' if pinned else ' --no-pin'}`.",
+        f"--epochs {args.epochs} --max-loras {args.max_loras}"
+        f"{'' if pinned else ' --no-pin'}`.",
         "",
         f"{args.jobs} LoRA jobs (rank 8) on the tiny model, each {args.steps} sync GRPO steps "
         f"of {args.groups_per_step} groups × {args.group_size} samples with {args.epochs} "
-        "optimizer passes per batch, published after every step. *one after another* runs "
+        f"optimizer passes per batch, published after every step; the engine keeps "
+        f"{args.max_loras} adapters resident. *one after another* runs "
         "the jobs in turn; *concurrent* runs them at once on the same services (the engine "
         "holds every job's adapter, the trainer one base with an adapter per job). Busy "
         "fractions come from the services' busy-seconds counters. "
@@ -113,7 +115,8 @@ def table(results: list[Measured], args: argparse.Namespace, pinned: bool) -> st
 
 
 async def main_async(args: argparse.Namespace) -> str:
-    env = {"LOOM_ROLLOUT_KV_CACHE_GIB": "2", "LOOM_TRAINER_THREADS": "1"}
+    env = {"LOOM_ROLLOUT_KV_CACHE_GIB": "2", "LOOM_TRAINER_THREADS": "1",
+           "LOOM_ROLLOUT_MAX_LORAS": str(args.max_loras)}
     cores = None
     if args.pin and (os.cpu_count() or 1) >= 2:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
@@ -140,8 +143,12 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--max-loras", type=int, default=None,
+                        help="LoRA slots on the engine (default: 2 per job, so each job's "
+                        "current adapter and the one being published both stay resident)")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
     args = parser.parse_args()
+    args.max_loras = args.max_loras or 2 * args.jobs
     report = asyncio.run(main_async(args))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(report)
