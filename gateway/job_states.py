@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gateway.models import JobRow
 from gateway.schemas import JobStatus
-from services.common.errors import InvalidTransition
+from services.common.states import require_transition
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.created: frozenset({JobStatus.running, JobStatus.failed, JobStatus.cancelled}),
@@ -27,12 +27,6 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 
 
 def move_job(job: JobRow, target: JobStatus) -> None:
-    current = JobStatus(job.status)
-    if target not in TRANSITIONS[current]:
-        allowed = sorted(s.value for s in TRANSITIONS[current]) or ["none: it is final"]
-        raise InvalidTransition(
-            f"Job {job.id} is {current.value}; it cannot become {target.value} "
-            f"(allowed: {', '.join(allowed)}).",
-            {"job_id": job.id, "status": current.value, "requested": target.value},
-        )
+    require_transition(TRANSITIONS, JobStatus(job.status), target, f"Job {job.id}",
+                       {"job_id": job.id})
     job.status = target.value

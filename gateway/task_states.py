@@ -14,7 +14,7 @@ from datetime import datetime
 
 from gateway.models import BackgroundTaskRow
 from gateway.task_schemas import TaskStatus
-from services.common.errors import InvalidTransition
+from services.common.states import require_transition
 
 S = TaskStatus
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
@@ -29,14 +29,8 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
 
 
 def move_task(task: BackgroundTaskRow, target: TaskStatus, now: datetime) -> None:
-    current = TaskStatus(task.status)
-    if target not in TRANSITIONS[current]:
-        allowed = sorted(s.value for s in TRANSITIONS[current]) or ["none: it is final"]
-        raise InvalidTransition(
-            f"Task {task.id} is {current.value}; it cannot become {target.value} "
-            f"(allowed: {', '.join(allowed)}).",
-            {"task_id": task.id, "status": current.value, "requested": target.value},
-        )
+    require_transition(TRANSITIONS, TaskStatus(task.status), target, f"Task {task.id}",
+                       {"task_id": task.id})
     task.status = target.value
     if target is S.running:
         task.started_at = task.heartbeat_at = now

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from services.common.errors import InvalidInput, NotFound, PayloadTooLarge
+from services.common.files import fsync_path
 
 SYNC_FILE_RANGE_WRITE = 2
 _sync_file_range = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
@@ -199,7 +200,7 @@ class BlobStore:
             os.rename(source, final)
             touched.add(final.parent)
         for directory in touched:
-            _fsync(directory)
+            fsync_path(directory)
 
     def remove_blob(self, sha256: str) -> None:
         self.blob_path(sha256).unlink(missing_ok=True)
@@ -259,7 +260,7 @@ class BlobStore:
                 # Left by a publish that crashed before its commit: the number was never taken.
                 shutil.rmtree(final)
             os.rename(staging, final)
-            _fsync(final.parent)
+            fsync_path(final.parent)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -321,12 +322,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
             raise
         shutil.copyfile(source, target)
         target.chmod(0o444)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file's data, or a directory's entries, to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

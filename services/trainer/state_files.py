@@ -11,7 +11,6 @@ are never reused, so a checkpoint never changes once it exists.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import uuid
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from services.common.errors import Conflict, InvalidInput, NotFound
+from services.common.files import fsync_path
 from services.trainer.model import TrainerModel
 from services.trainer.schemas import StateCheckpoint, TrainingMode
 
@@ -48,10 +48,10 @@ def save_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
                  "spec": model.spec.model_dump(mode="json")}
         (work / STATE).write_text(json.dumps(state, indent=2))
         for path in work.iterdir():
-            _fsync(path)
-        _fsync(work)
+            fsync_path(path)
+        fsync_path(work)
         work.rename(final)
-        _fsync(job_dir)
+        fsync_path(job_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return describe(final)
@@ -104,11 +104,3 @@ def describe(directory: Path) -> StateCheckpoint:
                            last_version=state["last_version"],
                            has_optimizer=state["has_optimizer"], bytes=size,
                            created_at=datetime.fromisoformat(state["created_at"]))
-
-
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
