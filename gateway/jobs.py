@@ -21,9 +21,9 @@ from gateway.keys import KeyIdentity
 from gateway.models import JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
 from services.common.db import transaction
-from services.common.errors import LoomError, NotFound
+from services.common.errors import Conflict, LoomError, NotFound
 from services.common.http import ServiceClient
-from services.trainer.schemas import CreateModelRequest, LoraConfig, TrainingMode
+from services.trainer.schemas import CreateModelRequest, LoraConfig, ModelInfo, TrainingMode
 
 T = TypeVar("T")
 
@@ -105,6 +105,20 @@ async def create_job(sessions: sessionmaker[Session], trainer: ServiceClient, bo
         ) from exc
     return await in_transaction(sessions,
                                 lambda s: set_status(s, job.id, JobStatus.running, owner))
+
+
+async def ensure_model(sessions: sessionmaker[Session], trainer: ServiceClient, job_id: str,
+                       viewer: KeyIdentity) -> ModelInfo:
+    """The trainer's model of a live job, built again from the job's row if the trainer lost
+    it (a restart): the step to take before `load_state` resumes from a checkpoint."""
+    job = await in_transaction(sessions, lambda s: to_public(get_job_row(s, job_id, viewer)))
+    if job.status not in (JobStatus.running, JobStatus.paused):
+        raise Conflict(f"Job {job_id} is {job.status.value}; only a running or paused job "
+                       "has a trainer model.", {"job_id": job_id, "status": job.status.value})
+    request = CreateModelRequest(job_id=job.id, base_model=job.base_model, mode=job.mode,
+                                 lora=job.lora or LoraConfig())
+    return ModelInfo.model_validate(
+        await trainer.post_json("/v1/models", request.model_dump(mode="json")))
 
 
 async def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:

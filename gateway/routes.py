@@ -34,6 +34,7 @@ from gateway.schemas import (
     StackHealth,
 )
 from services.common.schemas import Health
+from services.trainer.schemas import ModelInfo
 
 router = APIRouter(prefix="/v1")
 
@@ -58,6 +59,13 @@ def get_job(job_id: str, key: CurrentKey, session: SessionDep) -> Job:
 def set_job_status(job_id: str, body: JobStatusUpdate, key: CurrentKey,
                    session: SessionDep) -> Job:
     return jobs.set_status(session, job_id, body.status, key)
+
+
+@router.post("/jobs/{job_id}/model", response_model=ModelInfo, tags=["jobs"])
+async def ensure_model(job_id: str, key: CurrentKey, sessions: SessionsDep,
+                       trainer: TrainerDep) -> ModelInfo:
+    """The job's trainer model, created again if the trainer lost it (after a restart)."""
+    return await jobs.ensure_model(sessions, trainer, job_id, key)
 
 
 @router.post("/jobs/{job_id}/metrics", response_model=LoggedCount, tags=["jobs"])

@@ -77,6 +77,7 @@ from services.trainer.schemas import (
     LoadStateRequest,
     LoraConfig,
     LossConfig,
+    ModelInfo,
     OptimStepRequest,
     OptimStepResult,
     SaveStateRequest,
@@ -336,6 +337,11 @@ class AsyncJob:
         request = SaveWeightsRequest(aliases=list(aliases), metrics=metrics or {})
         return await self._submit("save_weights", request.model_dump(mode="json"),
                                   SaveWeightsResult)
+
+    async def ensure_model(self) -> ModelInfo:
+        """Have the trainer hold this job's model again after it restarted (a no-op when it
+        still does); then `load_state` a checkpoint to resume."""
+        return ModelInfo.model_validate(await self._http.post_json(f"/v1/jobs/{self.id}/model"))
 
     async def save_state(self, name: str) -> OperationFuture[StateCheckpoint]:
         """Checkpoint weights, optimizer moments and step (names are never reused); resume

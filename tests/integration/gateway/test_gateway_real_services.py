@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from agents.sdk import AdamParams, AsyncLoomClient, Conflict, Datum, LoraConfig, NotFound
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.reward.app import create_app as create_reward_app
@@ -124,3 +125,43 @@ async def test_a_job_key_reaches_only_its_own_jobs(real_gateway: httpx.AsyncClie
             "verifier": "exact_match", "items": [{"response": "4", "reference": "4"}]})
         assert scored.status_code == 200 and scored.json()["scores"][0]["reward"] == 1.0
         assert (await alice.get(f"/v1/trainer/models/{job}")).status_code == 200
+
+
+async def test_a_job_resumes_from_its_checkpoint_after_a_trainer_restart(
+        tmp_path: Path, serve: Serve, tiny_model_dir: Path) -> None:
+    data_dir = tmp_path / "data"
+    settings = TrainerSettings(data_dir=data_dir, trainer_device="cpu")
+    datum = Datum(input_ids=[3, 4, 5, 6, 7], loss_mask=[0, 1, 1, 1, 1])
+    with serve(create_trainer_app(settings)) as trainer_url:
+        port = int(trainer_url.rsplit(":", 1)[1])
+        gateway_settings = GatewaySettings(data_dir=data_dir, trainer_url=trainer_url)
+        with serve(create_app(gateway_settings)) as url:
+            key = gateway_settings.admin_key_file.read_text().strip()
+            async with AsyncLoomClient(url, key) as admin:
+                alice_key = (await admin._http.post_json("/v1/keys", {"name": "alice"}))["key"]
+            async with AsyncLoomClient(url, alice_key) as alice:
+                job = await alice.create_job(str(tiny_model_dir), lora=LoraConfig(rank=4))
+                for _ in range(2):
+                    await job.forward_backward([datum])
+                    await (await job.optim_step(AdamParams(lr=5e-2))).result()
+                saved = await (await job.save_state("after-2")).result()
+                at_save = (await (await job.forward([datum])).result()).logprobs
+                await job.forward_backward([datum])
+                await (await job.optim_step(AdamParams(lr=5e-2))).result()
+
+    with serve(create_trainer_app(settings), port=port), \
+            serve(create_app(gateway_settings)) as url:
+        async with AsyncLoomClient(url, alice_key) as alice:
+            job = await alice.get_job(job.id)
+            with pytest.raises(NotFound, match="No model"):
+                await job.forward([datum])
+            assert (await job.ensure_model()).step == 0
+            assert [c.name for c in await job.checkpoints()] == ["after-2"]
+            loaded = await (await job.load_state("after-2")).result()
+            assert loaded.step == saved.step == 2
+            resumed = (await (await job.forward([datum])).result()).logprobs
+            assert resumed[0] == pytest.approx(at_save[0], abs=1e-6)
+            assert (await job.ensure_model()).step == 2  # a no-op once the model exists
+            await job.set_status("completed")
+            with pytest.raises(Conflict, match="only a running or paused job"):
+                await job.ensure_model()
