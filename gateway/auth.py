@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.keys import (
@@ -27,7 +26,7 @@ from gateway.keys import (
 )
 from gateway.settings import GatewaySettings
 from services.common.app_factory import error_response
-from services.common.db import transaction
+from services.common.db import in_transaction, transaction
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class ApiKeyAuthMiddleware:
         digest = hash_secret(secret)
         identity = state.auth_cache.get(digest)
         if identity is None:
-            identity = await run_in_threadpool(_lookup, state.sessions, secret)
+            identity = await in_transaction(state.sessions, lambda s: authenticate(s, secret))
             if identity is not None:
                 state.auth_cache.put(digest, identity)
         if identity is None:
@@ -112,11 +111,6 @@ class AuthCache:
     def evict(self, key_id: str) -> None:
         for digest in [d for d, (identity, _) in self._entries.items() if identity.id == key_id]:
             del self._entries[digest]
-
-
-def _lookup(sessions: sessionmaker[Session], secret: str) -> KeyIdentity | None:
-    with sessions() as session:
-        return authenticate(session, secret)
 
 
 def _unauthorized(message: str) -> ASGIApp:

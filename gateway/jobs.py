@@ -8,24 +8,18 @@ failed attempt stays visible in `GET /v1/jobs` instead of vanishing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 
 from gateway.job_logs import progress
 from gateway.job_states import move_job
 from gateway.keys import KeyIdentity
 from gateway.models import JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
-from services.common.db import transaction
+from services.common.db import in_transaction
 from services.common.errors import Conflict, LoomError, NotFound
 from services.common.http import ServiceClient
 from services.trainer.schemas import CreateModelRequest, LoraConfig, ModelInfo, TrainingMode
-
-T = TypeVar("T")
 
 
 def insert_job(session: Session, body: JobCreate, owner: KeyIdentity) -> JobRow:
@@ -59,11 +53,7 @@ class JobOwners:
         if key.admin or (key.id, job_id) in self._owned:
             return
 
-        def lookup() -> None:
-            with self.sessions() as session:
-                get_job_row(session, job_id, key)
-
-        await run_in_threadpool(lookup)
+        await in_transaction(self.sessions, lambda s: get_job_row(s, job_id, key))
         if len(self._owned) >= self.max_entries:
             self._owned.clear()
         self._owned.add((key.id, job_id))
@@ -119,16 +109,6 @@ async def ensure_model(sessions: sessionmaker[Session], trainer: ServiceClient, 
                                  lora=job.lora or LoraConfig())
     return ModelInfo.model_validate(
         await trainer.post_json("/v1/models", request.model_dump(mode="json")))
-
-
-async def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
-    """Run blocking database work in one transaction, off the event loop."""
-
-    def run() -> T:
-        with transaction(sessions) as session:
-            return work(session)
-
-    return await run_in_threadpool(run)
 
 
 def to_public(row: JobRow, job_progress: JobProgress | None = None) -> Job:

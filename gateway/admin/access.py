@@ -15,8 +15,6 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
@@ -31,6 +29,7 @@ from gateway.admin.session import (
 )
 from gateway.admin.templating import login_redirect, render_error
 from gateway.keys import KeyIdentity, active_identity, authenticate
+from services.common.db import in_transaction
 from services.common.errors import LoomError
 
 CSRF_HEADER = "x-csrf-token"  # htmx requests send the token as a header (see base.html)
@@ -64,7 +63,8 @@ async def current_viewer(request: Request) -> Viewer:
     if session is None:
         raise LoginRequired
     # One primary-key read per page: cheap, and a revoked key stops working at once.
-    key = await run_in_threadpool(_active_key, request.app.state.sessions, session.key_id)
+    key = await in_transaction(request.app.state.sessions,
+                               lambda s: active_identity(s, session.key_id))
     if key is None:
         raise LoginRequired
     viewer = Viewer(key=key, session=session, csrf=signer.csrf_token(session.session_id))
@@ -125,7 +125,8 @@ def check_login_form(request: Request, token: str | None) -> None:
 
 async def log_in(request: Request, response: Response, secret: str) -> KeyIdentity | None:
     """Check an API key; when valid, set the session cookie (the key's id, signed)."""
-    key = await run_in_threadpool(_authenticate, request.app.state.sessions, secret.strip())
+    key = await in_transaction(request.app.state.sessions,
+                               lambda s: authenticate(s, secret.strip()))
     if key is None:
         return None
     _, cookie = signer_of(request).issue(key.id)
@@ -179,12 +180,3 @@ class AdminRoute(APIRoute):
 def _title(exc: LoomError) -> str:
     return exc.code.replace("_", " ").capitalize()
 
-
-def _active_key(sessions: sessionmaker[Session], key_id: str) -> KeyIdentity | None:
-    with sessions() as session:
-        return active_identity(session, key_id)
-
-
-def _authenticate(sessions: sessionmaker[Session], secret: str) -> KeyIdentity | None:
-    with sessions() as session:
-        return authenticate(session, secret)

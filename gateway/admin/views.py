@@ -20,6 +20,7 @@ from gateway.keys import KeyIdentity
 from gateway.schemas import Job, LoggedSample, StackHealth
 from gateway.upstreams import Upstreams
 from modelstate.schemas import Version
+from services.common.db import in_transaction
 from services.common.schemas import Health
 
 SAMPLES_SHOWN = 20
@@ -48,12 +49,12 @@ class JobPage:
 
 
 async def jobs_overview(sessions: Sessions, viewer: KeyIdentity) -> list[Job]:
-    return await jobs.in_transaction(sessions, lambda s: jobs.list_jobs(s, viewer))
+    return await in_transaction(sessions, lambda s: jobs.list_jobs(s, viewer))
 
 
 async def job_summary(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> Job:
     """The job if the viewer may see it (NotFound otherwise, as the API answers)."""
-    return await jobs.in_transaction(sessions, lambda s: jobs.get_job(s, job_id, viewer))
+    return await in_transaction(sessions, lambda s: jobs.get_job(s, job_id, viewer))
 
 
 async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity,
@@ -64,7 +65,7 @@ async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity
         return job, build_charts(series), job_logs.recent_samples(session, job.id,
                                                                   SAMPLES_SHOWN)
 
-    job, charts, samples = await jobs.in_transaction(sessions, read)
+    job, charts, samples = await in_transaction(sessions, read)
     versions, replicas = await asyncio.gather(upstream.job_versions(upstreams, job.id),
                                               upstream.rollout_replicas(upstreams, job.id))
     return JobPage(job=job, charts=charts, samples=samples, versions=versions,
@@ -74,19 +75,19 @@ async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity
 async def job_charts(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> dict[str, Any]:
     """Just the charts' data, for the page's periodic refresh."""
     def read(session: Session) -> dict[str, Any]:
-        job = jobs.get_job(session, job_id, viewer)
+        job = jobs.get_job_row(session, job_id, viewer)
         return charts_payload(build_charts(job_logs.metric_series(session, job.id)))
 
-    return await jobs.in_transaction(sessions, read)
+    return await in_transaction(sessions, read)
 
 
 async def job_samples(sessions: Sessions, viewer: KeyIdentity,
                       job_id: str) -> list[LoggedSample]:
     def read(session: Session) -> list[LoggedSample]:
-        job = jobs.get_job(session, job_id, viewer)
+        job = jobs.get_job_row(session, job_id, viewer)
         return job_logs.recent_samples(session, job.id, SAMPLES_SHOWN)
 
-    return await jobs.in_transaction(sessions, read)
+    return await in_transaction(sessions, read)
 
 
 async def stack_health(upstreams: Upstreams, gateway_version: str) -> StackHealth:

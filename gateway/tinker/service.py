@@ -24,6 +24,7 @@ from gateway.schemas import JobCreate, JobStatus
 from gateway.tinker import checkpoints, schemas, wire
 from gateway.tinker.convert import forward_loss, loom_datum, sampling_params, tinker_datum
 from gateway.tinker.futures import Futures, Payload
+from services.common.db import in_transaction
 from services.common.errors import (
     Conflict,
     Forbidden,
@@ -299,7 +300,7 @@ class TinkerService:
                 await self._result(await self._submit(created.id, "load_state", LoadStateRequest(
                     name=name, job_id=source.job_id, optimizer=body.optimizer)))
             except LoomError:
-                await jobs.in_transaction(self.db, lambda s: jobs.set_status(
+                await in_transaction(self.db, lambda s: jobs.set_status(
                     s, created.id, JobStatus.failed, owner))
                 raise
             self.models[model_id] = TrainingModel(owner.id, created.id, base, source.lora.rank)

@@ -6,15 +6,18 @@ version table, so services can share one PostgreSQL database without sharing a m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+T = TypeVar("T")
 
 
 def make_engine(url: str) -> Engine:
@@ -42,6 +45,16 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any error."""
     with factory() as session, session.begin():
         yield session
+
+
+async def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+    """Run blocking database work in one transaction, off the event loop."""
+
+    def run() -> T:
+        with transaction(sessions) as session:
+            return work(session)
+
+    return await run_in_threadpool(run)
 
 
 def migrate(url: str, alembic_dir: Path, version_table: str) -> None:

@@ -23,7 +23,7 @@ from gateway.models import utcnow
 from gateway.task_leases import ClaimAction, claim_task, finish_attempt, heartbeat
 from gateway.task_schemas import TaskStatus
 from modelstate.client import ModelStateClient
-from services.common.db import transaction
+from services.common.db import in_transaction
 from services.common.errors import LimitExceeded, LoomError, Unavailable, UpstreamError
 from services.common.http import ServiceClient
 from services.common.schemas import ErrorBody
@@ -85,7 +85,7 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
                        task_id: str, retries: int, work: Work) -> Redeliver | None:
     """Handle one delivery; `retries`: outage retries this message already had. Returns
     when (if ever) the message must come again."""
-    claim = await _db(sessions, lambda s: claim_task(s, task_id, utcnow(),
+    claim = await in_transaction(sessions, lambda s: claim_task(s, task_id, utcnow(),
                                                      settings.stale_after_s))
     if claim.action is ClaimAction.skip:
         log.info("task %s is %s: nothing to do", task_id, claim.status)
@@ -97,8 +97,8 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
     log.info("task %s: attempt %d", task_id, attempt)
 
     def end(status: TaskStatus, error: ErrorBody) -> Awaitable[bool]:
-        return _db(sessions, lambda s: finish_attempt(s, task_id, attempt, status, utcnow(),
-                                                      error=error))
+        return in_transaction(sessions, lambda s: finish_attempt(
+            s, task_id, attempt, status, utcnow(), error=error))
 
     try:
         async with open_services(settings) as services:
@@ -128,7 +128,7 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
                 done.record(session)
             return ended
 
-        if not await _db(sessions, succeed):
+        if not await in_transaction(sessions, succeed):
             log.info("task %s: finished, but cancelled meanwhile: result dropped", task_id)
     return None
 
@@ -141,7 +141,7 @@ async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt
         finished, _ = await asyncio.wait({running}, timeout=every_s)
         if finished:
             return running.result()
-        if not await _db(sessions, lambda s: heartbeat(s, task_id, attempt, utcnow())):
+        if not await in_transaction(sessions, lambda s: heartbeat(s, task_id, attempt, utcnow())):
             running.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await running
@@ -151,10 +151,3 @@ async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt
 def _error(exc: LoomError, prefix: str = "") -> ErrorBody:
     return ErrorBody(code=exc.code, message=prefix + exc.message, detail=exc.detail)
 
-
-async def _db(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
-    def run() -> T:
-        with transaction(sessions) as session:
-            return work(session)
-
-    return await asyncio.to_thread(run)
