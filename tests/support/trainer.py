@@ -6,7 +6,7 @@ from fastapi import APIRouter, FastAPI
 
 from services.common.app_factory import create_service_app
 from services.common.errors import InvalidInput
-from services.trainer.schemas import CreateModelRequest
+from services.trainer.schemas import CreateModelRequest, ModelInfo, TrainingMode
 
 
 def trainer_stand_in() -> FastAPI:
@@ -15,12 +15,15 @@ def trainer_stand_in() -> FastAPI:
     router = APIRouter(prefix="/v1")
     created: list[CreateModelRequest] = []
 
-    @router.post("/models", status_code=201)
-    async def create_model(body: CreateModelRequest) -> dict[str, str]:
+    @router.post("/models", status_code=201, response_model=ModelInfo)
+    async def create_model(body: CreateModelRequest) -> ModelInfo:
         if body.base_model.startswith("/missing"):
             raise InvalidInput(f"Base model directory {body.base_model!r} does not exist")
         created.append(body)
-        return {"model_id": body.job_id, "job_id": body.job_id}
+        lora = body.lora if body.mode == TrainingMode.lora else None
+        return ModelInfo(model_id=body.job_id, job_id=body.job_id, base_model=body.base_model,
+                         mode=body.mode, lora=lora, num_params=0, trainable_params=0, step=0,
+                         last_version=0)
 
     app = create_service_app("trainer", routers=[router])
     app.state.created = created

@@ -67,7 +67,14 @@ async def test_requests_without_a_valid_key_get_401(stack: Stack) -> None:
                              ("POST", "/v1/sandbox/sessions"),
                              ("PUT", "/v1/sandbox/sessions/sbx_1/files"),
                              ("PUT", "/v1/reward/functions/f"),
-                             ("DELETE", "/v1/reward/functions/f")):
+                             ("DELETE", "/v1/reward/functions/f"),
+                             ("POST", "/v1/jobs/j/metrics"), ("GET", "/v1/jobs/j/metrics"),
+                             ("POST", "/v1/jobs/j/samples"), ("GET", "/v1/jobs/j/samples"),
+                             ("POST", "/v1/jobs/j/model"), ("POST", "/v1/jobs/j/tasks"),
+                             ("GET", "/v1/tasks"), ("POST", "/v1/tasks/t/cancel"),
+                             ("POST", "/v1/tasks/t/retry"),
+                             ("POST", "/v1/trainer/models/j/save_state"),
+                             ("GET", "/v1/trainer/models/j/checkpoints")):
             assert (await anonymous.request(method, path)).status_code == 401, path
         bad = await anonymous.get("/v1/jobs", headers={"Authorization": "Bearer loom_wrong"})
         assert bad.status_code == 401

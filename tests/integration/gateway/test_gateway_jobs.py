@@ -94,3 +94,15 @@ async def test_malformed_job_requests_get_422(stack: Stack) -> None:
         assert bad_status.status_code == 422
         assert (await admin.post("/v1/jobs", content=b"[",
                                  headers={"Content-Type": "application/json"})).status_code == 422
+
+
+async def test_ensure_model_answers_4xx_for_jobs_out_of_reach(stack: Stack) -> None:
+    async with stack.client() as admin:
+        bob = (await admin.post("/v1/keys", json={"name": "bob"})).json()["key"]
+        job = (await admin.post("/v1/jobs", json={"base_model": "loom/tiny"})).json()
+        rebuilt = await admin.post(f"/v1/jobs/{job['id']}/model")
+        assert rebuilt.status_code == 200 and rebuilt.json()["job_id"] == job["id"]
+        missing = await admin.post("/v1/jobs/job_nope/model")
+        assert missing.status_code == 404 and "job_nope" in missing.json()["error"]["message"]
+    async with stack.client(bob) as as_bob:
+        assert (await as_bob.post(f"/v1/jobs/{job['id']}/model")).status_code == 404
