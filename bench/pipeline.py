@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.algorithms import grpo
-from agents.algorithms.recipes import Algorithm, TrainingBatch
+from agents.algorithms.algorithm import Algorithm, TrainingBatch
 from agents.sdk import (
     AsyncJob,
     AsyncLoomClient,

@@ -56,6 +56,8 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
                                          settings.gateway_tinker_base_models)
         app.state.celery = create_celery(worker_settings)  # connects on the first send
+        # Workers refresh their liveness row every stale_after_s: two missed ones mean gone.
+        app.state.worker_stale_after_s = 2 * worker_settings.stale_after_s
         try:
             yield
         finally:

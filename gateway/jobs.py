@@ -8,7 +8,7 @@ failed attempt stays visible in `GET /v1/jobs` instead of vanishing.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.job_logs import progress
@@ -17,12 +17,15 @@ from gateway.keys import KeyIdentity
 from gateway.models import JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
 from services.common.db import in_transaction
-from services.common.errors import Conflict, LoomError, NotFound
+from services.common.errors import Conflict, Forbidden, LoomError, NotFound
 from services.common.http import ServiceClient
 from services.trainer.schemas import CreateModelRequest, LoraConfig, ModelInfo, TrainingMode
 
 
 def insert_job(session: Session, body: JobCreate, owner: KeyIdentity) -> JobRow:
+    if owner.job_id is not None:
+        raise Forbidden(f"API key {owner.name!r} is a job key: it acts for job {owner.job_id} "
+                        "only and cannot create jobs; use your own key.")
     lora = body.lora.model_dump() if body.mode == TrainingMode.lora else None
     row = JobRow(name=body.name, base_model=body.base_model, mode=body.mode.value, lora=lora,
                  config=body.config, status=JobStatus.created.value, owner_key_id=owner.id)
@@ -34,9 +37,16 @@ def insert_job(session: Session, body: JobCreate, owner: KeyIdentity) -> JobRow:
 def get_job_row(session: Session, job_id: str, viewer: KeyIdentity) -> JobRow:
     """A job the viewer may see: admins see every job, other keys their own."""
     row = session.get(JobRow, job_id)
-    if row is None or not (viewer.admin or row.owner_key_id == viewer.id):
+    if row is None or not viewer.sees_job(row.id, row.owner_key_id):
         raise NotFound(f"No job {job_id!r} (or it belongs to another API key).")
     return row
+
+
+def visible_to(viewer: KeyIdentity) -> ColumnElement[bool]:
+    """The jobs `viewer` may see, as a filter (`KeyIdentity.sees_job` for queries)."""
+    if viewer.job_id is not None:
+        return JobRow.id == viewer.job_id
+    return true() if viewer.admin else JobRow.owner_key_id == viewer.id
 
 
 class JobOwners:
@@ -60,9 +70,8 @@ class JobOwners:
 
 
 def list_jobs(session: Session, viewer: KeyIdentity) -> list[Job]:
-    query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
-    if not viewer.admin:
-        query = query.where(JobRow.owner_key_id == viewer.id)
+    query = select(JobRow).where(visible_to(viewer)).order_by(JobRow.created_at.desc(),
+                                                              JobRow.id)
     rows = list(session.scalars(query))
     steps = progress(session, (row.id for row in rows))
     return [to_public(row, steps.get(row.id)) for row in rows]

@@ -28,6 +28,12 @@ class KeyIdentity:
     id: str
     name: str
     admin: bool
+    job_id: str | None = None  # a job key: it acts for this one job only (a managed run's)
+
+    def sees_job(self, job_id: str, owner_key_id: str | None) -> bool:
+        if self.job_id is not None:
+            return job_id == self.job_id
+        return self.admin or owner_key_id == self.id
 
 
 def generate_secret() -> str:
@@ -56,7 +62,7 @@ def authenticate(session: Session, secret: str) -> KeyIdentity | None:
     # database's own string comparison.
     if row is None or not hmac.compare_digest(row.key_hash, digest) or row.revoked_at:
         return None
-    return KeyIdentity(id=row.id, name=row.name, admin=row.admin)
+    return _identity(row)
 
 
 def active_identity(session: Session, key_id: str) -> KeyIdentity | None:
@@ -65,7 +71,31 @@ def active_identity(session: Session, key_id: str) -> KeyIdentity | None:
     row = session.get(ApiKeyRow, key_id)
     if row is None or row.revoked_at:
         return None
-    return KeyIdentity(id=row.id, name=row.name, admin=row.admin)
+    return _identity(row)
+
+
+def _identity(row: ApiKeyRow) -> KeyIdentity:
+    return KeyIdentity(id=row.id, name=row.name, admin=row.admin, job_id=row.job_id)
+
+
+def create_job_key(session: Session, job_id: str, name: str) -> str:
+    """A new key acting for job `job_id` only (its owner's rights on that job, nothing else);
+    the secret is returned once, as for every key."""
+    secret = generate_secret()
+    session.add(ApiKeyRow(name=name, admin=False, job_id=job_id, prefix=secret[:DISPLAY_CHARS],
+                          key_hash=hash_secret(secret)))
+    session.flush()
+    return secret
+
+
+def revoke_job_keys(session: Session, job_id: str, name: str) -> int:
+    """Revoke job `job_id`'s live keys called `name`; how many there were."""
+    rows = list(session.scalars(select(ApiKeyRow).where(
+        ApiKeyRow.job_id == job_id, ApiKeyRow.name == name, ApiKeyRow.revoked_at.is_(None))))
+    for row in rows:
+        row.revoked_at = utcnow()
+    session.flush()
+    return len(rows)
 
 
 def count_keys(session: Session) -> int:
@@ -93,5 +123,6 @@ def revoke_key(session: Session, key_id: str) -> ApiKeyPublic:
 
 
 def to_public(row: ApiKeyRow) -> ApiKeyPublic:
-    return ApiKeyPublic(id=row.id, name=row.name, admin=row.admin, prefix=row.prefix,
+    return ApiKeyPublic(id=row.id, name=row.name, admin=row.admin, job_id=row.job_id,
+                        prefix=row.prefix,
                         created_at=row.created_at, revoked_at=row.revoked_at)

@@ -1,5 +1,5 @@
 """The gateway's tables: API keys (stored as hashes only), jobs, what jobs log (metrics,
-a bounded set of samples), and background tasks.
+a bounded set of samples), background tasks and the workers that run them.
 
 Schema changes go through Alembic (`gateway/alembic`), never `create_all`.
 """
@@ -60,6 +60,10 @@ class ApiKeyRow(Base):
     prefix: Mapped[str] = mapped_column(String(16), doc="First characters, for display only")
     key_hash: Mapped[str] = mapped_column(String(64), unique=True, doc="sha256 hex of the key")
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    job_id: Mapped[str | None] = mapped_column(
+        String(64), ForeignKey("jobs.id", ondelete="CASCADE", name="fk_api_keys_job_id",
+                               use_alter=True),  # jobs also refers to api_keys
+        index=True, default=None, doc="A job key: it acts for this one job of its owner only")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
 
@@ -137,3 +141,17 @@ class BackgroundTaskRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON, default=None, doc="A managed run's last checkpoint (`RunProgress`): where it resumes")
+
+
+class WorkerRow(Base):
+    """A Celery worker process that was alive at `seen_at` (it refreshes the row on a timer);
+    the stack's health reads it, since a worker has no port to ask."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True, doc="Celery's hostname")
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
 
-from gateway import job_logs, jobs, keys
+from gateway import health, job_logs, jobs, keys
 from gateway.deps import (
     AdminKey,
     AuthCacheDep,
@@ -15,7 +15,6 @@ from gateway.deps import (
     SessionsDep,
     SettingsDep,
     TrainerDep,
-    UpstreamsDep,
 )
 from gateway.schemas import (
     ApiKeyCreate,
@@ -33,7 +32,6 @@ from gateway.schemas import (
     SamplesLog,
     StackHealth,
 )
-from services.common.schemas import Health
 from services.trainer.schemas import ModelInfo
 
 router = APIRouter(prefix="/v1")
@@ -126,7 +124,5 @@ def revoke_key(key_id: str, _admin: AdminKey, session: SessionDep,
 
 
 @router.get("/health", response_model=StackHealth, tags=["ops"])
-async def stack_health(request: Request, _key: CurrentKey, upstreams: UpstreamsDep
-                       ) -> StackHealth:
-    gateway = Health(service="gateway", status="ready", version=request.app.version)
-    return await upstreams.health(gateway)
+async def stack_health(request: Request, _key: CurrentKey) -> StackHealth:
+    return await health.stack_health(request.app.state, request.app.version)

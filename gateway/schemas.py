@@ -128,6 +128,8 @@ class ApiKeyPublic(LenientModel):
     id: str
     name: str
     admin: bool
+    job_id: str | None = Field(default=None,
+                               description="A job key: it acts for this one job only.")
     prefix: str
     created_at: datetime
     revoked_at: datetime | None = None

@@ -68,6 +68,17 @@ def heartbeat(session: Session, task_id: str, attempt: int, now: datetime) -> bo
     return True
 
 
+def record_progress(session: Session, task_id: str, attempt: int,
+                    progress: dict[str, Any]) -> bool:
+    """A managed run's newest checkpoint; False, and nothing written, if it lost the task."""
+    row = _owned(session, task_id, attempt)
+    if row is None:
+        return False
+    row.progress = progress
+    session.flush()
+    return True
+
+
 def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskStatus,
                    now: datetime, *, result: dict[str, Any] | None = None,
                    error: ErrorBody | None = None) -> bool:

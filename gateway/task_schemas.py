@@ -10,7 +10,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from services.common.schemas import ErrorBody, LenientModel, StrictModel
-from services.worker.schemas import EvaluateParams, ExportParams, GcParams, TaskKind
+from services.worker.schemas import (
+    EvaluateParams,
+    ExportParams,
+    GcParams,
+    RecipeParams,
+    RunProgress,
+    TaskKind,
+)
 
 IdempotencyKey = Annotated[str | None, Field(
     default=None, min_length=1, max_length=128,
@@ -44,7 +51,13 @@ class ExportTaskCreate(StrictModel):
     idempotency_key: IdempotencyKey = None
 
 
-TaskCreate = Annotated[GcTaskCreate | EvaluateTaskCreate | ExportTaskCreate,
+class RecipeTaskCreate(StrictModel):
+    kind: Literal["recipe"]
+    params: RecipeParams
+    idempotency_key: IdempotencyKey = None
+
+
+TaskCreate = Annotated[GcTaskCreate | EvaluateTaskCreate | ExportTaskCreate | RecipeTaskCreate,
                        Field(discriminator="kind")]
 
 
@@ -59,6 +72,8 @@ class BackgroundTask(LenientModel):
         default=None, description="Why it failed; on a queued task, the upstream outage it "
         "waits out before its next attempt.")
     attempts: int = Field(description="Times a worker started it.")
+    progress: RunProgress | None = Field(
+        default=None, description="A recipe run: its newest checkpoint, where it resumes.")
     idempotency_key: str | None = None
     created_at: datetime
     started_at: datetime | None = None

@@ -9,14 +9,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.jobs import get_job_row
+from agents.recipes import load_recipe
+from gateway.jobs import get_job_row, visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import BackgroundTaskRow, JobRow, utcnow
-from gateway.task_schemas import BackgroundTask, TaskCreate, TaskStatus
+from gateway.schemas import JobStatus
+from gateway.task_schemas import BackgroundTask, RecipeTaskCreate, TaskCreate, TaskStatus
 from gateway.task_states import move_task
 from services.common.errors import Conflict, LoomError, NotFound
 from services.common.schemas import ErrorBody
-from services.worker.schemas import TaskKind
+from services.worker.schemas import RecipeParams, RunProgress, TaskKind
 
 MAX_LISTED = 1_000
 
@@ -36,12 +38,31 @@ def insert_task(session: Session, job_id: str | None, body: TaskCreate
                     f"({existing.id}, {existing.kind}) with other params.",
                     {"task_id": existing.id})
             return to_public(existing), False
+    if isinstance(body, RecipeTaskCreate) and job_id is not None:
+        check_run(session, job_id, body.params)
     row = BackgroundTaskRow(job_id=job_id, kind=body.kind, params=params,
                             status=TaskStatus.queued.value, attempts=0,
                             idempotency_key=body.idempotency_key, created_at=utcnow())
     session.add(row)
     session.flush()
     return to_public(row), True
+
+
+def check_run(session: Session, job_id: str, params: RecipeParams) -> None:
+    """A managed run may start: its recipe exists and takes this config, and its job is live
+    with no other run queued or running (two would train one model at once)."""
+    load_recipe(params.recipe).parse_config(params.config)
+    job = session.get(JobRow, job_id, with_for_update=True)  # serializes concurrent submits
+    assert job is not None  # the caller found it
+    if job.status not in (JobStatus.running.value, JobStatus.paused.value):
+        raise Conflict(f"Job {job_id} is {job.status}; a recipe runs on a running job.",
+                       {"job_id": job_id, "status": job.status})
+    active = session.scalar(select(BackgroundTaskRow.id).where(
+        BackgroundTaskRow.job_id == job_id, BackgroundTaskRow.kind == TaskKind.recipe.value,
+        BackgroundTaskRow.status.in_([TaskStatus.queued.value, TaskStatus.running.value])))
+    if active is not None:
+        raise Conflict(f"Job {job_id} already has a run ({active}); cancel it or wait for it "
+                       "to end first.", {"job_id": job_id, "task_id": active})
 
 
 def ensure_task(session: Session, task_id: str, kind: TaskKind, job_id: str | None,
@@ -84,8 +105,16 @@ def list_tasks(session: Session, viewer: KeyIdentity, job_id: str | None = None,
         query = query.where(BackgroundTaskRow.job_id == job_id)
     elif not viewer.admin:
         query = query.join(JobRow, JobRow.id == BackgroundTaskRow.job_id).where(
-            JobRow.owner_key_id == viewer.id)
+            visible_to(viewer))
     return [to_public(row) for row in session.scalars(query)]
+
+
+def latest_run(session: Session, job_id: str) -> BackgroundTask | None:
+    """The job's newest managed run (recipe task), whatever its status."""
+    row = session.scalar(select(BackgroundTaskRow).where(
+        BackgroundTaskRow.job_id == job_id, BackgroundTaskRow.kind == TaskKind.recipe.value,
+    ).order_by(BackgroundTaskRow.created_at.desc(), BackgroundTaskRow.id).limit(1))
+    return to_public(row) if row is not None else None
 
 
 def cancel_task(session: Session, task_id: str, viewer: KeyIdentity) -> BackgroundTask:
@@ -121,4 +150,5 @@ def to_public(row: BackgroundTaskRow) -> BackgroundTask:
         status=TaskStatus(row.status), result=row.result,
         error=ErrorBody.model_validate(row.error) if row.error else None,
         attempts=row.attempts, idempotency_key=row.idempotency_key, created_at=row.created_at,
+        progress=RunProgress.model_validate(row.progress) if row.progress else None,
         started_at=row.started_at, finished_at=row.finished_at)

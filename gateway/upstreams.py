@@ -39,11 +39,12 @@ class Upstreams:
             )
         return client
 
-    async def health(self, gateway: Health) -> StackHealth:
-        """Every service's readiness, asked concurrently; one slow service costs at most the
-        health timeout."""
+    async def health(self, *known: Health) -> StackHealth:
+        """Every service's readiness, asked concurrently (one slow service costs at most the
+        health timeout), with `known`: what the gateway answers itself (its own, workers')."""
         probes = await asyncio.gather(*(self._probe(name) for name in self.clients))
-        services = {"gateway": gateway, **dict(zip(self.clients, probes, strict=True))}
+        services = {**{h.service: h for h in known}, **dict(zip(self.clients, probes,
+                                                                strict=True))}
         healthy = all(health.status in ("ready", "ok") for health in services.values())
         return StackHealth(status="ok" if healthy else "degraded", services=services)
 

@@ -8,8 +8,8 @@ from agents.algorithms.advantages import (
     overlong_penalty,
     rloo_advantages,
 )
+from agents.algorithms.algorithm import Algorithm, TrainingBatch, dapo, dr_grpo, grpo, rloo
 from agents.algorithms.data import rl_datum, sft_datum, trajectory_datum
-from agents.algorithms.recipes import Algorithm, TrainingBatch, dapo, dr_grpo, grpo, rloo
 
 __all__ = [
     "Algorithm",

@@ -20,18 +20,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ConfigDict
 from rich.table import Table
 
 from agents.algorithms import group_advantages, has_signal, rl_datum, sft_datum
 from agents.examples.console import console, progress_bar
 from agents.sdk import AdamParams, Job, LoomClient, LossConfig, SamplingParams, ScoreItem
 from agents.tasks.arithmetic import EOS, Problem, Splits, make_splits
+from services.common.schemas import StrictModel
 
 
-@dataclass(frozen=True)
-class DemoConfig:
-    base_model: str = "loom/tiny"
-    mode: str = "full"
+class ArithConfig(StrictModel):
+    """The training knobs; also the config of the managed `arith_grpo` recipe."""
+
+    model_config = ConfigDict(frozen=True)
+
     seed: int = 0
     held_out: int = 200
     validation: int = 200
@@ -60,6 +63,13 @@ class DemoConfig:
     clip_high: float = 0.28
     max_tokens: int = 5
     eval_every: int = 10
+
+
+class DemoConfig(ArithConfig):
+    """The demo creates its job, on this base model and mode."""
+
+    base_model: str = "loom/tiny"
+    mode: str = "full"
 
 
 @dataclass
@@ -91,17 +101,17 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
         console.print(f"[bold]Job[/bold] {job.id}: {config.base_model} ({config.mode})")
         splits = make_splits(held_out=config.held_out, validation=config.validation,
                              seed=config.seed)
-        train, validation, held_out = _encode(loom, splits)
+        train, validation, held_out = encode(loom, splits)
 
         sft = _sft(loom, job, train, validation, config, rng)
-        before = _evaluate(loom, job, held_out, config, sft.version)
+        before = evaluate(loom, job, held_out, config, sft.version)
         console.print(f"Held-out accuracy after SFT (version {sft.version}): {before:.1%}")
 
         best = ScoredVersion(sft.version, sft.accuracy)
         job.move_alias("best", best.version)
         curve, final_version = _grpo(loom, job, train, validation, best, config, rng)
-        after = _evaluate(loom, job, held_out, config, best.version)
-        final = _evaluate(loom, job, held_out, config, final_version)
+        after = evaluate(loom, job, held_out, config, best.version)
+        final = evaluate(loom, job, held_out, config, final_version)
         console.print(f"Held-out accuracy after GRPO: {after:.1%} (best version {best.version}, "
                       f"chosen on validation), {final:.1%} (last version {final_version})")
 
@@ -120,7 +130,7 @@ class ScoredVersion:
     accuracy: float
 
 
-def _encode(loom: LoomClient, splits: Splits) -> list[list[Encoded]]:
+def encode(loom: LoomClient, splits: Splits) -> list[list[Encoded]]:
     problems = [p for split in splits for p in split]
     prompts = loom.tokenize([p.prompt for p in problems])
     answers = loom.tokenize([p.answer + EOS for p in problems])
@@ -128,28 +138,25 @@ def _encode(loom: LoomClient, splits: Splits) -> list[list[Encoded]]:
     return [[next(encoded) for _ in split] for split in splits]
 
 
-def _adam(lr: float, config: DemoConfig) -> AdamParams:
+def _adam(lr: float, config: ArithConfig) -> AdamParams:
     return AdamParams(lr=lr, weight_decay=config.weight_decay)
 
 
 def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],
-         config: DemoConfig, rng: random.Random) -> ScoredVersion:
+         config: ArithConfig, rng: random.Random) -> ScoredVersion:
     """Supervised steps until validation accuracy reaches the target (or the step budget ends);
     the version it stops on gets the `sft` alias."""
     checked = ScoredVersion(0, 0.0)
     with progress_bar() as progress:
         task = progress.add_task("SFT warm-up", total=config.sft_max_steps, info="")
         for step in range(1, config.sft_max_steps + 1):
-            batch = rng.sample(train, config.sft_batch)
-            data = [sft_datum(e.prompt_ids, e.answer_ids) for e in batch]
-            loss = job.forward_backward(data, LossConfig(name="cross_entropy"))
-            job.optim_step(_adam(config.sft_lr, config)).result()
-            job.log_metrics(step, {"sft/loss": loss.result().loss})
-            progress.update(task, advance=1, info=f"loss {loss.result().loss:.3f}")
+            loss = sft_step(job, rng.sample(train, config.sft_batch), config)
+            job.log_metrics(step, {"sft/loss": loss})
+            progress.update(task, advance=1, info=f"loss {loss:.3f}")
             due = step >= config.sft_min_steps and step % config.sft_check_every == 0
             if due or step == config.sft_max_steps:
                 version = job.save_weights().result().number
-                checked = ScoredVersion(version, _evaluate(loom, job, validation, config, version))
+                checked = ScoredVersion(version, evaluate(loom, job, validation, config, version))
                 progress.update(task, info=f"validation {checked.accuracy:.1%}")
                 if checked.accuracy >= config.sft_target_accuracy:
                     progress.update(task, total=step)
@@ -158,65 +165,89 @@ def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enco
     return checked
 
 
-def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],
-          best: ScoredVersion, config: DemoConfig, rng: random.Random
-          ) -> tuple[list[dict[str, float]], int]:
+def sft_step(job: Job, batch: list[Encoded], config: ArithConfig) -> float:
+    """One supervised step on `batch`; its loss."""
+    data = [sft_datum(e.prompt_ids, e.answer_ids) for e in batch]
+    loss = job.forward_backward(data, LossConfig(name="cross_entropy"))
+    job.optim_step(_adam(config.sft_lr, config)).result()
+    return float(loss.result().loss)
+
+
+@dataclass
+class GrpoStep:
+    """What one GRPO step did: its metrics, and one sample per prompt for the job's log."""
+
+    metrics: dict[str, float]
+    samples: list[dict[str, object]]
+    groups_with_signal: int
+
+
+def grpo_step(loom: LoomClient, job: Job, batch: list[Encoded], config: ArithConfig,
+              version: int, step: int) -> GrpoStep:
+    """Sample `batch` on `version` (groups of `group_size`), score, train on the groups with
+    signal (not published: the caller does that)."""
+    started = time.perf_counter()
     params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
-    loss = LossConfig(name="ppo", clip_low=config.clip_low, clip_high=config.clip_high)
+    responses = job.sample_many([e.prompt_ids for e in batch], n=config.group_size,
+                                params=params, version=version)
+    if any(r.version != version for r in responses):
+        raise RuntimeError(f"rollout served {[r.version for r in responses]}, "
+                           f"expected version {version}")
+    items = [ScoreItem(response=s.text, reference=e.problem.answer)
+             for e, r in zip(batch, responses, strict=True) for s in r.samples]
+    rewards = [s.reward for s in loom.score("exact_match", items).scores]
+    data = []
+    for i, response in enumerate(responses):
+        group = rewards[i * config.group_size:(i + 1) * config.group_size]
+        if not has_signal(group):
+            continue
+        for sample, advantage in zip(response.samples, group_advantages(group), strict=True):
+            data.append(rl_datum(response.prompt_token_ids, sample, advantage))
+    metrics = {"reward": sum(rewards) / len(rewards)}
+    if data:
+        loss = LossConfig(name="ppo", clip_low=config.clip_low, clip_high=config.clip_high)
+        trained = job.forward_backward(data, loss)
+        job.optim_step(_adam(config.rl_lr, config)).result()
+        metrics |= {"loss": trained.result().loss, **trained.result().metrics}
+    metrics["samples_per_s"] = len(rewards) / (time.perf_counter() - started)
+    samples: list[dict[str, object]] = [
+        {"step": step, "version": version, "prompt": e.problem.prompt,
+         "completion": s.text, "reward": reward}
+        for e, r, reward in zip(batch, responses, rewards[::config.group_size], strict=True)
+        for s in r.samples[:1]]
+    return GrpoStep(metrics, samples, len(data) // config.group_size)
+
+
+def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],
+          best: ScoredVersion, config: ArithConfig, rng: random.Random
+          ) -> tuple[list[dict[str, float]], int]:
     curve: list[dict[str, float]] = []
     version = job.version("latest").number
     with progress_bar() as progress:
         task = progress.add_task("GRPO", total=config.rl_steps, info="")
         for step in range(1, config.rl_steps + 1):
-            started = time.perf_counter()
-            batch = rng.sample(train, config.prompts_per_step)
-            responses = job.sample_many([e.prompt_ids for e in batch], n=config.group_size,
-                                        params=params, version=version)
-            if any(r.version != version for r in responses):
-                raise RuntimeError(f"rollout served {[r.version for r in responses]}, "
-                                   f"expected version {version}")
-            items = [ScoreItem(response=s.text, reference=e.problem.answer)
-                     for e, r in zip(batch, responses, strict=True) for s in r.samples]
-            rewards = [s.reward for s in loom.score("exact_match", items).scores]
-            data = []
-            for i, response in enumerate(responses):
-                group = rewards[i * config.group_size:(i + 1) * config.group_size]
-                if not has_signal(group):
-                    continue
-                for sample, advantage in zip(response.samples, group_advantages(group),
-                                             strict=True):
-                    data.append(rl_datum(response.prompt_token_ids, sample, advantage))
-            mean_reward = sum(rewards) / len(rewards)
-            metrics = {"reward": mean_reward}
-            if data:
-                trained = job.forward_backward(data, loss)
-                job.optim_step(_adam(config.rl_lr, config)).result()
-                metrics |= {"loss": trained.result().loss, **trained.result().metrics}
-            sampled_version = version
+            done = grpo_step(loom, job, rng.sample(train, config.prompts_per_step), config,
+                             version, step)
+            metrics, mean_reward = done.metrics, done.metrics["reward"]
             version = job.save_weights(metrics={"reward": mean_reward}).result().number
             point = {"step": step, "version": version, "reward": mean_reward,
-                     "groups_with_signal": len(data) / config.group_size}
+                     "groups_with_signal": done.groups_with_signal}
             if step % config.eval_every == 0 or step == config.rl_steps:
-                accuracy = _evaluate(loom, job, validation, config, version)
+                accuracy = evaluate(loom, job, validation, config, version)
                 point["validation_accuracy"] = accuracy
                 if accuracy > best.accuracy:
                     best.version, best.accuracy = version, accuracy
                     job.move_alias("best", version)
             curve.append(point)
-            metrics["samples_per_s"] = len(rewards) / (time.perf_counter() - started)
             if "validation_accuracy" in point:
                 metrics["validation_accuracy"] = point["validation_accuracy"]
             job.log_metrics(step, metrics)
-            job.log_samples([{"step": step, "version": sampled_version, "prompt": e.problem.prompt,
-                              "completion": s.text, "reward": reward}
-                             for e, r, reward in zip(batch, responses, rewards[::config.group_size],
-                                                     strict=True)
-                             for s in r.samples[:1]])
+            job.log_samples(done.samples)
             progress.update(task, advance=1, info=f"reward {mean_reward:.3f} v{version}")
     return curve, version
 
 
-def _evaluate(loom: LoomClient, job: Job, problems: list[Encoded], config: DemoConfig,
+def evaluate(loom: LoomClient, job: Job, problems: list[Encoded], config: ArithConfig,
               version: int) -> float:
     """Greedy accuracy on `problems`, on one explicit version."""
     params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0)

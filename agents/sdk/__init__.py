@@ -9,7 +9,8 @@
 
 from agents.sdk._futures import OperationFuture
 from agents.sdk.capture import AsyncCaptureSession
-from agents.sdk.client import AsyncJob, AsyncLoomClient
+from agents.sdk.client import AsyncLoomClient
+from agents.sdk.job import AsyncJob
 from agents.sdk.pipeline import AsyncPipeline, StepResult
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession

@@ -2,48 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
 
-from agents.sdk._futures import OperationFuture
 from agents.sdk._http import GatewayHttp
 from agents.sdk.capture import AsyncCaptureSession
+from agents.sdk.job import AsyncJob
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
-from agents.sdk.tasks import AsyncTask, list_tasks
+from agents.sdk.tasks import AsyncTask
 from gateway.schemas import (
     Job,
     JobCreate,
-    JobMetrics,
-    JobSamples,
-    JobStatus,
-    JobStatusUpdate,
-    LoggedSample,
-    MetricPoint,
-    MetricSeries,
-    MetricsLog,
-    SampleRecord,
-    SamplesLog,
     StackHealth,
 )
 from gateway.task_schemas import BackgroundTask
-from modelstate.schemas import (
-    Alias,
-    Lineage,
-    ManifestDiff,
-    Retention,
-    RetentionPolicy,
-    Version,
-    VersionList,
-)
-from modelstate.transfer import unpack_archive
-from services.common.schemas import Operation
 from services.reward.schemas import (
     RewardFunction,
     RewardFunctionPut,
@@ -56,10 +31,8 @@ from services.rollout.schemas import (
     RenderRequest,
     RenderResponse,
     RolloutRequest,
-    RolloutTask,
     SampleRequest,
     SampleResponse,
-    SamplingParams,
     TokenizeRequest,
     TokenizeResponse,
     TrajectoryCreate,
@@ -67,29 +40,10 @@ from services.rollout.schemas import (
 )
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, SessionCreate, SessionInfo
 from services.trainer.schemas import (
-    AdamParams,
-    CheckpointList,
-    Datum,
-    ForwardBackwardRequest,
-    ForwardBackwardResult,
-    ForwardRequest,
-    ForwardResult,
-    LoadStateRequest,
     LoraConfig,
-    LossConfig,
-    ModelInfo,
-    OptimStepRequest,
-    OptimStepResult,
-    SaveStateRequest,
-    SaveWeightsRequest,
-    SaveWeightsResult,
-    StateCheckpoint,
     TrainingMode,
 )
-from services.worker.schemas import TaskKind
 
-# Sampling many prompts at once: enough in flight to keep the engine's batch full.
-MAX_CONCURRENT_SAMPLES = 64
 # The most texts one tokenize request may carry (TokenizeRequest's limit).
 TOKENIZE_BATCH = 4096
 
@@ -194,249 +148,3 @@ class AsyncLoomClient:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.aclose()
-
-
-class AsyncJob:
-    """One training job: its trainer model, its weight versions, sampling from them."""
-
-    def __init__(self, client: AsyncLoomClient, job: Job) -> None:
-        self._client = client
-        self._http = client._http
-        self.info = job
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    # --- job record ------------------------------------------------------------------------
-
-    async def set_status(self, status: JobStatus | str) -> Job:
-        """Move the job (running, paused, completed, failed, cancelled); see the state machine."""
-        body = await self._http.post_json(
-            f"/v1/jobs/{self.id}/status", JobStatusUpdate(status=JobStatus(status)).model_dump())
-        self.info = Job.model_validate(body)
-        return self.info
-
-    async def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """`{"reward": 0.4, "loss": 1.2}` at `step`; the web admin plots them. Sending a step
-        again replaces its values, so retrying is safe."""
-        points = [MetricPoint(step=step, name=name, value=value)
-                  for name, value in metrics.items()]
-        await self._http.post_json(f"/v1/jobs/{self.id}/metrics",
-                                   MetricsLog(points=points).model_dump())
-
-    async def metrics(self, names: Sequence[str] = (), *,
-                      since_step: int | None = None) -> dict[str, MetricSeries]:
-        params: dict[str, Any] = {"name": list(names)}
-        if since_step is not None:
-            params["since_step"] = since_step
-        body = await self._http.get_json(f"/v1/jobs/{self.id}/metrics", params=params)
-        return {s.name: s for s in JobMetrics.model_validate(body).series}
-
-    async def log_samples(self, samples: Sequence[SampleRecord | dict[str, Any]]) -> None:
-        """Keep some trajectories (prompt, completion, reward, version) for inspection."""
-        request = SamplesLog.model_validate({"samples": list(samples)})
-        await self._http.post_json(f"/v1/jobs/{self.id}/samples", request.model_dump())
-
-    async def samples(self, limit: int = 50) -> list[LoggedSample]:
-        body = await self._http.get_json(f"/v1/jobs/{self.id}/samples",
-                                         params={"limit": limit})
-        return JobSamples.model_validate(body).samples
-
-    # --- rollout ---------------------------------------------------------------------------
-
-    async def sample(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        n: int = 1,
-        params: SamplingParams | None = None,
-        version: VersionRef = "latest",
-    ) -> SampleResponse:
-        text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
-        request = SampleRequest(job_id=self.id, version=version, prompt=text,
-                                prompt_token_ids=ids, n=n, params=params or SamplingParams())
-        return await self._client.sample(request)
-
-    async def sample_many(
-        self,
-        prompts: Sequence[str | Sequence[int]],
-        *,
-        n: int = 1,
-        params: SamplingParams | None = None,
-        version: VersionRef = "latest",
-    ) -> list[SampleResponse]:
-        """Sample every prompt concurrently (the engine batches them); results in order.
-
-        An alias such as "latest" is resolved once, so the whole batch uses one version."""
-        if isinstance(version, str) and prompts:
-            first = await self.sample(prompts[0], n=n, params=params, version=version)
-            version = first.version
-            rest = await self.sample_many(prompts[1:], n=n, params=params, version=version)
-            return [first, *rest]
-        limit = asyncio.Semaphore(MAX_CONCURRENT_SAMPLES)
-
-        async def one(prompt: str | Sequence[int]) -> SampleResponse:
-            async with limit:
-                return await self.sample(prompt, n=n, params=params, version=version)
-
-        return list(await asyncio.gather(*(one(p) for p in prompts)))
-
-    async def rollouts(
-        self,
-        tasks: Sequence[RolloutTask | dict[str, Any]],
-        *,
-        env: str,
-        group_size: int = 1,
-        params: SamplingParams | None = None,
-        version: VersionRef = "latest",
-        **options: Any,
-    ) -> AsyncRolloutStream:
-        """Episodes of `env` on this job's weights, `group_size` per task, each group
-        streamed with rewards as soon as it is complete. `options`: the other fields of
-        `RolloutRequest` (env_params, version_refresh, max_turns, max_total_tokens,
-        concurrency, schedule)."""
-        request = RolloutRequest.model_validate({
-            "job_id": self.id, "env": env, "tasks": list(tasks), "group_size": group_size,
-            "params": params or SamplingParams(), "version": version, **options})
-        return await self._client.rollouts(request)
-
-    async def capture(self, *, version: VersionRef = "latest",
-                      metadata: dict[str, Any] | None = None) -> AsyncCaptureSession:
-        """Record a black-box agent: point its OpenAI client at `.openai_base_url` (with
-        `.api_key`); every call is answered by this job's `version` (an alias is resolved
-        per call) and recorded with token ids and logprobs, whatever model name the agent
-        uses. `.fetch()` gives the calls and the training segments."""
-        return await self._client.capture(job_id=self.id, version=version, metadata=metadata)
-
-    # --- trainer ---------------------------------------------------------------------------
-
-    async def _submit(self, action: str, body: Any, result_type: type) -> OperationFuture[Any]:
-        payload = await self._http.post_json(f"/v1/trainer/models/{self.id}/{action}", body)
-        return OperationFuture(self._http, Operation.model_validate(payload), result_type)
-
-    async def forward_backward(
-        self, data: Sequence[Datum], loss: LossConfig | None = None
-    ) -> OperationFuture[ForwardBackwardResult]:
-        request = ForwardBackwardRequest(data=list(data), loss=loss or LossConfig())
-        return await self._submit("forward_backward", request.model_dump(mode="json"),
-                                  ForwardBackwardResult)
-
-    async def forward(self, data: Sequence[Datum]) -> OperationFuture[ForwardResult]:
-        """Per-token logprobs of `data` under the trainer's current weights (no gradient)."""
-        request = ForwardRequest(data=list(data))
-        return await self._submit("forward", request.model_dump(mode="json"), ForwardResult)
-
-    async def optim_step(self, adam: AdamParams | None = None) -> OperationFuture[OptimStepResult]:
-        request = OptimStepRequest(adam=adam or AdamParams())
-        return await self._submit("optim_step", request.model_dump(mode="json"), OptimStepResult)
-
-    async def save_weights(
-        self, *, aliases: Sequence[str] = (), metrics: dict[str, float] | None = None
-    ) -> OperationFuture[SaveWeightsResult]:
-        request = SaveWeightsRequest(aliases=list(aliases), metrics=metrics or {})
-        return await self._submit("save_weights", request.model_dump(mode="json"),
-                                  SaveWeightsResult)
-
-    async def ensure_model(self) -> ModelInfo:
-        """Have the trainer hold this job's model again after it restarted (a no-op when it
-        still does); then `load_state` a checkpoint to resume."""
-        return ModelInfo.model_validate(await self._http.post_json(f"/v1/jobs/{self.id}/model"))
-
-    async def save_state(self, name: str) -> OperationFuture[StateCheckpoint]:
-        """Checkpoint weights, optimizer moments and step (names are never reused); resume
-        with `load_state`, also on a restarted trainer."""
-        return await self._submit("save_state", SaveStateRequest(name=name).model_dump(),
-                                  StateCheckpoint)
-
-    async def load_state(self, name: str) -> OperationFuture[StateCheckpoint]:
-        return await self._submit("load_state", LoadStateRequest(name=name).model_dump(),
-                                  StateCheckpoint)
-
-    async def checkpoints(self) -> list[StateCheckpoint]:
-        body = await self._http.get_json(f"/v1/trainer/models/{self.id}/checkpoints")
-        return CheckpointList.model_validate(body).checkpoints
-
-    # --- background tasks ------------------------------------------------------------------
-
-    async def submit_task(self, kind: TaskKind | str,
-                          params: BaseModel | dict[str, Any] | None = None, *,
-                          idempotency_key: str | None = None) -> AsyncTask:
-        """Queue `gc`, `evaluate` or `export` (params: `GcParams`, `EvaluateParams`,
-        `ExportParams` or their dicts) on Loom's worker; returns at once. `await
-        task.result()` gives the report, evaluation or export directory. Submitting again
-        with the same `idempotency_key` returns the same task."""
-        return await AsyncTask.submit(self._http, self.id, kind, params, idempotency_key)
-
-    async def tasks(self) -> list[BackgroundTask]:
-        """This job's background tasks, newest first."""
-        return await list_tasks(self._http, self.id)
-
-    # --- model state -----------------------------------------------------------------------
-
-    async def versions(self) -> list[Version]:
-        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/versions")
-        return VersionList.model_validate(body).versions
-
-    async def version(self, ref: VersionRef = "latest") -> Version:
-        body = await self._http.get_json(f"{self._versions}/{ref}")
-        return Version.model_validate(body)
-
-    async def lineage(self, ref: VersionRef = "latest") -> Lineage:
-        return Lineage.model_validate(await self._http.get_json(f"{self._versions}/{ref}/lineage"))
-
-    async def compare(self, a: VersionRef, b: VersionRef = "latest") -> ManifestDiff:
-        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/compare",
-                                         params={"a": a, "b": b})
-        return ManifestDiff.model_validate(body)
-
-    async def move_alias(self, name: str, number: int) -> Alias:
-        response = await self._http.request(
-            "PUT", f"/v1/modelstate/jobs/{self.id}/aliases/{name}", json={"number": number})
-        return Alias.model_validate(response.json())
-
-    async def delete_version(self, number: int) -> Version:
-        """Refused (Conflict) while an alias points at it or a rollout engine serves it."""
-        response = await self._http.request("DELETE", f"{self._versions}/{number}")
-        return Version.model_validate(response.json())
-
-    async def open_sandbox(self, image: str | None = None) -> AsyncSandboxSession:
-        """A sandbox session counted against this job's session limit."""
-        return await self._client.open_sandbox(job_id=self.id, image=image)
-
-    async def register_reward(self, name: str, code: str) -> RewardFunction:
-        """A reward function of this job's; score with
-        `score("python", items, {"function": name, "job_id": job.id})`."""
-        return await self._client.register_reward(name, code, job_id=self.id)
-
-    async def set_retention(self, keep_last: int, *, keep_ancestors: bool = False) -> Retention:
-        policy = RetentionPolicy(keep_last=keep_last, keep_ancestors=keep_ancestors)
-        response = await self._http.request("PUT", f"/v1/modelstate/jobs/{self.id}/retention",
-                                            json=policy.model_dump())
-        return Retention.model_validate(response.json())
-
-    async def download(self, dest: str | Path, ref: VersionRef = "latest", *,
-                       merge_lora: bool = False) -> Path:
-        """The version as a Hugging Face directory `dest` (a LoRA version merged into its base
-        model with `merge_lora`): the tar is streamed to disk next to `dest`, then unpacked."""
-        dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".tar") as archive:
-            async with self._http.http.stream(
-                "GET", f"{self._versions}/{ref}/archive", params={"merge_lora": merge_lora}
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    self._http.raise_for_status(response)
-                async for chunk in response.aiter_bytes(1 << 20):
-                    archive.write(chunk)
-            archive.flush()
-            await asyncio.to_thread(unpack_archive, Path(archive.name), dest)
-        return dest
-
-    @property
-    def _versions(self) -> str:
-        return f"/v1/modelstate/jobs/{self.id}/versions"
-
-    def __repr__(self) -> str:
-        return f"<Job {self.id} {self.info.base_model} {self.info.mode.value}>"

@@ -30,8 +30,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agents.algorithms.recipes import Algorithm
-from agents.sdk.client import AsyncJob
+from agents.algorithms.algorithm import Algorithm
+from agents.sdk.job import AsyncJob
 from services.common.errors import NotFound
 from services.rollout.schemas import RolloutGroup, RolloutTask, SamplingParams
 from services.trainer.schemas import AdamParams, Datum

@@ -28,6 +28,7 @@ from gateway.admin.access import (
 )
 from gateway.admin.templating import render, safe_next
 from gateway.deps import SessionsDep, UpstreamsDep
+from gateway.health import stack_health
 from services.common.errors import LoomError
 
 router = APIRouter(prefix="/admin", route_class=AdminRoute, include_in_schema=False)
@@ -91,8 +92,8 @@ async def job_page(request: Request, job_id: str, viewer: ViewerDep, sessions: S
 @router.get("/jobs/{job_id}/summary")
 async def job_summary(request: Request, job_id: str, viewer: ViewerDep,
                       sessions: SessionsDep) -> HTMLResponse:
-    job = await views.job_summary(sessions, viewer.key, job_id)
-    return render(request, "_job_summary.html", {"job": job})
+    job, run = await views.job_status(sessions, viewer.key, job_id)
+    return render(request, "_job_summary.html", {"job": job, "run": run})
 
 
 @router.get("/jobs/{job_id}/samples")
@@ -145,16 +146,14 @@ async def download_version(job_id: str, number: int, viewer: ViewerDep, sessions
 
 
 @router.get("/health")
-async def health_page(request: Request, _viewer: ViewerDep, upstreams: UpstreamsDep
-                      ) -> HTMLResponse:
-    health = await views.stack_health(upstreams, request.app.version)
+async def health_page(request: Request, _viewer: ViewerDep) -> HTMLResponse:
+    health = await stack_health(request.app.state, request.app.version)
     return render(request, "health.html", {"health": health})
 
 
 @router.get("/health/table")
-async def health_table(request: Request, _viewer: ViewerDep, upstreams: UpstreamsDep
-                       ) -> HTMLResponse:
-    health = await views.stack_health(upstreams, request.app.version)
+async def health_table(request: Request, _viewer: ViewerDep) -> HTMLResponse:
+    health = await stack_health(request.app.state, request.app.version)
     return render(request, "_health_table.html", {"health": health})
 
 

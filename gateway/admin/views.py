@@ -12,16 +12,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway import job_logs, jobs
+from gateway import job_logs, jobs, tasks
 from gateway.admin import upstream
 from gateway.admin.charts import Chart, build_charts, charts_payload
 from gateway.admin.upstream import Fetched, ReplicaView
 from gateway.keys import KeyIdentity
-from gateway.schemas import Job, LoggedSample, StackHealth
+from gateway.schemas import Job, LoggedSample
+from gateway.task_schemas import BackgroundTask
 from gateway.upstreams import Upstreams
 from modelstate.schemas import Version
 from services.common.db import in_transaction
-from services.common.schemas import Health
 
 SAMPLES_SHOWN = 20
 Sessions = sessionmaker[Session]
@@ -30,6 +30,7 @@ Sessions = sessionmaker[Session]
 @dataclass
 class JobPage:
     job: Job
+    run: BackgroundTask | None
     charts: list[Chart]
     samples: list[LoggedSample]
     versions: Fetched[list[Version]]
@@ -57,18 +58,29 @@ async def job_summary(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> J
     return await in_transaction(sessions, lambda s: jobs.get_job(s, job_id, viewer))
 
 
+async def job_status(sessions: Sessions, viewer: KeyIdentity, job_id: str
+                     ) -> tuple[Job, BackgroundTask | None]:
+    """The job and its newest managed run: the summary box's contents."""
+    def read(session: Session) -> tuple[Job, BackgroundTask | None]:
+        job = jobs.get_job(session, job_id, viewer)
+        return job, tasks.latest_run(session, job.id)
+
+    return await in_transaction(sessions, read)
+
+
 async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity,
                    job_id: str) -> JobPage:
-    def read(session: Session) -> tuple[Job, list[Chart], list[LoggedSample]]:
+    def read(session: Session
+             ) -> tuple[Job, BackgroundTask | None, list[Chart], list[LoggedSample]]:
         job = jobs.get_job(session, job_id, viewer)  # the ownership check comes first
         series = job_logs.metric_series(session, job.id)
-        return job, build_charts(series), job_logs.recent_samples(session, job.id,
-                                                                  SAMPLES_SHOWN)
+        return (job, tasks.latest_run(session, job.id), build_charts(series),
+                job_logs.recent_samples(session, job.id, SAMPLES_SHOWN))
 
-    job, charts, samples = await in_transaction(sessions, read)
+    job, run, charts, samples = await in_transaction(sessions, read)
     versions, replicas = await asyncio.gather(upstream.job_versions(upstreams, job.id),
                                               upstream.rollout_replicas(upstreams, job.id))
-    return JobPage(job=job, charts=charts, samples=samples, versions=versions,
+    return JobPage(job=job, run=run, charts=charts, samples=samples, versions=versions,
                    replicas=replicas)
 
 
@@ -90,7 +102,3 @@ async def job_samples(sessions: Sessions, viewer: KeyIdentity,
     return await in_transaction(sessions, read)
 
 
-async def stack_health(upstreams: Upstreams, gateway_version: str) -> StackHealth:
-    """The same aggregate `/v1/health` answers: an unreachable service is a row, not a 500."""
-    gateway = Health(service="gateway", status="ready", version=gateway_version)
-    return await upstreams.health(gateway)

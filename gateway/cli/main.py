@@ -12,56 +12,31 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.console import Console
 from rich.panel import Panel
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gateway.cli import runs
+from gateway.cli.common import (
+    ApiKeyOption,
+    DataDirOption,
+    UrlOption,
+    admin_key_file,
+    api_key_for,
+    console,
+    err_console,
+    gateway_answers,
+    settings_for,
+)
 from gateway.cli.supervisor import STACK, RunningService, ServiceFailed, Supervisor
 from gateway.schemas import StackHealth
-from services.common.settings import LoomSettings
 
 app = typer.Typer(help="Loom: a control plane for RL post-training of LLMs.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
-console = Console()
-err_console = Console(stderr=True)
-
-DataDirOption = Annotated[
-    Path | None,
-    typer.Option("--data-dir", envvar="LOOM_DATA_DIR",
-                 help="Where the embedded stack keeps state (default: ~/.loom)."),
-]
-UrlOption = Annotated[
-    str | None, typer.Option("--url", help="Gateway URL (default: LOOM_GATEWAY_URL).")
-]
-ApiKeyOption = Annotated[
-    str | None,
-    typer.Option("--api-key", envvar="LOOM_API_KEY",
-                 help="API key (default: <data_dir>/admin_key, written at first `loom up`)."),
-]
-
-
-def _settings(data_dir: Path | None) -> LoomSettings:
-    return LoomSettings(data_dir=data_dir) if data_dir else LoomSettings()
-
-
-def _admin_key_file(settings: LoomSettings) -> Path:
-    return settings.data_dir / "admin_key"
-
-
-def _api_key(given: str | None, settings: LoomSettings) -> str:
-    if given:
-        return given
-    key_file = _admin_key_file(settings)
-    if key_file.exists():
-        return key_file.read_text().strip()
-    err_console.print(f"[red]No API key: pass --api-key, set LOOM_API_KEY, or run `loom up` "
-                      f"once so {key_file} exists.[/red]")
-    raise typer.Exit(2)
-
-
+app.command()(runs.recipes)
+app.command()(runs.run)
 def _terminate_on_sigterm() -> None:
     """SIGTERM stops the stack like Ctrl-C does (the supervisor's context exit runs)."""
 
@@ -111,8 +86,8 @@ def up(
         "--only", help="Start only these services (repeatable); default: all of them.")] = None,
 ) -> None:
     """Start every service as a local process and keep them running until Ctrl-C."""
-    settings = _settings(data_dir)
-    key_file = _admin_key_file(settings)
+    settings = settings_for(data_dir)
+    key_file = admin_key_file(settings)
     had_key = key_file.exists()
     specs = [spec for spec in STACK if not only or spec.name in only]
     unknown = set(only or ()) - {spec.name for spec in STACK}
@@ -167,10 +142,10 @@ def status(
     data_dir: DataDirOption = None,
 ) -> None:
     """Show each service's readiness, as the gateway sees it. Exits 1 unless all are ready."""
-    settings = _settings(data_dir)
+    settings = settings_for(data_dir)
     url = url or settings.gateway_url
     try:
-        health = fetch_health(url, _api_key(api_key, settings))
+        health = fetch_health(url, api_key_for(api_key, settings))
     except (httpx.TransportError, RuntimeError) as exc:
         err_console.print(f"[red]Gateway at {url}: {exc}[/red]")
         raise typer.Exit(1) from exc
@@ -194,13 +169,6 @@ def model_tiny(directory: Annotated[Path, typer.Argument(help="Output directory.
 
     path = build_tiny_model(directory)
     console.print(f"Tiny model written to {path}")
-
-
-def gateway_answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 class DemoName(StrEnum):
@@ -233,10 +201,10 @@ def demo(
     runs the demo, and stops the stack again."""
     run_demo = _demo_runner(example)
     out = out or Path("runs") / f"{example.value.replace('-', '_')}_grpo"
-    settings = _settings(data_dir)
+    settings = settings_for(data_dir)
     url = url or settings.gateway_url
     if gateway_answers(url):
-        result = run_demo(url, _api_key(api_key, settings), out)
+        result = run_demo(url, api_key_for(api_key, settings), out)
     elif url.rstrip("/") != settings.gateway_url.rstrip("/"):
         err_console.print(f"[red]No gateway answers at {url}.[/red]")
         raise typer.Exit(1)
@@ -245,7 +213,7 @@ def demo(
         _terminate_on_sigterm()
         with Supervisor(settings) as supervisor:
             _start(supervisor)
-            result = run_demo(url, _api_key(api_key, settings), out)
+            result = run_demo(url, api_key_for(api_key, settings), out)
     console.print(f"Demo finished in {result.wall_s:.0f} s; output in {out.resolve()}")
 
 

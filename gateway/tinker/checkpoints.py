@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.jobs import visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import JobRow
 from gateway.schemas import JobStatus
@@ -90,9 +91,7 @@ def lora_for_rank(rank: int) -> LoraConfig:
 def run_of_job(session: Session, model_id: str, viewer: KeyIdentity) -> TrainingRun | None:
     """The run `model_id` names, from the job made for it (the gateway's memory is gone)."""
     query = select(JobRow).where(JobRow.name == job_name(model_id),
-                                 JobRow.status != JobStatus.failed.value)
-    if not viewer.admin:
-        query = query.where(JobRow.owner_key_id == viewer.id)
+                                 JobRow.status != JobStatus.failed.value, visible_to(viewer))
     for row in session.scalars(query.order_by(JobRow.created_at.desc())):
         if row.config.get("tinker_model_id") == model_id and row.lora is not None:
             return TrainingRun(model_id, row.id,

@@ -1,5 +1,5 @@
-"""`python -m services.worker`: a Celery worker consuming Loom's queue, one task at a time,
-with Celery beat inside it when a schedule is on (LOOM_WORKER_GC_INTERVAL_S)."""
+"""`python -m services.worker`: a Celery worker consuming Loom's queue, LOOM_WORKER_CONCURRENCY
+tasks at a time, with Celery beat inside it when a schedule is on (LOOM_WORKER_GC_INTERVAL_S)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ SCHEMA_WAIT_S = 120.0
 
 
 def worker_argv(settings: WorkerSettings) -> list[str]:
-    argv = ["worker", "--concurrency=1", "--pool=prefork", f"--queues={settings.worker_queue}",
+    argv = ["worker", f"--concurrency={settings.worker_concurrency}", "--pool=prefork",
+            f"--queues={settings.worker_queue}",
             "--without-mingle", "--without-gossip", f"--loglevel={settings.log_level.upper()}",
             f"--hostname=loom-{os.getpid()}@%h"]
     if settings.worker_gc_interval_s:

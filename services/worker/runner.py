@@ -19,6 +19,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
+from agents.recipes.run import RunStopped
 from gateway.models import utcnow
 from gateway.task_leases import ClaimAction, claim_task, finish_attempt, heartbeat
 from gateway.task_schemas import TaskStatus
@@ -54,7 +55,9 @@ class Done:
     record: Callable[[Session], object] | None = None
 
 
-Work = Callable[[Services], Awaitable[Done]]
+# A task's logic, given the services and its attempt number (a managed run names its
+# checkpoints by attempt).
+Work = Callable[[Services, int], Awaitable[Done]]
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,14 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
     try:
         async with open_services(settings) as services:
             done = await _with_heartbeat(sessions, task_id, attempt,
-                                         settings.worker_heartbeat_s, work(services))
+                                         settings.worker_heartbeat_s, work(services, attempt))
     except _Lost:
         log.info("task %s: attempt %d stopped (cancelled or taken over)", task_id, attempt)
+        return None
+    except RunStopped as exc:
+        log.info("task %s: attempt %d stopped: %s", task_id, attempt, exc)
+        if exc.cancel_task:
+            await end(TaskStatus.cancelled, ErrorBody(code="cancelled", message=str(exc)))
         return None
     except RETRYABLE as exc:
         if retries < settings.worker_max_retries:

@@ -15,6 +15,7 @@ from services.rollout.schemas import SamplingParams
 MAX_EVAL_ITEMS = 2_000
 MAX_EVAL_TEXT = 100_000
 EVAL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+RECIPE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 
 # A version number (0: the base model) or an alias such as "latest".
 TaskVersionRef = Annotated[int, Field(ge=0)] | AliasName
@@ -24,6 +25,7 @@ class TaskKind(StrEnum):
     gc = "gc"
     evaluate = "evaluate"
     export = "export"
+    recipe = "recipe"
 
 
 class GcParams(StrictModel):
@@ -70,6 +72,42 @@ class ExportParams(StrictModel):
     version: TaskVersionRef = "latest"
 
 
+class RecipeParams(StrictModel):
+    """A managed run: Loom's worker runs a registered recipe (a training loop written with
+    the SDK, `agents.recipes`) on the job, checkpointing as it goes, and resumes it from its
+    last checkpoint after a worker or trainer crash."""
+
+    recipe: str = Field(pattern=RECIPE_NAME_PATTERN,
+                        description="A registered recipe's name: `loom recipes` lists them.")
+    config: dict[str, Any] = Field(
+        default={}, description="The recipe's config, checked against its schema at submit.")
+
+
+class PublishOptions(StrictModel):
+    """What a checkpoint's `save_weights` asks for, kept so a resumed run publishes it again
+    exactly (a republished step with identical files is the same version)."""
+
+    aliases: list[AliasName] = []
+    metrics: dict[str, float] = {}
+
+
+class RunProgress(LenientModel):
+    """A managed run's newest checkpoint: the step it finished, the trainer checkpoint saved
+    after it, and the recipe's own state there (JSON). A resumed run starts at `step + 1`."""
+
+    step: int = Field(ge=0)
+    checkpoint: str
+    state: dict[str, Any] = {}
+    publish: PublishOptions = PublishOptions()
+
+
+class RecipeResult(LenientModel):
+    recipe: str
+    steps: int = Field(description="The last step checkpointed.")
+    attempts: int = Field(description="Attempts it took (more than 1: it resumed).")
+    summary: dict[str, Any] = Field(description="What the recipe returned.")
+
+
 class EvaluateResult(LenientModel):
     name: str
     version: int
@@ -95,4 +133,5 @@ class ExportResult(LenientModel):
 
 TASK_RESULTS: dict[TaskKind, type[LenientModel]] = {
     TaskKind.gc: GcReport, TaskKind.evaluate: EvaluateResult, TaskKind.export: ExportResult,
+    TaskKind.recipe: RecipeResult,
 }

@@ -38,6 +38,11 @@ class WorkerSettings(LoomSettings):
         description="Redis: a message taken by a worker that vanished (killed, host lost) is "
         "delivered again after this long (acks are late: a task is acknowledged when it ends).",
     )
+    worker_concurrency: int = Field(
+        default=2, ge=1, le=64,
+        description="Tasks one worker runs at once (prefork processes). A managed run holds "
+        "one for its whole length, so keep one more than the runs you expect at a time.",
+    )
     worker_heartbeat_s: float = Field(
         default=5.0, gt=0,
         description="A running task refreshes its heartbeat this often (and notices a cancel). "

@@ -1,6 +1,7 @@
 """What the worker does around consuming: wait until the gateway has migrated its database,
 send again the tasks whose messages may be lost (at start, then those of lost workers
-periodically), and tell `loom up` it is ready (a file holding its pid: a worker has no port)."""
+periodically), report alive to the gateway's database (a liveness row, which `/v1/health`
+reads), and tell `loom up` it is ready (a file holding its pid: a worker has no port)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.app import ALEMBIC_DIR, VERSION_TABLE
 from gateway.models import utcnow
 from gateway.task_leases import requeue_abandoned, unsent_tasks
+from gateway.workers import forget, mark_alive
 from services.common.db import make_engine, make_sessionmaker, transaction
 from services.worker.app import LoomCelery, send
 from services.worker.schemas import TaskKind
@@ -74,18 +76,36 @@ def recover_tasks(app: LoomCelery, *, unsent_too: bool) -> list[str]:
     return sorted(lost)
 
 
+def report_alive(app: LoomCelery, worker_id: str, *, alive: bool = True) -> None:
+    """Refresh (or, at shutdown, remove) this worker's liveness row, which `/v1/health`
+    reads."""
+    engine = make_engine(app.loom_settings.database_url_for("gateway"))
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            if alive:
+                mark_alive(session, worker_id, os.getpid(), utcnow())
+            else:
+                forget(session, worker_id)
+    finally:
+        engine.dispose()
+
+
 def announce_readiness(app: LoomCelery) -> None:
     """Once consuming: recover lost tasks (then every `stale_after_s`, those of lost workers),
-    and write the ready file; remove it at shutdown."""
+    report alive, and write the ready file; remove both at shutdown."""
     ready_file = app.loom_settings.ready_file
+    worker_ids: list[str] = []
 
     def sweep() -> None:
         try:
+            report_alive(app, worker_ids[0])
             recover_tasks(app, unsent_too=False)
         except Exception:  # the next sweep tries again; the consumer must keep running
             log.exception("recovering lost tasks failed")
 
     def ready(sender: Any, **_: Any) -> None:
+        worker_ids.append(str(sender.hostname))
+        report_alive(app, worker_ids[0])
         recover_tasks(app, unsent_too=True)
         sender.timer.call_repeatedly(app.loom_settings.stale_after_s, sweep)
         ready_file.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +116,11 @@ def announce_readiness(app: LoomCelery) -> None:
     def shutdown(**_: Any) -> None:
         if is_ready(ready_file, os.getpid()):
             ready_file.unlink(missing_ok=True)
+        if worker_ids:
+            try:
+                report_alive(app, worker_ids[0], alive=False)
+            except Exception:  # the row goes stale on its own
+                log.exception("removing the worker's liveness row failed")
 
     signals.worker_ready.connect(ready, weak=False)
     signals.worker_shutdown.connect(shutdown, weak=False)

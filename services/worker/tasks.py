@@ -1,10 +1,11 @@
 """Celery tasks: thin adapters from a message (task id, job id, params as JSON) to the plain
-logic functions (`gc`, `evaluate`, `export`), through `runner.run_delivery`, which makes every
-delivery idempotent on the task id."""
+logic functions (`gc`, `evaluate`, `export`, a managed run's `recipe`), through
+`runner.run_delivery`, which makes every delivery idempotent on the task id."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,8 +20,9 @@ from services.worker.evaluate import evaluate as run_evaluation
 from services.worker.evaluate import metric_points
 from services.worker.export import export_merged
 from services.worker.gc import collect
+from services.worker.recipes import Attempt, complete_job, run_attempt
 from services.worker.runner import Done, Services, Work, run_delivery
-from services.worker.schemas import EvaluateParams, ExportParams, GcParams, TaskKind
+from services.worker.schemas import EvaluateParams, ExportParams, GcParams, RecipeParams, TaskKind
 
 if TYPE_CHECKING:
     from services.worker.app import LoomCelery
@@ -36,11 +38,12 @@ def register(app: LoomCelery) -> None:
     app.task(name=TASK_NAMES[TaskKind.gc], **options)(gc)
     app.task(name=TASK_NAMES[TaskKind.evaluate], **options)(evaluate)
     app.task(name=TASK_NAMES[TaskKind.export], **options)(export)
+    app.task(name=TASK_NAMES[TaskKind.recipe], **options)(recipe)
     app.task(name=SCHEDULED_GC, **options)(scheduled_gc)
 
 
 def gc(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any]) -> None:
-    async def work(services: Services) -> Done:
+    async def work(services: Services, _attempt: int) -> Done:
         return Done(await collect(services.modelstate, job_id, GcParams.model_validate(params)))
 
     _deliver(task, task_id, job_id, work)
@@ -48,7 +51,7 @@ def gc(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any
 
 def evaluate(task: CeleryTask, task_id: str, job_id: str | None,
              params: dict[str, Any]) -> None:
-    async def work(services: Services) -> Done:
+    async def work(services: Services, _attempt: int) -> Done:
         job = _job(job_id)
         result = await run_evaluation(services.modelstate, services.rollout, services.reward,
                                       job, EvaluateParams.model_validate(params))
@@ -61,9 +64,30 @@ def evaluate(task: CeleryTask, task_id: str, job_id: str | None,
 def export(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any]) -> None:
     exports_dir = _app(task).loom_settings.data_dir / "exports"
 
-    async def work(services: Services) -> Done:
+    async def work(services: Services, _attempt: int) -> Done:
         return Done(await export_merged(services.modelstate, _job(job_id),
                                         ExportParams.model_validate(params), exports_dir))
+
+    _deliver(task, task_id, job_id, work)
+
+
+def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any]) -> None:
+    """A managed run: the recipe runs in a thread (blocking SDK calls) while the runner's
+    heartbeat keeps the claim; losing the claim sets `stop`, which the recipe obeys at its
+    next checkpoint."""
+    app = _app(task)
+    run_params = RecipeParams.model_validate(params)
+
+    async def work(_services: Services, attempt: int) -> Done:
+        run = Attempt(task_id, attempt, _job(job_id), app.loom_settings.url_of("gateway"),
+                      app.sessions)
+        stop = threading.Event()
+        try:
+            result = await asyncio.to_thread(run_attempt, run, run_params, stop)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+        return Done(result, record=lambda session: complete_job(session, run.job_id))
 
     _deliver(task, task_id, job_id, work)
 

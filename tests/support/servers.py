@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import uvicorn
@@ -41,3 +42,28 @@ def serve_in_thread(app: FastAPI, port: int | None = None) -> Iterator[str]:
         thread.join(timeout=15)
         sock.close()
         assert not thread.is_alive(), "uvicorn did not stop"
+
+
+class RestartableServer:
+    """An app served in a thread that a test stops and starts again on the same port: a
+    crash and restart of the service, which loses whatever it held in memory."""
+
+    def __init__(self, factory: Callable[[], FastAPI]) -> None:
+        self.factory = factory
+        self.port: int | None = None
+        self._serving: contextlib.AbstractContextManager[str] | None = None
+
+    def start(self) -> str:
+        self._serving = serve_in_thread(self.factory(), self.port)
+        url = self._serving.__enter__()
+        self.port = int(url.rsplit(":", 1)[1])
+        return url
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            serving, self._serving = self._serving, None
+            serving.__exit__(None, None, None)
+
+    def restart(self) -> str:
+        self.stop()
+        return self.start()

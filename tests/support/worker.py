@@ -29,10 +29,12 @@ from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.app_factory import create_service_app
+from services.trainer.app import create_app as create_trainer
+from services.trainer.settings import TrainerSettings
 from services.worker.settings import WorkerSettings
 from services.worker.startup import is_ready
 from tests.conftest import REDIS_URL
-from tests.support.servers import serve_in_thread
+from tests.support.servers import RestartableServer, serve_in_thread
 
 # A database number of our own: nothing else's keys, and other tests' never ours.
 WORKER_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/11"
@@ -48,9 +50,12 @@ class Gate:
         self.opened = threading.Event()
         self.opened.set()
         self.calls = 0
+        self.let_through = 0
 
-    def close(self) -> None:
+    def close(self, after: int = 0) -> None:
+        """Hold the requests to the path from the `after + 1`-th one on (counted from now)."""
         self.entered.clear()
+        self.let_through = after
         self.opened.clear()
 
 
@@ -62,9 +67,12 @@ class GateMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == self.gate.path:
             self.gate.calls += 1
-            self.gate.entered.set()
-            while not self.gate.opened.is_set():
-                await asyncio.sleep(0.02)
+            if self.gate.let_through > 0:
+                self.gate.let_through -= 1
+            else:
+                self.gate.entered.set()
+                while not self.gate.opened.is_set():
+                    await asyncio.sleep(0.02)
         await self.app(scope, receive, send)
 
 
@@ -141,6 +149,8 @@ class TaskStack:
     data_dir: Path
     base_model: Path
     gate: Gate
+    trainer: RestartableServer
+    trainer_gate: Gate = field(default_factory=lambda: Gate(""))
     workers: list[Worker] = field(default_factory=list)
     worker_env: dict[str, str] = field(default_factory=dict)
 
@@ -189,36 +199,51 @@ async def wait_for_task(http: httpx.AsyncClient, task_id: str, statuses: set[str
 
 
 def build_stack(tmp_path: Path, database_url: str, tiny_model_dir: Path,
-                broker: dict[str, str]) -> Iterator[TaskStack]:
-    """The stack over `broker` (LOOM_WORKER_* values); workers are started by the tests."""
+                broker: dict[str, str], *, real_trainer: bool = False) -> Iterator[TaskStack]:
+    """The stack over `broker` (LOOM_WORKER_* values); workers are started by the tests.
+    The trainer is a stand-in unless `real_trainer`; either way the test can restart it and
+    hold requests to it (`trainer_gate`)."""
     data_dir = tmp_path / "data"
-    gate = Gate("/v1/gc")
+    gate, trainer_gate = Gate("/v1/gc"), Gate("")
     modelstate = create_modelstate(ModelStateSettings(
         data_dir=data_dir, database_url=database_url, modelstate_gc_interval_s=0))
     modelstate.add_middleware(GateMiddleware, gate=gate)
-    worker_vars = {"LOOM_WORKER_HEARTBEAT_S": str(HEARTBEAT_S),
+    worker_vars = {"LOOM_WORKER_HEARTBEAT_S": str(HEARTBEAT_S), "LOOM_WORKER_CONCURRENCY": "1",
                    "LOOM_WORKER_RETRY_BACKOFF_S": "0.2", **broker}
-    with serve_in_thread(modelstate) as modelstate_url, \
-            serve_in_thread(trainer_stand_in()) as trainer_url:
+    with contextlib.ExitStack() as running:
+        modelstate_url = running.enter_context(serve_in_thread(modelstate))
+
+        def trainer_app() -> FastAPI:
+            app = create_trainer(TrainerSettings(
+                data_dir=data_dir, modelstate_url=modelstate_url, trainer_device="cpu",
+            )) if real_trainer else trainer_stand_in()
+            app.add_middleware(GateMiddleware, gate=trainer_gate)
+            return app
+
+        trainer = RestartableServer(trainer_app)
+        trainer_url = trainer.start()
+        running.callback(trainer.stop)
         shared = {"data_dir": data_dir, "database_url": database_url,
                   "modelstate_url": modelstate_url, "trainer_url": trainer_url}
         worker_settings = WorkerSettings(**shared, **{
             key.removeprefix("LOOM_").lower(): value for key, value in worker_vars.items()})
-        gateway = create_app(GatewaySettings(**shared), worker_settings)
-        with serve_in_thread(gateway) as url:
-            stack = TaskStack(
-                url=url, admin_key=(data_dir / "admin_key").read_text().strip(),
-                database_url=database_url, modelstate_url=modelstate_url, data_dir=data_dir,
-                base_model=tiny_model_dir, gate=gate, worker_env={
-                    **os.environ, "LOOM_DATA_DIR": str(data_dir),
-                    "LOOM_DATABASE_URL": database_url, "LOOM_MODELSTATE_URL": modelstate_url,
-                    "LOOM_TRAINER_URL": trainer_url, "PYTHONUNBUFFERED": "1", **worker_vars})
-            try:
-                yield stack
-            finally:
-                gate.opened.set()
-                for worker in stack.workers:
-                    worker.stop()
+        url = running.enter_context(serve_in_thread(
+            create_app(GatewaySettings(**shared), worker_settings)))
+        stack = TaskStack(
+            url=url, admin_key=(data_dir / "admin_key").read_text().strip(),
+            database_url=database_url, modelstate_url=modelstate_url, data_dir=data_dir,
+            base_model=tiny_model_dir, gate=gate, trainer=trainer, trainer_gate=trainer_gate,
+            worker_env={
+                **os.environ, "LOOM_DATA_DIR": str(data_dir), "LOOM_DATABASE_URL": database_url,
+                "LOOM_MODELSTATE_URL": modelstate_url, "LOOM_TRAINER_URL": trainer_url,
+                "LOOM_GATEWAY_URL": url, "PYTHONUNBUFFERED": "1", **worker_vars})
+        try:
+            yield stack
+        finally:
+            gate.opened.set()
+            trainer_gate.opened.set()
+            for worker in stack.workers:
+                worker.stop()
 
 
 def lora_adapter(model_dir: Path, dest: Path, seed: int = 0) -> Path:

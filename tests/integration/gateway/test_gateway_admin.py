@@ -208,6 +208,15 @@ async def test_the_job_page_shows_what_the_job_logged_and_which_services_are_dow
         assert health.status_code == 200
         assert re.search(r'data-service="modelstate">.*?status-unreachable', health.text,
                          re.S)
+        assert re.search(r'data-service="worker">.*?status-unreachable', health.text, re.S)
+
+        async with stack.client() as api:  # a managed run (no worker here: it stays queued)
+            run = await api.post(f"/v1/jobs/{job_id}/tasks", json={
+                "kind": "recipe", "params": {"recipe": "sft", "config": {
+                    "steps": 2, "data": [{"input_ids": [1, 2], "loss_mask": [0, 1]}]}}})
+            assert run.status_code == 202, run.text
+        summary = await client.get(f"/admin/jobs/{job_id}/summary")
+        assert re.search(r'id="run">.*?sft.*?status-queued', summary.text, re.S)
 
 
 async def test_an_invalid_alias_name_is_refused_before_reaching_modelstate(

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.app import create_app
+from gateway.keys import create_job_key
+from services.common.db import make_engine, make_sessionmaker, transaction
 
 if TYPE_CHECKING:
     from tests.integration.gateway.conftest import Serve, Stack
@@ -79,6 +81,34 @@ async def test_jobs_are_private_to_their_key_and_follow_the_state_machine(stack:
         assert again.json()["error"]["code"] == "invalid_transition"
     async with stack.client() as admin:  # admins see every job
         assert job["id"] in {j["id"] for j in (await admin.get("/v1/jobs")).json()["jobs"]}
+
+
+async def test_a_job_key_acts_for_its_one_job_only(stack: Stack) -> None:
+    """The key a managed run gets: its owner's rights on one job, nothing else."""
+    async with stack.client() as admin:
+        alice = (await admin.post("/v1/keys", json={"name": "alice"})).json()["key"]
+    async with stack.client(alice) as as_alice:
+        mine, other = [(await as_alice.post("/v1/jobs", json={"base_model": "loom/tiny"})).json()
+                       ["id"] for _ in range(2)]
+    engine = make_engine(stack.settings.database_url_for("gateway"))
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            secret = create_job_key(session, mine, "managed run")
+    finally:
+        engine.dispose()
+    async with stack.client(secret) as as_job:
+        assert [j["id"] for j in (await as_job.get("/v1/jobs")).json()["jobs"]] == [mine]
+        assert (await as_job.get(f"/v1/jobs/{mine}")).status_code == 200
+        logged = await as_job.post(f"/v1/jobs/{mine}/metrics",
+                                   json={"points": [{"step": 1, "name": "loss", "value": 1.0}]})
+        assert logged.status_code == 200
+        assert (await as_job.get(f"/v1/jobs/{other}")).status_code == 404
+        refused = await as_job.post(f"/v1/jobs/{other}/metrics", json={
+            "points": [{"step": 1, "name": "loss", "value": 1.0}]})
+        assert refused.status_code == 404
+        created = await as_job.post("/v1/jobs", json={"base_model": "loom/tiny"})
+        assert created.status_code == 403 and "job key" in created.json()["error"]["message"]
+        assert (await as_job.get("/v1/keys")).status_code == 403
 
 
 async def test_malformed_job_requests_get_422(stack: Stack) -> None:

@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
+from agents.recipes import RunStopped
 from gateway.app import ALEMBIC_DIR, VERSION_TABLE
 from gateway.job_logs import log_metrics, metric_series
 from gateway.keys import KeyIdentity
@@ -76,7 +77,7 @@ async def test_success_records_the_result_and_the_extra_rows_in_one_transaction(
     assert job_id is not None
     calls = 0
 
-    async def work(_services: Services) -> Done:
+    async def work(_services: Services, _attempt: int) -> Done:
         nonlocal calls
         calls += 1
         points = [MetricPoint(step=3, name="eval/heldout/accuracy", value=0.5)]
@@ -102,7 +103,7 @@ async def test_a_user_fault_fails_at_once_and_a_bug_is_an_internal_error(
                       (ValueError("oops"), "internal_error")):
         task_id = new_task(sessions)
 
-        async def work(_services: Services, exc: Exception = exc) -> Done:
+        async def work(_services: Services, _attempt: int, exc: Exception = exc) -> Done:
             raise exc
 
         assert await run_delivery(settings, sessions, task_id, 0, work) is None
@@ -114,7 +115,7 @@ async def test_an_outage_is_retried_with_backoff_then_given_up(
         sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
     task_id = new_task(sessions)
 
-    async def work(_services: Services) -> Done:
+    async def work(_services: Services, _attempt: int) -> Done:
         raise UpstreamError("rollout: engine crashed")
 
     assert await run_delivery(settings, sessions, task_id, 0, work) == Redeliver(1.0, True)
@@ -134,7 +135,7 @@ async def test_cancel_stops_a_running_task_at_its_next_heartbeat(
     task_id = new_task(sessions)
     started, stopped = asyncio.Event(), asyncio.Event()
 
-    async def work(_services: Services) -> Done:
+    async def work(_services: Services, _attempt: int) -> Done:
         started.set()
         try:
             await asyncio.sleep(60)
@@ -161,7 +162,7 @@ async def test_a_lost_workers_task_waits_then_is_taken_over_and_recovered(
         first = claim_task(session, task_id, now, settings.stale_after_s)
     assert (first.action, first.attempt) == (ClaimAction.run, 1)
 
-    async def work(_services: Services) -> Done:
+    async def work(_services: Services, _attempt: int) -> Done:
         return Done(Result(value=2))
 
     again = await run_delivery(settings, sessions, task_id, 0, work)  # heartbeat still fresh
@@ -184,3 +185,21 @@ async def test_a_lost_workers_task_waits_then_is_taken_over_and_recovered(
         "queued", "worker_lost")
     assert await run_delivery(settings, sessions, task_id, 0, work) is None
     assert (row(sessions, task_id).status, row(sessions, task_id).attempts) == ("succeeded", 3)
+
+
+async def test_a_run_stopped_by_its_job_cancels_the_task_and_one_that_lost_it_writes_nothing(
+        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
+    for cancel_task_too, status in ((True, TaskStatus.cancelled), (False, TaskStatus.running)):
+        task_id = new_task(sessions)
+
+        async def work(_services: Services, attempt: int, cancel: bool = cancel_task_too
+                       ) -> Done:
+            assert attempt == 1
+            raise RunStopped("Job was cancelled.", cancel_task=cancel)
+
+        assert await run_delivery(settings, sessions, task_id, 0, work) is None
+        stopped = row(sessions, task_id)
+        assert (stopped.status, stopped.result) == (status.value, None)
+        if cancel_task_too:
+            assert stopped.error == {"code": "cancelled", "message": "Job was cancelled.",
+                                     "detail": None}

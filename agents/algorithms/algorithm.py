@@ -1,4 +1,4 @@
-"""The algorithms as recipes: how rewards become advantages, which groups are kept, and the
+"""Algorithms: how rewards become advantages, which groups are kept, and the
 trainer loss that matches. `Algorithm.batch(groups)` turns streamed rollout groups into
 trainer data.
 

@@ -1,0 +1,43 @@
+"""managed runs: job keys, run progress, worker liveness
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-11-24
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("api_keys") as batch:
+        batch.add_column(sa.Column("job_id", sa.String(64), nullable=True))
+        batch.create_foreign_key("fk_api_keys_job_id", "jobs", ["job_id"], ["id"],
+                                 ondelete="CASCADE")
+        batch.create_index("ix_api_keys_job_id", ["job_id"])
+    with op.batch_alter_table("background_tasks") as batch:
+        batch.add_column(sa.Column("progress", sa.JSON(), nullable=True))
+    op.create_table(
+        "workers",
+        sa.Column("id", sa.String(255), primary_key=True),
+        sa.Column("pid", sa.Integer(), nullable=False),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("workers")
+    with op.batch_alter_table("background_tasks") as batch:
+        batch.drop_column("progress")
+    with op.batch_alter_table("api_keys") as batch:
+        batch.drop_index("ix_api_keys_job_id")
+        batch.drop_constraint("fk_api_keys_job_id", type_="foreignkey")
+        batch.drop_column("job_id")

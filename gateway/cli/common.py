@@ -1,0 +1,55 @@
+"""What the `loom` commands share: the options for reaching a gateway, settings, consoles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+
+from services.common.settings import LoomSettings
+
+console = Console()
+err_console = Console(stderr=True)
+
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option("--data-dir", envvar="LOOM_DATA_DIR",
+                 help="Where the embedded stack keeps state (default: ~/.loom)."),
+]
+UrlOption = Annotated[
+    str | None, typer.Option("--url", help="Gateway URL (default: LOOM_GATEWAY_URL).")
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="LOOM_API_KEY",
+                 help="API key (default: <data_dir>/admin_key, written at first `loom up`)."),
+]
+
+
+def settings_for(data_dir: Path | None) -> LoomSettings:
+    return LoomSettings(data_dir=data_dir) if data_dir else LoomSettings()
+
+
+def admin_key_file(settings: LoomSettings) -> Path:
+    return settings.data_dir / "admin_key"
+
+
+def api_key_for(given: str | None, settings: LoomSettings) -> str:
+    if given:
+        return given
+    key_file = admin_key_file(settings)
+    if key_file.exists():
+        return key_file.read_text().strip()
+    err_console.print(f"[red]No API key: pass --api-key, set LOOM_API_KEY, or run `loom up` "
+                      f"once so {key_file} exists.[/red]")
+    raise typer.Exit(2)
+
+
+def gateway_answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
