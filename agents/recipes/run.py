@@ -40,8 +40,7 @@ class RecipeRun:
         self.loom = loom
         self.job = job
         self.run_id = run_id
-        self.resumed = resumed
-        self.last = resumed
+        self.last = resumed  # the newest checkpoint: the resumed one, then each new one
         self._record = record
         self._between_steps = between_steps
 

@@ -5,9 +5,11 @@ reads), and tell `loom up` it is ready (a file holding its pid: a worker has no 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from alembic.config import Config
@@ -15,6 +17,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from celery import signals
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from gateway.app import ALEMBIC_DIR, VERSION_TABLE
 from gateway.models import utcnow
@@ -54,40 +57,35 @@ def wait_for_schema(url: str, timeout_s: float) -> None:
         engine.dispose()
 
 
-def recover_tasks(app: LoomCelery, *, unsent_too: bool) -> list[str]:
-    """Queue again and send the tasks whose worker was lost (`requeue_abandoned`) and, with
-    `unsent_too`, those queued long enough that their message may be lost (`unsent_tasks`)."""
-    settings = app.loom_settings
-    # An engine of its own, gone before returning: never inherited by forked pool processes.
-    engine = make_engine(settings.database_url_for("gateway"))
+@contextlib.contextmanager
+def own_transaction(app: LoomCelery) -> Iterator[Session]:
+    """A transaction on the gateway's database over an engine of its own, disposed at the
+    end: never inherited by the forked pool processes."""
+    engine = make_engine(app.loom_settings.database_url_for("gateway"))
     try:
         with transaction(make_sessionmaker(engine)) as session:
-            now = utcnow()
-            rows = requeue_abandoned(session, now, settings.stale_after_s)
-            if unsent_too:
-                rows += unsent_tasks(session, now, settings.stale_after_s)
-            lost = {row.id: (TaskKind(row.kind), row.job_id, row.params) for row in rows}
+            yield session
     finally:
         engine.dispose()
+
+
+def sweep_once(app: LoomCelery, worker_id: str, *, unsent_too: bool) -> list[str]:
+    """Report this worker alive, then queue again and send the tasks whose worker was lost
+    (`requeue_abandoned`) and, with `unsent_too`, those queued long enough that their
+    message may be lost (`unsent_tasks`). One transaction for both."""
+    settings = app.loom_settings
+    with own_transaction(app) as session:
+        now = utcnow()
+        mark_alive(session, worker_id, os.getpid(), now)
+        rows = requeue_abandoned(session, now, settings.stale_after_s)
+        if unsent_too:
+            rows += unsent_tasks(session, now, settings.stale_after_s)
+        lost = {row.id: (TaskKind(row.kind), row.job_id, row.params) for row in rows}
     for task_id, (kind, job_id, params) in lost.items():  # sent once the requeue committed
         send(app, task_id, kind, job_id, params)
     if lost:
         log.warning("sent %d lost task(s) again: %s", len(lost), sorted(lost))
     return sorted(lost)
-
-
-def report_alive(app: LoomCelery, worker_id: str, *, alive: bool = True) -> None:
-    """Refresh (or, at shutdown, remove) this worker's liveness row, which `/v1/health`
-    reads."""
-    engine = make_engine(app.loom_settings.database_url_for("gateway"))
-    try:
-        with transaction(make_sessionmaker(engine)) as session:
-            if alive:
-                mark_alive(session, worker_id, os.getpid(), utcnow())
-            else:
-                forget(session, worker_id)
-    finally:
-        engine.dispose()
 
 
 def announce_readiness(app: LoomCelery) -> None:
@@ -98,15 +96,13 @@ def announce_readiness(app: LoomCelery) -> None:
 
     def sweep() -> None:
         try:
-            report_alive(app, worker_ids[0])
-            recover_tasks(app, unsent_too=False)
+            sweep_once(app, worker_ids[0], unsent_too=False)
         except Exception:  # the next sweep tries again; the consumer must keep running
             log.exception("recovering lost tasks failed")
 
     def ready(sender: Any, **_: Any) -> None:
         worker_ids.append(str(sender.hostname))
-        report_alive(app, worker_ids[0])
-        recover_tasks(app, unsent_too=True)
+        sweep_once(app, worker_ids[0], unsent_too=True)
         sender.timer.call_repeatedly(app.loom_settings.stale_after_s, sweep)
         ready_file.parent.mkdir(parents=True, exist_ok=True)
         temp = ready_file.with_name(f".{ready_file.name}.{os.getpid()}")
@@ -118,7 +114,8 @@ def announce_readiness(app: LoomCelery) -> None:
             ready_file.unlink(missing_ok=True)
         if worker_ids:
             try:
-                report_alive(app, worker_ids[0], alive=False)
+                with own_transaction(app) as session:
+                    forget(session, worker_ids[0])
             except Exception:  # the row goes stale on its own
                 log.exception("removing the worker's liveness row failed")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import psutil
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.app import create_app
@@ -28,13 +28,13 @@ from modelstate.app import create_app as create_modelstate
 from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
-from services.common.app_factory import create_service_app
 from services.trainer.app import create_app as create_trainer
 from services.trainer.settings import TrainerSettings
 from services.worker.settings import WorkerSettings
 from services.worker.startup import is_ready
 from tests.conftest import REDIS_URL
 from tests.support.servers import RestartableServer, serve_in_thread
+from tests.support.trainer import trainer_stand_in
 
 # A database number of our own: nothing else's keys, and other tests' never ours.
 WORKER_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/11"
@@ -74,17 +74,6 @@ class GateMiddleware:
                 while not self.gate.opened.is_set():
                     await asyncio.sleep(0.02)
         await self.app(scope, receive, send)
-
-
-def trainer_stand_in() -> FastAPI:
-    """Accepts any model (jobs need one); the tasks never call the trainer."""
-    router = APIRouter(prefix="/v1")
-
-    @router.post("/models", status_code=201)
-    async def create_model(body: dict[str, Any]) -> dict[str, str]:
-        return {"model_id": body["job_id"], "job_id": body["job_id"]}
-
-    return create_service_app("trainer", routers=[router])
 
 
 @dataclass
@@ -244,20 +233,3 @@ def build_stack(tmp_path: Path, database_url: str, tiny_model_dir: Path,
             trainer_gate.opened.set()
             for worker in stack.workers:
                 worker.stop()
-
-
-def lora_adapter(model_dir: Path, dest: Path, seed: int = 0) -> Path:
-    """A real PEFT adapter of the tiny model with nonzero B matrices (it changes the weights)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
-    model.save_pretrained(dest)
-    return dest

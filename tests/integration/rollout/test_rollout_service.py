@@ -22,6 +22,7 @@ from modelstate.settings import ModelStateSettings
 from services.common.ports import free_port
 from services.rollout.app import create_app
 from services.rollout.settings import RolloutSettings
+from tests.support.adapters import lora_adapter
 from tests.support.servers import serve_in_thread
 
 pytestmark = pytest.mark.integration
@@ -112,22 +113,6 @@ def perturbed_copy(model_dir: Path, dest: Path, scale: float) -> Path:
               dest / "model.safetensors", metadata={"format": "pt"})
     return dest
 
-
-def lora_adapter(model_dir: Path, dest: Path, seed: int) -> Path:
-    """A real PEFT adapter with nonzero B matrices (so it changes the outputs)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
-                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
-    model.save_pretrained(dest)
-    return dest
 
 
 # --- sampling --------------------------------------------------------------------------------
@@ -337,7 +322,7 @@ async def test_in_flight_samples_finish_on_their_version(rollout: httpx.AsyncCli
 async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelStateClient,
                                      tiny_model_dir: Path, tmp_path: Path) -> None:
     base = await sample(rollout)
-    adapter = lora_adapter(tiny_model_dir, tmp_path / "lora", seed=0)
+    adapter = lora_adapter(tiny_model_dir, tmp_path / "lora", seed=0, rank=8)
     await store.publish(VersionMeta(job_id="lora-job", kind=VersionKind.lora,
                                        base_model=str(tiny_model_dir)), adapter)
     published = time.perf_counter()
@@ -347,7 +332,7 @@ async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelSta
     assert first["samples"][0]["logprobs"] != base["samples"][0]["logprobs"]
 
     # The follower pre-loads what is published: the adapter becomes resident without a request.
-    second = lora_adapter(tiny_model_dir, tmp_path / "lora2", seed=1)
+    second = lora_adapter(tiny_model_dir, tmp_path / "lora2", seed=1, rank=8)
     await store.publish(VersionMeta(job_id="lora-job", kind=VersionKind.lora,
                                        base_model=str(tiny_model_dir)), second)
     published = time.perf_counter()
@@ -379,7 +364,7 @@ async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
     job_id = f"partial-{kind.value}"
 
     async def publish(seed: int) -> None:
-        weights = (lora_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed=seed)
+        weights = (lora_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed=seed, rank=8)
                    if kind == VersionKind.lora
                    else perturbed_copy(tiny_model_dir, tmp_path / f"v{seed}", 1 + seed / 10))
         await store.publish(VersionMeta(job_id=job_id, kind=kind,

@@ -17,13 +17,9 @@ from modelstate.schemas import GcReport, VersionKind
 from services.common.ports import free_port
 from services.worker.schemas import GcParams, TaskKind
 from services.worker.settings import WorkerSettings
+from tests.support.adapters import lora_adapter
 from tests.support.servers import serve_in_thread
-from tests.support.worker import (
-    HEARTBEAT_S,
-    TaskStack,
-    lora_adapter,
-    wait_for_task,
-)
+from tests.support.worker import HEARTBEAT_S, TaskStack, wait_for_task
 
 DONE = {"succeeded", "failed", "cancelled"}
 
