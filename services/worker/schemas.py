@@ -3,10 +3,11 @@ models, sent to the worker as `model_dump(mode="json")` and imported by the gate
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from modelstate.schemas import AliasName, GcReport
 from services.common.schemas import LenientModel, StrictModel
@@ -16,6 +17,9 @@ MAX_EVAL_ITEMS = 2_000
 MAX_EVAL_TEXT = 100_000
 EVAL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 RECIPE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+# A run's config travels in its task row and its broker message: data belongs in files or
+# in the config's own bounded fields, not in megabytes of JSON.
+MAX_RECIPE_CONFIG_BYTES = 8 << 20
 
 # A version number (0: the base model) or an alias such as "latest".
 TaskVersionRef = Annotated[int, Field(ge=0)] | AliasName
@@ -80,7 +84,17 @@ class RecipeParams(StrictModel):
     recipe: str = Field(pattern=RECIPE_NAME_PATTERN,
                         description="A registered recipe's name: `loom recipes` lists them.")
     config: dict[str, Any] = Field(
-        default={}, description="The recipe's config, checked against its schema at submit.")
+        default={}, description="The recipe's config, checked against its schema at submit "
+        f"(at most {MAX_RECIPE_CONFIG_BYTES >> 20} MiB as JSON).")
+
+    @field_validator("config")
+    @classmethod
+    def _bounded(cls, config: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(config, separators=(",", ":")))
+        if size > MAX_RECIPE_CONFIG_BYTES:
+            raise ValueError(f"the config is {size} bytes as JSON; at most "
+                             f"{MAX_RECIPE_CONFIG_BYTES} are accepted")
+        return config
 
 
 class PublishOptions(StrictModel):

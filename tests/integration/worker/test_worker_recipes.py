@@ -84,6 +84,22 @@ async def test_bad_submits_are_refused_with_what_to_fix(run_stack: TaskStack) ->
         assert invalid.status_code == 422
         assert "steps" in invalid.json()["error"]["message"]
 
+        huge = sft(steps=1, checkpoint_every=1)
+        huge["params"]["config"]["data"] = DATA * 200_000
+        oversized = await http.post(f"/v1/jobs/{job_id}/tasks", json=huge)
+        assert oversized.status_code == 422
+        assert "bytes as JSON" in oversized.json()["error"]["message"]
+
+        bob = (await http.post("/v1/keys", json={"name": "bob"})).json()["key"]
+        async with run_stack.client(bob) as as_bob:
+            foreign = await as_bob.post(f"/v1/jobs/{job_id}/tasks",
+                                        json=sft(steps=1, checkpoint_every=1))
+            assert foreign.status_code == 404
+        async with run_stack.client("loom_not-a-key") as anonymous:
+            assert (await anonymous.post(f"/v1/jobs/{job_id}/tasks",
+                                         json=sft(steps=1, checkpoint_every=1))
+                    ).status_code == 401
+
         neither = {"kind": "recipe", "params": {"recipe": "sft", "config": {"steps": 3}}}
         refused = await http.post(f"/v1/jobs/{job_id}/tasks", json=neither)
         assert refused.status_code == 422 and "either" in refused.json()["error"]["message"]

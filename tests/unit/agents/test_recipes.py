@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
+from pydantic import ValidationError
 
 from agents.examples.arith_grpo import ArithConfig
 from agents.recipes import RecipeRun, RunStopped, load_recipe, registered
 from agents.sdk.sync import Job, LoomClient
 from services.common.errors import InvalidInput
 from services.trainer.schemas import SaveWeightsResult
-from services.worker.schemas import PublishOptions, RunProgress
+from services.worker.schemas import PublishOptions, RecipeParams, RunProgress
 
 
 @dataclass
@@ -120,3 +121,10 @@ def test_the_built_in_recipes_are_registered_and_check_their_config() -> None:
         load_recipe("arith_grpo").parse_config({"rl_step": 3})
     with pytest.raises(InvalidInput, match=r"No recipe 'nope'; registered: \["):
         load_recipe("nope")
+
+
+def test_an_oversized_config_is_refused_before_it_is_stored() -> None:
+    too_big = {"examples": [{"prompt": "x" * 1024, "completion": "y"}] * (9 * 1024)}
+    with pytest.raises(ValidationError, match="at most 8388608 are accepted"):
+        RecipeParams(recipe="sft", config=too_big)
+    assert RecipeParams(recipe="sft", config={"steps": 1}).config == {"steps": 1}
