@@ -20,6 +20,8 @@ from gateway.settings import GatewaySettings
 from gateway.tinker import routes as tinker_routes
 from gateway.tinker.service import TinkerService
 from gateway.upstreams import Upstreams
+from gateway.weaver import routes as weaver_routes
+from gateway.weaver.service import WeaverService
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.http import ServiceClient
@@ -54,7 +56,9 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.trainer = ServiceClient(settings.url_of("trainer"), service="trainer")
         rollout = ServiceClient(settings.url_of("rollout"), service="rollout")
         app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
-                                         settings.gateway_tinker_base_models)
+                                         settings.gateway_sdk_base_models)
+        app.state.weaver = WeaverService(app.state.sessions, app.state.trainer, rollout,
+                                         settings.gateway_sdk_base_models, settings.data_dir)
         app.state.celery = create_celery(worker_settings)  # connects on the first send
         # Workers refresh their liveness row every stale_after_s: two missed ones mean gone.
         app.state.worker_stale_after_s = 2 * worker_settings.stale_after_s
@@ -78,7 +82,8 @@ def create_app(settings: GatewaySettings | None = None,
     # Our routes first: /v1/jobs, /v1/keys, /v1/tasks and /v1/health win over the
     # /v1/{service} proxy.
     app = create_service_app("gateway", routers=[routes.router, tasks_routes.router,
-                                                 tinker_routes.router, proxy.router],
+                                                 tinker_routes.router, weaver_routes.router,
+                                                 proxy.router],
                              lifespan=lifespan, readiness=readiness)
     app.state.settings = settings
     install_admin(app, settings)  # /admin: pages, static files, session signer

@@ -25,8 +25,11 @@ from gateway.keys import (
     key_exists,
 )
 from gateway.settings import GatewaySettings
+from gateway.weaver.errors import error_response as weaver_error_response
+from gateway.weaver.errors import is_weaver_path
 from services.common.app_factory import error_response
 from services.common.db import in_transaction, transaction
+from services.common.errors import Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +38,9 @@ PUBLIC_PREFIXES = ("/docs", "/redoc")
 # The web admin authenticates with its own session cookie (gateway/admin/session.py), so the
 # API-key middleware lets it through and its routes check the cookie themselves.
 ADMIN_PREFIX = "/admin"
-MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'. "
-               "`loom up` prints the admin key once and writes it to <data_dir>/admin_key.")
+MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
+               "(Weaver SDK: WEAVER_API_KEY=<key>). `loom up` prints the admin key once and "
+               "writes it to <data_dir>/admin_key.")
 
 
 # The Tinker SDK refuses keys without this prefix, so Tinker scripts send `tml-<loom key>`.
@@ -48,6 +52,9 @@ def presented_secret(headers: dict[bytes, bytes]) -> str | None:
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
+    weaver_key = headers.get(b"x-weaver-api-key", b"").decode("latin-1").strip()
+    if weaver_key:
+        return weaver_key
     api_key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
     return api_key.removeprefix(TINKER_KEY_PREFIX) or None
 
@@ -69,7 +76,7 @@ class ApiKeyAuthMiddleware:
             return
         secret = presented_secret(dict(scope["headers"]))
         if secret is None:
-            await _unauthorized(MISSING_KEY)(scope, receive, send)
+            await _unauthorized(MISSING_KEY, scope["path"])(scope, receive, send)
             return
         state = scope["app"].state
         digest = hash_secret(secret)
@@ -79,7 +86,8 @@ class ApiKeyAuthMiddleware:
             if identity is not None:
                 state.auth_cache.put(digest, identity)
         if identity is None:
-            await _unauthorized("Invalid or revoked API key.")(scope, receive, send)
+            await _unauthorized("Invalid or revoked API key.", scope["path"])(
+                scope, receive, send)
             return
         scope.setdefault("state", {})["api_key"] = identity
         await self.app(scope, receive, send)
@@ -113,8 +121,12 @@ class AuthCache:
             del self._entries[digest]
 
 
-def _unauthorized(message: str) -> ASGIApp:
-    response = error_response(401, "unauthorized", message)
+def _unauthorized(message: str, path: str) -> ASGIApp:
+    """A 401 in the shape the caller's SDK reads: Weaver's under its prefix, else Loom's."""
+    if is_weaver_path(path):
+        response = weaver_error_response(Unauthorized(message))
+    else:
+        response = error_response(401, "unauthorized", message)
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
 

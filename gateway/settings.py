@@ -51,11 +51,11 @@ class GatewaySettings(LoomSettings):
         default=1_000, ge=1, le=1_000_000,
         description="Logged samples a job keeps for inspection; older ones are dropped.",
     )
-    gateway_tinker_base_models: dict[str, str] = Field(
+    gateway_sdk_base_models: dict[str, str] = Field(
         default={},
-        description="Tinker SDK base model names -> Loom base models (JSON), since nothing is "
-        "fetched from a hub: e.g. {\"Qwen/Qwen3-8B\": \"/models/qwen3-8b\"}. Unlisted names "
-        "are used as given.",
+        description="Base model names of Tinker and Weaver SDK scripts -> Loom base models "
+        "(JSON), since nothing is fetched from a hub: e.g. {\"Qwen/Qwen3-8B\": "
+        "\"/models/qwen3-8b\"}. Unlisted names are used as given.",
     )
 
     @property

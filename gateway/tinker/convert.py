@@ -68,15 +68,6 @@ def per_token(datum: TinkerDatum, name: str, index: int, default: float | None =
     return [float(v) for v in values]
 
 
-def forward_loss(loss_fn: str, datum: TinkerDatum, logprobs: list[float]) -> float:
-    """The loss `forward` reports, from the logprobs it computed (no gradient)."""
-    lp = np.asarray(logprobs)
-    if loss_fn == "cross_entropy":
-        return float(-(np.asarray(per_token(datum, "weights", 0, 1.0)) * lp).sum())
-    ratio = np.exp(lp - np.asarray(per_token(datum, "logprobs", 0)))
-    return float(-(ratio * np.asarray(per_token(datum, "advantages", 0))).sum())
-
-
 def sampling_params(params: schemas.TinkerSamplingParams) -> SamplingParams:
     stop = params.stop
     strings = [stop] if isinstance(stop, str) else [s for s in stop or [] if isinstance(s, str)]

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request, Response, status
 
 from gateway.deps import CurrentKey
 from gateway.tinker import schemas
-from gateway.tinker.futures import PENDING, failure
+from gateway.tinker.futures import PENDING, failure, retrieve
 from gateway.tinker.service import TinkerService
 from services.common.deps import app_state
 from services.common.errors import InvalidInput, PayloadTooLarge
@@ -149,7 +149,7 @@ async def asample(body: schemas.Sample, tinker: TinkerDep, key: CurrentKey) -> d
 @router.post("/retrieve_future", response_model=None)
 async def retrieve_future(body: schemas.RetrieveFuture, tinker: TinkerDep,
                           _key: CurrentKey) -> Response | dict[str, Any]:
-    result = await tinker.futures.retrieve(body.request_id, RETRIEVE_WAIT_S)
+    result = await retrieve(tinker.futures, body.request_id, RETRIEVE_WAIT_S)
     if result is PENDING:
         return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
     if isinstance(result, bytes):

@@ -6,24 +6,21 @@ numbers them (from 1, no gaps), so the trainer's own per-model ordering keeps th
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from gateway import jobs
+from gateway.futures import Futures, Payload
 from gateway.keys import KeyIdentity
 from gateway.schemas import JobCreate, JobStatus
+from gateway.sdk_calls import CallOrder, TrainerCalls, forward_loss, sample, user_input
 from gateway.tinker import checkpoints, schemas, wire
-from gateway.tinker.convert import forward_loss, loom_datum, sampling_params, tinker_datum
-from gateway.tinker.futures import Futures, Payload
+from gateway.tinker.convert import loom_datum, sampling_params, tinker_datum
 from services.common.db import in_transaction
 from services.common.errors import (
     Conflict,
@@ -31,12 +28,9 @@ from services.common.errors import (
     InvalidInput,
     LoomError,
     NotFound,
-    error_from_envelope,
-    invalid_options,
 )
 from services.common.http import ServiceClient
-from services.common.schemas import Operation, StrictModel
-from services.rollout.schemas import SampleRequest, SampleResponse
+from services.common.schemas import StrictModel
 from services.trainer.schemas import (
     AdamParams,
     CheckpointList,
@@ -59,8 +53,6 @@ from services.trainer.schemas import (
 # Tinker's built-in losses that Loom's trainer computes the same way (token sums).
 LOSSES = {"cross_entropy": LossName.cross_entropy,
           "importance_sampling": LossName.importance_sampling}
-OPERATION_WAIT_S = 30.0
-SEQ_GAP_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -69,9 +61,7 @@ class TrainingModel:
     job_id: str
     base_model: str
     lora_rank: int
-    next_seq: int = 1
-    submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> request id
-    turn: asyncio.Condition = field(default_factory=asyncio.Condition)
+    calls: CallOrder = field(default_factory=CallOrder)
 
 
 @dataclass(frozen=True)
@@ -91,7 +81,8 @@ class TinkerService:
         self.trainer = trainer
         self.rollout = rollout
         self.base_models = base_models
-        self.futures = Futures()
+        self.futures = Futures("req")
+        self.calls = TrainerCalls(trainer)
         self.sessions: dict[str, int] = {}  # session id -> owner key id
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, SamplerRef] = {}
@@ -175,8 +166,8 @@ class TinkerService:
             forward = ForwardResult.model_validate(await self._result(forward_op))
             logprobs = [row[1:] for row in forward.logprobs]  # position i predicts target i
             if backward_op is None:
-                total = sum(forward_loss(request.loss_fn, d, lp) for d, lp in
-                            zip(data, logprobs, strict=True))
+                total = sum(forward_loss(backward_body.loss, d, row) for d, row in
+                            zip(loom_data, forward.logprobs, strict=True))
             else:
                 total = ForwardBackwardResult.model_validate(await self._result(backward_op)).loss
             return wire.forward_backward_output(logprobs, {"loss:sum": float(total)})
@@ -382,20 +373,17 @@ class TinkerService:
                                "topk_*) are not served by Loom yet.")
         if any(chunk.type != "encoded_text" for chunk in body.prompt.chunks):
             raise InvalidInput("Only text prompts (encoded_text chunks) are supported.")
+        if not any(chunk.tokens for chunk in body.prompt.chunks):
+            raise InvalidInput("The prompt has no tokens.")
         with user_input("asample", "sampling_params"):
             params = sampling_params(body.sampling_params)
-            # vLLM refuses n > 1 when greedy; greedy samples are all the same one anyway.
-            greedy_copies = body.num_samples if params.temperature == 0 else 1
-            request = SampleRequest(
-                job_id=ref.job_id, version=ref.version, n=body.num_samples // greedy_copies,
-                prompt_token_ids=[t for chunk in body.prompt.chunks for t in chunk.tokens],
-                params=params)
+        tokens = [t for chunk in body.prompt.chunks for t in chunk.tokens]
 
         async def run() -> Payload:
-            response = SampleResponse.model_validate(await self.rollout.post_json(
-                "/v1/sample", request.model_dump(mode="json")))
+            samples = await sample(self.rollout, ref.job_id, ref.version, tokens,
+                                   body.num_samples, params)
             return wire.sample_response([(s.token_ids, s.logprobs, s.stop_reason == "length")
-                                         for s in response.samples] * greedy_copies)
+                                         for s in samples])
 
         ids = [f"{body.sampling_session_id}:{body.seq_id}:{i}" for i in range(body.num_samples)]
         return {"request_id": self.futures.submit(run()), "sample_sequence_ids": ids}
@@ -404,45 +392,10 @@ class TinkerService:
 
     async def _in_order(self, model: TrainingModel, seq_id: int, submit: Any, result: Any
                         ) -> dict[str, Any]:
-        """Submit to the trainer when it is `seq_id`'s turn; a resent seq_id (the SDK's retry)
-        gets the first submission's request id."""
-        async with model.turn:
-            if seq_id in model.submitted:
-                return {"request_id": model.submitted[seq_id]}
-            try:
-                await asyncio.wait_for(model.turn.wait_for(lambda: model.next_seq >= seq_id),
-                                       SEQ_GAP_TIMEOUT_S)
-            except TimeoutError as exc:
-                raise InvalidInput(f"seq_id {seq_id} waited {SEQ_GAP_TIMEOUT_S:g} s for "
-                                   f"seq_id {model.next_seq}, which never came.") from exc
-            try:
-                submitted = await submit()
-            finally:
-                model.next_seq = max(model.next_seq, seq_id + 1)
-                model.turn.notify_all()
-            request_id = self.futures.submit(result(submitted))
-            model.submitted[seq_id] = request_id
-            return {"request_id": request_id}
+        return {"request_id": await model.calls.place(self.futures, seq_id, submit, result)}
 
     async def _submit(self, job_id: str, action: str, body: StrictModel) -> str:
-        op = Operation.model_validate(await self.trainer.post_json(
-            f"/v1/models/{job_id}/{action}", body.model_dump(mode="json")))
-        return op.id
+        return await self.calls.submit(job_id, action, body)
 
     async def _result(self, op_id: str) -> Any:
-        while True:
-            op = Operation.model_validate(await self.trainer.get_json(
-                f"/v1/operations/{op_id}", params={"wait": OPERATION_WAIT_S}))
-            if op.error is not None:
-                raise error_from_envelope(400, {"error": op.error.model_dump()})
-            if op.done:
-                return op.result
-
-
-@contextmanager
-def user_input(call: str, root: str) -> Iterator[None]:
-    """What the caller sent, checked by Loom's own schemas: a 4xx naming each bad field."""
-    try:
-        yield
-    except ValidationError as exc:
-        raise invalid_options(exc, f"Invalid {call} request", root) from exc
+        return await self.calls.result(op_id)

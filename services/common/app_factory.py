@@ -23,7 +23,7 @@ from prometheus_client import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.errors import LoomError
+from services.common.errors import InvalidInput, LoomError
 from services.common.logs import request_id_var
 from services.common.schemas import Health
 
@@ -91,6 +91,16 @@ def error_response(status_code: int, code: str, message: str, detail: Any = None
     return JSONResponse(body, status_code=status_code)
 
 
+def validation_error(exc: RequestValidationError) -> InvalidInput:
+    """A request body FastAPI could not parse, as a 422 naming the first bad fields."""
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+        for e in exc.errors()
+    ]
+    summary = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
+    return InvalidInput(f"Invalid request: {summary}", errors)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LoomError)
     async def _loom(_request: Request, exc: LoomError) -> JSONResponse:
@@ -100,12 +110,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
-            for e in exc.errors()
-        ]
-        summary = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
-        return error_response(422, "invalid_input", f"Invalid request: {summary}", errors)
+        error = validation_error(exc)
+        return error_response(error.status_code, error.code, error.message, error.detail)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -4,11 +4,7 @@ on Loom's own trainer, rollout and modelstate."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +12,7 @@ import httpx
 import pytest
 
 from agents.sdk import LoomClient
-from tests.conftest import CACHE
+from tests.support.sdk_venv import run_script, sdk_python
 
 pytestmark = pytest.mark.e2e
 TINKER = "tinker==0.38.0"
@@ -25,29 +21,19 @@ SCRIPTS = Path(__file__).resolve().parent / "tinker_scripts"
 
 @pytest.fixture(scope="module")
 def tinker_python() -> Path:
-    """A virtualenv with the Tinker SDK, made once and cached."""
-    venv = CACHE / "tinker-sdk-venv"
-    python = venv / "bin" / "python"
-    if not (venv / ".installed").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", TINKER], check=True)
-        (venv / ".installed").write_text(TINKER)
-    return python
+    return sdk_python("tinker-sdk", [TINKER])
 
 
-def run_script(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
+def run(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
     url, key, _ = stack
-    env = {**os.environ, "TINKER_BASE_URL": url, "TINKER_API_KEY": f"tml-{key}",
-           "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([str(python), str(SCRIPTS / name)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return run_script(python, SCRIPTS / name, {
+        "TINKER_BASE_URL": url, "TINKER_API_KEY": f"tml-{key}", "TINKER_TELEMETRY": "0",
+        "HF_HUB_OFFLINE": "1"})
 
 
 def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
         tinker_python: Path, stack: tuple[str, str, Path]) -> None:
-    *steps, final = run_script(tinker_python, "supervised.py", stack)
+    *steps, final = run(tinker_python, "supervised.py", stack)
     losses = [step["loss"] for step in steps]
     assert len(losses) == 25 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.85 * losses[0], losses
@@ -63,7 +49,7 @@ def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
 
 def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
         tinker_python: Path, stack: tuple[str, str, Path]) -> None:
-    *iterations, final = run_script(tinker_python, "rl.py", stack)
+    *iterations, final = run(tinker_python, "rl.py", stack)
     assert len(iterations) == 4
     first = iterations[0]
     # The trainer's logprobs of the sampled tokens, before any step, are the sampler's: the
@@ -83,7 +69,7 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
 
 def test_saved_state_loads_back_with_and_without_the_optimizer_and_seeds_new_clients(
         tinker_python: Path, stack: tuple[str, str, Path]) -> None:
-    (seen,) = run_script(tinker_python, "checkpoints.py", stack)
+    (seen,) = run(tinker_python, "checkpoints.py", stack)
     model_id, path = seen["model_id"], seen["path"]
     assert path == f"tinker://{model_id}/weights/after-3"
     same = {"abs": 1e-5}

@@ -20,7 +20,7 @@ from gateway.app import ALEMBIC_DIR, VERSION_TABLE
 from gateway.keys import KeyIdentity, create_key
 from gateway.tinker import schemas
 from gateway.tinker.checkpoints import checkpoint_name, parse_path, training_path
-from gateway.tinker.futures import PENDING
+from gateway.tinker.futures import PENDING, retrieve
 from gateway.tinker.service import TinkerService, TrainingModel
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate, transaction
@@ -118,7 +118,7 @@ async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
 
 
 async def result(tinker: TinkerService, submitted: dict[str, Any]) -> Any:
-    answer = await tinker.futures.retrieve(submitted["request_id"], 10)
+    answer = await retrieve(tinker.futures, submitted["request_id"], 10)
     assert answer is not PENDING
     return answer
 

@@ -7,9 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
+from gateway.futures import Futures
 from gateway.tinker import wire
 from gateway.tinker.convert import TinkerDatum, loom_datum, sampling_params, tinker_datum
-from gateway.tinker.futures import PENDING, Futures
+from gateway.tinker.futures import PENDING, retrieve
 from gateway.tinker.schemas import TinkerSamplingParams
 from services.common.errors import InvalidInput, NotFound
 
@@ -74,7 +75,7 @@ def test_stop_strings_and_stop_tokens_are_told_apart() -> None:
 
 
 async def test_futures_wait_then_answer_and_failures_take_the_sdk_shape() -> None:
-    futures = Futures()
+    futures = Futures("req")
     gate = asyncio.Event()
 
     async def work() -> bytes:
@@ -85,9 +86,9 @@ async def test_futures_wait_then_answer_and_failures_take_the_sdk_shape() -> Non
         raise InvalidInput("bad datum")
 
     slow, failing = futures.submit(work()), futures.submit(broken())
-    assert await futures.retrieve(slow, 0.01) is PENDING
+    assert await retrieve(futures, slow, 0.01) is PENDING
     gate.set()
-    assert await futures.retrieve(slow, 1) == b"done"
-    assert await futures.retrieve(failing, 1) == {"error": "bad datum", "category": "user"}
+    assert await retrieve(futures, slow, 1) == b"done"
+    assert await retrieve(futures, failing, 1) == {"error": "bad datum", "category": "user"}
     with pytest.raises(NotFound):
-        await futures.retrieve("req-unknown", 0)
+        await retrieve(futures, "req-unknown", 0)

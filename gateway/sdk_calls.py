@@ -1,0 +1,125 @@
+"""What the SDK protocols the gateway serves (Tinker, Weaver) share: training calls reach
+Loom's trainer as operations, in the order the SDK numbered them (`seq_id`), and a call sent
+twice (an SDK's retry after a lost answer) is one call; samples come from rollout."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from gateway.futures import Futures, Payload
+from services.common.errors import InvalidInput, error_from_envelope, invalid_options
+from services.common.http import ServiceClient
+from services.common.schemas import Operation, StrictModel
+from services.rollout.schemas import Sample, SampleRequest, SampleResponse, SamplingParams
+from services.trainer.losses import MAX_LOG_RATIO
+from services.trainer.schemas import Datum, LossConfig, LossName
+
+OPERATION_WAIT_S = 30.0
+SEQ_GAP_TIMEOUT_S = 60.0
+
+
+class TrainerCalls:
+    """Operations on Loom's trainer: submit one, then wait for its result."""
+
+    def __init__(self, trainer: ServiceClient) -> None:
+        self.trainer = trainer
+
+    async def submit(self, job_id: str, action: str, body: StrictModel) -> str:
+        op = Operation.model_validate(await self.trainer.post_json(
+            f"/v1/models/{job_id}/{action}", body.model_dump(mode="json")))
+        return op.id
+
+    async def result(self, op_id: str) -> Any:
+        while True:
+            op = Operation.model_validate(await self.trainer.get_json(
+                f"/v1/operations/{op_id}", params={"wait": OPERATION_WAIT_S}))
+            if op.error is not None:
+                raise error_from_envelope(400, {"error": op.error.model_dump()})
+            if op.done:
+                return op.result
+
+    async def run(self, job_id: str, action: str, body: StrictModel) -> Any:
+        return await self.result(await self.submit(job_id, action, body))
+
+
+@dataclass
+class CallOrder:
+    """One training model's calls, numbered by its SDK from 1 without gaps. `next_seq` 0:
+    not known (a model the gateway found again after a restart), the first call sets it."""
+
+    next_seq: int = 1
+    submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> call id
+    turn: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def place(self, futures: Futures, seq_id: int | None,
+                    submit: Callable[[], Awaitable[Any]],
+                    result: Callable[[Any], Awaitable[Payload]]) -> str:
+        """Submit to the trainer when it is `seq_id`'s turn (None: at once, in arrival order)
+        and return the call id whose result `result(submitted)` gives. A resent seq_id gets
+        the first submission's call id."""
+        async with self.turn:
+            if seq_id is None:
+                return futures.submit(result(await submit()))
+            if seq_id in self.submitted:
+                return self.submitted[seq_id]
+            if self.next_seq == 0:
+                self.next_seq = seq_id
+            try:
+                await asyncio.wait_for(self.turn.wait_for(lambda: self.next_seq >= seq_id),
+                                       SEQ_GAP_TIMEOUT_S)
+            except TimeoutError as exc:
+                raise InvalidInput(f"seq_id {seq_id} waited {SEQ_GAP_TIMEOUT_S:g} s for "
+                                   f"seq_id {self.next_seq}, which never came.") from exc
+            try:
+                submitted = await submit()
+            finally:
+                self.next_seq = max(self.next_seq, seq_id + 1)
+                self.turn.notify_all()
+            call_id = futures.submit(result(submitted))
+            self.submitted[seq_id] = call_id
+            return call_id
+
+
+@contextmanager
+def user_input(call: str, root: str) -> Iterator[None]:
+    """What the caller sent, checked by Loom's own schemas: a 4xx naming each bad field."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise invalid_options(exc, f"Invalid {call} request", root) from exc
+
+
+def forward_loss(loss: LossConfig, datum: Datum, logprobs: list[float]) -> float:
+    """The token-sum loss a `forward` reports (the SDKs' convention), from the logprobs the
+    trainer computed for `datum` (one per input id), without a gradient."""
+    lp, mask = np.asarray(logprobs), np.asarray(datum.loss_mask)
+    if loss.name == LossName.cross_entropy:
+        return float(-(mask * lp).sum())
+    advantages = np.asarray(datum.advantages or [0.0] * len(lp))
+    old = np.asarray(datum.logprobs or lp)
+    ratio = np.exp(np.clip(lp - old, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    terms = ratio * advantages
+    if loss.name == LossName.ppo:
+        clipped = np.clip(ratio, 1 - loss.clip_low, 1 + loss.clip_high) * advantages
+        terms = np.minimum(terms, clipped)
+    return float(-(mask * terms).sum())
+
+
+async def sample(rollout: ServiceClient, job_id: str | None, version: int,
+                 prompt_token_ids: list[int], n: int, params: SamplingParams) -> list[Sample]:
+    """`n` samples of `prompt_token_ids` from one version of a job (None: the base model)."""
+    # vLLM refuses n > 1 when greedy; greedy samples are all the same one anyway.
+    copies = n if params.temperature == 0 else 1
+    with user_input("sample", "sampling_params"):
+        request = SampleRequest(job_id=job_id, version=version, n=n // copies,
+                                prompt_token_ids=prompt_token_ids, params=params)
+    response = SampleResponse.model_validate(await rollout.post_json(
+        "/v1/sample", request.model_dump(mode="json")))
+    return response.samples * copies

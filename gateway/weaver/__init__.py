@@ -1,0 +1,1 @@
+"""Nex-AGI's Weaver SDK protocol (`nex-weaver`), served by the gateway under `/weaver`."""

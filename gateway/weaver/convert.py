@@ -1,0 +1,160 @@
+"""Weaver's training data, losses and sampling parameters as Loom's trainer and rollout take
+them, and their results as the SDK reads them.
+
+Weaver, like Tinker, gives each datum its input tokens t[0..T-1] and one target per position
+(`target_tokens`, -100 where a position carries no loss). Loom's trainer takes one sequence
+whose position i predicts token i, so Loom's sequence is the input plus the last target, and
+every per-target list moves one place right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gateway.weaver import schemas
+from services.common.errors import InvalidInput
+from services.rollout.schemas import Sample, SamplingParams
+from services.trainer.schemas import Datum, LossAggregation, LossConfig, LossName
+
+IGNORED = -100  # a target without loss
+DEFAULT_MAX_TOKENS = 64
+# Built-in losses Loom computes; all are token sums (the Tinker convention Weaver follows).
+TRAINED_LOSSES = {"cross_entropy": LossName.cross_entropy,
+                  "importance_sampling": LossName.importance_sampling,
+                  "ppo": LossName.ppo}
+FORWARD_ONLY = "forward_logprob"  # logprobs of the targets, no loss
+NEEDS = {LossName.importance_sampling: ("logprobs", "advantages"),
+         LossName.ppo: ("logprobs", "advantages")}
+
+
+@dataclass(frozen=True)
+class TrainingBatch:
+    """A forward or forward_backward request in Loom's terms."""
+
+    data: list[Datum]
+    loss: LossConfig | None  # None: forward_logprob
+    targets: list[np.ndarray]  # each datum's target_tokens, to shape the outputs
+    datum_ids: list[str | None]
+
+
+def training_batch(request: schemas.PassInput) -> TrainingBatch:
+    loss = loss_config(request.loss_fn, request.loss_fn_config or {})
+    data, targets = [], []
+    for index, raw in enumerate(request.data):
+        datum, target = loom_datum(raw, loss, index)
+        data.append(datum)
+        targets.append(target)
+    return TrainingBatch(data, loss, targets, [d.datum_id for d in request.data])
+
+
+def loss_config(loss_fn: str, config: dict[str, Any]) -> LossConfig | None:
+    if loss_fn == FORWARD_ONLY:
+        return None
+    name = TRAINED_LOSSES.get(loss_fn)
+    if name is None:
+        raise InvalidInput(f"Loss {loss_fn!r} is not served by Loom; supported: "
+                           f"{', '.join([*TRAINED_LOSSES, FORWARD_ONLY])} (forward only).")
+    unknown = set(config) - ({"clip_low_threshold", "clip_high_threshold"}
+                             if name == LossName.ppo else set())
+    if unknown:
+        raise InvalidInput(f"loss_fn_config keys {sorted(unknown)} are not served for "
+                           f"{loss_fn!r}.")
+    low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
+    try:
+        return LossConfig(name=name, aggregation=LossAggregation.sum,
+                          clip_low=1 - float(low), clip_high=float(high) - 1)
+    except ValueError as exc:
+        raise InvalidInput(f"loss_fn_config: clip_low_threshold must be in [0, 1] and "
+                           f"clip_high_threshold in [1, 11] (got {low}, {high}).") from exc
+
+
+def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int
+               ) -> tuple[Datum, np.ndarray]:
+    if raw.model_input is None:
+        raise InvalidInput(f"data[{index}]: managed-dataset samples (sample_ref) are not "
+                           "served by Loom; send model_input tokens.")
+    if any(chunk.type != "encoded_text" for chunk in raw.model_input.chunks):
+        raise InvalidInput(f"data[{index}]: only text model inputs (encoded_text) are served.")
+    tokens = np.asarray(raw.model_input.tokens(), dtype=np.int64)
+    n = len(tokens)
+    targets = per_target(raw, "target_tokens", index, n)
+    if targets is None:
+        raise InvalidInput(f"data[{index}]: loss_fn_inputs needs target_tokens, one per input "
+                           f"token ({n}).")
+    targets = targets.astype(np.int64)
+    scored = targets != IGNORED
+    if (targets[:-1][scored[:-1]] != tokens[1:][scored[:-1]]).any():
+        raise InvalidInput(f"data[{index}]: target_tokens must be the input shifted by one "
+                           "(input[1:] + [next token], -100 where no loss); other targets are "
+                           "not served.")
+    ids = [int(t) for t in tokens] + ([int(targets[-1])] if scored[-1] else [])
+    if len(ids) < 2:
+        raise InvalidInput(f"data[{index}]: needs at least one target after the first token.")
+    if loss is None:  # forward_logprob: no loss, the mask only has to be valid
+        return Datum(input_ids=ids, loss_mask=[0.0] * len(ids)), targets
+    weight = scored.astype(np.float64)
+    for name in ("weights", "loss_mask"):
+        given = per_target(raw, name, index, n)
+        if given is not None:
+            weight = weight * given
+    if (weight < 0).any():
+        raise InvalidInput(f"data[{index}]: weights and loss_mask must not be negative.")
+    shifted = {"loss_mask": weight}
+    for name in NEEDS.get(loss.name, ()):
+        given = per_target(raw, name, index, n)
+        if given is None:
+            raise InvalidInput(f"data[{index}]: the {loss.name.value} loss needs "
+                               f"loss_fn_inputs[{name!r}].")
+        shifted[name] = given
+    fields = {name: [0.0, *values[:len(ids) - 1].tolist()] for name, values in shifted.items()}
+    return Datum(input_ids=ids, **fields), targets
+
+
+def per_target(raw: schemas.Datum, name: str, index: int, n: int) -> np.ndarray | None:
+    value = raw.loss_fn_inputs.get(name)
+    if value is None:
+        return None
+    data = value.data if isinstance(value, schemas.TensorData) else value
+    try:
+        array = np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError):
+        array = np.zeros((0, 0))
+    if array.ndim != 1 or len(array) != n:
+        raise InvalidInput(f"data[{index}].loss_fn_inputs[{name!r}] must be a flat list of "
+                           f"{n} numbers, one per input token.")
+    return array
+
+
+def outputs(batch: TrainingBatch, logprobs: list[list[float]], loss: float | None
+            ) -> dict[str, Any]:
+    """One logprob per target (0.0 where -100), as the SDK's loss_fn_outputs."""
+    per_datum = []
+    for row, targets, datum_id in zip(logprobs, batch.targets, batch.datum_ids, strict=True):
+        values = np.zeros(len(targets))
+        scored = row[1:]
+        values[:len(scored)] = scored
+        values[targets == IGNORED] = 0.0
+        output: dict[str, Any] = {"logprobs": {"data": values.tolist(), "dtype": "float32"}}
+        if datum_id is not None:
+            output["datum_id"] = datum_id
+        per_datum.append(output)
+    metrics = {} if loss is None else {"loss:sum": loss}
+    return {"loss_fn_output_type": "TensorData", "loss_fn_outputs": per_datum,
+            "metrics": metrics}
+
+
+def sampling_params(spec: schemas.SamplingSpec) -> SamplingParams:
+    return SamplingParams(max_tokens=spec.max_tokens or DEFAULT_MAX_TOKENS,
+                          temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                          stop=spec.stop, stop_token_ids=spec.stop_token_ids,
+                          seed=spec.sampling_seed if spec.seed is None else spec.seed)
+
+
+def sequences(samples: list[Sample], version: int) -> dict[str, Any]:
+    return {"sequences": [{"tokens": s.token_ids, "logprobs": s.logprobs, "text": s.text,
+                           "stop_reason": s.stop_reason, "weight_version": version}
+                          for s in samples],
+            "weight_version": version}

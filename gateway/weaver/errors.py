@@ -1,0 +1,51 @@
+"""Weaver's error shape, `{"error": code, "message", "retryable", "details"}`, for every
+answer under the Weaver prefix: the SDK reads it into `WeaverAPIError`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+
+from services.common.app_factory import validation_error
+from services.common.errors import LoomError
+
+PREFIX = "/weaver"
+
+
+def is_weaver_path(path: str) -> bool:
+    return path.startswith(PREFIX + "/")
+
+
+def retryable(exc: LoomError) -> bool:
+    """Worth a retry: the service was down or overloaded, not the request wrong."""
+    return exc.status_code >= 500 or exc.status_code == 429
+
+
+def error_response(exc: LoomError) -> JSONResponse:
+    body: dict[str, Any] = {"error": exc.code, "message": exc.message,
+                            "retryable": retryable(exc)}
+    if exc.detail is not None:
+        body["details"] = {"detail": exc.detail}
+    return JSONResponse(body, status_code=exc.status_code)
+
+
+class WeaverRoute(APIRoute):
+    """Loom's errors (validation included) answered in Weaver's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def shaped(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except LoomError as exc:
+                return error_response(exc)
+            except RequestValidationError as exc:
+                return error_response(validation_error(exc))
+
+        return shaped

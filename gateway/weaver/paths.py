@@ -1,0 +1,39 @@
+"""Weaver's storage paths: `weaver://<model_id>/checkpoints/<name>` for training state (a
+trainer checkpoint of the model's job) and `weaver://<model_id>/sampler_weights/<name>` for
+weights a sampler serves (a modelstate version). A Weaver model id is its Loom job id."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from services.common.errors import InvalidInput
+
+SCHEME = "weaver://"
+CHECKPOINTS, SAMPLER_WEIGHTS = "checkpoints", "sampler_weights"
+VERSION_NAME = re.compile(r"^v(\d+)$")  # an unnamed sampler export: `v<version>`
+
+
+@dataclass(frozen=True)
+class WeaverPath:
+    model_id: str
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.model_id}/{self.kind}/{self.name}"
+
+    @property
+    def version(self) -> int | None:
+        """The version an unnamed sampler export names, found again after a restart."""
+        match = VERSION_NAME.match(self.name)
+        return int(match.group(1)) if self.kind == SAMPLER_WEIGHTS and match else None
+
+
+def parse(path: str, kind: str) -> WeaverPath:
+    parts = path.removeprefix(SCHEME).split("/") if path.startswith(SCHEME) else []
+    if len(parts) != 3 or parts[1] != kind or not parts[0] or not parts[2]:
+        what = ("save_state" if kind == CHECKPOINTS else "save_weights_for_sampler")
+        raise InvalidInput(f"{path!r} is not a path {what} returned: "
+                           f"{SCHEME}<model_id>/{kind}/<name>.")
+    return WeaverPath(*parts)

@@ -1,0 +1,158 @@
+"""The Weaver SDK's REST paths, under `/weaver/api/v1` (`WEAVER_BASE_URL=<gateway>/weaver`).
+Each route checks its body and hands it to `WeaverService`; errors take Weaver's shape."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, status
+
+from gateway.deps import CurrentKey
+from gateway.weaver import operations, schemas
+from gateway.weaver.errors import PREFIX, WeaverRoute
+from gateway.weaver.service import WeaverService
+from services.common.deps import app_state
+from services.common.errors import InvalidInput, NotFound
+
+WeaverDep = Annotated[WeaverService, Depends(app_state("weaver"))]
+
+
+def json_body(request: Request) -> None:
+    """The SDK's opt-in binary tensor transport sends multipart bodies, which Loom does not
+    read: say so instead of failing to parse them."""
+    if request.headers.get("content-type", "").startswith("multipart/"):
+        raise InvalidInput("The http-binary tensor transport is not served by Loom: leave "
+                           "WEAVER_TENSOR_TRANSPORT unset (the default sends JSON).")
+
+
+# Every route is async: the service's state and operations live on the event loop.
+router = APIRouter(prefix=f"{PREFIX}/api/v1", tags=["weaver"], route_class=WeaverRoute,
+                   dependencies=[Depends(json_body)])
+
+
+@router.post("/sessions", status_code=status.HTTP_201_CREATED)
+async def create_session(body: schemas.CreateSession, weaver: WeaverDep, key: CurrentKey
+                         ) -> dict[str, Any]:
+    return weaver.create_session(body, key)
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+    return weaver.session(session_id, key).public(session_id)
+
+
+@router.post("/sessions/{session_id}/heartbeat")
+async def heartbeat(session_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+    weaver.session(session_id, key)
+    return {"id": session_id, "status": "active"}
+
+
+@router.post("/sessions/{session_id}/metrics")
+async def log_metrics(session_id: str, body: schemas.LogMetrics, weaver: WeaverDep,
+                      key: CurrentKey) -> dict[str, Any]:
+    return await weaver.log_metrics(session_id, body, key)
+
+
+@router.get("/supported-models")
+async def supported_models(weaver: WeaverDep, _key: CurrentKey) -> dict[str, Any]:
+    return weaver.supported_models()
+
+
+@router.post("/sessions/{session_id}/models", status_code=status.HTTP_201_CREATED)
+async def create_model(session_id: str, body: schemas.CreateModel, weaver: WeaverDep,
+                       key: CurrentKey) -> dict[str, Any]:
+    return await weaver.create_model(session_id, body, key)
+
+
+@router.get("/models/{model_id}")
+async def get_model(model_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+    return (await weaver.model(model_id, key)).public()
+
+
+@router.post("/models/{model_id}/terminate")
+async def terminate(model_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+    return await weaver.terminate(model_id, key)
+
+
+@router.post("/models/{model_id}/forward-passes")
+async def forward(model_id: str, body: schemas.PassBody, weaver: WeaverDep, key: CurrentKey
+                  ) -> dict[str, Any]:
+    op_id = await weaver.forward(model_id, body, key, backward=False)
+    return await operations.submitted(weaver.futures, op_id)
+
+
+@router.post("/models/{model_id}/forward-backward-passes")
+async def forward_backward(model_id: str, body: schemas.PassBody, weaver: WeaverDep,
+                           key: CurrentKey) -> dict[str, Any]:
+    op_id = await weaver.forward(model_id, body, key, backward=True)
+    return await operations.submitted(weaver.futures, op_id)
+
+
+@router.post("/models/{model_id}/optimizer-steps")
+async def optim_step(model_id: str, body: schemas.OptimBody, weaver: WeaverDep,
+                     key: CurrentKey) -> dict[str, Any]:
+    op_id = await weaver.optim_step(model_id, body, key)
+    return await operations.submitted(weaver.futures, op_id)
+
+
+@router.post("/models/{model_id}/export-sampler")
+async def export_sampler(model_id: str, body: schemas.ExportSampler, weaver: WeaverDep,
+                         key: CurrentKey) -> dict[str, Any]:
+    op_id = await weaver.export_sampler(model_id, body, key)
+    return await operations.submitted(weaver.futures, op_id)
+
+
+@router.post("/models/{model_id}/checkpoints")
+async def save_checkpoint(model_id: str, body: schemas.SaveCheckpoint, weaver: WeaverDep,
+                          key: CurrentKey) -> dict[str, Any]:
+    op_id = await weaver.save_checkpoint(model_id, body, key)
+    return await operations.submitted(weaver.futures, op_id)
+
+
+@router.get("/models/{model_id}/checkpoints")
+async def list_checkpoints(model_id: str, weaver: WeaverDep, key: CurrentKey
+                           ) -> dict[str, Any]:
+    return await weaver.list_checkpoints(model_id, key)
+
+
+@router.post("/models/{model_id}/load")
+async def load_checkpoint(model_id: str, body: schemas.LoadCheckpoint, weaver: WeaverDep,
+                          key: CurrentKey) -> dict[str, Any]:
+    op_id = await weaver.load_checkpoint(model_id, body, key)
+    return await operations.submitted(weaver.futures, op_id)
+
+
+@router.post("/sessions/{session_id}/sampling-sessions", status_code=status.HTTP_201_CREATED)
+async def create_sampling_session(session_id: str, body: schemas.CreateSamplingSession,
+                                  weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+    return await weaver.create_sampling_session(session_id, body, key)
+
+
+@router.get("/sampling-sessions/{sampling_id}")
+async def get_sampling_session(sampling_id: str, weaver: WeaverDep, key: CurrentKey
+                               ) -> dict[str, Any]:
+    return weaver.sampling_session(sampling_id, key).public(sampling_id)
+
+
+@router.delete("/sampling-sessions/{sampling_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def close_sampling_session(sampling_id: str, weaver: WeaverDep, key: CurrentKey) -> None:
+    weaver.close_sampling_session(sampling_id, key)
+
+
+@router.post("/sampling-sessions/{sampling_id}/samples")
+async def sample(sampling_id: str, body: schemas.SampleBody, weaver: WeaverDep,
+                 key: CurrentKey) -> dict[str, Any]:
+    op_id = weaver.sample(sampling_id, body, key)
+    return await operations.submitted(weaver.futures, op_id)
+
+
+@router.get("/operations/{op_id}")
+async def get_operation(op_id: str, weaver: WeaverDep, _key: CurrentKey) -> dict[str, Any]:
+    return await operations.poll(weaver.futures, op_id)
+
+
+@router.api_route("/{call:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def unsupported(call: str, request: Request, _key: CurrentKey) -> None:
+    """Calls Loom does not serve fail at once in the SDK's own error shape, never hang."""
+    raise NotFound(f"Loom does not serve the Weaver call {request.method} /api/v1/{call} "
+                   "(see the README: Using Loom with the Weaver or Tinker SDK).")

@@ -1,0 +1,158 @@
+"""Request bodies of the Weaver protocol as the SDK sends them. Fields Loom does not use are
+ignored (the SDK adds new optional fields release by release); the ones it uses are checked."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class WeaverBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CreateSession(WeaverBody):
+    name: str | None = Field(default=None, max_length=256)
+    tags: list[str] = []
+    labels: dict[str, str] = {}
+    user_metadata: dict[str, Any] = {}
+
+
+class LoraSpec(WeaverBody):
+    rank: int = Field(default=32, ge=1, le=1024)
+    seed: int | None = None
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class CreateModel(WeaverBody):
+    model_seq_id: int = Field(ge=0)
+    base_model: str = Field(min_length=1, max_length=1024)
+    training_mode: Literal["lora", "full_ft"] = "lora"
+    lora_config: LoraSpec = LoraSpec()
+    user_metadata: dict[str, Any] | None = None
+
+
+class MetricSpec(WeaverBody):
+    model_id: str
+    name: str
+    value: float
+    step: int
+
+
+class LogMetrics(WeaverBody):
+    metrics: list[MetricSpec] = Field(min_length=1, max_length=1000)
+
+
+class Chunk(WeaverBody):
+    type: str = "encoded_text"
+    tokens: list[int] = Field(default=[], max_length=131072)
+
+
+class ModelInput(WeaverBody):
+    chunks: list[Chunk] = Field(max_length=1024)
+
+    def tokens(self) -> list[int]:
+        return [token for chunk in self.chunks for token in chunk.tokens]
+
+
+class TensorData(WeaverBody):
+    data: list[Any]
+    dtype: str = "float32"
+
+
+class Datum(WeaverBody):
+    model_input: ModelInput | None = None
+    loss_fn_inputs: dict[str, TensorData | list[Any]] = {}
+    datum_id: str | None = None
+    kind: str = "token"
+
+
+class PassInput(WeaverBody):
+    loss_fn: str
+    data: list[Datum] = Field(min_length=1, max_length=4096)
+    loss_fn_config: dict[str, Any] | None = None
+
+
+class PassPayload(WeaverBody):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    tensor_transport: str = "default"
+    forward_input: PassInput | None = None
+    forward_backward_input: PassInput | None = None
+
+
+class PassBody(WeaverBody):
+    payload: PassPayload
+
+
+class AdamSpec(WeaverBody):
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 1e-2
+    grad_clip_norm: float = 1.0
+
+
+class OptimPayload(WeaverBody):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    adam_params: AdamSpec = AdamSpec()
+
+
+class OptimBody(WeaverBody):
+    payload: OptimPayload
+
+
+class ExportSampler(WeaverBody):
+    seq_id: int = Field(ge=1)
+    path: str | None = None
+    ttl_seconds: int | None = None
+
+
+class SaveCheckpoint(WeaverBody):
+    type: Literal["weight", "weight_and_optimizer", "sampling"] = "weight"
+    name: str | None = None
+    ttl_seconds: int | None = None
+
+
+class LoadCheckpoint(WeaverBody):
+    path: str
+    include_optimizer: bool = False
+
+
+class CreateSamplingSession(WeaverBody):
+    sampling_session_seq_id: int = Field(ge=0)
+    base_model: str | None = None
+    model_path: str | None = None
+    model_id: str | None = None
+
+
+class SamplingSpec(WeaverBody):
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    seed: int | None = None
+    sampling_seed: int | None = None
+
+
+class SampleBody(WeaverBody):
+    prompt: ModelInput
+    sampling_params: SamplingSpec = SamplingSpec()
+    num_samples: int = Field(default=1, ge=1, le=256)
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    return_sampling_mask: bool = False
+    return_old_logprob: bool = False
+    return_moe_topk_indices: bool = False
+    score_centering: dict[str, Any] | None = None
+
+
+class LogprobsBody(WeaverBody):
+    prompt: ModelInput

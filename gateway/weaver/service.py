@@ -1,0 +1,440 @@
+"""Weaver's calls mapped onto Loom. A Weaver training model is a Loom job (its id is the job
+id, so a model outlives the gateway's memory); forward, forward_backward, optimizer steps and
+sampler exports reach the trainer in the order the SDK numbered them (`seq_id`); a sampler
+export publishes a modelstate version and a sampling session is bound to one version;
+checkpoints are the job's trainer checkpoints."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from gateway import job_logs, jobs
+from gateway.futures import Futures, Payload
+from gateway.keys import KeyIdentity
+from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
+from gateway.sdk_calls import CallOrder, TrainerCalls, forward_loss, sample, user_input
+from gateway.weaver import convert, paths, schemas
+from services.common.base_models import resolve_base_model
+from services.common.db import in_transaction
+from services.common.errors import Conflict, Forbidden, InvalidInput, NotFound
+from services.common.http import ServiceClient
+from services.trainer.schemas import (
+    AdamParams,
+    CheckpointList,
+    ForwardBackwardRequest,
+    ForwardBackwardResult,
+    ForwardRequest,
+    ForwardResult,
+    LoadStateRequest,
+    LoraConfig,
+    OptimStepRequest,
+    SaveStateRequest,
+    SaveWeightsRequest,
+    SaveWeightsResult,
+    StateCheckpoint,
+    TrainingMode,
+)
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+MAX_LENGTH_SUFFIX = re.compile(r":\d+$")  # "Qwen/Qwen3-8B:262144": a context-length variant
+MODES = {"lora": TrainingMode.lora, "full_ft": TrainingMode.full}
+
+
+@dataclass
+class WeaverSession:
+    owner: str
+    name: str | None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    models: dict[int, str] = field(default_factory=dict)  # model_seq_id -> model id
+
+    def public(self, session_id: str) -> dict[str, Any]:
+        return {"id": session_id, "name": self.name, "status": "active",
+                "created_at": self.created_at.isoformat()}
+
+
+@dataclass
+class TrainingModel:
+    job: Job
+    owner: str | None  # the key that made it
+    base_model: str  # the name the SDK gave
+    tokenizer_path: str
+    calls: CallOrder = field(default_factory=CallOrder)
+    terminated: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    def public(self) -> dict[str, Any]:
+        lora = self.job.lora
+        mode = "lora" if self.job.mode == TrainingMode.lora else "full_ft"
+        return {"id": self.id, "base_model": self.base_model, "training_mode": mode,
+                "lora_config": None if lora is None else {"rank": lora.rank},
+                "tokenizer_path": self.tokenizer_path,
+                "status": "terminated" if self.terminated else "active",
+                "created_at": self.job.created_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class SamplingSession:
+    owner: str
+    base_model: str
+    tokenizer_path: str
+    job_id: str | None  # None: the base model
+    version: int
+    model_path: str | None
+
+    def public(self, session_id: str) -> dict[str, Any]:
+        return {"id": session_id, "base_model": self.base_model, "model_path": self.model_path,
+                "model_id": self.job_id, "weight_version": self.version,
+                "tokenizer_path": self.tokenizer_path}
+
+
+class WeaverService:
+    def __init__(self, db: sessionmaker[Session], trainer: ServiceClient,
+                 rollout: ServiceClient, base_models: dict[str, str], data_dir: Path) -> None:
+        self.db = db
+        self.trainer = trainer
+        self.rollout = rollout
+        self.base_models = base_models
+        self.data_dir = data_dir
+        self.futures = Futures("op")
+        self.calls = TrainerCalls(trainer)
+        self.sessions: dict[str, WeaverSession] = {}
+        self.models: dict[str, TrainingModel] = {}
+        self.sampler_weights: dict[str, int] = {}  # named sampler path -> version
+        self.sampling: dict[str, SamplingSession] = {}
+
+    # --- sessions and base models -----------------------------------------------------
+
+    def create_session(self, body: schemas.CreateSession, owner: KeyIdentity) -> dict[str, Any]:
+        session_id = f"ws-{uuid.uuid4().hex[:16]}"
+        self.sessions[session_id] = WeaverSession(owner.id, body.name)
+        return self.sessions[session_id].public(session_id)
+
+    def session(self, session_id: str, owner: KeyIdentity) -> WeaverSession:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"No session {session_id!r} (sessions live in the gateway's memory: "
+                           "after a gateway restart, make a new ServiceClient).")
+        if not owner.admin and session.owner != owner.id:
+            raise Forbidden(f"Session {session_id!r} belongs to another API key.")
+        return session
+
+    def loom_base_model(self, name: str) -> str:
+        plain = MAX_LENGTH_SUFFIX.sub("", name)
+        return self.base_models.get(name, self.base_models.get(plain, plain))
+
+    def tokenizer_path(self, loom_base_model: str) -> str:
+        """Where the SDK loads the tokenizer from: the model's directory on this host."""
+        return resolve_base_model(loom_base_model, self.data_dir)
+
+    def supported_models(self) -> dict[str, Any]:
+        names = sorted({"loom/tiny", *self.base_models})
+        items = [{"name": name, "training_modes": list(MODES),
+                  "config": {"resource": {"tokenizer": {"path": None}}}} for name in names]
+        return {"items": items, "pagination": {"total_count": len(items)}}
+
+    async def log_metrics(self, session_id: str, body: schemas.LogMetrics, owner: KeyIdentity
+                          ) -> dict[str, Any]:
+        """The script's own metrics (rewards, evals) as its job's metrics: charted by the web
+        admin like any job's."""
+        self.session(session_id, owner)
+        by_model: dict[str, list[MetricPoint]] = {}
+        with user_input("log_metrics", "metrics"):
+            for spec in body.metrics:
+                point = MetricPoint(step=spec.step, name=spec.name, value=spec.value)
+                by_model.setdefault(spec.model_id, []).append(point)
+        models = [await self.model(model_id, owner) for model_id in by_model]
+
+        def record(session: Session) -> int:
+            return sum(job_logs.log_metrics(session, model.id, by_model[model.id])
+                       for model in models)
+
+        return {"accepted": await in_transaction(self.db, record)}
+
+    # --- training models --------------------------------------------------------------
+
+    async def create_model(self, session_id: str, body: schemas.CreateModel,
+                           owner: KeyIdentity) -> dict[str, Any]:
+        session = self.session(session_id, owner)
+        if body.model_seq_id in session.models:  # the SDK resent it: one model
+            return (await self.model(session.models[body.model_seq_id], owner)).public()
+        base = self.loom_base_model(body.base_model)
+        spec = body.lora_config
+        targets = (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else [])
+        if body.training_mode == "lora" and not targets:
+            raise InvalidInput("lora_config trains nothing: train_attn or train_mlp must be "
+                               "true (train_unembed alone is not served).")
+        with user_input("create_model", "lora_config"):
+            job = JobCreate(name=f"weaver {session.name or session_id} #{body.model_seq_id}",
+                            base_model=base, mode=MODES[body.training_mode],
+                            lora=LoraConfig(rank=spec.rank, alpha=float(spec.rank),
+                                            target_modules=targets or ATTENTION),
+                            config={"weaver_base_model": body.base_model,
+                                    "weaver_session": session_id,
+                                    "weaver_model_seq_id": body.model_seq_id,
+                                    "weaver_user_metadata": body.user_metadata or {}})
+        tokenizer = await run_in_threadpool(self.tokenizer_path, base)
+        created = await jobs.create_job(self.db, self.trainer, job, owner)
+        model = TrainingModel(created, owner.id, body.base_model, tokenizer)
+        self.models[model.id] = model
+        session.models[body.model_seq_id] = model.id
+        return model.public()
+
+    async def model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
+        """A model of this gateway's lifetime, else found by its job (after a restart)."""
+        model = self.models.get(model_id)
+        if model is not None:
+            if not owner.sees_job(model.id, model.owner):
+                raise NotFound(f"No model {model_id!r} (or it belongs to another API key).")
+            return model
+
+        def lookup() -> tuple[Job, str]:
+            with self.db() as session:
+                row = jobs.get_job_row(session, model_id, owner)
+                return jobs.to_public(row), row.owner_key_id
+
+        job, job_owner = await run_in_threadpool(lookup)
+        name = job.config.get("weaver_base_model")
+        if not isinstance(name, str):
+            raise NotFound(f"Job {model_id!r} was not made by the Weaver SDK.")
+        tokenizer = await run_in_threadpool(self.tokenizer_path, job.base_model)
+        # The SDK goes on numbering where it was: the first call seen sets the order.
+        model = TrainingModel(job, job_owner, name, tokenizer, CallOrder(next_seq=0),
+                              terminated=job.status not in (JobStatus.running,
+                                                            JobStatus.paused))
+        return self.models.setdefault(model_id, model)
+
+    async def live_model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
+        model = await self.model(model_id, owner)
+        if model.terminated:
+            raise Conflict(f"Model {model_id!r} was terminated; create a new one (its "
+                           "checkpoints load into it).")
+        return model
+
+    async def terminate(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
+        model = await self.model(model_id, owner)
+        if not model.terminated:
+            model.terminated = True
+            with suppress(Conflict):  # already finished through Loom's own API
+                await in_transaction(self.db, lambda s: jobs.set_status(
+                    s, model.id, JobStatus.completed, owner))
+        return {"model_id": model_id, "trainer": "terminated", "inference": "terminated"}
+
+    async def forward(self, model_id: str, body: schemas.PassBody, owner: KeyIdentity,
+                      backward: bool) -> str:
+        payload = body.payload
+        model = await self.ordered_model(model_id, payload.model_id, owner)
+        request = payload.forward_backward_input if backward else payload.forward_input
+        if request is None:
+            field_name = "forward_backward_input" if backward else "forward_input"
+            raise InvalidInput(f"payload.{field_name} is missing.")
+        if payload.tensor_transport != "default":
+            raise InvalidInput(f"tensor_transport {payload.tensor_transport!r} is not served; "
+                               "use the default JSON transport.")
+        with user_input("forward_backward" if backward else "forward", "data"):
+            batch = convert.training_batch(request)
+            forward_body = ForwardRequest(data=batch.data)
+            backward_body = None if batch.loss is None or not backward else \
+                ForwardBackwardRequest(data=batch.data, loss=batch.loss)
+        if backward and backward_body is None:
+            raise InvalidInput("forward_logprob computes no loss: call forward, not "
+                               "forward_backward, with it.")
+
+        async def submit() -> tuple[str, str | None]:
+            forward_op = await self.calls.submit(model.id, "forward", forward_body)
+            if backward_body is None:
+                return forward_op, None
+            return forward_op, await self.calls.submit(model.id, "forward_backward",
+                                                       backward_body)
+
+        async def result(ops: tuple[str, str | None]) -> Payload:
+            forward = ForwardResult.model_validate(await self.calls.result(ops[0]))
+            if ops[1] is not None:
+                loss = ForwardBackwardResult.model_validate(await self.calls.result(ops[1])).loss
+            elif batch.loss is not None:
+                loss = sum(forward_loss(batch.loss, d, row)
+                           for d, row in zip(batch.data, forward.logprobs, strict=True))
+            else:
+                loss = None
+            return convert.outputs(batch, forward.logprobs, loss)
+
+        return await model.calls.place(self.futures, payload.seq_id, submit, result)
+
+    async def optim_step(self, model_id: str, body: schemas.OptimBody, owner: KeyIdentity
+                         ) -> str:
+        payload = body.payload
+        model = await self.ordered_model(model_id, payload.model_id, owner)
+        spec = payload.adam_params
+        with user_input("optim_step", "adam_params"):
+            step = OptimStepRequest(adam=AdamParams(
+                lr=spec.learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.eps,
+                weight_decay=spec.weight_decay, grad_clip=spec.grad_clip_norm or None))
+
+        async def submit() -> str:
+            return await self.calls.submit(model.id, "optim_step", step)
+
+        async def result(op: str) -> Payload:
+            done = await self.calls.result(op)
+            return {"metrics": {"grad_norm:mean": float(done["grad_norm"])},
+                    "step": done.get("step")}
+
+        return await model.calls.place(self.futures, payload.seq_id, submit, result)
+
+    async def export_sampler(self, model_id: str, body: schemas.ExportSampler,
+                             owner: KeyIdentity) -> str:
+        model = await self.live_model(model_id, owner)
+        if body.path is not None:
+            with user_input("save_weights_for_sampler", "path"):
+                SaveStateRequest(name=body.path)  # the same rule as checkpoint names
+            if body.path.startswith("v") and body.path[1:].isdigit():
+                raise InvalidInput(f"Sampler weights name {body.path!r} is reserved for "
+                                   "unnamed exports (v<version>); pick another name.")
+
+        async def submit() -> str:
+            return await self.calls.submit(model.id, "save_weights", SaveWeightsRequest())
+
+        async def result(op: str) -> Payload:
+            saved = SaveWeightsResult.model_validate(await self.calls.result(op))
+            path = paths.WeaverPath(model.id, paths.SAMPLER_WEIGHTS,
+                                    body.path or f"v{saved.number}")
+            if body.path is not None:
+                self.sampler_weights[str(path)] = saved.number
+            return {"model_path": str(path), "path": str(path), "weight_version": saved.number}
+
+        return await model.calls.place(self.futures, body.seq_id, submit, result)
+
+    async def ordered_model(self, model_id: str, payload_model_id: str, owner: KeyIdentity
+                            ) -> TrainingModel:
+        if payload_model_id != model_id:
+            raise InvalidInput(f"payload.model_id {payload_model_id!r} is not the model of the "
+                               f"URL ({model_id!r}).")
+        return await self.live_model(model_id, owner)
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    async def save_checkpoint(self, model_id: str, body: schemas.SaveCheckpoint,
+                              owner: KeyIdentity) -> str:
+        model = await self.live_model(model_id, owner)
+        if body.type == "sampling":
+            raise InvalidInput("Sampling checkpoints are sampler exports: call "
+                               "save_weights_for_sampler.")
+        with user_input("save_state", "name"):
+            request = SaveStateRequest(name=body.name or f"checkpoint-{uuid.uuid4().hex[:8]}")
+
+        async def submit() -> str:
+            return await self.calls.submit(model.id, "save_state", request)
+
+        async def result(op: str) -> Payload:
+            saved = StateCheckpoint.model_validate(await self.calls.result(op))
+            return checkpoint(model.id, saved, body.type)
+
+        return await model.calls.place(self.futures, None, submit, result)
+
+    async def load_checkpoint(self, model_id: str, body: schemas.LoadCheckpoint,
+                              owner: KeyIdentity) -> str:
+        model = await self.live_model(model_id, owner)
+        path = paths.parse(body.path, paths.CHECKPOINTS)
+        source = await self.model(path.model_id, owner)
+        request = LoadStateRequest(name=path.name, optimizer=body.include_optimizer,
+                                   job_id=None if source.id == model.id else source.id)
+
+        async def submit() -> str:
+            return await self.calls.submit(model.id, "load_state", request)
+
+        async def result(op: str) -> Payload:
+            await self.calls.result(op)
+            return {"path": body.path, "model_id": model.id,
+                    "include_optimizer": body.include_optimizer}
+
+        return await model.calls.place(self.futures, None, submit, result)
+
+    async def list_checkpoints(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
+        model = await self.model(model_id, owner)
+        listed = CheckpointList.model_validate(
+            await self.trainer.get_json(f"/v1/models/{model.id}/checkpoints"))
+        return {"items": [checkpoint(model.id, c) for c in listed.checkpoints]}
+
+    # --- sampling ---------------------------------------------------------------------
+
+    async def create_sampling_session(self, session_id: str,
+                                      body: schemas.CreateSamplingSession,
+                                      owner: KeyIdentity) -> dict[str, Any]:
+        self.session(session_id, owner)
+        if body.model_path is not None:
+            path = paths.parse(body.model_path, paths.SAMPLER_WEIGHTS)
+            model = await self.model(path.model_id, owner)
+            version = path.version or self.sampler_weights.get(body.model_path)
+            if version is None:
+                raise NotFound(f"No sampler weights at {body.model_path!r} (named exports live "
+                               "in the gateway's memory; unnamed ones, v<version>, always "
+                               "resolve).")
+            bound = SamplingSession(owner.id, model.base_model, model.tokenizer_path, model.id,
+                                    version, body.model_path)
+        elif body.base_model is not None:
+            base = self.loom_base_model(body.base_model)
+            tokenizer = await run_in_threadpool(self.tokenizer_path, base)
+            bound = SamplingSession(owner.id, body.base_model, tokenizer, None, 0, None)
+        else:
+            raise InvalidInput("A sampling session needs a base_model or a model_path.")
+        sampling_id = f"{session_id}-sampler-{body.sampling_session_seq_id}"
+        self.sampling[sampling_id] = bound
+        return bound.public(sampling_id)
+
+    def sampling_session(self, sampling_id: str, owner: KeyIdentity) -> SamplingSession:
+        bound = self.sampling.get(sampling_id)
+        if bound is None:
+            raise NotFound(f"No sampling session {sampling_id!r}.")
+        if not owner.admin and bound.owner != owner.id:
+            raise Forbidden(f"Sampling session {sampling_id!r} belongs to another API key.")
+        return bound
+
+    def close_sampling_session(self, sampling_id: str, owner: KeyIdentity) -> None:
+        self.sampling_session(sampling_id, owner)
+        del self.sampling[sampling_id]
+
+    def sample(self, sampling_id: str, body: schemas.SampleBody, owner: KeyIdentity) -> str:
+        bound = self.sampling_session(sampling_id, owner)
+        asked = [name for name in ("prompt_logprobs", "topk_prompt_logprobs",
+                                   "return_sampling_mask", "return_old_logprob",
+                                   "return_moe_topk_indices", "score_centering")
+                 if getattr(body, name)]
+        if asked:
+            raise InvalidInput(f"Not served by Loom yet: {', '.join(asked)}.")
+        if any(chunk.type != "encoded_text" for chunk in body.prompt.chunks):
+            raise InvalidInput("Only text prompts (encoded_text chunks) are served.")
+        tokens = body.prompt.tokens()
+        if not tokens:
+            raise InvalidInput("The prompt has no tokens.")
+        with user_input("sample", "sampling_params"):
+            params = convert.sampling_params(body.sampling_params)
+
+        async def run() -> Payload:
+            samples = await sample(self.rollout, bound.job_id, bound.version, tokens,
+                                   body.num_samples, params)
+            return convert.sequences(samples, bound.version)
+
+        return self.futures.submit(run())
+
+
+def checkpoint(model_id: str, saved: StateCheckpoint, kind: str | None = None
+               ) -> dict[str, Any]:
+    """One checkpoint as the SDK's `Checkpoint` reads it."""
+    path = paths.WeaverPath(model_id, paths.CHECKPOINTS, saved.name)
+    return {"id": str(path), "path": str(path), "name": saved.name,
+            "checkpoint_type": kind or ("weight_and_optimizer" if saved.has_optimizer
+                                        else "weight"),
+            "status": "completed", "size_bytes": saved.bytes, "step": saved.step,
+            "ttl_seconds": None, "created_at": saved.created_at.isoformat(),
+            "expires_at": None}
