@@ -17,7 +17,7 @@ from gateway.futures import Futures, Payload
 from services.common.errors import InvalidInput, error_from_envelope, invalid_options
 from services.common.http import ServiceClient
 from services.common.schemas import Operation, StrictModel
-from services.rollout.schemas import Sample, SampleRequest, SampleResponse, SamplingParams
+from services.rollout.schemas import SampleRequest, SampleResponse, SamplingParams
 from services.trainer.losses import MAX_LOG_RATIO
 from services.trainer.schemas import Datum, LossConfig, LossName
 
@@ -113,13 +113,17 @@ def forward_loss(loss: LossConfig, datum: Datum, logprobs: list[float]) -> float
 
 
 async def sample(rollout: ServiceClient, job_id: str | None, version: int,
-                 prompt_token_ids: list[int], n: int, params: SamplingParams) -> list[Sample]:
-    """`n` samples of `prompt_token_ids` from one version of a job (None: the base model)."""
+                 prompt_token_ids: list[int], n: int, params: SamplingParams,
+                 prompt_logprobs: bool = False) -> SampleResponse:
+    """`n` samples of `prompt_token_ids` from one version of a job (None: the base model),
+    and the prompt's own logprobs if asked."""
     # vLLM refuses n > 1 when greedy; greedy samples are all the same one anyway.
     copies = n if params.temperature == 0 else 1
     with user_input("sample", "sampling_params"):
         request = SampleRequest(job_id=job_id, version=version, n=n // copies,
-                                prompt_token_ids=prompt_token_ids, params=params)
+                                prompt_token_ids=prompt_token_ids, params=params,
+                                prompt_logprobs=prompt_logprobs)
     response = SampleResponse.model_validate(await rollout.post_json(
         "/v1/sample", request.model_dump(mode="json")))
-    return response.samples * copies
+    response.samples *= copies
+    return response

@@ -113,7 +113,8 @@ class Sample(LenientModel):
     num_samples: int = Field(default=1, ge=1)
     prompt: Prompt
     sampling_params: TinkerSamplingParams = TinkerSamplingParams()
-    prompt_logprobs: bool = False
+    prompt_logprobs: bool | None = False
+    prompt_logprobs_last_n: int | None = Field(default=None, ge=1)
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
 

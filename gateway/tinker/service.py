@@ -368,9 +368,11 @@ class TinkerService:
 
     def sample(self, body: schemas.Sample, owner: KeyIdentity) -> dict[str, Any]:
         ref = self.sampler(body.sampling_session_id, owner)
-        if body.prompt_logprobs or body.topk_prompt_logprobs or body.topk_sample_logprobs:
-            raise InvalidInput("Prompt logprobs and top-k logprobs (compute_logprobs, "
-                               "topk_*) are not served by Loom yet.")
+        if body.topk_prompt_logprobs or body.topk_sample_logprobs:
+            raise InvalidInput("Top-k logprobs (topk_prompt_logprobs, topk_sample_logprobs) "
+                               "are not served by Loom yet.")
+        if body.prompt_logprobs_last_n is not None and not body.prompt_logprobs:
+            raise InvalidInput("prompt_logprobs_last_n needs prompt_logprobs.")
         if any(chunk.type != "encoded_text" for chunk in body.prompt.chunks):
             raise InvalidInput("Only text prompts (encoded_text chunks) are supported.")
         if not any(chunk.tokens for chunk in body.prompt.chunks):
@@ -380,10 +382,15 @@ class TinkerService:
         tokens = [t for chunk in body.prompt.chunks for t in chunk.tokens]
 
         async def run() -> Payload:
-            samples = await sample(self.rollout, ref.job_id, ref.version, tokens,
-                                   body.num_samples, params)
+            sampled = await sample(self.rollout, ref.job_id, ref.version, tokens,
+                                   body.num_samples, params,
+                                   prompt_logprobs=bool(body.prompt_logprobs))
+            scored = sampled.prompt_logprobs
+            if scored is not None and body.prompt_logprobs_last_n is not None:
+                unscored = max(len(scored) - body.prompt_logprobs_last_n, 0)
+                scored = [None] * unscored + scored[unscored:]
             return wire.sample_response([(s.token_ids, s.logprobs, s.stop_reason == "length")
-                                         for s in samples])
+                                         for s in sampled.samples], scored)
 
         ids = [f"{body.sampling_session_id}:{body.seq_id}:{i}" for i in range(body.num_samples)]
         return {"request_id": self.futures.submit(run()), "sample_sequence_ids": ids}

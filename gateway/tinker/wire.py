@@ -113,9 +113,14 @@ def forward_backward_output(logprobs: list[list[float]], metrics: dict[str, floa
     return bytes(out.SerializeToString())
 
 
-def sample_response(sequences: list[tuple[list[int], list[float], bool]]) -> bytes:
-    """(tokens, logprobs, stopped by length) per sample."""
+def sample_response(sequences: list[tuple[list[int], list[float], bool]],
+                    prompt_logprobs: list[float | None] | None = None) -> bytes:
+    """(tokens, logprobs, stopped by length) per sample, and the prompt's logprobs if asked
+    (NaN where none, as the SDK reads them)."""
     out = SampleResponse()
+    if prompt_logprobs is not None:
+        out.prompt_logprobs = np.asarray(
+            [np.nan if lp is None else lp for lp in prompt_logprobs], dtype="<f4").tobytes()
     for tokens, logprobs, by_length in sequences:
         out.sequences.add(tokens=np.asarray(tokens, dtype="<i4").tobytes(),
                           logprobs=np.asarray(logprobs, dtype="<f4").tobytes(),

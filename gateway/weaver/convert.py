@@ -16,7 +16,7 @@ import numpy as np
 
 from gateway.weaver import schemas
 from services.common.errors import InvalidInput
-from services.rollout.schemas import Sample, SamplingParams
+from services.rollout.schemas import SampleResponse, SamplingParams
 from services.trainer.schemas import Datum, LossAggregation, LossConfig, LossName
 
 IGNORED = -100  # a target without loss
@@ -153,8 +153,13 @@ def sampling_params(spec: schemas.SamplingSpec) -> SamplingParams:
                           seed=spec.sampling_seed if spec.seed is None else spec.seed)
 
 
-def sequences(samples: list[Sample], version: int) -> dict[str, Any]:
-    return {"sequences": [{"tokens": s.token_ids, "logprobs": s.logprobs, "text": s.text,
-                           "stop_reason": s.stop_reason, "weight_version": version}
-                          for s in samples],
-            "weight_version": version}
+def sequences(response: SampleResponse) -> dict[str, Any]:
+    version = response.version
+    result: dict[str, Any] = {
+        "sequences": [{"tokens": s.token_ids, "logprobs": s.logprobs, "text": s.text,
+                       "stop_reason": s.stop_reason, "weight_version": version}
+                      for s in response.samples],
+        "weight_version": version}
+    if response.prompt_logprobs is not None:
+        result["prompt_logprobs"] = response.prompt_logprobs
+    return result

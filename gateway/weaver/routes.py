@@ -146,6 +146,13 @@ async def sample(sampling_id: str, body: schemas.SampleBody, weaver: WeaverDep,
     return await operations.submitted(weaver.futures, op_id)
 
 
+@router.post("/sampling-sessions/{sampling_id}/logprobs")
+async def compute_logprobs(sampling_id: str, body: schemas.LogprobsBody, weaver: WeaverDep,
+                           key: CurrentKey) -> dict[str, Any]:
+    op_id = weaver.compute_logprobs(sampling_id, body, key)
+    return await operations.submitted(weaver.futures, op_id)
+
+
 @router.get("/operations/{op_id}")
 async def get_operation(op_id: str, weaver: WeaverDep, _key: CurrentKey) -> dict[str, Any]:
     return await operations.poll(weaver.futures, op_id)

@@ -156,3 +156,4 @@ class SampleBody(WeaverBody):
 
 class LogprobsBody(WeaverBody):
     prompt: ModelInput
+    return_rollout_token_expert: bool = False

@@ -27,6 +27,7 @@ from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
 from services.common.errors import Conflict, Forbidden, InvalidInput, NotFound
 from services.common.http import ServiceClient
+from services.rollout.schemas import SamplingParams
 from services.trainer.schemas import (
     AdamParams,
     CheckpointList,
@@ -406,26 +407,49 @@ class WeaverService:
 
     def sample(self, sampling_id: str, body: schemas.SampleBody, owner: KeyIdentity) -> str:
         bound = self.sampling_session(sampling_id, owner)
-        asked = [name for name in ("prompt_logprobs", "topk_prompt_logprobs",
-                                   "return_sampling_mask", "return_old_logprob",
-                                   "return_moe_topk_indices", "score_centering")
+        asked = [name for name in ("topk_prompt_logprobs", "return_sampling_mask",
+                                   "return_old_logprob", "return_moe_topk_indices",
+                                   "score_centering")
                  if getattr(body, name)]
         if asked:
             raise InvalidInput(f"Not served by Loom yet: {', '.join(asked)}.")
-        if any(chunk.type != "encoded_text" for chunk in body.prompt.chunks):
-            raise InvalidInput("Only text prompts (encoded_text chunks) are served.")
-        tokens = body.prompt.tokens()
-        if not tokens:
-            raise InvalidInput("The prompt has no tokens.")
+        tokens = prompt_tokens(body.prompt)
         with user_input("sample", "sampling_params"):
             params = convert.sampling_params(body.sampling_params)
 
         async def run() -> Payload:
-            samples = await sample(self.rollout, bound.job_id, bound.version, tokens,
-                                   body.num_samples, params)
-            return convert.sequences(samples, bound.version)
+            return convert.sequences(await sample(
+                self.rollout, bound.job_id, bound.version, tokens, body.num_samples, params,
+                prompt_logprobs=body.prompt_logprobs))
 
         return self.futures.submit(run())
+
+    def compute_logprobs(self, sampling_id: str, body: schemas.LogprobsBody,
+                         owner: KeyIdentity) -> str:
+        """Each prompt token's logprob under the session's weights (None for the first)."""
+        bound = self.sampling_session(sampling_id, owner)
+        if body.return_rollout_token_expert:
+            raise InvalidInput("return_rollout_token_expert (MoE router replay) is not "
+                               "served by Loom.")
+        tokens = prompt_tokens(body.prompt)
+
+        async def run() -> Payload:
+            scored = await sample(self.rollout, bound.job_id, bound.version, tokens, 1,
+                                  SamplingParams(max_tokens=1, temperature=0.0),
+                                  prompt_logprobs=True)
+            return {"result": {"prompt_logprobs": scored.prompt_logprobs},
+                    "weight_version": scored.version}
+
+        return self.futures.submit(run())
+
+
+def prompt_tokens(prompt: schemas.ModelInput) -> list[int]:
+    if any(chunk.type != "encoded_text" for chunk in prompt.chunks):
+        raise InvalidInput("Only text prompts (encoded_text chunks) are served.")
+    tokens = prompt.tokens()
+    if not tokens:
+        raise InvalidInput("The prompt has no tokens.")
+    return tokens
 
 
 def checkpoint(model_id: str, saved: StateCheckpoint, kind: str | None = None

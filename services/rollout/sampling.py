@@ -46,9 +46,10 @@ def check_prompt(prompt_token_ids: list[int], max_tokens: int, *, vocab_size: in
 
 def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream: bool = False,
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                skip_special_tokens: bool = True) -> vllm.SamplingParams:
+                skip_special_tokens: bool = True, prompt_logprobs: bool = False
+                ) -> vllm.SamplingParams:
     """Loom's sampling options as vLLM's; `logprobs=0` returns the sampled token's own (and
-    `k` also the `k` most likely ones)."""
+    `k` also the `k` most likely ones), `prompt_logprobs` each prompt token's own."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
@@ -60,6 +61,7 @@ def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream
             stop_token_ids=params.stop_token_ids or None,
             logprobs=logprobs, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, skip_special_tokens=skip_special_tokens,
+            prompt_logprobs=0 if prompt_logprobs else None,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
     except (ValueError, VLLMClientError) as exc:  # vLLM's checks on combinations of options
@@ -71,6 +73,13 @@ def sampled_logprobs(completion: CompletionOutput) -> list[float]:
     entries = completion.logprobs or []
     return [entry[token].logprob for token, entry in zip(completion.token_ids, entries,
                                                          strict=True)]
+
+
+def scored_prompt(prompt_ids: list[int], output: vllm.RequestOutput) -> list[float | None]:
+    """Each prompt token's logprob given the ones before it; None for the first."""
+    entries = output.prompt_logprobs or []
+    return [None] + [entry[token].logprob if entry else None
+                     for token, entry in zip(prompt_ids[1:], entries[1:], strict=True)]
 
 
 def stop_reason(completion: CompletionOutput) -> Literal["stop", "length", "abort"]:
@@ -102,7 +111,8 @@ class Sampler:
     async def sample(self, request: SampleRequest) -> SampleResponse:
         prompt_ids = self.prompt_ids(request.prompt, request.prompt_token_ids)
         self.check_prompt(prompt_ids, request.params.max_tokens)
-        params = vllm_params(request.params, n=request.n)
+        params = vllm_params(request.params, n=request.n,
+                             prompt_logprobs=request.prompt_logprobs)
         async with self.versions.use(request.job_id, request.version) as served:
             output = await self.engine.generate(prompt_ids, params, served.lora_request)
         version = served.target.number
@@ -114,8 +124,11 @@ class Sampler:
                 text=completion.text, stop_reason=stop_reason(completion),
                 version=version,
             ))
-        return SampleResponse(job_id=request.job_id, version=version,
-                              prompt_token_ids=prompt_ids, samples=samples)
+        return SampleResponse(
+            job_id=request.job_id, version=version, prompt_token_ids=prompt_ids,
+            samples=samples,
+            prompt_logprobs=scored_prompt(prompt_ids, output) if request.prompt_logprobs
+            else None)
 
     async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, int | None]:
         """One sample (n=1) that stops early, keeping what it has, if a newer version of the

@@ -31,6 +31,9 @@ class SampleRequest(StrictModel):
     prompt_token_ids: list[int] | None = Field(default=None, max_length=131072)
     n: int = Field(default=1, ge=1, le=256)
     params: SamplingParams = SamplingParams()
+    prompt_logprobs: bool = Field(
+        default=False, description="Also score the prompt: the logprob of each prompt token "
+        "given the ones before it (None for the first), under the same weights.")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> Self:
@@ -54,6 +57,7 @@ class SampleResponse(LenientModel):
     version: int
     prompt_token_ids: list[int]
     samples: list[Sample]
+    prompt_logprobs: list[float | None] | None = None  # when asked for
 
 
 class TokenizeRequest(StrictModel):

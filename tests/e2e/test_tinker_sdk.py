@@ -45,6 +45,12 @@ def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
     # trained model alike: the sampler serves the trained weights.
     assert final["after"][0] == final["after"][1] and final["stop"] == ["length", "length"]
     assert final["trainer_logprobs"] == pytest.approx(final["sampler_logprobs"], abs=2e-3)
+    # compute_logprobs on the sampler: None for the first token, then the trainer's; with
+    # prompt_logprobs_last_n=3 only the last three are scored.
+    scored, tail = final["scored"], final["scored_tail"]
+    assert scored[0] is None and scored[1:] == pytest.approx(final["trainer_all"], abs=2e-3)
+    assert tail[:-3] == [None] * (len(scored) - 3)
+    assert tail[-3:] == pytest.approx(scored[-3:], abs=1e-5)
 
 
 def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(

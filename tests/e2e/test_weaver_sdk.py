@@ -48,13 +48,17 @@ def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
     # trained model alike: the sampler serves the trained weights.
     assert final["after"][0] == final["after"][1] and final["stop"] == ["length", "length"]
     assert isinstance(final["text"], str)
-    assert final["trainer_logprobs"] == pytest.approx(final["sampler_logprobs"], abs=2e-3)
+    trainer = final["trainer_all"]
+    assert trainer[2:] == pytest.approx(final["sampler_logprobs"], abs=2e-3)
+    # compute_logprobs scores the whole sequence on the sampler: None, then the trainer's
+    assert final["sampler_scored"][0] is None
+    assert final["sampler_scored"][1:] == pytest.approx(trainer, abs=2e-3)
     url, key, _ = stack
     with LoomClient(url, key) as loom:
         job = loom.get_job(final["model_id"])  # a Weaver model is a Loom job
         assert job.info.status.value == "completed"  # the SDK terminated it at close
         assert job.info.config["weaver_base_model"] == "loom/tiny"
-        (logged,) = job.metrics(["train/loss"]).series  # log_metrics: the job's own metrics
+        logged = job.metrics(["train/loss"])["train/loss"]  # log_metrics: the job's metrics
         assert logged.steps == list(range(25)) and logged.values == pytest.approx(losses)
 
 
@@ -77,6 +81,22 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
     url, key, _ = stack
     with LoomClient(url, key) as loom:
         assert loom.get_job(model_id).version("latest").number == 5
+
+
+def test_full_fine_tuning_trains_every_weight_and_the_sampler_serves_them(
+        weaver_python: Path, stack: tuple[str, str, Path]) -> None:
+    (seen,) = run(weaver_python, "full_ft.py", stack)
+    losses = seen["losses"]
+    assert losses[-1] < 0.85 * losses[0], losses
+    info = seen["info"]
+    assert info["training_mode"] == "full_ft" and info["base_model"] == "loom/tiny:2048"
+    assert info["lora_config"] is None
+    assert seen["trainer_logprobs"] == pytest.approx(seen["sampler_logprobs"], abs=2e-3)
+    url, key, _ = stack
+    with LoomClient(url, key) as loom:
+        job = loom.get_job(info["id"])
+        assert job.info.mode.value == "full" and job.info.base_model == "loom/tiny"
+        assert job.version("latest").kind == "full"
 
 
 def test_saved_state_loads_back_with_and_without_the_optimizer_and_into_another_model(
@@ -141,7 +161,8 @@ def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
         ("post", "sampling-sessions/nope/samples", {"json": {"prompt": {"chunks": []}}}, 404,
          "nope"),
         ("post", "sampling-sessions/nope/logprobs", {"json": {"prompt": {"chunks": []}}}, 404,
-         "does not serve"),
+         "nope"),
+        ("post", f"models/{model}/deployments", {"json": {}}, 404, "does not serve"),
         ("get", "operations/op-unknown", {}, 404, "op-unknown"),
         ("post", f"models/{model}/forward-backward-passes",
          {"content": b"--x\r\n", "headers": {**auth, "Content-Type": "multipart/mixed"}},

@@ -1,6 +1,7 @@
 """A supervised loop written against the public Tinker SDK only (run unmodified by
 tests/e2e/test_tinker_sdk.py): cross_entropy on one sequence, then sampling its prompt on the
-trained weights. Prints one JSON line per result."""
+trained weights and scoring the sample on the trainer (forward) and on the sampler
+(compute_logprobs). Prints one JSON line per result."""
 
 import json
 
@@ -27,9 +28,14 @@ sampled = prompt + after.sequences[0].tokens
 check = types.Datum(model_input=types.ModelInput.from_ints(sampled[:-1]),
                     loss_fn_inputs={"target_tokens": sampled[1:]})
 trained = training.forward([check], "cross_entropy").result()
+scored = sampler.compute_logprobs(types.ModelInput.from_ints(sampled)).result()
+scored_tail = sampler.compute_logprobs(types.ModelInput.from_ints(sampled),
+                                       prompt_logprobs_last_n=3).result()
 print(json.dumps({"after": [s.tokens for s in after.sequences],
                   "stop": [s.stop_reason for s in after.sequences],
                   "sampler_logprobs": after.sequences[0].logprobs,
                   "trainer_logprobs": trained.loss_fn_outputs[0]["logprobs"].tolist()[
-                      len(prompt) - 1:]}), flush=True)
+                      len(prompt) - 1:],
+                  "trainer_all": trained.loss_fn_outputs[0]["logprobs"].tolist(),
+                  "scored": scored, "scored_tail": scored_tail}), flush=True)
 service.close("success").result()

@@ -1,7 +1,8 @@
 """A supervised loop written against the public Weaver SDK only (run unmodified by
 tests/e2e/test_weaver_sdk.py): cross_entropy on one sequence (-100 targets on the prompt),
 calls pipelined without waiting, then sampling the prompt on the trained weights and scoring
-the sample with forward_logprob. Prints one JSON line per result."""
+the sample with forward_logprob (trainer) and compute_logprobs (sampler). Prints one JSON line
+per result."""
 
 import json
 
@@ -31,10 +32,11 @@ with ServiceClient(name="weaver supervised") as service:
     check = Datum(model_input=ModelInput.from_ints(sampled[:-1]),
                   loss_fn_inputs={"target_tokens": sampled[1:]})
     trained = training.forward([check], "forward_logprob")
+    scored = sampler.compute_logprobs(prompt=ModelInput.from_ints(sampled))
     print(json.dumps({"model_id": training.model_id,
                       "after": [s["tokens"] for s in after["sequences"]],
                       "stop": [s["stop_reason"] for s in after["sequences"]],
                       "text": after["sequences"][0]["text"],
                       "sampler_logprobs": after["sequences"][0]["logprobs"],
-                      "trainer_logprobs": trained["loss_fn_outputs"][0]["logprobs"]["data"][
-                          len(prompt) - 1:]}), flush=True)
+                      "trainer_all": trained["loss_fn_outputs"][0]["logprobs"]["data"],
+                      "sampler_scored": scored}), flush=True)

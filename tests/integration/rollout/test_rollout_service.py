@@ -133,6 +133,20 @@ async def test_sample_base_model(rollout: httpx.AsyncClient) -> None:
     assert again["samples"] == body["samples"]  # seeded: reproducible
 
 
+async def test_prompt_logprobs_score_a_sample_as_the_sampler_did(
+        rollout: httpx.AsyncClient) -> None:
+    """A sample appended to its prompt and scored as a prompt gets back the logprobs it was
+    sampled with: prompt logprobs and sampled logprobs come from the same weights."""
+    drawn = (await sample(rollout, params={"max_tokens": 6, "temperature": 0.0}))["samples"][0]
+    scored = await sample(rollout, prompt_token_ids=PROMPT + drawn["token_ids"],
+                          params={"max_tokens": 1}, prompt_logprobs=True)
+    logprobs = scored["prompt_logprobs"]
+    assert len(logprobs) == len(PROMPT) + len(drawn["token_ids"]) and logprobs[0] is None
+    assert all(lp <= 0 for lp in logprobs[1:])
+    assert logprobs[len(PROMPT):] == pytest.approx(drawn["logprobs"], abs=2e-3)
+    assert (await sample(rollout))["prompt_logprobs"] is None  # only when asked
+
+
 async def test_seeded_samples_survive_more_prompt_tokens_than_one_engine_step(
         rollout: httpx.AsyncClient) -> None:
     """More queued prompt tokens than a step takes (2,048 on CPU): vLLM would split a prompt
