@@ -19,10 +19,15 @@ from services.common.http import ServiceClient
 from services.common.schemas import Operation, StrictModel
 from services.rollout.schemas import SampleRequest, SampleResponse, SamplingParams
 from services.trainer.losses import MAX_LOG_RATIO
-from services.trainer.schemas import Datum, LossConfig, LossName
+from services.trainer.schemas import Datum, LossAggregation, LossConfig, LossName
 
 OPERATION_WAIT_S = 30.0
 SEQ_GAP_TIMEOUT_S = 60.0
+# The SDKs' built-in losses Loom's trainer computes, as token sums (their convention).
+BUILTIN_LOSSES = {"cross_entropy": LossName.cross_entropy,
+                  "importance_sampling": LossName.importance_sampling,
+                  "ppo": LossName.ppo}
+PPO_CLIPS = ("clip_low_threshold", "clip_high_threshold")  # ratio bounds, e.g. 0.8 and 1.2
 
 
 class TrainerCalls:
@@ -94,6 +99,26 @@ def user_input(call: str, root: str) -> Iterator[None]:
         yield
     except ValidationError as exc:
         raise invalid_options(exc, f"Invalid {call} request", root) from exc
+
+
+def builtin_loss(loss_fn: str, config: dict[str, Any]) -> LossConfig:
+    """An SDK's loss name and `loss_fn_config` as Loom's loss, or a 4xx saying what is
+    served."""
+    name = BUILTIN_LOSSES.get(loss_fn)
+    if name is None:
+        raise InvalidInput(f"Loss {loss_fn!r} is not served by Loom; supported: "
+                           f"{', '.join(BUILTIN_LOSSES)}.")
+    unknown = set(config) - (set(PPO_CLIPS) if name == LossName.ppo else set())
+    if unknown:
+        raise InvalidInput(f"loss_fn_config keys {sorted(unknown)} are not served for "
+                           f"{loss_fn!r}.")
+    low, high = config.get(PPO_CLIPS[0], 0.8), config.get(PPO_CLIPS[1], 1.2)
+    try:
+        return LossConfig(name=name, aggregation=LossAggregation.sum,
+                          clip_low=1 - float(low), clip_high=float(high) - 1)
+    except ValueError as exc:
+        raise InvalidInput(f"loss_fn_config: clip_low_threshold must be in [0, 1] and "
+                           f"clip_high_threshold in [1, 11] (got {low}, {high}).") from exc
 
 
 def forward_loss(loss: LossConfig, datum: Datum, logprobs: list[float]) -> float:

@@ -18,7 +18,14 @@ from gateway import jobs
 from gateway.futures import Futures, Payload
 from gateway.keys import KeyIdentity
 from gateway.schemas import JobCreate, JobStatus
-from gateway.sdk_calls import CallOrder, TrainerCalls, forward_loss, sample, user_input
+from gateway.sdk_calls import (
+    CallOrder,
+    TrainerCalls,
+    builtin_loss,
+    forward_loss,
+    sample,
+    user_input,
+)
 from gateway.tinker import checkpoints, schemas, wire
 from gateway.tinker.convert import loom_datum, sampling_params, tinker_datum
 from services.common.db import in_transaction
@@ -39,9 +46,6 @@ from services.trainer.schemas import (
     ForwardRequest,
     ForwardResult,
     LoadStateRequest,
-    LossAggregation,
-    LossConfig,
-    LossName,
     OptimStepRequest,
     SaveStateRequest,
     SaveWeightsRequest,
@@ -49,10 +53,6 @@ from services.trainer.schemas import (
     StateCheckpoint,
     TrainingMode,
 )
-
-# Tinker's built-in losses that Loom's trainer computes the same way (token sums).
-LOSSES = {"cross_entropy": LossName.cross_entropy,
-          "importance_sampling": LossName.importance_sampling}
 
 
 @dataclass
@@ -143,16 +143,13 @@ class TinkerService:
             raise InvalidInput(f"forward_backward body is not a ForwardBackwardRequest: {exc}"
                                ) from exc
         model = self.model(request.model_id, owner)
-        loss_name = LOSSES.get(request.loss_fn)
-        if loss_name is None:
-            raise InvalidInput(f"Loss {request.loss_fn!r} is not served by Loom; supported: "
-                               f"{', '.join(LOSSES)}.")
+        config = {name: value.number for name, value in request.loss_fn_config_v2.items()}
+        loss = builtin_loss(request.loss_fn, {**request.loss_fn_config, **config})
         data = [tinker_datum(d, i) for i, d in enumerate(request.data)]
         with user_input("forward_backward", "data"):
             loom_data = [loom_datum(d, request.loss_fn, i) for i, d in enumerate(data)]
             forward_body = ForwardRequest(data=loom_data)
-            backward_body = ForwardBackwardRequest(
-                data=loom_data, loss=LossConfig(name=loss_name, aggregation=LossAggregation.sum))
+            backward_body = ForwardBackwardRequest(data=loom_data, loss=loss)
         job = model.job_id
 
         async def submit() -> Any:

@@ -14,17 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from gateway.sdk_calls import builtin_loss
 from gateway.weaver import schemas
 from services.common.errors import InvalidInput
 from services.rollout.schemas import SampleResponse, SamplingParams
-from services.trainer.schemas import Datum, LossAggregation, LossConfig, LossName
+from services.trainer.schemas import Datum, LossConfig, LossName
 
 IGNORED = -100  # a target without loss
 DEFAULT_MAX_TOKENS = 64
-# Built-in losses Loom computes; all are token sums (the Tinker convention Weaver follows).
-TRAINED_LOSSES = {"cross_entropy": LossName.cross_entropy,
-                  "importance_sampling": LossName.importance_sampling,
-                  "ppo": LossName.ppo}
 FORWARD_ONLY = "forward_logprob"  # logprobs of the targets, no loss
 NEEDS = {LossName.importance_sampling: ("logprobs", "advantages"),
          LossName.ppo: ("logprobs", "advantages")}
@@ -53,22 +50,7 @@ def training_batch(request: schemas.PassInput) -> TrainingBatch:
 def loss_config(loss_fn: str, config: dict[str, Any]) -> LossConfig | None:
     if loss_fn == FORWARD_ONLY:
         return None
-    name = TRAINED_LOSSES.get(loss_fn)
-    if name is None:
-        raise InvalidInput(f"Loss {loss_fn!r} is not served by Loom; supported: "
-                           f"{', '.join([*TRAINED_LOSSES, FORWARD_ONLY])} (forward only).")
-    unknown = set(config) - ({"clip_low_threshold", "clip_high_threshold"}
-                             if name == LossName.ppo else set())
-    if unknown:
-        raise InvalidInput(f"loss_fn_config keys {sorted(unknown)} are not served for "
-                           f"{loss_fn!r}.")
-    low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
-    try:
-        return LossConfig(name=name, aggregation=LossAggregation.sum,
-                          clip_low=1 - float(low), clip_high=float(high) - 1)
-    except ValueError as exc:
-        raise InvalidInput(f"loss_fn_config: clip_low_threshold must be in [0, 1] and "
-                           f"clip_high_threshold in [1, 11] (got {low}, {high}).") from exc
+    return builtin_loss(loss_fn, config)
 
 
 def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int

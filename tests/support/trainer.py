@@ -1,11 +1,27 @@
-"""A stand-in for the trainer's `POST /v1/models`, for gateway tests that create jobs."""
+"""Stand-ins for the trainer, for gateway tests: `trainer_stand_in` answers `POST /v1/models`
+(tests that create jobs); `FakeTrainer` also records model actions and answers them with
+finished operations (tests of the SDK protocol adapters)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
+import httpx
+from fastapi import APIRouter, FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.app import ALEMBIC_DIR, VERSION_TABLE
+from gateway.keys import KeyIdentity, create_key
 from services.common.app_factory import create_service_app
+from services.common.db import make_engine, make_sessionmaker, migrate, transaction
 from services.common.errors import InvalidInput
+from services.common.http import ServiceClient
 from services.trainer.schemas import CreateModelRequest, ModelInfo, TrainingMode
 
 
@@ -28,3 +44,94 @@ def trainer_stand_in() -> FastAPI:
     app = create_service_app("trainer", routers=[router])
     app.state.created = created
     return app
+
+
+NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+class FakeTrainer:
+    """Records each call; checkpoint operations succeed at once unless a name is reused."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
+        self.created: list[CreateModelRequest] = []
+        self.saved: dict[str, list[str]] = {}
+        self.ops: dict[str, dict[str, Any]] = {}
+        self.app = self._app()
+
+    def _op(self, kind: str, result: Any = None, error: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+        op = {"id": f"op_{uuid.uuid4().hex[:8]}", "kind": kind,
+              "status": "failed" if error else "succeeded", "created_at": NOW.isoformat(),
+              "result": result, "error": error}
+        self.ops[op["id"]] = op
+        return op
+
+    def _app(self) -> FastAPI:
+        router = APIRouter(prefix="/v1")
+
+        @router.post("/models", status_code=201)
+        async def create(body: CreateModelRequest) -> dict[str, str]:
+            self.created.append(body)
+            return {"model_id": body.job_id}
+
+        @router.post("/models/{job}/{action}", status_code=202)
+        async def act(job: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+            self.calls.append((job, action, body))
+            if action == "save_state":
+                if body["name"] in self.saved.setdefault(job, []):
+                    return self._op(action, error={"code": "conflict", "message":
+                                                   f"{body['name']!r} is taken", "detail": {}})
+                self.saved[job].append(body["name"])
+            if action == "save_weights":
+                return self._op(action, result={"job_id": job, "number": 1, "kind": "lora",
+                                                "step": 3})
+            state = {"job_id": body.get("job_id") or job, "name": body.get("name", ""),
+                     "step": 3, "last_version": 0, "has_optimizer": True, "bytes": 10,
+                     "created_at": NOW.isoformat()}
+            return self._op(action, result=state)
+
+        @router.get("/models/{job}/checkpoints")
+        async def listed(job: str) -> dict[str, Any]:
+            return {"checkpoints": [
+                {"job_id": job, "name": name, "step": 3, "last_version": 0,
+                 "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat()}
+                for name in self.saved.get(job, [])]}
+
+        @router.get("/operations/{op_id}")
+        async def operation(op_id: str) -> dict[str, Any]:
+            return self.ops[op_id]
+
+        return create_service_app("trainer", routers=[router])
+
+
+@dataclass(frozen=True)
+class AdapterParts:
+    """What an SDK protocol adapter's service stands on in a unit test: the gateway's
+    database (SQLite) with two ordinary keys, and a recording trainer reached in process."""
+
+    sessions: sessionmaker[Session]
+    trainer: FakeTrainer
+    client: ServiceClient
+    owner: KeyIdentity
+    other: KeyIdentity
+
+
+@asynccontextmanager
+async def adapter_parts(tmp_path: Path) -> AsyncIterator[AdapterParts]:
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    migrate(url, ALEMBIC_DIR, VERSION_TABLE)
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    with transaction(sessions) as session:
+        owner, other = (create_key(session, name, admin=False) for name in ("owner", "other"))
+    fake = FakeTrainer()
+    client = ServiceClient("http://trainer", service="trainer",
+                           transport=httpx.ASGITransport(fake.app))
+    try:
+        yield AdapterParts(sessions, fake, client,
+                           KeyIdentity(id=owner.id, name="owner", admin=False),
+                           KeyIdentity(id=other.id, name="other", admin=False))
+    finally:
+        await client.aclose()
+        engine.dispose()

@@ -1,6 +1,7 @@
 """An RL loop written against the public Tinker SDK only (run unmodified by
-tests/e2e/test_tinker_sdk.py): sample, score, importance_sampling forward_backward, optim_step,
-save weights for a new sampler, sample again. Prints one JSON line per iteration."""
+tests/e2e/test_tinker_sdk.py): sample, score, importance_sampling (or ppo) forward_backward,
+optim_step, save weights for a new sampler, sample again. Prints one JSON line per
+iteration."""
 
 import json
 
@@ -27,7 +28,10 @@ for iteration in range(4):
             loss_fn_inputs={"target_tokens": tokens[1:],
                             "logprobs": [0.0] * skip + list(sequence.logprobs),
                             "advantages": [0.0] * skip + [reward - mean] * len(sequence.tokens)}))
-    trained = training.forward_backward(data, "importance_sampling").result()
+    # importance_sampling, then PPO's clipped objective on alternate iterations
+    loss = ("ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}) if iteration % 2 \
+        else ("importance_sampling", None)
+    trained = training.forward_backward(data, *loss).result()
     training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
     print(json.dumps({
         "iteration": iteration, "reward": mean, "loss": trained.metrics["loss:sum"],

@@ -1,5 +1,5 @@
 """An RL loop written against the public Weaver SDK only (run unmodified by
-tests/e2e/test_weaver_sdk.py): sample, score, importance_sampling forward_backward,
+tests/e2e/test_weaver_sdk.py): sample, score, importance_sampling (or ppo) forward_backward,
 optim_step, save weights for a new sampler (by name), sample again. Prints one JSON line per
 iteration."""
 
@@ -31,7 +31,10 @@ with ServiceClient(name="weaver rl") as service:
                     "logprobs": [0.0] * skip + list(sequence["logprobs"]),
                     "advantages": [0.0] * skip + [reward - mean] * len(sequence["tokens"]),
                     "loss_mask": [0.0] * skip + [1.0] * len(sequence["tokens"])}))
-        trained = training.forward_backward(data, "importance_sampling")
+        # importance_sampling, then PPO's clipped objective on alternate iterations
+        loss, config = ("ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}) \
+            if iteration % 2 else ("importance_sampling", None)
+        trained = training.forward_backward(data, loss, loss_fn_config=config)
         training.optim_step(AdamParams(learning_rate=5e-2))
         print(json.dumps({
             "iteration": iteration, "reward": mean, "loss": trained["metrics"]["loss:sum"],

@@ -5,86 +5,20 @@ records what reached it; the gateway's database is SQLite in a temporary directo
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from fastapi import APIRouter, FastAPI
 
-from gateway.app import ALEMBIC_DIR, VERSION_TABLE
-from gateway.keys import KeyIdentity, create_key
+from gateway.keys import KeyIdentity
 from gateway.tinker import schemas
 from gateway.tinker.checkpoints import checkpoint_name, parse_path, training_path
 from gateway.tinker.futures import PENDING, retrieve
 from gateway.tinker.service import TinkerService, TrainingModel
-from services.common.app_factory import create_service_app
-from services.common.db import make_engine, make_sessionmaker, migrate, transaction
 from services.common.errors import InvalidInput, NotFound
-from services.common.http import ServiceClient
-from services.trainer.schemas import CreateModelRequest
-
-NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
-
-
-class FakeTrainer:
-    """Records each call; checkpoint operations succeed at once unless a name is reused."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
-        self.created: list[CreateModelRequest] = []
-        self.saved: dict[str, list[str]] = {}
-        self.ops: dict[str, dict[str, Any]] = {}
-        self.app = self._app()
-
-    def _op(self, kind: str, result: Any = None, error: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
-        op = {"id": f"op_{uuid.uuid4().hex[:8]}", "kind": kind,
-              "status": "failed" if error else "succeeded", "created_at": NOW.isoformat(),
-              "result": result, "error": error}
-        self.ops[op["id"]] = op
-        return op
-
-    def _app(self) -> FastAPI:
-        router = APIRouter(prefix="/v1")
-
-        @router.post("/models", status_code=201)
-        async def create(body: CreateModelRequest) -> dict[str, str]:
-            self.created.append(body)
-            return {"model_id": body.job_id}
-
-        @router.post("/models/{job}/{action}", status_code=202)
-        async def act(job: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
-            self.calls.append((job, action, body))
-            if action == "save_state":
-                if body["name"] in self.saved.setdefault(job, []):
-                    return self._op(action, error={"code": "conflict", "message":
-                                                   f"{body['name']!r} is taken", "detail": {}})
-                self.saved[job].append(body["name"])
-            if action == "save_weights":
-                return self._op(action, result={"job_id": job, "number": 1, "kind": "lora",
-                                                "step": 3})
-            state = {"job_id": body.get("job_id") or job, "name": body.get("name", ""),
-                     "step": 3, "last_version": 0, "has_optimizer": True, "bytes": 10,
-                     "created_at": NOW.isoformat()}
-            return self._op(action, result=state)
-
-        @router.get("/models/{job}/checkpoints")
-        async def listed(job: str) -> dict[str, Any]:
-            return {"checkpoints": [
-                {"job_id": job, "name": name, "step": 3, "last_version": 0,
-                 "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat()}
-                for name in self.saved.get(job, [])]}
-
-        @router.get("/operations/{op_id}")
-        async def operation(op_id: str) -> dict[str, Any]:
-            return self.ops[op_id]
-
-        return create_service_app("trainer", routers=[router])
+from tests.support.trainer import FakeTrainer, adapter_parts
 
 
 @dataclass
@@ -98,23 +32,12 @@ class Stand:
 
 @pytest.fixture
 async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
-    url = f"sqlite:///{tmp_path / 'gateway.db'}"
-    migrate(url, ALEMBIC_DIR, VERSION_TABLE)
-    engine = make_engine(url)
-    sessions = make_sessionmaker(engine)
-    with transaction(sessions) as session:
-        owner, other = (create_key(session, name, admin=False) for name in ("owner", "other"))
-    fake = FakeTrainer()
-    trainer = ServiceClient("http://trainer", service="trainer",
-                            transport=httpx.ASGITransport(fake.app))
+    async with adapter_parts(tmp_path) as parts:
 
-    def service() -> TinkerService:
-        return TinkerService(sessions, trainer, trainer, {})
+        def service() -> TinkerService:
+            return TinkerService(parts.sessions, parts.client, parts.client, {})
 
-    yield Stand(service(), fake, KeyIdentity(id=owner.id, name="owner", admin=False),
-                KeyIdentity(id=other.id, name="other", admin=False), service)
-    await trainer.aclose()
-    engine.dispose()
+        yield Stand(service(), parts.trainer, parts.owner, parts.other, service)
 
 
 async def result(tinker: TinkerService, submitted: dict[str, Any]) -> Any:
