@@ -21,8 +21,9 @@ from gateway import scopes
 from gateway.deps import CurrentKey, JobOwnersDep, UpstreamsDep
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
+from gateway.request_body import read_capped
 from gateway.upstreams import Upstreams
-from services.common.errors import PayloadTooLarge, Unavailable, UpstreamError
+from services.common.errors import Unavailable, UpstreamError
 from services.common.logs import request_id_var
 
 HOP_BY_HOP = frozenset({
@@ -86,17 +87,6 @@ async def authorize(request: Request, service: str, key: KeyIdentity, owners: Jo
                                     body):
         await owners.check(key, job_id)
     return content
-
-
-async def read_capped(request: Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"Request bodies of this endpoint are limited to "
-                                  f"{limit >> 20} MiB.")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def upstream_target(request: Request, service: str) -> str:

@@ -8,13 +8,20 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
 
 from gateway.futures import Futures, Payload
-from services.common.errors import InvalidInput, error_from_envelope, invalid_options
+from gateway.keys import KeyIdentity
+from services.common.errors import (
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    error_from_envelope,
+    invalid_options,
+)
 from services.common.http import ServiceClient
 from services.common.schemas import Operation, StrictModel
 from services.rollout.schemas import SampleRequest, SampleResponse, SamplingParams
@@ -28,6 +35,25 @@ BUILTIN_LOSSES = {"cross_entropy": LossName.cross_entropy,
                   "importance_sampling": LossName.importance_sampling,
                   "ppo": LossName.ppo}
 PPO_CLIPS = ("clip_low_threshold", "clip_high_threshold")  # ratio bounds, e.g. 0.8 and 1.2
+
+
+class Owned(Protocol):
+    @property
+    def owner(self) -> str | None: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=Owned)
+
+
+def find_owned(items: dict[str, OwnedT], item_id: str, viewer: KeyIdentity, what: str,
+               missing: str = "") -> OwnedT:
+    """A session, model or sampler of the gateway's memory that `viewer` may use."""
+    item = items.get(item_id)
+    if item is None:
+        raise NotFound(f"No {what.lower()} {item_id!r}{missing}.")
+    if not viewer.admin and item.owner != viewer.id:
+        raise Forbidden(f"{what} {item_id!r} belongs to another API key.")
+    return item
 
 
 class TrainerCalls:

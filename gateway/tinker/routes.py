@@ -7,11 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response, status
 
 from gateway.deps import CurrentKey
+from gateway.request_body import read_capped
 from gateway.tinker import schemas
 from gateway.tinker.futures import PENDING, failure, retrieve
 from gateway.tinker.service import TinkerService
 from services.common.deps import app_state
-from services.common.errors import InvalidInput, PayloadTooLarge
+from services.common.errors import InvalidInput
 
 # Every route is async: the service's state and futures live on the event loop.
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -75,14 +76,9 @@ async def forward_backward(request: Request, tinker: TinkerDep, key: CurrentKey
                            ) -> dict[str, Any]:
     if request.headers.get("content-encoding"):
         raise InvalidInput("Compressed forward_backward bodies are not supported.")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORWARD_BACKWARD_BYTES:
-            raise PayloadTooLarge(
-                f"forward_backward body over {MAX_FORWARD_BACKWARD_BYTES >> 20} MiB: send "
-                "fewer data per call (the SDK splits calls by fwdbwd_max_chunk_bytes_count).")
-    return await tinker.forward_backward(bytes(body), key)
+    body = await read_capped(request, MAX_FORWARD_BACKWARD_BYTES, ": send fewer data per "
+                             "call (the SDK splits calls by fwdbwd_max_chunk_bytes_count)")
+    return await tinker.forward_backward(body, key)
 
 
 @router.post("/optim_step")

@@ -22,6 +22,7 @@ from gateway.sdk_calls import (
     CallOrder,
     TrainerCalls,
     builtin_loss,
+    find_owned,
     forward_loss,
     sample,
     user_input,
@@ -37,7 +38,6 @@ from services.common.errors import (
     NotFound,
 )
 from services.common.http import ServiceClient
-from services.common.schemas import StrictModel
 from services.trainer.schemas import (
     AdamParams,
     CheckpointList,
@@ -57,7 +57,7 @@ from services.trainer.schemas import (
 
 @dataclass
 class TrainingModel:
-    owner: int
+    owner: str
     job_id: str
     base_model: str
     lora_rank: int
@@ -66,7 +66,7 @@ class TrainingModel:
 
 @dataclass(frozen=True)
 class SamplerRef:
-    owner: int
+    owner: str
     base_model: str
     job_id: str | None
     version: int
@@ -120,13 +120,8 @@ class TinkerService:
         return {"request_id": self.futures.submit(create()), "model_id": model_id}
 
     def model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
-        model = self.models.get(model_id)
-        if model is None:
-            raise NotFound(f"No training model {model_id!r} (created with create_model in this "
-                           "gateway's lifetime).")
-        if not owner.admin and model.owner != owner.id:
-            raise Forbidden(f"Model {model_id!r} belongs to another API key.")
-        return model
+        return find_owned(self.models, model_id, owner, "Model",
+                          " (created with create_model in this gateway's lifetime)")
 
     def get_info(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
         model = self.model(model_id, owner)
@@ -153,20 +148,21 @@ class TinkerService:
         job = model.job_id
 
         async def submit() -> Any:
-            forward = await self._submit(job, "forward", forward_body)
+            forward = await self.calls.submit(job, "forward", forward_body)
             if request.forward_only:
                 return forward, None
-            return forward, await self._submit(job, "forward_backward", backward_body)
+            return forward, await self.calls.submit(job, "forward_backward", backward_body)
 
         async def result(ops: Any) -> Payload:
             forward_op, backward_op = ops
-            forward = ForwardResult.model_validate(await self._result(forward_op))
+            forward = ForwardResult.model_validate(await self.calls.result(forward_op))
             logprobs = [row[1:] for row in forward.logprobs]  # position i predicts target i
             if backward_op is None:
                 total = sum(forward_loss(backward_body.loss, d, row) for d, row in
                             zip(loom_data, forward.logprobs, strict=True))
             else:
-                total = ForwardBackwardResult.model_validate(await self._result(backward_op)).loss
+                done = await self.calls.result(backward_op)
+                total = ForwardBackwardResult.model_validate(done).loss
             return wire.forward_backward_output(logprobs, {"loss:sum": float(total)})
 
         return await self._in_order(model, request.seq_id, submit, result)
@@ -180,10 +176,10 @@ class TinkerService:
                 weight_decay=spec.weight_decay, grad_clip=spec.grad_clip_norm or None))
 
         async def submit() -> str:
-            return await self._submit(model.job_id, "optim_step", step)
+            return await self.calls.submit(model.job_id, "optim_step", step)
 
         async def result(op: str) -> Payload:
-            done = await self._result(op)
+            done = await self.calls.result(op)
             return {"metrics": {"grad_norm:mean": float(done["grad_norm"])}}
 
         return await self._in_order(model, body.seq_id, submit, result)
@@ -196,10 +192,10 @@ class TinkerService:
                                "sampling_session_seq_id.")
 
         async def submit() -> str:
-            return await self._submit(model.job_id, "save_weights", SaveWeightsRequest())
+            return await self.calls.submit(model.job_id, "save_weights", SaveWeightsRequest())
 
         async def result(op: str) -> Payload:
-            saved = SaveWeightsResult.model_validate(await self._result(op))
+            saved = SaveWeightsResult.model_validate(await self.calls.result(op))
             ref = SamplerRef(model.owner, model.base_model, model.job_id, saved.number)
             if body.path is not None:
                 path = f"tinker://{body.model_id}/sampler_weights/{body.path}"
@@ -220,11 +216,11 @@ class TinkerService:
 
         async def submit() -> str:
             request = SaveStateRequest(name=checkpoints.checkpoint_name(body.path))
-            return await self._submit(model.job_id, "save_state", request)
+            return await self.calls.submit(model.job_id, "save_state", request)
 
         async def result(op: str) -> Payload:
             try:
-                saved = StateCheckpoint.model_validate(await self._result(op))
+                saved = StateCheckpoint.model_validate(await self.calls.result(op))
             except Conflict as exc:
                 if body.overwrite:
                     raise Conflict(f"{exc.message} (overwrite=True is not served: Loom keeps "
@@ -252,12 +248,12 @@ class TinkerService:
             path = checkpoints.training_path(body.path)
             name = checkpoints.checkpoint_name(path.name)
             source = await self.training_run(path.model_id, owner)
-            return await self._submit(model.job_id, "load_state", LoadStateRequest(
+            return await self.calls.submit(model.job_id, "load_state", LoadStateRequest(
                 name=name, job_id=None if source.job_id == model.job_id else source.job_id,
                 optimizer=body.optimizer))
 
         async def result(op: str) -> Payload:
-            await self._result(op)
+            await self.calls.result(op)
             return {"path": body.path, "model_id": model_id, "type": "load_weights"}
 
         return await self._in_order(model, seq_id, submit, result)
@@ -285,8 +281,8 @@ class TinkerService:
                                                       "tinker_loaded_from": body.path})
             created = await jobs.create_job(self.db, self.trainer, job, owner)
             try:
-                await self._result(await self._submit(created.id, "load_state", LoadStateRequest(
-                    name=name, job_id=source.job_id, optimizer=body.optimizer)))
+                await self.calls.run(created.id, "load_state", LoadStateRequest(
+                    name=name, job_id=source.job_id, optimizer=body.optimizer))
             except LoomError:
                 await in_transaction(self.db, lambda s: jobs.set_status(
                     s, created.id, JobStatus.failed, owner))
@@ -356,12 +352,7 @@ class TinkerService:
         return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
     def sampler(self, sampler_id: str, owner: KeyIdentity) -> SamplerRef:
-        ref = self.samplers.get(sampler_id)
-        if ref is None:
-            raise NotFound(f"No sampler {sampler_id!r}.")
-        if not owner.admin and ref.owner != owner.id:
-            raise Forbidden(f"Sampler {sampler_id!r} belongs to another API key.")
-        return ref
+        return find_owned(self.samplers, sampler_id, owner, "Sampler")
 
     def sample(self, body: schemas.Sample, owner: KeyIdentity) -> dict[str, Any]:
         ref = self.sampler(body.sampling_session_id, owner)
@@ -397,9 +388,3 @@ class TinkerService:
     async def _in_order(self, model: TrainingModel, seq_id: int, submit: Any, result: Any
                         ) -> dict[str, Any]:
         return {"request_id": await model.calls.place(self.futures, seq_id, submit, result)}
-
-    async def _submit(self, job_id: str, action: str, body: StrictModel) -> str:
-        return await self.calls.submit(job_id, action, body)
-
-    async def _result(self, op_id: str) -> Any:
-        return await self.calls.result(op_id)

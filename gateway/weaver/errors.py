@@ -1,5 +1,6 @@
 """Weaver's error shape, `{"error": code, "message", "retryable", "details"}`, for every
-answer under the Weaver prefix: the SDK reads it into `WeaverAPIError`."""
+answer under the Weaver prefix (the SDK reads it into `WeaverAPIError`), and the size limit
+of Weaver's request bodies."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.types import Message
 
+from gateway.request_body import read_capped
 from services.common.app_factory import validation_error
 from services.common.errors import LoomError
 
 PREFIX = "/weaver"
+# Forward/backward batches travel as JSON; a body past this is refused while it streams in.
+MAX_BODY_BYTES = 64 << 20
 
 
 def is_weaver_path(path: str) -> bool:
@@ -35,14 +40,20 @@ def error_response(exc: LoomError) -> JSONResponse:
 
 
 class WeaverRoute(APIRoute):
-    """Loom's errors (validation included) answered in Weaver's shape."""
+    """Bodies read up to `MAX_BODY_BYTES`; Loom's errors (validation included) answered in
+    Weaver's shape."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def shaped(request: Request) -> Response:
             try:
-                return await handler(request)
+                body = await read_capped(request, MAX_BODY_BYTES)
+
+                async def replay() -> Message:
+                    return {"type": "http.request", "body": body, "more_body": False}
+
+                return await handler(Request(request.scope, replay))
             except LoomError as exc:
                 return error_response(exc)
             except RequestValidationError as exc:

@@ -21,11 +21,18 @@ from gateway import job_logs, jobs
 from gateway.futures import Futures, Payload
 from gateway.keys import KeyIdentity
 from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
-from gateway.sdk_calls import CallOrder, TrainerCalls, forward_loss, sample, user_input
+from gateway.sdk_calls import (
+    CallOrder,
+    TrainerCalls,
+    find_owned,
+    forward_loss,
+    sample,
+    user_input,
+)
 from gateway.weaver import convert, paths, schemas
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
-from services.common.errors import Conflict, Forbidden, InvalidInput, NotFound
+from services.common.errors import Conflict, InvalidInput, NotFound
 from services.common.http import ServiceClient
 from services.rollout.schemas import SamplingParams
 from services.trainer.schemas import (
@@ -124,13 +131,9 @@ class WeaverService:
         return self.sessions[session_id].public(session_id)
 
     def session(self, session_id: str, owner: KeyIdentity) -> WeaverSession:
-        session = self.sessions.get(session_id)
-        if session is None:
-            raise NotFound(f"No session {session_id!r} (sessions live in the gateway's memory: "
-                           "after a gateway restart, make a new ServiceClient).")
-        if not owner.admin and session.owner != owner.id:
-            raise Forbidden(f"Session {session_id!r} belongs to another API key.")
-        return session
+        return find_owned(self.sessions, session_id, owner, "Session",
+                          " (sessions live in the gateway's memory: after a gateway restart, "
+                          "make a new ServiceClient)")
 
     def loom_base_model(self, name: str) -> str:
         plain = MAX_LENGTH_SUFFIX.sub("", name)
@@ -247,11 +250,12 @@ class WeaverService:
         with user_input("forward_backward" if backward else "forward", "data"):
             batch = convert.training_batch(request)
             forward_body = ForwardRequest(data=batch.data)
-            backward_body = None if batch.loss is None or not backward else \
-                ForwardBackwardRequest(data=batch.data, loss=batch.loss)
-        if backward and backward_body is None:
-            raise InvalidInput("forward_logprob computes no loss: call forward, not "
-                               "forward_backward, with it.")
+        backward_body = None
+        if backward:
+            if batch.loss is None:
+                raise InvalidInput("forward_logprob computes no loss: call forward, not "
+                                   "forward_backward, with it.")
+            backward_body = ForwardBackwardRequest(data=batch.data, loss=batch.loss)
 
         async def submit() -> tuple[str, str | None]:
             forward_op = await self.calls.submit(model.id, "forward", forward_body)
@@ -299,7 +303,7 @@ class WeaverService:
         if body.path is not None:
             with user_input("save_weights_for_sampler", "path"):
                 SaveStateRequest(name=body.path)  # the same rule as checkpoint names
-            if body.path.startswith("v") and body.path[1:].isdigit():
+            if paths.VERSION_NAME.match(body.path):
                 raise InvalidInput(f"Sampler weights name {body.path!r} is reserved for "
                                    "unnamed exports (v<version>); pick another name.")
 
@@ -394,12 +398,7 @@ class WeaverService:
         return bound.public(sampling_id)
 
     def sampling_session(self, sampling_id: str, owner: KeyIdentity) -> SamplingSession:
-        bound = self.sampling.get(sampling_id)
-        if bound is None:
-            raise NotFound(f"No sampling session {sampling_id!r}.")
-        if not owner.admin and bound.owner != owner.id:
-            raise Forbidden(f"Sampling session {sampling_id!r} belongs to another API key.")
-        return bound
+        return find_owned(self.sampling, sampling_id, owner, "Sampling session")
 
     def close_sampling_session(self, sampling_id: str, owner: KeyIdentity) -> None:
         self.sampling_session(sampling_id, owner)

@@ -164,6 +164,8 @@ def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
          "nope"),
         ("post", f"models/{model}/deployments", {"json": {}}, 404, "does not serve"),
         ("get", "operations/op-unknown", {}, 404, "op-unknown"),
+        ("post", f"models/{model}/forward-backward-passes", {"content": b"\0" * (65 << 20)},
+         413, "MiB"),
         ("post", f"models/{model}/forward-backward-passes",
          {"content": b"--x\r\n", "headers": {**auth, "Content-Type": "multipart/mixed"}},
          422, "http-binary"),
