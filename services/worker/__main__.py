@@ -34,6 +34,8 @@ def main() -> None:
         configure_logging("worker", settings.log_level)
 
     signals.setup_logging.connect(keep_our_logging, weak=False)
+    # A ready file left by a killed worker may name our pid again (pid 1 in a container).
+    settings.ready_file.unlink(missing_ok=True)
     wait_for_schema(settings.database_url_for("gateway"), SCHEMA_WAIT_S)
     settings.celery_dir.mkdir(parents=True, exist_ok=True)  # beat keeps its schedule there
     app = create_celery(settings)

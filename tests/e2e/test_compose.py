@@ -39,6 +39,7 @@ FILES = ("docker-compose.yml", "docker/compose.offline.yml", "docker/compose.hos
 GATEWAY = "http://127.0.0.1:18000"
 HOST_PORTS = (15432, 16379, 18000, 18001, 18002, 18003, 18004, 18005)
 LOOM_SERVICES = ("modelstate", "trainer", "rollout", "reward", "sandbox", "gateway", "worker")
+SANDBOX_POOL = "loom.sandbox.pool=loom-compose-sandbox"
 BUILD_TIMEOUT_S = 2400
 HEALTHY_TIMEOUT_S = 900
 
@@ -115,6 +116,10 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
         yield stack
     finally:
         stack("down", "--volumes", "--remove-orphans", check=False)
+    # The sandbox service removed its warm pool when it stopped.
+    leftover = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={SANDBOX_POOL}"],
+                              capture_output=True, text=True, check=True).stdout.split()
+    assert not leftover, f"sandbox containers left behind: {leftover}"
 
 
 def test_every_service_is_healthy_and_the_gateway_sees_them(compose: Compose) -> None:
