@@ -5,12 +5,13 @@
 #   - this host's extra CA certificates (/usr/local/share/ca-certificates).
 # Idempotent; run from anywhere.
 set -euo pipefail
+shopt -s nullglob
 cd "$(dirname "$0")"
 PIP=${PIP:-../.venv/bin/pip}
 TORCH=${LOOM_TORCH_REQUIREMENT:-torch==2.13.0+cpu}
 compgen -G "wheels/torch-*.whl" >/dev/null \
   || "$PIP" download --quiet --no-deps --dest wheels "$TORCH"
 for cert in /usr/local/share/ca-certificates/*.crt; do
-  [[ -e $cert ]] && cp -u "$cert" certs/
+  cp -u "$cert" certs/
 done
-echo "docker/prepare-offline-build.sh: ready: $(ls wheels/*.whl certs/*.crt 2>/dev/null | xargs)" >&2
+echo "docker/prepare-offline-build.sh: ready:" wheels/*.whl certs/*.crt >&2

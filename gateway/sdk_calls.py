@@ -26,7 +26,14 @@ from services.common.http import ServiceClient
 from services.common.schemas import Operation, StrictModel
 from services.rollout.schemas import SampleRequest, SampleResponse, SamplingParams
 from services.trainer.losses import MAX_LOG_RATIO
-from services.trainer.schemas import Datum, LossAggregation, LossConfig, LossName
+from services.trainer.schemas import (
+    AdamParams,
+    Datum,
+    LossAggregation,
+    LossConfig,
+    LossName,
+    OptimStepRequest,
+)
 
 OPERATION_WAIT_S = 30.0
 SEQ_GAP_TIMEOUT_S = 60.0
@@ -125,6 +132,25 @@ def user_input(call: str, root: str) -> Iterator[None]:
         yield
     except ValidationError as exc:
         raise invalid_options(exc, f"Invalid {call} request", root) from exc
+
+
+class AdamSpec(Protocol):
+    """Both SDKs' Adam parameters (their own defaults, the same names)."""
+
+    learning_rate: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip_norm: float
+
+
+def optim_step_request(spec: AdamSpec) -> OptimStepRequest:
+    """An SDK's optimizer step as Loom's; a grad_clip_norm of 0 means no clipping."""
+    with user_input("optim_step", "adam_params"):
+        return OptimStepRequest(adam=AdamParams(
+            lr=spec.learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.eps,
+            weight_decay=spec.weight_decay, grad_clip=spec.grad_clip_norm or None))
 
 
 def builtin_loss(loss_fn: str, config: dict[str, Any]) -> LossConfig:

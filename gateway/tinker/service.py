@@ -24,6 +24,7 @@ from gateway.sdk_calls import (
     builtin_loss,
     find_owned,
     forward_loss,
+    optim_step_request,
     sample,
     user_input,
 )
@@ -39,14 +40,12 @@ from services.common.errors import (
 )
 from services.common.http import ServiceClient
 from services.trainer.schemas import (
-    AdamParams,
     CheckpointList,
     ForwardBackwardRequest,
     ForwardBackwardResult,
     ForwardRequest,
     ForwardResult,
     LoadStateRequest,
-    OptimStepRequest,
     SaveStateRequest,
     SaveWeightsRequest,
     SaveWeightsResult,
@@ -169,11 +168,7 @@ class TinkerService:
 
     async def optim_step(self, body: schemas.OptimStep, owner: KeyIdentity) -> dict[str, Any]:
         model = self.model(body.model_id, owner)
-        spec = body.adam_params
-        with user_input("optim_step", "adam_params"):
-            step = OptimStepRequest(adam=AdamParams(
-                lr=spec.learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.eps,
-                weight_decay=spec.weight_decay, grad_clip=spec.grad_clip_norm or None))
+        step = optim_step_request(body.adam_params)
 
         async def submit() -> str:
             return await self.calls.submit(model.job_id, "optim_step", step)

@@ -26,6 +26,7 @@ from gateway.sdk_calls import (
     TrainerCalls,
     find_owned,
     forward_loss,
+    optim_step_request,
     sample,
     user_input,
 )
@@ -36,7 +37,6 @@ from services.common.errors import Conflict, InvalidInput, NotFound
 from services.common.http import ServiceClient
 from services.rollout.schemas import SamplingParams
 from services.trainer.schemas import (
-    AdamParams,
     CheckpointList,
     ForwardBackwardRequest,
     ForwardBackwardResult,
@@ -44,7 +44,6 @@ from services.trainer.schemas import (
     ForwardResult,
     LoadStateRequest,
     LoraConfig,
-    OptimStepRequest,
     SaveStateRequest,
     SaveWeightsRequest,
     SaveWeightsResult,
@@ -281,11 +280,7 @@ class WeaverService:
                          ) -> str:
         payload = body.payload
         model = await self.ordered_model(model_id, payload.model_id, owner)
-        spec = payload.adam_params
-        with user_input("optim_step", "adam_params"):
-            step = OptimStepRequest(adam=AdamParams(
-                lr=spec.learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.eps,
-                weight_decay=spec.weight_decay, grad_clip=spec.grad_clip_norm or None))
+        step = optim_step_request(payload.adam_params)
 
         async def submit() -> str:
             return await self.calls.submit(model.id, "optim_step", step)

@@ -42,8 +42,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     service = argv[0]
-    return 0 if (worker_ready() if service == "worker" else http_ready(service, LoomSettings())) \
-        else 1
+    ready = worker_ready() if service == "worker" else http_ready(service, LoomSettings())
+    return 0 if ready else 1
 
 
 if __name__ == "__main__":

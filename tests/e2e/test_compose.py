@@ -9,7 +9,6 @@ only with LOOM_COMPOSE_TEST=1 or in CI, where a missing daemon or compose CLI is
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -39,6 +38,8 @@ FILES = ("docker-compose.yml", "docker/compose.offline.yml", "docker/compose.hos
 GATEWAY = "http://127.0.0.1:18000"
 HOST_PORTS = (15432, 16379, 18000, 18001, 18002, 18003, 18004, 18005)
 LOOM_SERVICES = ("modelstate", "trainer", "rollout", "reward", "sandbox", "gateway", "worker")
+SERVICE_AND_HEALTH = ('{{index .Config.Labels "com.docker.compose.service"}} {{if .State.Health}}'
+                      "{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}")
 SANDBOX_POOL = "loom.sandbox.pool=loom-compose-sandbox"
 BUILD_TIMEOUT_S = 2400
 HEALTHY_TIMEOUT_S = 900
@@ -77,19 +78,22 @@ class Compose:
                  ) -> subprocess.CompletedProcess[str]:
         return self.run([*self.argv, *args], timeout, check)
 
-    def container(self, service: str) -> str:
-        return self("ps", "-q", service).stdout.strip()
-
-    def health(self, service: str) -> str:
+    def health(self) -> dict[str, str]:
+        """Each service's health status (or its state, for one without a healthcheck)."""
+        ids = self("ps", "-q").stdout.split()
         inspect = subprocess.run(
-            ["docker", "inspect", "--format", "{{json .State}}", self.container(service)],
+            ["docker", "inspect", "--format", SERVICE_AND_HEALTH, *ids],
             capture_output=True, text=True, check=True)
-        state = json.loads(inspect.stdout)
-        return state.get("Health", {}).get("Status", state["Status"])
+        return dict(line.split(" ", 1) for line in inspect.stdout.splitlines())
 
     def wait_healthy(self, services: tuple[str, ...], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while (unhealthy := {s: self.health(s) for s in services if self.health(s) != "healthy"}):
+        while True:
+            health = self.health()
+            unhealthy = {s: health.get(s, "missing") for s in services
+                         if health.get(s) != "healthy"}
+            if not unhealthy:
+                return
             if time.monotonic() > deadline:
                 raise AssertionError(f"not healthy after {timeout_s:.0f} s: {unhealthy}\n"
                                      + self("logs", "--tail", "40", check=False).stdout[-8000:])
