@@ -56,7 +56,7 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.trainer = ServiceClient(settings.url_of("trainer"), service="trainer")
         rollout = ServiceClient(settings.url_of("rollout"), service="rollout")
         app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
-                                         settings.gateway_sdk_base_models)
+                                         settings.gateway_sdk_base_models, settings.data_dir)
         app.state.weaver = WeaverService(app.state.sessions, app.state.trainer, rollout,
                                          settings.gateway_sdk_base_models, settings.data_dir)
         app.state.celery = create_celery(worker_settings)  # connects on the first send

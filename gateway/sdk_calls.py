@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-import numpy as np
 from pydantic import ValidationError
 
 from gateway.futures import Futures, Payload
@@ -24,11 +23,18 @@ from services.common.errors import (
 )
 from services.common.http import ServiceClient
 from services.common.schemas import Operation, StrictModel
-from services.rollout.schemas import SampleRequest, SampleResponse, SamplingParams
-from services.trainer.losses import MAX_LOG_RATIO
+from services.rollout.schemas import (
+    MAX_TOP_LOGPROBS,
+    SampleRequest,
+    SampleResponse,
+    SamplingParams,
+)
 from services.trainer.schemas import (
     AdamParams,
     Datum,
+    ForwardBackwardRequest,
+    ForwardRequest,
+    ForwardResult,
     LossAggregation,
     LossConfig,
     LossName,
@@ -37,11 +43,18 @@ from services.trainer.schemas import (
 
 OPERATION_WAIT_S = 30.0
 SEQ_GAP_TIMEOUT_S = 60.0
-# The SDKs' built-in losses Loom's trainer computes, as token sums (their convention).
-BUILTIN_LOSSES = {"cross_entropy": LossName.cross_entropy,
-                  "importance_sampling": LossName.importance_sampling,
-                  "ppo": LossName.ppo}
-PPO_CLIPS = ("clip_low_threshold", "clip_high_threshold")  # ratio bounds, e.g. 0.8 and 1.2
+# The SDKs' built-in losses Loom's trainer computes, as token sums (their convention), with
+# the `loss_fn_config` keys each reads and their defaults (clip thresholds bound the ratio).
+BUILTIN_LOSSES: dict[str, tuple[LossName, dict[str, float]]] = {
+    "cross_entropy": (LossName.cross_entropy, {}),
+    "importance_sampling": (LossName.importance_sampling, {}),
+    "ppo": (LossName.ppo, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
+    "cispo": (LossName.cispo, {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}),
+    "dro": (LossName.dro, {"beta": 0.05}),
+}
+# A loss an SDK computes on the client (its custom loss) reaches the trainer as its gradient
+# with respect to each target's logprob, g: -sum(-g * logprob) has exactly that gradient.
+CLIENT_LOSS = LossConfig(name=LossName.reinforce, aggregation=LossAggregation.sum)
 
 
 class Owned(Protocol):
@@ -156,42 +169,84 @@ def optim_step_request(spec: AdamSpec) -> OptimStepRequest:
 def builtin_loss(loss_fn: str, config: dict[str, Any]) -> LossConfig:
     """An SDK's loss name and `loss_fn_config` as Loom's loss, or a 4xx saying what is
     served."""
-    name = BUILTIN_LOSSES.get(loss_fn)
-    if name is None:
+    if loss_fn not in BUILTIN_LOSSES:
         raise InvalidInput(f"Loss {loss_fn!r} is not served by Loom; supported: "
                            f"{', '.join(BUILTIN_LOSSES)}.")
-    unknown = set(config) - (set(PPO_CLIPS) if name == LossName.ppo else set())
+    name, defaults = BUILTIN_LOSSES[loss_fn]
+    unknown = set(config) - set(defaults)
     if unknown:
         raise InvalidInput(f"loss_fn_config keys {sorted(unknown)} are not served for "
-                           f"{loss_fn!r}.")
-    low, high = config.get(PPO_CLIPS[0], 0.8), config.get(PPO_CLIPS[1], 1.2)
+                           f"{loss_fn!r}" + (f"; it reads {sorted(defaults)}." if defaults
+                                              else "."))
+    values = {**defaults, **config}
+    options: dict[str, float] = {}
     try:
-        return LossConfig(name=name, aggregation=LossAggregation.sum,
-                          clip_low=1 - float(low), clip_high=float(high) - 1)
-    except ValueError as exc:
-        raise InvalidInput(f"loss_fn_config: clip_low_threshold must be in [0, 1] and "
-                           f"clip_high_threshold in [1, 11] (got {low}, {high}).") from exc
+        if "beta" in values:
+            options["dro_beta"] = float(values["beta"])
+        if "clip_low_threshold" in values:
+            options.update(clip_low=1 - float(values["clip_low_threshold"]),
+                           clip_high=float(values["clip_high_threshold"]) - 1)
+        return LossConfig(name=name, aggregation=LossAggregation.sum, **options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"loss_fn_config {values} is out of range for {loss_fn!r}: "
+                           "clip_low_threshold must be in [0, 1], clip_high_threshold in "
+                           "[1, 11] and beta above 0.") from exc
 
 
-def forward_loss(loss: LossConfig, datum: Datum, logprobs: list[float]) -> float:
-    """The token-sum loss a `forward` reports (the SDKs' convention), from the logprobs the
-    trainer computed for `datum` (one per input id), without a gradient."""
-    lp, mask = np.asarray(logprobs), np.asarray(datum.loss_mask)
-    if loss.name == LossName.cross_entropy:
-        return float(-(mask * lp).sum())
-    advantages = np.asarray(datum.advantages or [0.0] * len(lp))
-    old = np.asarray(datum.logprobs or lp)
-    ratio = np.exp(np.clip(lp - old, -MAX_LOG_RATIO, MAX_LOG_RATIO))
-    terms = ratio * advantages
-    if loss.name == LossName.ppo:
-        clipped = np.clip(ratio, 1 - loss.clip_low, 1 + loss.clip_high) * advantages
-        terms = np.minimum(terms, clipped)
-    return float(-(mask * terms).sum())
+def client_loss_datum(ids: list[int], gradient: list[float], mask: list[float] | None = None
+                      ) -> Datum:
+    """Loom's datum for `CLIENT_LOSS`: `gradient[i]` is the client loss's derivative by the
+    logprob of ids[i + 1]; `mask` (default all 1) drops positions that have no target."""
+    return Datum(input_ids=ids, loss_mask=[0.0, *(mask or [1.0] * len(gradient))],
+                 advantages=[0.0, *(-g for g in gradient)])
+
+
+@dataclass(frozen=True)
+class TrainingPass:
+    """An SDK's forward or forward_backward as one trainer call; either answers per-token
+    logprobs and, given a loss, its value (`ForwardResult`'s fields)."""
+
+    action: str
+    body: ForwardRequest | ForwardBackwardRequest
+
+    @classmethod
+    def of(cls, call: str, data: list[Datum], loss: LossConfig | None, *, backward: bool
+           ) -> TrainingPass:
+        with user_input(call, "data"):
+            if backward:
+                if loss is None:
+                    raise InvalidInput(f"{call} needs a loss.")
+                return cls("forward_backward", ForwardBackwardRequest(
+                    data=data, loss=loss, return_logprobs=True))
+            return cls("forward", ForwardRequest(data=data, loss=loss))
+
+    async def submit(self, calls: TrainerCalls, job_id: str) -> str:
+        return await calls.submit(job_id, self.action, self.body)
+
+    @staticmethod
+    async def result(calls: TrainerCalls, op_id: str) -> ForwardResult:
+        return ForwardResult.model_validate(await calls.result(op_id))
+
+
+def check_top_k(**asked: int) -> None:
+    """A 4xx naming the SDK's own field when it asks for more top-k logprobs than vLLM keeps."""
+    for name, k in asked.items():
+        if not 0 <= k <= MAX_TOP_LOGPROBS:
+            raise InvalidInput(f"{name} must be between 0 and {MAX_TOP_LOGPROBS} (got {k}).")
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What a sample call reports besides the sampled tokens' own logprobs."""
+
+    prompt_logprobs: bool = False
+    top_logprobs: int = 0  # the k most likely tokens at each sampled position
+    prompt_top_logprobs: int = 0  # ... and at each prompt position
 
 
 async def sample(rollout: ServiceClient, job_id: str | None, version: int,
                  prompt_token_ids: list[int], n: int, params: SamplingParams,
-                 prompt_logprobs: bool = False) -> SampleResponse:
+                 scoring: Scoring = Scoring()) -> SampleResponse:
     """`n` samples of `prompt_token_ids` from one version of a job (None: the base model),
     and the prompt's own logprobs if asked."""
     # vLLM refuses n > 1 when greedy; greedy samples are all the same one anyway.
@@ -199,7 +254,9 @@ async def sample(rollout: ServiceClient, job_id: str | None, version: int,
     with user_input("sample", "sampling_params"):
         request = SampleRequest(job_id=job_id, version=version, n=n // copies,
                                 prompt_token_ids=prompt_token_ids, params=params,
-                                prompt_logprobs=prompt_logprobs)
+                                prompt_logprobs=scoring.prompt_logprobs,
+                                top_logprobs=scoring.top_logprobs,
+                                prompt_top_logprobs=scoring.prompt_top_logprobs)
     response = SampleResponse.model_validate(await rollout.post_json(
         "/v1/sample", request.model_dump(mode="json")))
     response.samples *= copies

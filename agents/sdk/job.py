@@ -199,15 +199,19 @@ class AsyncJob:
         return OperationFuture(self._http, Operation.model_validate(payload), result_type)
 
     async def forward_backward(
-        self, data: Sequence[Datum], loss: LossConfig | None = None
+        self, data: Sequence[Datum], loss: LossConfig | None = None, *,
+        return_logprobs: bool = False,
     ) -> OperationFuture[ForwardBackwardResult]:
-        request = ForwardBackwardRequest(data=list(data), loss=loss or LossConfig())
+        request = ForwardBackwardRequest(data=list(data), loss=loss or LossConfig(),
+                                         return_logprobs=return_logprobs)
         return await self._submit("forward_backward", request.model_dump(mode="json"),
                                   ForwardBackwardResult)
 
-    async def forward(self, data: Sequence[Datum]) -> OperationFuture[ForwardResult]:
-        """Per-token logprobs of `data` under the trainer's current weights (no gradient)."""
-        request = ForwardRequest(data=list(data))
+    async def forward(self, data: Sequence[Datum], loss: LossConfig | None = None
+                      ) -> OperationFuture[ForwardResult]:
+        """Per-token logprobs of `data` under the trainer's current weights, and `loss`'s
+        value if given (no gradient)."""
+        request = ForwardRequest(data=list(data), loss=loss)
         return await self._submit("forward", request.model_dump(mode="json"), ForwardResult)
 
     async def optim_step(self, adam: AdamParams | None = None) -> OperationFuture[OptimStepResult]:

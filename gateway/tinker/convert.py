@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from gateway.sdk_calls import CLIENT_LOSS, builtin_loss, client_loss_datum
 from gateway.tinker import schemas, wire
 from services.common.errors import InvalidInput
 from services.rollout.schemas import SamplingParams
-from services.trainer.schemas import Datum
+from services.trainer.schemas import LOSS_INPUTS, Datum, LossConfig, LossName
 
 DEFAULT_MAX_TOKENS = 64
 
@@ -35,7 +36,21 @@ def tinker_datum(datum: Any, index: int) -> TinkerDatum:
     return TinkerDatum(tokens, inputs)
 
 
-def loom_datum(datum: TinkerDatum, loss_fn: str, index: int) -> Datum:
+def loom_batch(data: list[TinkerDatum], loss_fn: str, config: dict[str, float]
+               ) -> tuple[list[Datum], LossConfig]:
+    """The data and loss of a forward_backward in Loom's terms. A cross_entropy with a
+    negative weight is the SDK's `forward_backward_custom` sending a client-side loss's
+    gradient (weights = -dL/dlogprob): Loom computes it as `CLIENT_LOSS`, the same value
+    and gradient without the cross-entropy's rule that weights are not negative."""
+    loss = builtin_loss(loss_fn, config)
+    if loss.name == LossName.cross_entropy and any(
+            (per_token(d, "weights", i, default=1.0) < 0).any() for i, d in enumerate(data)):
+        return [client_loss_datum(sequence(d, i), (-per_token(d, "weights", i)).tolist())
+                for i, d in enumerate(data)], CLIENT_LOSS
+    return [loom_datum(d, loss, i) for i, d in enumerate(data)], loss
+
+
+def sequence(datum: TinkerDatum, index: int) -> list[int]:
     """Tinker: input t[0..T-1], targets t[1..T] (position i predicts target i). Loom: one
     sequence t[0..T], position i predicting token i, so every per-token list shifts by one."""
     targets = datum.inputs.get("target_tokens")
@@ -46,26 +61,28 @@ def loom_datum(datum: TinkerDatum, loss_fn: str, index: int) -> Datum:
     if not np.array_equal(targets[:-1], datum.tokens[1:]):
         raise InvalidInput(f"data[{index}]: target_tokens must be the input shifted by one "
                            "(input[1:] + [next token]); other targets are not supported.")
-    weights = per_token(datum, "weights", index, default=1.0)
-    ids = [int(t) for t in datum.tokens] + [int(targets[-1])]
-    if loss_fn == "cross_entropy":
-        return Datum(input_ids=ids, loss_mask=[0.0, *weights])
-    return Datum(input_ids=ids, loss_mask=[0.0] + [1.0] * n,
-                 advantages=[0.0, *per_token(datum, "advantages", index)],
-                 logprobs=[0.0, *per_token(datum, "logprobs", index)])
+    return [int(t) for t in datum.tokens] + [int(targets[-1])]
+
+
+def loom_datum(datum: TinkerDatum, loss: LossConfig, index: int) -> Datum:
+    ids = sequence(datum, index)
+    if loss.name == LossName.cross_entropy:
+        return Datum(input_ids=ids, loss_mask=[0.0, *per_token(datum, "weights", index, 1.0)])
+    inputs = {name: [0.0, *per_token(datum, name, index)] for name in LOSS_INPUTS[loss.name]}
+    return Datum(input_ids=ids, loss_mask=[0.0] + [1.0] * len(datum.tokens), **inputs)
 
 
 def per_token(datum: TinkerDatum, name: str, index: int, default: float | None = None
-              ) -> list[float]:
+              ) -> np.ndarray:
     values = datum.inputs.get(name)
     n = len(datum.tokens)
     if values is None:
         if default is None:
             raise InvalidInput(f"data[{index}]: this loss needs loss_fn_inputs[{name!r}].")
-        return [default] * n
+        return np.full(n, default)
     if len(values) != n:
         raise InvalidInput(f"data[{index}].{name} has {len(values)} entries; the input has {n}.")
-    return [float(v) for v in values]
+    return values.astype(np.float64)
 
 
 def sampling_params(params: schemas.TinkerSamplingParams) -> SamplingParams:

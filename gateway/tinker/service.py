@@ -9,7 +9,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -20,16 +21,18 @@ from gateway.keys import KeyIdentity
 from gateway.schemas import JobCreate, JobStatus
 from gateway.sdk_calls import (
     CallOrder,
+    Scoring,
     TrainerCalls,
-    builtin_loss,
+    TrainingPass,
+    check_top_k,
     find_owned,
-    forward_loss,
     optim_step_request,
     sample,
     user_input,
 )
 from gateway.tinker import checkpoints, schemas, wire
-from gateway.tinker.convert import loom_datum, sampling_params, tinker_datum
+from gateway.tinker.convert import loom_batch, sampling_params, tinker_datum
+from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
 from services.common.errors import (
     Conflict,
@@ -41,10 +44,6 @@ from services.common.errors import (
 from services.common.http import ServiceClient
 from services.trainer.schemas import (
     CheckpointList,
-    ForwardBackwardRequest,
-    ForwardBackwardResult,
-    ForwardRequest,
-    ForwardResult,
     LoadStateRequest,
     SaveStateRequest,
     SaveWeightsRequest,
@@ -53,6 +52,8 @@ from services.trainer.schemas import (
     TrainingMode,
 )
 
+T = TypeVar("T")
+
 
 @dataclass
 class TrainingModel:
@@ -60,6 +61,7 @@ class TrainingModel:
     job_id: str
     base_model: str
     lora_rank: int
+    tokenizer_id: str  # the base model's directory on this host, for the SDK's get_tokenizer
     calls: CallOrder = field(default_factory=CallOrder)
 
 
@@ -75,8 +77,9 @@ class SamplerRef:
 
 class TinkerService:
     def __init__(self, db: sessionmaker[Session], trainer: ServiceClient,
-                 rollout: ServiceClient, base_models: dict[str, str]) -> None:
+                 rollout: ServiceClient, base_models: dict[str, str], data_dir: Path) -> None:
         self.db = db
+        self.data_dir = data_dir
         self.trainer = trainer
         self.rollout = rollout
         self.base_models = base_models
@@ -113,10 +116,14 @@ class TinkerService:
 
         async def create() -> Payload:
             created = await jobs.create_job(self.db, self.trainer, job, owner)
-            self.models[model_id] = TrainingModel(owner.id, created.id, body.base_model, rank)
+            self.models[model_id] = TrainingModel(owner.id, created.id, body.base_model, rank,
+                                                  await self.tokenizer_id(base))
             return {"model_id": model_id, "type": "create_model"}
 
         return {"request_id": self.futures.submit(create()), "model_id": model_id}
+
+    async def tokenizer_id(self, loom_base_model: str) -> str:
+        return await run_in_threadpool(resolve_base_model, loom_base_model, self.data_dir)
 
     def model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
         return find_owned(self.models, model_id, owner, "Model",
@@ -127,7 +134,7 @@ class TinkerService:
         return {"type": "get_info", "model_id": model_id, "is_lora": True,
                 "lora_rank": model.lora_rank, "model_name": model.base_model,
                 "model_data": {"model_name": model.base_model, "arch": None,
-                               "tokenizer_id": None}}
+                               "tokenizer_id": model.tokenizer_id}}
 
     async def forward_backward(self, body: bytes, owner: KeyIdentity) -> dict[str, Any]:
         request = wire.ForwardBackwardRequest()
@@ -138,31 +145,21 @@ class TinkerService:
                                ) from exc
         model = self.model(request.model_id, owner)
         config = {name: value.number for name, value in request.loss_fn_config_v2.items()}
-        loss = builtin_loss(request.loss_fn, {**request.loss_fn_config, **config})
         data = [tinker_datum(d, i) for i, d in enumerate(request.data)]
         with user_input("forward_backward", "data"):
-            loom_data = [loom_datum(d, request.loss_fn, i) for i, d in enumerate(data)]
-            forward_body = ForwardRequest(data=loom_data)
-            backward_body = ForwardBackwardRequest(data=loom_data, loss=loss)
+            loom_data, loss = loom_batch(data, request.loss_fn,
+                                         {**request.loss_fn_config, **config})
+        training = TrainingPass.of("forward_backward", loom_data, loss,
+                                   backward=not request.forward_only)
         job = model.job_id
 
-        async def submit() -> Any:
-            forward = await self.calls.submit(job, "forward", forward_body)
-            if request.forward_only:
-                return forward, None
-            return forward, await self.calls.submit(job, "forward_backward", backward_body)
+        async def submit() -> str:
+            return await training.submit(self.calls, job)
 
-        async def result(ops: Any) -> Payload:
-            forward_op, backward_op = ops
-            forward = ForwardResult.model_validate(await self.calls.result(forward_op))
-            logprobs = [row[1:] for row in forward.logprobs]  # position i predicts target i
-            if backward_op is None:
-                total = sum(forward_loss(backward_body.loss, d, row) for d, row in
-                            zip(loom_data, forward.logprobs, strict=True))
-            else:
-                done = await self.calls.result(backward_op)
-                total = ForwardBackwardResult.model_validate(done).loss
-            return wire.forward_backward_output(logprobs, {"loss:sum": float(total)})
+        async def result(op: str) -> Payload:
+            done = await training.result(self.calls, op)
+            logprobs = [row[1:] for row in done.logprobs]  # position i predicts target i
+            return wire.forward_backward_output(logprobs, {"loss:sum": float(done.loss or 0)})
 
         return await self._in_order(model, request.seq_id, submit, result)
 
@@ -282,7 +279,8 @@ class TinkerService:
                 await in_transaction(self.db, lambda s: jobs.set_status(
                     s, created.id, JobStatus.failed, owner))
                 raise
-            self.models[model_id] = TrainingModel(owner.id, created.id, base, source.lora.rank)
+            self.models[model_id] = TrainingModel(owner.id, created.id, base, source.lora.rank,
+                                                  await self.tokenizer_id(job.base_model))
             return {"path": body.path, "model_id": model_id, "type": "load_weights"}
 
         return {"request_id": self.futures.submit(create()), "model_id": model_id}
@@ -351,11 +349,12 @@ class TinkerService:
 
     def sample(self, body: schemas.Sample, owner: KeyIdentity) -> dict[str, Any]:
         ref = self.sampler(body.sampling_session_id, owner)
-        if body.topk_prompt_logprobs or body.topk_sample_logprobs:
-            raise InvalidInput("Top-k logprobs (topk_prompt_logprobs, topk_sample_logprobs) "
-                               "are not served by Loom yet.")
-        if body.prompt_logprobs_last_n is not None and not body.prompt_logprobs:
-            raise InvalidInput("prompt_logprobs_last_n needs prompt_logprobs.")
+        check_top_k(topk_prompt_logprobs=body.topk_prompt_logprobs,
+                    topk_sample_logprobs=body.topk_sample_logprobs)
+        if body.prompt_logprobs_last_n is not None and not (body.prompt_logprobs or
+                                                            body.topk_prompt_logprobs):
+            raise InvalidInput("prompt_logprobs_last_n needs prompt_logprobs or "
+                               "topk_prompt_logprobs.")
         if any(chunk.type != "encoded_text" for chunk in body.prompt.chunks):
             raise InvalidInput("Only text prompts (encoded_text chunks) are supported.")
         if not any(chunk.tokens for chunk in body.prompt.chunks):
@@ -363,17 +362,20 @@ class TinkerService:
         with user_input("asample", "sampling_params"):
             params = sampling_params(body.sampling_params)
         tokens = [t for chunk in body.prompt.chunks for t in chunk.tokens]
+        scoring = Scoring(prompt_logprobs=bool(body.prompt_logprobs),
+                          top_logprobs=body.topk_sample_logprobs,
+                          prompt_top_logprobs=body.topk_prompt_logprobs)
 
         async def run() -> Payload:
             sampled = await sample(self.rollout, ref.job_id, ref.version, tokens,
-                                   body.num_samples, params,
-                                   prompt_logprobs=bool(body.prompt_logprobs))
-            scored = sampled.prompt_logprobs
-            if scored is not None and body.prompt_logprobs_last_n is not None:
-                unscored = max(len(scored) - body.prompt_logprobs_last_n, 0)
-                scored = [None] * unscored + scored[unscored:]
-            return wire.sample_response([(s.token_ids, s.logprobs, s.stop_reason == "length")
-                                         for s in sampled.samples], scored)
+                                   body.num_samples, params, scoring)
+            scored = sampled.prompt_logprobs if body.prompt_logprobs else None
+            top = sampled.prompt_top_logprobs
+            if body.prompt_logprobs_last_n is not None:
+                scored, top = (last_n(scored, body.prompt_logprobs_last_n),
+                               last_n(top, body.prompt_logprobs_last_n))
+            return wire.sample_response(sampled.samples, scored, top,
+                                        body.topk_sample_logprobs, body.topk_prompt_logprobs)
 
         ids = [f"{body.sampling_session_id}:{body.seq_id}:{i}" for i in range(body.num_samples)]
         return {"request_id": self.futures.submit(run()), "sample_sequence_ids": ids}
@@ -383,3 +385,11 @@ class TinkerService:
     async def _in_order(self, model: TrainingModel, seq_id: int, submit: Any, result: Any
                         ) -> dict[str, Any]:
         return {"request_id": await model.calls.place(self.futures, seq_id, submit, result)}
+
+
+def last_n(per_position: list[T] | None, n: int) -> list[T | None] | None:
+    """Only the last `n` prompt positions scored (prompt_logprobs_last_n): None before them."""
+    if per_position is None:
+        return None
+    unscored = max(len(per_position) - n, 0)
+    return [None] * unscored + per_position[unscored:]

@@ -12,16 +12,20 @@ from typing import Any
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from services.rollout.schemas import RankedLogprobs, Sample
+
 Field = descriptor_pb2.FieldDescriptorProto
 OPTIONAL, REPEATED = Field.LABEL_OPTIONAL, Field.LABEL_REPEATED
 SCALARS = {"bytes": Field.TYPE_BYTES, "string": Field.TYPE_STRING, "int32": Field.TYPE_INT32,
-           "int64": Field.TYPE_INT64, "bool": Field.TYPE_BOOL, "double": Field.TYPE_DOUBLE}
+           "int64": Field.TYPE_INT64, "bool": Field.TYPE_BOOL, "double": Field.TYPE_DOUBLE,
+           "uint32": Field.TYPE_UINT32}
 PACKAGE = "loom.tinker_wire"
 
 # DType enum values on the wire.
 FLOAT32, INT64, INT32 = 1, 2, 3
 NUMPY_DTYPES = {FLOAT32: "<f4", INT64: "<i8", INT32: "<i4"}
 STOP_REASON_STOP, STOP_REASON_LENGTH = 0, 1
+EMPTY_TOP_LOGPROB = -99999.0  # a top-k cell without a token (token id 0), as the SDK reads it
 
 # message -> [(field, number, type or message, repeated)]; "map:K:V" declares a map field.
 MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
@@ -47,10 +51,15 @@ MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     "ForwardBackwardOutput": [("loss_fn_output_type", 1, "string", False),
                               ("loss_fn_outputs", 2, "ArrayRecord", True),
                               ("metrics", 3, "map:string:double", True)],
+    # Dense length x k matrices, row-major: int32 token ids and float32 logprobs.
+    "TopkLogprobs": [("token_ids", 1, "bytes", False), ("logprobs", 2, "bytes", False),
+                     ("k", 3, "uint32", False), ("length", 4, "uint32", False)],
     "SampledSequence": [("stop_reason", 1, "int32", False), ("tokens", 2, "bytes", False),
-                        ("logprobs", 3, "bytes", False)],
+                        ("logprobs", 3, "bytes", False),
+                        ("topk_sampled_logprobs", 4, "TopkLogprobs", False)],
     "SampleResponse": [("sequences", 1, "SampledSequence", True),
-                       ("prompt_logprobs", 2, "bytes", False)],
+                       ("prompt_logprobs", 2, "bytes", False),
+                       ("topk_prompt_logprobs", 3, "TopkLogprobs", False)],
 }
 
 
@@ -113,16 +122,34 @@ def forward_backward_output(logprobs: list[list[float]], metrics: dict[str, floa
     return bytes(out.SerializeToString())
 
 
-def sample_response(sequences: list[tuple[list[int], list[float], bool]],
-                    prompt_logprobs: list[float | None] | None = None) -> bytes:
-    """(tokens, logprobs, stopped by length) per sample, and the prompt's logprobs if asked
-    (NaN where none, as the SDK reads them)."""
+def sample_response(samples: list[Sample], prompt_logprobs: list[float | None] | None = None,
+                    prompt_top: list[RankedLogprobs | None] | None = None, top_k: int = 0,
+                    prompt_top_k: int = 0) -> bytes:
+    """Samples with their logprobs, and what was asked of the prompt: its logprobs (NaN where
+    none, as the SDK reads them) and the top `prompt_top_k` tokens at each position; `top_k`
+    > 0 adds each sample's own top-k matrix."""
     out = SampleResponse()
     if prompt_logprobs is not None:
         out.prompt_logprobs = np.asarray(
             [np.nan if lp is None else lp for lp in prompt_logprobs], dtype="<f4").tobytes()
-    for tokens, logprobs, by_length in sequences:
-        out.sequences.add(tokens=np.asarray(tokens, dtype="<i4").tobytes(),
-                          logprobs=np.asarray(logprobs, dtype="<f4").tobytes(),
-                          stop_reason=STOP_REASON_LENGTH if by_length else STOP_REASON_STOP)
+    if prompt_top is not None and prompt_top_k:
+        _top_matrix(out.topk_prompt_logprobs, prompt_top, prompt_top_k)
+    for sample in samples:
+        sequence = out.sequences.add(
+            tokens=np.asarray(sample.token_ids, dtype="<i4").tobytes(),
+            logprobs=np.asarray(sample.logprobs, dtype="<f4").tobytes(),
+            stop_reason=STOP_REASON_LENGTH if sample.stop_reason == "length"
+            else STOP_REASON_STOP)
+        if sample.top_logprobs is not None and top_k:
+            _top_matrix(sequence.topk_sampled_logprobs, sample.top_logprobs, top_k)
     return bytes(out.SerializeToString())
+
+
+def _top_matrix(message: Any, rows: list[RankedLogprobs | None], k: int) -> None:
+    token_ids = np.zeros((len(rows), k), dtype="<i4")
+    logprobs = np.full((len(rows), k), EMPTY_TOP_LOGPROB, dtype="<f4")
+    for i, row in enumerate(rows):
+        for j, (token_id, logprob) in enumerate((row or [])[:k]):
+            token_ids[i, j], logprobs[i, j] = token_id, logprob
+    message.token_ids, message.logprobs = token_ids.tobytes(), logprobs.tobytes()
+    message.k, message.length = k, len(rows)

@@ -14,17 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from gateway.sdk_calls import builtin_loss
+from gateway.sdk_calls import CLIENT_LOSS, builtin_loss, client_loss_datum
 from gateway.weaver import schemas
 from services.common.errors import InvalidInput
 from services.rollout.schemas import SampleResponse, SamplingParams
-from services.trainer.schemas import Datum, LossConfig, LossName
+from services.trainer.schemas import LOSS_INPUTS, Datum, LossConfig
 
 IGNORED = -100  # a target without loss
 DEFAULT_MAX_TOKENS = 64
 FORWARD_ONLY = "forward_logprob"  # logprobs of the targets, no loss
-NEEDS = {LossName.importance_sampling: ("logprobs", "advantages"),
-         LossName.ppo: ("logprobs", "advantages")}
+# forward_backward_custom's second call: the client loss's gradient by each target's logprob.
+SURROGATE = "surrogate"
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ def training_batch(request: schemas.PassInput) -> TrainingBatch:
 def loss_config(loss_fn: str, config: dict[str, Any]) -> LossConfig | None:
     if loss_fn == FORWARD_ONLY:
         return None
+    if loss_fn == SURROGATE:
+        return CLIENT_LOSS
     return builtin_loss(loss_fn, config)
 
 
@@ -77,6 +79,11 @@ def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int
         raise InvalidInput(f"data[{index}]: needs at least one target after the first token.")
     if loss is None:  # forward_logprob: no loss, the mask only has to be valid
         return Datum(input_ids=ids, loss_mask=[0.0] * len(ids)), targets
+    last = len(ids) - 1  # targets past the sequence's end (-100 at the end) are dropped
+    if loss is CLIENT_LOSS:
+        gradient = required(raw, "surrogate_weights", index, n, SURROGATE)
+        return client_loss_datum(ids, gradient[:last].tolist(),
+                                 scored[:last].astype(np.float64).tolist()), targets
     weight = scored.astype(np.float64)
     for name in ("weights", "loss_mask"):
         given = per_target(raw, name, index, n)
@@ -85,14 +92,17 @@ def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int
     if (weight < 0).any():
         raise InvalidInput(f"data[{index}]: weights and loss_mask must not be negative.")
     shifted = {"loss_mask": weight}
-    for name in NEEDS.get(loss.name, ()):
-        given = per_target(raw, name, index, n)
-        if given is None:
-            raise InvalidInput(f"data[{index}]: the {loss.name.value} loss needs "
-                               f"loss_fn_inputs[{name!r}].")
-        shifted[name] = given
-    fields = {name: [0.0, *values[:len(ids) - 1].tolist()] for name, values in shifted.items()}
+    for name in LOSS_INPUTS[loss.name]:
+        shifted[name] = required(raw, name, index, n, loss.name.value)
+    fields = {name: [0.0, *values[:last].tolist()] for name, values in shifted.items()}
     return Datum(input_ids=ids, **fields), targets
+
+
+def required(raw: schemas.Datum, name: str, index: int, n: int, loss: str) -> np.ndarray:
+    given = per_target(raw, name, index, n)
+    if given is None:
+        raise InvalidInput(f"data[{index}]: the {loss} loss needs loss_fn_inputs[{name!r}].")
+    return given
 
 
 def per_target(raw: schemas.Datum, name: str, index: int, n: int) -> np.ndarray | None:
@@ -135,13 +145,18 @@ def sampling_params(spec: schemas.SamplingSpec) -> SamplingParams:
                           seed=spec.sampling_seed if spec.seed is None else spec.seed)
 
 
-def sequences(response: SampleResponse) -> dict[str, Any]:
+def sequences(response: SampleResponse, prompt_logprobs: bool) -> dict[str, Any]:
+    """The samples; the prompt's logprobs if asked, and its top-k tokens at each position
+    (`[[token id, logprob], ...]`, None for the first) if asked."""
     version = response.version
     result: dict[str, Any] = {
         "sequences": [{"tokens": s.token_ids, "logprobs": s.logprobs, "text": s.text,
                        "stop_reason": s.stop_reason, "weight_version": version}
                       for s in response.samples],
         "weight_version": version}
-    if response.prompt_logprobs is not None:
+    if prompt_logprobs:
         result["prompt_logprobs"] = response.prompt_logprobs
+    if response.prompt_top_logprobs is not None:
+        result["topk_prompt_logprobs"] = [None if row is None else [list(p) for p in row]
+                                          for row in response.prompt_top_logprobs]
     return result

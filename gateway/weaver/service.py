@@ -23,9 +23,11 @@ from gateway.keys import KeyIdentity
 from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
 from gateway.sdk_calls import (
     CallOrder,
+    Scoring,
     TrainerCalls,
+    TrainingPass,
+    check_top_k,
     find_owned,
-    forward_loss,
     optim_step_request,
     sample,
     user_input,
@@ -38,10 +40,6 @@ from services.common.http import ServiceClient
 from services.rollout.schemas import SamplingParams
 from services.trainer.schemas import (
     CheckpointList,
-    ForwardBackwardRequest,
-    ForwardBackwardResult,
-    ForwardRequest,
-    ForwardResult,
     LoadStateRequest,
     LoraConfig,
     SaveStateRequest,
@@ -246,33 +244,20 @@ class WeaverService:
         if payload.tensor_transport != "default":
             raise InvalidInput(f"tensor_transport {payload.tensor_transport!r} is not served; "
                                "use the default JSON transport.")
-        with user_input("forward_backward" if backward else "forward", "data"):
+        call = "forward_backward" if backward else "forward"
+        with user_input(call, "data"):
             batch = convert.training_batch(request)
-            forward_body = ForwardRequest(data=batch.data)
-        backward_body = None
-        if backward:
-            if batch.loss is None:
-                raise InvalidInput("forward_logprob computes no loss: call forward, not "
-                                   "forward_backward, with it.")
-            backward_body = ForwardBackwardRequest(data=batch.data, loss=batch.loss)
+        if backward and batch.loss is None:
+            raise InvalidInput("forward_logprob computes no loss: call forward, not "
+                               "forward_backward, with it.")
+        training = TrainingPass.of(call, batch.data, batch.loss, backward=backward)
 
-        async def submit() -> tuple[str, str | None]:
-            forward_op = await self.calls.submit(model.id, "forward", forward_body)
-            if backward_body is None:
-                return forward_op, None
-            return forward_op, await self.calls.submit(model.id, "forward_backward",
-                                                       backward_body)
+        async def submit() -> str:
+            return await training.submit(self.calls, model.id)
 
-        async def result(ops: tuple[str, str | None]) -> Payload:
-            forward = ForwardResult.model_validate(await self.calls.result(ops[0]))
-            if ops[1] is not None:
-                loss = ForwardBackwardResult.model_validate(await self.calls.result(ops[1])).loss
-            elif batch.loss is not None:
-                loss = sum(forward_loss(batch.loss, d, row)
-                           for d, row in zip(batch.data, forward.logprobs, strict=True))
-            else:
-                loss = None
-            return convert.outputs(batch, forward.logprobs, loss)
+        async def result(op: str) -> Payload:
+            done = await training.result(self.calls, op)
+            return convert.outputs(batch, done.logprobs, done.loss)
 
         return await model.calls.place(self.futures, payload.seq_id, submit, result)
 
@@ -401,20 +386,22 @@ class WeaverService:
 
     def sample(self, sampling_id: str, body: schemas.SampleBody, owner: KeyIdentity) -> str:
         bound = self.sampling_session(sampling_id, owner)
-        asked = [name for name in ("topk_prompt_logprobs", "return_sampling_mask",
-                                   "return_old_logprob", "return_moe_topk_indices",
-                                   "score_centering")
+        asked = [name for name in ("return_sampling_mask", "return_old_logprob",
+                                   "return_moe_topk_indices", "score_centering")
                  if getattr(body, name)]
         if asked:
             raise InvalidInput(f"Not served by Loom yet: {', '.join(asked)}.")
+        check_top_k(topk_prompt_logprobs=body.topk_prompt_logprobs)
         tokens = prompt_tokens(body.prompt)
         with user_input("sample", "sampling_params"):
             params = convert.sampling_params(body.sampling_params)
+        scoring = Scoring(prompt_logprobs=body.prompt_logprobs,
+                          prompt_top_logprobs=body.topk_prompt_logprobs)
 
         async def run() -> Payload:
             return convert.sequences(await sample(
                 self.rollout, bound.job_id, bound.version, tokens, body.num_samples, params,
-                prompt_logprobs=body.prompt_logprobs))
+                scoring), body.prompt_logprobs)
 
         return self.futures.submit(run())
 
@@ -430,7 +417,7 @@ class WeaverService:
         async def run() -> Payload:
             scored = await sample(self.rollout, bound.job_id, bound.version, tokens, 1,
                                   SamplingParams(max_tokens=1, temperature=0.0),
-                                  prompt_logprobs=True)
+                                  Scoring(prompt_logprobs=True))
             return {"result": {"prompt_logprobs": scored.prompt_logprobs},
                     "weight_version": scored.version}
 

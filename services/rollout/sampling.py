@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 from services.common.errors import InvalidInput, LoomError
 from services.rollout.engine import RolloutEngine
 from services.rollout.schemas import (
+    RankedLogprobs,
     Sample,
     SampleRequest,
     SampleResponse,
@@ -20,6 +21,7 @@ from services.rollout.versions import Versions
 
 if TYPE_CHECKING:
     import vllm
+    from vllm.logprobs import Logprob
     from vllm.outputs import CompletionOutput
 
 
@@ -46,10 +48,11 @@ def check_prompt(prompt_token_ids: list[int], max_tokens: int, *, vocab_size: in
 
 def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream: bool = False,
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                skip_special_tokens: bool = True, prompt_logprobs: bool = False
+                skip_special_tokens: bool = True, prompt_logprobs: int | None = None
                 ) -> vllm.SamplingParams:
     """Loom's sampling options as vLLM's; `logprobs=0` returns the sampled token's own (and
-    `k` also the `k` most likely ones), `prompt_logprobs` each prompt token's own."""
+    `k` also the `k` most likely ones), `prompt_logprobs` the same for each prompt token
+    (None: the prompt is not scored)."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
@@ -61,7 +64,7 @@ def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream
             stop_token_ids=params.stop_token_ids or None,
             logprobs=logprobs, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, skip_special_tokens=skip_special_tokens,
-            prompt_logprobs=0 if prompt_logprobs else None,
+            prompt_logprobs=prompt_logprobs,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
     except (ValueError, VLLMClientError) as exc:  # vLLM's checks on combinations of options
@@ -80,6 +83,18 @@ def scored_prompt(prompt_ids: list[int], output: vllm.RequestOutput) -> list[flo
     entries = output.prompt_logprobs or []
     return [None] + [entry[token].logprob if entry else None
                      for token, entry in zip(prompt_ids[1:], entries[1:], strict=True)]
+
+
+def top_entries(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    """The `k` most likely tokens at one position, most likely first."""
+    ranked = [(t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k]
+    return sorted(ranked, key=lambda item: item[1].rank or 0)
+
+
+def ranked(entry: dict[int, Logprob] | None, k: int) -> RankedLogprobs | None:
+    """(token id, logprob) of the `k` most likely tokens at a position; None where vLLM
+    scored nothing (a prompt's first token)."""
+    return None if entry is None else [(t, lp.logprob) for t, lp in top_entries(entry, k)]
 
 
 def stop_reason(completion: CompletionOutput) -> Literal["stop", "length", "abort"]:
@@ -111,8 +126,9 @@ class Sampler:
     async def sample(self, request: SampleRequest) -> SampleResponse:
         prompt_ids = self.prompt_ids(request.prompt, request.prompt_token_ids)
         self.check_prompt(prompt_ids, request.params.max_tokens)
-        params = vllm_params(request.params, n=request.n,
-                             prompt_logprobs=request.prompt_logprobs)
+        scored = request.prompt_logprobs or request.prompt_top_logprobs > 0
+        params = vllm_params(request.params, n=request.n, logprobs=request.top_logprobs,
+                             prompt_logprobs=request.prompt_top_logprobs if scored else None)
         async with self.versions.use(request.job_id, request.version) as served:
             output = await self.engine.generate(prompt_ids, params, served.lora_request)
         version = served.target.number
@@ -123,12 +139,18 @@ class Sampler:
                 token_ids=list(completion.token_ids), logprobs=sampled_logprobs(completion),
                 text=completion.text, stop_reason=stop_reason(completion),
                 version=version,
+                top_logprobs=[ranked(entry, request.top_logprobs)
+                              for entry in completion.logprobs or []]
+                if request.top_logprobs else None,
             ))
+        prompt_entries = output.prompt_logprobs or []
         return SampleResponse(
             job_id=request.job_id, version=version, prompt_token_ids=prompt_ids,
             samples=samples,
-            prompt_logprobs=scored_prompt(prompt_ids, output) if request.prompt_logprobs
-            else None)
+            prompt_logprobs=scored_prompt(prompt_ids, output) if scored else None,
+            prompt_top_logprobs=[ranked(entry, request.prompt_top_logprobs)
+                                 for entry in prompt_entries]
+            if request.prompt_top_logprobs else None)
 
     async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, int | None]:
         """One sample (n=1) that stops early, keeping what it has, if a newer version of the

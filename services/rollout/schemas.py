@@ -12,6 +12,9 @@ from modelstate.schemas import JobId
 from services.common.schemas import ErrorBody, LenientModel, StrictModel
 
 VersionRef = int | str  # a version number (0 is the base model) or an alias such as "latest"
+# The most likely tokens at one position, most likely first: (token id, logprob).
+RankedLogprobs = list[tuple[int, float]]
+MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
 class SamplingParams(StrictModel):
@@ -34,6 +37,13 @@ class SampleRequest(StrictModel):
     prompt_logprobs: bool = Field(
         default=False, description="Also score the prompt: the logprob of each prompt token "
         "given the ones before it (None for the first), under the same weights.")
+    top_logprobs: int = Field(
+        default=0, ge=0, le=MAX_TOP_LOGPROBS, description="Also give the k most likely "
+        "tokens at each sampled position (`Sample.top_logprobs`).")
+    prompt_top_logprobs: int = Field(
+        default=0, ge=0, le=MAX_TOP_LOGPROBS, description="Also give the k most likely "
+        "tokens at each prompt position (`SampleResponse.prompt_top_logprobs`); scores the "
+        "prompt as `prompt_logprobs` does.")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> Self:
@@ -50,6 +60,7 @@ class Sample(LenientModel):
     text: str
     stop_reason: Literal["stop", "length", "abort"]
     version: int
+    top_logprobs: list[RankedLogprobs | None] | None = None  # when asked for
 
 
 class SampleResponse(LenientModel):
@@ -58,7 +69,7 @@ class SampleResponse(LenientModel):
     prompt_token_ids: list[int]
     samples: list[Sample]
     prompt_logprobs: list[float | None] | None = None  # when asked for
-
+    prompt_top_logprobs: list[RankedLogprobs | None] | None = None  # when asked for
 
 class TokenizeRequest(StrictModel):
     texts: list[str] = Field(min_length=1, max_length=4096)

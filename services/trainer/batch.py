@@ -65,13 +65,17 @@ def collate(data: list[Datum], device: torch.device) -> Batch:
 
     loss_mask = padded([d.loss_mask for d in data], torch.float32)
     loss_mask[:, 0] = 0.0
-    every = all(d.advantages is not None and d.logprobs is not None for d in data)
+
+    def optional(rows: list[list[float] | None]) -> Tensor | None:
+        present = [row for row in rows if row is not None]
+        return padded(present, torch.float32) if len(present) == len(rows) else None
+
     return Batch(
         input_ids=padded([d.input_ids for d in data], torch.long),
         attention_mask=padded([[1] * n for n in lengths], torch.long),
         loss_mask=loss_mask,
-        old_logprobs=padded([d.logprobs or [] for d in data], torch.float32) if every else None,
-        advantages=padded([d.advantages or [] for d in data], torch.float32) if every else None,
+        old_logprobs=optional([d.logprobs for d in data]),
+        advantages=optional([d.advantages for d in data]),
         lengths=lengths,
     )
 

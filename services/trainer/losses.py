@@ -104,6 +104,49 @@ def ppo(
     }
 
 
+def cispo(
+    logprobs: Tensor,
+    mask: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    aggregate: Aggregate = masked_mean,
+) -> LossOutput:
+    """-mean(sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * log pi * A) (CISPO): the clip
+    bounds each token's coefficient instead of switching its gradient off as PPO's does.
+
+    clip_fraction: the share of (weighted) tokens whose ratio the clip changed."""
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask)).detach()
+    coefficient = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = -aggregate(coefficient * logprobs * advantages, mask)
+    return loss, {
+        "clip_fraction": masked_mean((coefficient != ratio).to(mask.dtype), mask).item(),
+        "ratio_mean": masked_mean(ratio, mask).item(),
+    }
+
+
+def dro(
+    logprobs: Tensor, mask: Tensor, old_logprobs: Tensor, advantages: Tensor, beta: float,
+    aggregate: Aggregate = masked_mean,
+) -> LossOutput:
+    """-mean(log pi * A - beta / 2 * log(pi / pi_old)^2) (DRO): off-policy learning held near
+    the sampler by a quadratic penalty rather than a clip; A is the caller's (soft) advantage."""
+    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+    penalty = 0.5 * beta * log_ratio**2
+    loss = -aggregate(logprobs * advantages - penalty, mask)
+    return loss, {"penalty_mean": masked_mean(penalty, mask).item(),
+                  "ratio_mean": masked_mean(torch.exp(log_ratio), mask).item()}
+
+
+def reinforce(logprobs: Tensor, mask: Tensor, advantages: Tensor,
+              aggregate: Aggregate = masked_mean) -> LossOutput:
+    """-mean(log pi * A): the on-policy policy gradient. With A = -dL/dlogprob it is also how
+    a loss L computed outside the trainer (an SDK's custom loss) reaches the weights: its
+    gradient is exactly L's."""
+    return -aggregate(logprobs * advantages, mask), {}
+
+
 def kl_to_reference(logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor) -> Tensor:
     """The k3 estimator of KL(policy || reference): exp(ref - new) - (ref - new) - 1, which is
     unbiased, never negative, and low-variance for samples drawn from the policy."""
@@ -123,6 +166,21 @@ def truncated_is_weights(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tenso
                                                            mask).item()}
 
 
+def policy_loss(config: LossConfig, logprobs: Tensor, mask: Tensor, old_logprobs: Tensor,
+                advantages: Tensor, aggregate: Aggregate) -> LossOutput:
+    """One of the losses that weigh advantages by a ratio to the sampler's logprobs."""
+    clip_low, clip_high = config.clips
+    if config.name == LossName.importance_sampling:
+        return importance_sampling(logprobs, mask, old_logprobs, advantages, aggregate)
+    if config.name == LossName.ppo:
+        return ppo(logprobs, mask, old_logprobs, advantages, clip_low, clip_high, aggregate)
+    if config.name == LossName.cispo:
+        return cispo(logprobs, mask, old_logprobs, advantages, clip_low, clip_high, aggregate)
+    if config.name == LossName.dro:
+        return dro(logprobs, mask, old_logprobs, advantages, config.dro_beta, aggregate)
+    raise ValueError(f"{config.name.value} is not a ratio loss")
+
+
 def compute_loss(
     config: LossConfig,
     logprobs: Tensor,
@@ -140,18 +198,18 @@ def compute_loss(
     metrics: dict[str, float] = {}
     if config.name == LossName.cross_entropy:
         loss, metrics = cross_entropy(logprobs, mask, aggregate)
+    elif advantages is None:
+        raise ValueError(f"loss {config.name.value!r} needs advantages")
+    elif config.name == LossName.reinforce:
+        loss, metrics = reinforce(logprobs, mask, advantages, aggregate)
     else:
-        if old_logprobs is None or advantages is None:
-            raise ValueError(f"loss {config.name.value!r} needs old_logprobs and advantages")
+        if old_logprobs is None:
+            raise ValueError(f"loss {config.name.value!r} needs old_logprobs")
         if config.tis_cap is not None:
             weights, metrics = truncated_is_weights(logprobs, old_logprobs, mask, config.tis_cap)
             advantages, old_logprobs = advantages * weights, logprobs.detach()
-        if config.name == LossName.importance_sampling:
-            loss, policy_metrics = importance_sampling(logprobs, mask, old_logprobs, advantages,
-                                                       aggregate)
-        else:
-            loss, policy_metrics = ppo(logprobs, mask, old_logprobs, advantages,
-                                       config.clip_low, config.clip_high, aggregate)
+        loss, policy_metrics = policy_loss(config, logprobs, mask, old_logprobs, advantages,
+                                           aggregate)
         metrics = {**metrics, **policy_metrics}
     if config.kl_coef > 0:
         if ref_logprobs is None:

@@ -106,17 +106,12 @@ class TrainerModel:
 
     # --- operations -----------------------------------------------------------------------
 
-    def forward_backward(self, data: list[Datum], loss_config: LossConfig) -> ForwardBackwardResult:
+    def forward_backward(self, data: list[Datum], loss_config: LossConfig,
+                         return_logprobs: bool = False) -> ForwardBackwardResult:
         batch = collate(data, self.device)
         with self.network() as network:
-            reference = (self._reference_logprobs(network, batch) if loss_config.kl_coef > 0
-                         else None)
             network.train()
-            logprobs = self._logprobs(network, batch)
-            loss, metrics = compute_loss(
-                loss_config, logprobs, batch.loss_mask, old_logprobs=batch.old_logprobs,
-                advantages=batch.advantages, ref_logprobs=reference,
-            )
+            loss, metrics, logprobs = self._loss(network, batch, loss_config)
             if not torch.isfinite(loss):
                 raise InvalidInput(
                     f"The loss is {loss.item()} (check advantages and logprobs for huge or "
@@ -124,15 +119,20 @@ class TrainerModel:
                 )
             loss.backward()
         self._has_gradients = True
-        return ForwardBackwardResult(loss=loss.item(), num_tokens=batch.num_tokens,
-                                     metrics=metrics)
+        return ForwardBackwardResult(
+            loss=loss.item(), num_tokens=batch.num_tokens, metrics=metrics,
+            logprobs=unpad(logprobs, batch.lengths) if return_logprobs else None)
 
-    def forward(self, data: list[Datum]) -> ForwardResult:
+    def forward(self, data: list[Datum], loss_config: LossConfig | None = None
+                ) -> ForwardResult:
         batch = collate(data, self.device)
         with self.network() as network, torch.no_grad():
             network.eval()
-            logprobs = self._logprobs(network, batch)
-        return ForwardResult(logprobs=unpad(logprobs, batch.lengths))
+            if loss_config is None:
+                return ForwardResult(logprobs=unpad(self._logprobs(network, batch),
+                                                    batch.lengths))
+            loss, _, logprobs = self._loss(network, batch, loss_config)
+        return ForwardResult(logprobs=unpad(logprobs, batch.lengths), loss=loss.item())
 
     def optim_step(self, adam: AdamParams) -> OptimStepResult:
         if not self._has_gradients:
@@ -209,6 +209,19 @@ class TrainerModel:
             for group in self._optimizer.param_groups:
                 group.update(hyper)
         return self._optimizer
+
+    def _loss(self, network: torch.nn.Module, batch: Batch, config: LossConfig
+              ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """The loss on `batch` under `network`'s mode (train or eval), its metrics, and the
+        per-token logprobs it was computed from."""
+        training = network.training
+        reference = self._reference_logprobs(network, batch) if config.kl_coef > 0 else None
+        network.train(training)  # the reference pass may have switched the mode
+        logprobs = self._logprobs(network, batch)
+        loss, metrics = compute_loss(config, logprobs, batch.loss_mask,
+                                     old_logprobs=batch.old_logprobs,
+                                     advantages=batch.advantages, ref_logprobs=reference)
+        return loss, metrics, logprobs
 
     def _logprobs(self, network: torch.nn.Module, batch: Batch) -> torch.Tensor:
         output = network(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

@@ -72,6 +72,23 @@ class LossName(StrEnum):
     cross_entropy = "cross_entropy"
     importance_sampling = "importance_sampling"
     ppo = "ppo"
+    cispo = "cispo"
+    dro = "dro"
+    reinforce = "reinforce"
+
+
+# The per-token fields of a Datum each loss reads besides input_ids and loss_mask.
+LOSS_INPUTS: dict[LossName, tuple[str, ...]] = {
+    LossName.cross_entropy: (),
+    LossName.importance_sampling: ("advantages", "logprobs"),
+    LossName.ppo: ("advantages", "logprobs"),
+    LossName.cispo: ("advantages", "logprobs"),
+    LossName.dro: ("advantages", "logprobs"),
+    LossName.reinforce: ("advantages",),
+}
+# Default ratio bounds (clip_low, clip_high): ratio in [1 - clip_low, 1 + clip_high].
+DEFAULT_CLIPS = {LossName.ppo: (0.2, 0.28),
+                 LossName.cispo: (1.0, 3.0)}  # CISPO: no lower bound, the ratio capped at 4
 
 
 class LossAggregation(StrEnum):
@@ -84,9 +101,17 @@ class LossAggregation(StrEnum):
 
 
 class LossConfig(StrictModel):
+    """The loss of a forward_backward (see `services/trainer/losses.py` for each formula)."""
+
     name: LossName = LossName.cross_entropy
-    clip_low: float = Field(default=0.2, ge=0, le=1, description="PPO: ratio >= 1 - clip_low")
-    clip_high: float = Field(default=0.28, ge=0, le=10, description="PPO: ratio <= 1 + clip_high")
+    clip_low: float | None = Field(
+        default=None, ge=0, le=1, description="ppo, cispo: ratio >= 1 - clip_low (default "
+        "0.2 for ppo; 1.0, no lower bound, for cispo)")
+    clip_high: float | None = Field(
+        default=None, ge=0, le=10, description="ppo, cispo: ratio <= 1 + clip_high (default "
+        "0.28 for ppo; 3.0 for cispo)")
+    dro_beta: float = Field(default=0.05, gt=0, description="dro: weight of the quadratic "
+                            "penalty 1/2 * dro_beta * log(pi / pi_sampler)^2")
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of KL to the reference model")
     aggregation: LossAggregation = LossAggregation.token_mean
     normalizer: int | None = Field(
@@ -103,23 +128,40 @@ class LossConfig(StrictModel):
         if (self.aggregation == LossAggregation.sum_normalized) != (self.normalizer is not None):
             raise ValueError("normalizer is required with aggregation 'sum_normalized' and "
                              "means nothing with any other aggregation")
-        if self.tis_cap is not None and self.name == LossName.cross_entropy:
-            raise ValueError("tis_cap applies to the policy losses, not cross_entropy")
+        if self.tis_cap is not None and "logprobs" not in LOSS_INPUTS[self.name]:
+            raise ValueError(f"tis_cap corrects a ratio to the sampler's logprobs, which "
+                             f"{self.name.value} does not use")
+        if (self.clip_low, self.clip_high) != (None, None) and self.name not in DEFAULT_CLIPS:
+            raise ValueError(f"clip_low and clip_high apply to {' and '.join(DEFAULT_CLIPS)}, "
+                             f"not {self.name.value}")
         return self
+
+    @property
+    def clips(self) -> tuple[float, float]:
+        """(clip_low, clip_high), each the loss's default where not given."""
+        low, high = DEFAULT_CLIPS.get(self.name, (0.0, 0.0))
+        return (low if self.clip_low is None else self.clip_low,
+                high if self.clip_high is None else self.clip_high)
+
+
+def check_loss_inputs(data: list[Datum], loss: LossConfig) -> None:
+    for i, datum in enumerate(data):
+        missing = [name for name in LOSS_INPUTS[loss.name] if getattr(datum, name) is None]
+        if missing:
+            raise ValueError(f"data[{i}]: loss {loss.name.value!r} needs "
+                             f"{' and '.join(LOSS_INPUTS[loss.name])}; missing {missing}")
 
 
 class ForwardBackwardRequest(StrictModel):
     data: list[Datum] = Field(min_length=1, max_length=4096)
     loss: LossConfig = LossConfig()
+    return_logprobs: bool = Field(
+        default=False, description="Also return each datum's per-token logprobs, as the "
+        "forward of this call computed them (the weights before this call's gradients).")
 
     @model_validator(mode="after")
     def _needs_fields(self) -> Self:
-        if self.loss.name != LossName.cross_entropy:
-            for i, datum in enumerate(self.data):
-                if datum.advantages is None or datum.logprobs is None:
-                    raise ValueError(
-                        f"data[{i}]: loss {self.loss.name.value!r} needs advantages and logprobs"
-                    )
+        check_loss_inputs(self.data, self.loss)
         return self
 
 
@@ -127,6 +169,8 @@ class ForwardBackwardResult(LenientModel):
     loss: float
     num_tokens: int
     metrics: dict[str, float]
+    logprobs: list[list[float]] | None = Field(
+        default=None, description="When asked for: as `ForwardResult.logprobs`.")
 
 
 class AdamParams(StrictModel):
@@ -161,15 +205,24 @@ class SaveWeightsResult(LenientModel):
 
 
 class ForwardRequest(StrictModel):
-    """Per-token logprobs of sequences under the current weights (no gradient, no loss)."""
+    """Per-token logprobs of sequences under the current weights, and a loss's value if
+    asked (no gradient either way)."""
 
     data: list[Datum] = Field(min_length=1, max_length=4096)
+    loss: LossConfig | None = None
+
+    @model_validator(mode="after")
+    def _needs_fields(self) -> Self:
+        if self.loss is not None:
+            check_loss_inputs(self.data, self.loss)
+        return self
 
 
 class ForwardResult(LenientModel):
     logprobs: list[list[float]] = Field(
         description="One list per datum, as long as its input_ids; position 0 is 0.0."
     )
+    loss: float | None = Field(default=None, description="When a loss was given.")
 
 
 CheckpointName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",

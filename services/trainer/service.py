@@ -56,12 +56,14 @@ class TrainerService:
         model = self.registry.get(model_id)
         model.validate(request.data, needs_loss=True)
         return self._submit(model_id, "forward_backward",
-                            lambda: model.forward_backward(request.data, request.loss))
+                            lambda: model.forward_backward(request.data, request.loss,
+                                                           request.return_logprobs))
 
     def forward(self, model_id: str, request: ForwardRequest) -> Operation:
         model = self.registry.get(model_id)
-        model.validate(request.data, needs_loss=False)
-        return self._submit(model_id, "forward", lambda: model.forward(request.data))
+        model.validate(request.data, needs_loss=request.loss is not None)
+        return self._submit(model_id, "forward", lambda: model.forward(request.data,
+                                                                        request.loss))
 
     def optim_step(self, model_id: str, request: OptimStepRequest) -> Operation:
         model = self.registry.get(model_id)

@@ -31,7 +31,6 @@ from services.rollout.openai.serving import (
     loom_choice,
     sse,
     token_text,
-    top_entries,
     usage,
 )
 from services.rollout.openai.tools import (
@@ -40,7 +39,7 @@ from services.rollout.openai.tools import (
     template_messages,
     template_tools,
 )
-from services.rollout.sampling import stop_reason, vllm_params
+from services.rollout.sampling import stop_reason, top_entries, vllm_params
 from services.rollout.schemas import SamplingParams
 
 if TYPE_CHECKING:

@@ -22,10 +22,9 @@ from services.rollout.openai.serving import (
     loom_choice,
     sse,
     token_text,
-    top_entries,
     usage,
 )
-from services.rollout.sampling import stop_reason, vllm_params
+from services.rollout.sampling import stop_reason, top_entries, vllm_params
 from services.rollout.schemas import SamplingParams
 
 if TYPE_CHECKING:

@@ -16,7 +16,12 @@ from services.common.schemas import ErrorBody, ErrorEnvelope, LenientModel
 from services.rollout.capture import Capture, Recording
 from services.rollout.chat_format import ChatFormat
 from services.rollout.openai.schemas import LoomChoice, LoomInfo, ModelCard, ModelList, Usage
-from services.rollout.sampling import Sampler, check_weights, sampled_logprobs, stop_reason
+from services.rollout.sampling import (
+    Sampler,
+    check_weights,
+    sampled_logprobs,
+    stop_reason,
+)
 from services.rollout.schemas import VersionRef
 from services.rollout.versions import LATEST, Target, Versions
 
@@ -196,12 +201,6 @@ def token_text(logprob: Logprob, token_id: int, sampler: Sampler) -> str:
     if logprob.decoded_token is not None:
         return logprob.decoded_token
     return sampler.engine.decode([token_id])
-
-
-def top_entries(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
-    """The `k` most likely tokens at one position, most likely first."""
-    ranked = [(t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k]
-    return sorted(ranked, key=lambda item: item[1].rank or 0)
 
 
 async def sse(chunks: AsyncIterator[LenientModel]) -> AsyncIterator[str]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import numpy as np
 import pytest
 
 from gateway.futures import Futures
-from gateway.sdk_calls import CallOrder, forward_loss
+from gateway.sdk_calls import CLIENT_LOSS, CallOrder
 from gateway.weaver import convert, operations, paths, schemas
 from services.common.errors import InvalidInput, NotFound, Unavailable
 from services.trainer.schemas import LossName
@@ -53,7 +52,9 @@ def test_policy_losses_carry_the_samplers_logprobs_and_advantages_shifted() -> N
 
 
 @pytest.mark.parametrize(("loss_fn", "inputs", "words"), [
-    ("dro", {"target_tokens": [6, 7]}, "'dro'"),
+    ("dpo", {"target_tokens": [6, 7]}, "'dpo' is not served"),
+    ("dro", {"target_tokens": [6, 7], "logprobs": [0, 0]}, "'advantages'"),
+    ("surrogate", {"target_tokens": [6, 7]}, "'surrogate_weights'"),
     ("cross_entropy", {}, "target_tokens"),
     ("cross_entropy", {"target_tokens": [9, 7]}, "shifted by one"),
     ("cross_entropy", {"target_tokens": [6]}, "flat list of 2"),
@@ -71,31 +72,41 @@ def test_bad_data_names_what_to_fix(loss_fn: str, inputs: dict[str, Any], words:
 def test_config_keys_a_loss_does_not_take_are_refused() -> None:
     with pytest.raises(InvalidInput, match="clip_low_threshold"):
         batch("cross_entropy", datum([5, 6], target_tokens=[6, 7]), clip_low_threshold=0.8)
-    with pytest.raises(InvalidInput, match=r"clip_high_threshold in \[1, 11\] \(got 0.8, 0.5\)"):
+    with pytest.raises(InvalidInput, match=r"out of range for 'ppo'.*\[1, 11\]"):
         batch("ppo", datum([5, 6], target_tokens=[6, 7], logprobs=[0, 0], advantages=[1, 1]),
               clip_high_threshold=0.5)
+
+
+def test_cispo_and_dro_take_their_config_and_the_sdks_defaults() -> None:
+    policy = {"target_tokens": [6, 7], "logprobs": [0, 0], "advantages": [1, 1]}
+    cispo = batch("cispo", datum([5, 6], **policy)).loss
+    assert cispo is not None and cispo.name == LossName.cispo
+    assert cispo.clips == pytest.approx((1.0, 3.0))  # ratio in [0, 4]
+    dro = batch("dro", datum([5, 6], **policy), beta=0.2).loss
+    assert dro is not None and (dro.name, dro.dro_beta) == (LossName.dro, 0.2)
+    with pytest.raises(InvalidInput, match="it reads \\['beta'\\]"):
+        batch("dro", datum([5, 6], **policy), clip_low_threshold=0.5)
+
+
+def test_surrogate_sends_the_client_losss_gradient_as_negated_advantages() -> None:
+    # forward_backward_custom's second call: surrogate_weights = dL/dlogprob per target
+    data = batch("surrogate", datum([5, 6, 7], target_tokens=[-100, 7, 8],
+                                    surrogate_weights=[9.0, 0.5, -2.0], weights=[0, 1, 1]))
+    (loom,) = data.data
+    assert data.loss is CLIENT_LOSS
+    assert loom.input_ids == [5, 6, 7, 8]
+    assert loom.loss_mask == [0.0, 0.0, 1.0, 1.0]  # -100 has no target; weights are in L
+    assert loom.advantages == [0.0, -9.0, -0.5, 2.0]
 
 
 def test_outputs_give_one_logprob_per_target_and_the_loss_sum() -> None:
     data = batch("cross_entropy", datum([5, 6, 7], target_tokens=[-100, 7, 8]),
                  datum([5, 6], target_tokens=[6, -100]))
     rows = [[0.0, -0.1, -0.2, -0.3], [0.0, -0.5]]
-    loss = sum(forward_loss(data.loss, d, row) for d, row in zip(data.data, rows, strict=True))
-    assert loss == pytest.approx(1.0)  # 0.2 + 0.3 from the first, 0.5 from the second
-    out = convert.outputs(data, rows, loss)
+    out = convert.outputs(data, rows, 1.0)
     first, second = (o["logprobs"]["data"] for o in out["loss_fn_outputs"])
     assert first == [0.0, -0.2, -0.3] and second == [-0.5, 0.0]
-    assert out["metrics"] == {"loss:sum": loss}
-
-
-def test_forward_loss_matches_the_trainers_token_sums() -> None:
-    data = batch("importance_sampling", datum(
-        [5, 6, 7], target_tokens=[6, 7, 8], logprobs=[-1.0, -1.0, -1.0],
-        advantages=[2.0, 2.0, 2.0]))
-    row = [0.0, -1.0, -1.0 + np.log(2.0), -50.0]
-    # ratios 1, 2 and exp(-20) (the log-ratio clamped as the trainer does), times A = 2
-    expected = -(2.0 + 4.0 + 2.0 * np.exp(-20.0))
-    assert forward_loss(data.loss, data.data[0], row) == pytest.approx(expected)
+    assert out["metrics"] == {"loss:sum": 1.0}
 
 
 def test_paths_name_their_model_and_unnamed_exports_their_version() -> None:

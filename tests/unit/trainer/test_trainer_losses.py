@@ -8,11 +8,14 @@ import pytest
 import torch
 
 from services.trainer.losses import (
+    cispo,
     compute_loss,
     cross_entropy,
+    dro,
     importance_sampling,
     kl_to_reference,
     ppo,
+    reinforce,
 )
 from services.trainer.schemas import LossAggregation, LossConfig, LossName
 
@@ -107,8 +110,65 @@ def test_masked_garbage_cannot_poison_gradients() -> None:
 
 
 def test_policy_losses_need_old_logprobs_and_advantages() -> None:
-    with pytest.raises(ValueError, match="needs old_logprobs"):
+    with pytest.raises(ValueError, match="needs advantages"):
         compute_loss(LossConfig(name=LossName.ppo), t([[0.0, -1.0]]), t([[0, 1]]))
+    with pytest.raises(ValueError, match="needs old_logprobs"):
+        compute_loss(LossConfig(name=LossName.dro), t([[0.0, -1.0]]), t([[0, 1]]),
+                     advantages=t([[0.0, 1.0]]))
+
+
+def test_cispo_weighs_log_pi_by_the_clipped_ratio_without_its_gradient() -> None:
+    new = t([[0.0, -1.0, -2.0, -0.5]]).requires_grad_()
+    # ratios 2, 1/2 and 1; bounds [0.8, 1.5] clip the first two to 1.5 and 0.8
+    old = t([[0.0, -1.0 - LN2, -2.0 + LN2, -0.5]])
+    advantages = t([[0.0, 1.0, -2.0, 3.0]])
+    loss, metrics = cispo(new, t([[0, 1, 1, 1]]), old, advantages, 0.2, 0.5,
+                          lambda v, m: (v * m).sum())
+    # -(1.5 * -1 * 1 + 0.8 * -2 * -2 + 1 * -0.5 * 3) = -(-1.5 + 3.2 - 1.5)
+    assert loss.item() == pytest.approx(-0.2)
+    assert metrics["clip_fraction"] == pytest.approx(2 / 3)
+    loss.backward()
+    assert new.grad is not None  # the coefficient is a constant: d/dlogpi = -coef * A
+    assert new.grad[0].tolist() == pytest.approx([0.0, -1.5, 1.6, -3.0])
+
+
+def test_cispo_defaults_cap_the_ratio_at_four_with_no_lower_bound() -> None:
+    config = LossConfig(name=LossName.cispo)
+    assert config.clips == (1.0, 3.0)
+    new = t([[0.0, 0.0, 0.0]])
+    old = t([[0.0, -math.log(8.0), math.log(8.0)]])  # ratios 8 and 1/8
+    loss, metrics = compute_loss(config, new - 1.0, t([[0, 1, 1]]), old_logprobs=old - 1.0,
+                                 advantages=t([[0.0, 1.0, 1.0]]))
+    # logpi = -1 for both: -(4 * -1 + 0.125 * -1) / 2 (token mean)
+    assert loss.item() == pytest.approx((4.0 + 0.125) / 2)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_dro_is_the_policy_gradient_minus_a_quadratic_penalty() -> None:
+    new = t([[0.0, -1.0, -2.0]]).requires_grad_()
+    old = t([[0.0, -1.5, -2.0]])  # log-ratios 0.5 and 0
+    advantages = t([[0.0, 2.0, -1.0]])
+    loss, metrics = dro(new, t([[0, 1, 1]]), old, advantages, 0.4,
+                        lambda v, m: (v * m).sum())
+    # -((-1 * 2 - 0.5 * 0.4 * 0.25) + (-2 * -1 - 0))
+    assert loss.item() == pytest.approx(0.05)
+    assert metrics["penalty_mean"] == pytest.approx(0.05 / 2)
+    loss.backward()
+    assert new.grad is not None  # -(A - beta * log-ratio)
+    assert new.grad[0].tolist() == pytest.approx([0.0, -(2.0 - 0.4 * 0.5), 1.0])
+
+
+def test_reinforce_with_minus_a_gradient_passes_that_gradient_through() -> None:
+    """An SDK's client-side loss L arrives as A = -dL/dlogprob: the trainer's gradient is
+    exactly dL/dlogprob, and the loss value -sum(A * logprob)."""
+    logprobs = t([[0.0, -1.0, -2.0]]).requires_grad_()
+    client_gradient = [0.0, 0.25, -3.0]
+    loss, _ = reinforce(logprobs, t([[0, 1, 1]]), -t([client_gradient]),
+                        lambda v, m: (v * m).sum())
+    assert loss.item() == pytest.approx(0.25 * -1.0 + -3.0 * -2.0)
+    loss.backward()
+    assert logprobs.grad is not None
+    assert logprobs.grad[0].tolist() == pytest.approx(client_gradient)
 
 
 def test_sequence_mean_averages_each_sequences_token_mean() -> None:
@@ -170,6 +230,10 @@ def test_truncated_importance_sampling_under_ppo_never_clips() -> None:
     assert metrics["tis_truncated_fraction"] == 1.0
 
 
-def test_tis_is_refused_for_cross_entropy() -> None:
-    with pytest.raises(ValueError, match="policy losses"):
+def test_options_a_loss_does_not_read_are_refused() -> None:
+    with pytest.raises(ValueError, match="does not use"):
         LossConfig(tis_cap=2.0)
+    with pytest.raises(ValueError, match="does not use"):
+        LossConfig(name=LossName.reinforce, tis_cap=2.0)
+    with pytest.raises(ValueError, match="apply to ppo and cispo"):
+        LossConfig(name=LossName.dro, clip_high=0.5)
