@@ -132,7 +132,9 @@ class TrainerModel:
                 return ForwardResult(logprobs=unpad(self._logprobs(network, batch),
                                                     batch.lengths))
             loss, _, logprobs = self._loss(network, batch, loss_config)
-        return ForwardResult(logprobs=unpad(logprobs, batch.lengths), loss=loss.item())
+        # No token carrying loss is a loss of 0 (a mean over no tokens would be NaN).
+        value = loss.item() if batch.num_tokens else 0.0
+        return ForwardResult(logprobs=unpad(logprobs, batch.lengths), loss=value)
 
     def optim_step(self, adam: AdamParams) -> OptimStepResult:
         if not self._has_gradients:

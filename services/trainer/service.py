@@ -61,7 +61,7 @@ class TrainerService:
 
     def forward(self, model_id: str, request: ForwardRequest) -> Operation:
         model = self.registry.get(model_id)
-        model.validate(request.data, needs_loss=request.loss is not None)
+        model.validate(request.data, needs_loss=False)
         return self._submit(model_id, "forward", lambda: model.forward(request.data,
                                                                         request.loss))
 

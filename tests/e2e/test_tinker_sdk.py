@@ -4,6 +4,7 @@ on Loom's own trainer, rollout and modelstate."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ SCRIPTS = Path(__file__).resolve().parent / "tinker_scripts"
 
 @pytest.fixture(scope="module")
 def tinker_python() -> Path:
-    return sdk_python("tinker-sdk", [TINKER])
+    # torch: forward_backward_custom differentiates the custom loss on the client.
+    return sdk_python("tinker-sdk", [TINKER, f"torch=={importlib.metadata.version('torch')}"])
 
 
 def run(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
@@ -71,6 +73,52 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
     with LoomClient(url, key) as loom:
         # the first sampler, then one version per iteration, each sampled by the next round
         assert loom.get_job(job_id).version("latest").number == 5
+
+
+def test_tokenizer_top_k_logprobs_cispo_dro_and_custom_losses(
+        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    tokenizer, sampled, forwards, trained, custom = run(tinker_python, "losses.py", stack)
+    # get_tokenizer loads the base model's directory on this host: nothing from a hub
+    assert (Path(tokenizer["tokenizer"]) / "config.json").exists()
+    assert tokenizer["round_trip"] == "12+34="
+    # Greedy: each sampled token is its position's most likely one, with the same logprob;
+    # every row holds k = 3 tokens, most likely first.
+    for token, logprob, row in zip(sampled["tokens"], sampled["logprobs"], sampled["top"],
+                                   strict=True):
+        assert len(row) == 3 and row[0][0] == token
+        assert row[0][1] == pytest.approx(logprob, abs=1e-4)
+        assert row[0][1] >= row[1][1] >= row[2][1]
+    # The prompt: nothing for its first token; then the top 3, which bound the token's own.
+    prompt_top, prompt_logprobs = sampled["prompt_top"], sampled["prompt_logprobs"]
+    assert prompt_top[0] is None and prompt_logprobs[0] is None and len(prompt_top) == 4
+    for row, own in zip(prompt_top[1:], prompt_logprobs[1:], strict=True):
+        assert len(row) == 3 and row[0][1] >= own - 1e-4
+    # cispo and dro report the values of their formulas at the trainer's logprobs
+    old, advantages = forwards["old"], forwards["advantages"]
+
+    def cispo(low: float, high: float, logprobs: list[float]) -> float:
+        return -sum(min(max(math.exp(lp - o), low), high) * lp * a
+                    for lp, o, a in zip(logprobs, old, advantages, strict=True))
+
+    def dro(beta: float, logprobs: list[float]) -> float:
+        return -sum(lp * a - 0.5 * beta * (lp - o) ** 2
+                    for lp, o, a in zip(logprobs, old, advantages, strict=True))
+
+    tolerance = {"rel": 1e-4, "abs": 1e-4}
+    at = {name: forwards[name]["logprobs"] for name in ("cispo", "cispo_clipped", "dro")}
+    assert forwards["cispo"]["loss"] == pytest.approx(cispo(0.0, 4.0, at["cispo"]), **tolerance)
+    assert forwards["cispo_clipped"]["loss"] == pytest.approx(
+        cispo(0.5, 1.5, at["cispo_clipped"]), **tolerance)
+    assert forwards["cispo"]["loss"] != pytest.approx(forwards["cispo_clipped"]["loss"])
+    assert forwards["dro"]["loss"] == pytest.approx(dro(0.1, at["dro"]), **tolerance)
+    # forward_backward computes the same loss (dro at the SDK's default beta, 0.05) and trains
+    assert trained["trained"]["cispo"] == pytest.approx(forwards["cispo"]["loss"], **tolerance)
+    assert trained["trained"]["dro"] == pytest.approx(dro(0.05, at["dro"]), **tolerance)
+    # The custom loss falls; its reported value is the client's own, from the logprobs the
+    # trainer gave it.
+    losses = custom["custom_losses"]
+    assert len(losses) == 12 and losses[-1] < 0.7 * losses[0], losses
+    assert custom["custom_final"] < losses[-1]
 
 
 def test_saved_state_loads_back_with_and_without_the_optimizer_and_seeds_new_clients(

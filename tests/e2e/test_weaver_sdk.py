@@ -99,6 +99,27 @@ def test_full_fine_tuning_trains_every_weight_and_the_sampler_serves_them(
         assert job.version("latest").kind == "full"
 
 
+def test_custom_losses_cispo_dro_and_top_k_prompt_logprobs(
+        weaver_python: Path, stack: tuple[str, str, Path]) -> None:
+    custom, prompt, policy = run(weaver_python, "custom.py", stack)
+    # forward_backward_custom: the client's loss falls as the surrogate carries its gradient
+    losses = custom["custom_losses"]
+    assert len(losses) == 12 and losses[-1] < 0.7 * losses[0], losses
+    assert custom["custom_final"] < losses[-1]
+    # top-k prompt logprobs: nothing for the first token, then the 3 most likely, which
+    # bound the token's own logprob
+    top, own = prompt["prompt_top"], prompt["prompt_logprobs"]
+    assert top[0] is None and own[0] is None and len(top) == len(own) == 4
+    for row, logprob in zip(top[1:], own[1:], strict=True):
+        assert len(row) == 3 and row[0][1] >= row[1][1] >= row[2][1] >= -1e9
+        assert row[0][1] >= logprob - 1e-4
+    # cispo and dro on samples of the weights being trained: every ratio is 1 (no clip, no
+    # penalty), so both are the policy gradient's -sum(logprob * A), A = 1
+    expected = -sum(policy["logprobs"])
+    assert policy["cispo"] == pytest.approx(expected, abs=1e-2)
+    assert policy["dro"] == pytest.approx(expected, abs=1e-2)
+
+
 def test_saved_state_loads_back_with_and_without_the_optimizer_and_into_another_model(
         weaver_python: Path, stack: tuple[str, str, Path]) -> None:
     (seen,) = run(weaver_python, "checkpoints.py", stack)
@@ -143,7 +164,8 @@ def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
     wrong_targets = {**datum, "loss_fn_inputs": {"target_tokens": [9, 9, 9]}}
     cases = [
         ("post", f"models/{model}/forward-backward-passes",
-         passes(forward_backward_input={"loss_fn": "dro", "data": [datum]}), 422, "'dro'"),
+         passes(forward_backward_input={"loss_fn": "dpo", "data": [datum]}), 422,
+         "'dpo' is not served"),
         ("post", f"models/{model}/forward-backward-passes",
          passes(forward_backward_input={"loss_fn": "cross_entropy", "data": [wrong_targets]}),
          422, "shifted by one"),

@@ -147,6 +147,31 @@ async def test_prompt_logprobs_score_a_sample_as_the_sampler_did(
     assert (await sample(rollout))["prompt_logprobs"] is None  # only when asked
 
 
+async def test_top_logprobs_rank_the_most_likely_tokens_of_samples_and_prompts(
+        rollout: httpx.AsyncClient) -> None:
+    greedy = {"max_tokens": 6, "temperature": 0.0}
+    body = await sample(rollout, params=greedy, top_logprobs=4, prompt_top_logprobs=2)
+    (drawn,) = body["samples"]
+    assert len(drawn["top_logprobs"]) == len(drawn["token_ids"])
+    for token, logprob, row in zip(drawn["token_ids"], drawn["logprobs"], drawn["top_logprobs"],
+                                   strict=True):
+        ranked = [lp for _, lp in row]
+        assert len(row) == 4 and ranked == sorted(ranked, reverse=True)
+        assert row[0][0] == token and row[0][1] == pytest.approx(logprob, abs=1e-5)  # greedy
+    top, own = body["prompt_top_logprobs"], body["prompt_logprobs"]
+    assert len(top) == len(own) == len(PROMPT) and top[0] is None and own[0] is None
+    for (token, row), logprob in zip(zip(PROMPT[1:], top[1:], strict=True), own[1:],
+                                     strict=True):
+        assert len(row) == 2 and row[0][1] >= logprob - 1e-5
+        if token in (t for t, _ in row):  # a prompt token among the top two: its own logprob
+            assert dict(row)[token] == pytest.approx(logprob, abs=1e-5)
+    plain = await sample(rollout, params=greedy)
+    assert plain["samples"][0]["top_logprobs"] is None and plain["prompt_top_logprobs"] is None
+    too_many = await rollout.post("/v1/sample", json={"prompt_token_ids": PROMPT,
+                                                      "top_logprobs": 21})
+    assert too_many.status_code == 422 and "top_logprobs" in too_many.text
+
+
 async def test_seeded_samples_survive_more_prompt_tokens_than_one_engine_step(
         rollout: httpx.AsyncClient) -> None:
     """More queued prompt tokens than a step takes (2,048 on CPU): vLLM would split a prompt

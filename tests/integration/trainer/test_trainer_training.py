@@ -106,3 +106,42 @@ async def test_operations_execute_in_submission_order(
     assert [done[1]["result"]["step"], done[4]["result"]["step"]] == [1, 2]
     # The forward after step 1 and the one after step 2 see different weights.
     assert done[2]["result"]["logprobs"] != done[5]["result"]["logprobs"]
+
+
+@pytest.mark.parametrize("loss", [
+    {"name": "cispo"}, {"name": "dro", "dro_beta": 0.1}, {"name": "reinforce"},
+    {"name": "ppo", "kl_coef": 0.1},
+])
+async def test_forward_reports_the_loss_forward_backward_computes_and_its_logprobs(
+    trainer: TrainerHarness, arithmetic_data: list[dict[str, Any]], loss: dict[str, Any]
+) -> None:
+    """One trainer call per SDK pass: forward gives a loss's value without a gradient, and
+    forward_backward returns the logprobs its own forward computed."""
+    await trainer.create(JOB_LORA, "lora", lora=LORA)
+    plain = await trainer.run(JOB_LORA, "forward", {"data": arithmetic_data})
+    assert plain["loss"] is None
+    data = [{**d, "logprobs": [lp - 0.3 * (i % 3) for i, lp in enumerate(row)],
+             "advantages": [1.0 if n % 2 else -0.5] * len(row)}
+            for n, (d, row) in enumerate(zip(arithmetic_data, plain["logprobs"], strict=True))]
+    if loss["name"] == "reinforce":  # the only loss that reads no sampler logprobs
+        data = [{k: v for k, v in d.items() if k != "logprobs"} for d in data]
+    valued = await trainer.run(JOB_LORA, "forward", {"data": data, "loss": loss})
+    trained = await trainer.run(JOB_LORA, "forward_backward",
+                                {"data": data, "loss": loss, "return_logprobs": True})
+    assert valued["loss"] == pytest.approx(trained["loss"], rel=1e-5)
+    for row, again, back in zip(plain["logprobs"], valued["logprobs"], trained["logprobs"],
+                                strict=True):
+        assert again == pytest.approx(row, abs=1e-5) and back == pytest.approx(row, abs=1e-5)
+    stepped = await trainer.run(JOB_LORA, "optim_step", {"adam": {"lr": 1e-2}})
+    assert stepped["grad_norm"] > 0
+    without = await trainer.run(JOB_LORA, "forward_backward", {"data": data, "loss": loss})
+    assert without["logprobs"] is None
+
+
+async def test_a_forward_loss_over_no_loss_tokens_is_zero(
+    trainer: TrainerHarness, arithmetic_data: list[dict[str, Any]]
+) -> None:
+    await trainer.create(JOB_LORA, "lora", lora=LORA)
+    silent = [{**d, "loss_mask": [0.0] * len(d["loss_mask"])} for d in arithmetic_data]
+    valued = await trainer.run(JOB_LORA, "forward", {"data": silent, "loss": {}})
+    assert valued["loss"] == 0.0
