@@ -10,6 +10,7 @@ model, LoRA rank 8, CPU) on the same data. Writes bench/results/trainer_pass.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -51,7 +52,10 @@ def start_trainer(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def run(http: httpx.Client, action: str, body: dict[str, Any]) -> dict[str, Any]:
-    op = http.post(f"/v1/models/{JOB}/{action}", json=body).raise_for_status().json()
+    response = http.post(f"/v1/models/{JOB}/{action}", json=body)
+    if response.status_code >= 400:
+        raise RuntimeError(f"{action}: {response.status_code} {response.text}")
+    op = response.json()
     while True:
         op = http.get(f"/v1/operations/{op['id']}", params={"wait": 30}).json()
         if op["status"] == "succeeded":
@@ -83,7 +87,7 @@ def main() -> None:
             created = http.post("/v1/models", json={
                 "job_id": JOB, "base_model": str(model), "mode": "lora",
                 "lora": {"rank": 8, "alpha": 8.0}}).raise_for_status().json()
-            vocab = 400  # below the tiny model's vocabulary (at most 512)
+            vocab = json.loads((model / "config.json").read_text())["vocab_size"]
             data = batch(args.batch, args.tokens, vocab, seed=0)
             arms = {
                 "two calls": lambda: (run(http, "forward", {"data": data}),
