@@ -43,11 +43,14 @@ def loom_batch(data: list[TinkerDatum], loss_fn: str, config: dict[str, float]
     gradient (weights = -dL/dlogprob): Loom computes it as `CLIENT_LOSS`, the same value
     and gradient without the cross-entropy's rule that weights are not negative."""
     loss = builtin_loss(loss_fn, config)
-    if loss.name == LossName.cross_entropy and any(
-            (per_token(d, "weights", i, default=1.0) < 0).any() for i, d in enumerate(data)):
-        return [client_loss_datum(sequence(d, i), (-per_token(d, "weights", i)).tolist())
-                for i, d in enumerate(data)], CLIENT_LOSS
-    return [loom_datum(d, loss, i) for i, d in enumerate(data)], loss
+    if loss.name != LossName.cross_entropy:
+        return [policy_datum(d, loss, i) for i, d in enumerate(data)], loss
+    weights = [per_token(d, "weights", i, default=1.0) for i, d in enumerate(data)]
+    if any((w < 0).any() for w in weights):
+        return [client_loss_datum(sequence(d, i), (-w).tolist())
+                for i, (d, w) in enumerate(zip(data, weights, strict=True))], CLIENT_LOSS
+    return [Datum(input_ids=sequence(d, i), loss_mask=[0.0, *w])
+            for i, (d, w) in enumerate(zip(data, weights, strict=True))], loss
 
 
 def sequence(datum: TinkerDatum, index: int) -> list[int]:
@@ -64,12 +67,11 @@ def sequence(datum: TinkerDatum, index: int) -> list[int]:
     return [int(t) for t in datum.tokens] + [int(targets[-1])]
 
 
-def loom_datum(datum: TinkerDatum, loss: LossConfig, index: int) -> Datum:
-    ids = sequence(datum, index)
-    if loss.name == LossName.cross_entropy:
-        return Datum(input_ids=ids, loss_mask=[0.0, *per_token(datum, "weights", index, 1.0)])
+def policy_datum(datum: TinkerDatum, loss: LossConfig, index: int) -> Datum:
+    """Tinker's policy losses weigh every target alike (no `weights`)."""
     inputs = {name: [0.0, *per_token(datum, name, index)] for name in LOSS_INPUTS[loss.name]}
-    return Datum(input_ids=ids, loss_mask=[0.0] + [1.0] * len(datum.tokens), **inputs)
+    return Datum(input_ids=sequence(datum, index),
+                 loss_mask=[0.0] + [1.0] * len(datum.tokens), **inputs)
 
 
 def per_token(datum: TinkerDatum, name: str, index: int, default: float | None = None

@@ -143,13 +143,12 @@ class Sampler:
                               for entry in completion.logprobs or []]
                 if request.top_logprobs else None,
             ))
-        prompt_entries = output.prompt_logprobs or []
         return SampleResponse(
             job_id=request.job_id, version=version, prompt_token_ids=prompt_ids,
             samples=samples,
             prompt_logprobs=scored_prompt(prompt_ids, output) if scored else None,
             prompt_top_logprobs=[ranked(entry, request.prompt_top_logprobs)
-                                 for entry in prompt_entries]
+                                 for entry in output.prompt_logprobs or []]
             if request.prompt_top_logprobs else None)
 
     async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, int | None]:
