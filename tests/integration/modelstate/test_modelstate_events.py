@@ -122,10 +122,14 @@ async def test_events_endpoint_speaks_server_sent_events(
             "GET", "/v1/events", headers={"Last-Event-ID": "0"}
         ) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
-            async for line in response.aiter_lines():
-                lines.append(line)
-                if line.startswith(": ping"):
-                    break
+            # Read until the replayed version and a heartbeat have both come: on a busy
+            # machine the first heartbeat (every 0.5 s here) may precede the replay.
+            async with asyncio.timeout(30):
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if any(x.startswith(": ping") for x in lines) and any(
+                            x.startswith("data: ") for x in lines):
+                        break
         assert f"id: {version.id}" in lines and "event: version" in lines
         data = next(line for line in lines if line.startswith("data: "))
         assert Version.model_validate_json(data.removeprefix("data: ")) == version
