@@ -97,11 +97,20 @@ def start_publisher(store: Store, scratch: Path, first_step: int) -> subprocess.
 def wait_for_upload_in_progress(store: Store, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(p.name.startswith("blob-") and p.stat().st_size > 0
+        if any(p.name.startswith("blob-") and staged_bytes(p) > 0
                for p in (store.blob_dir / "tmp").iterdir()):
             return
         time.sleep(0.01)
     raise AssertionError("no upload started")
+
+
+def staged_bytes(path: Path) -> int:
+    """A staged blob's size; 0 once it is gone (committed by rename between the listing
+    and this look)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def sha256_of(path: Path) -> str:
