@@ -1,8 +1,10 @@
 """The sandbox agent: a long-lived process that runs one program at a time, for both backends.
 
-Forking a warm agent costs far less than starting an interpreter to set each sandbox up, and
-keeping the set-up in one place means both backends isolate, limit, stop and clean up the same
-way. The agent reads one JSON request per line on stdin and answers one JSON line on stdout:
+Keeping the set-up in one place means both backends isolate, limit, stop and clean up the same
+way. Programs are forked by the agent's launcher (launcher.py, a warm interpreter whose source
+is the agent's first argument), which sets each one up. The agent feeds the program, collects
+its output, enforces its timeout and cleans up after it. It reads one JSON request per line on
+stdin and answers one JSON line on stdout:
 
     request:  {"language", "code", "stdin", "timeout_s", "max_output_bytes", "overflow_bytes",
                "uid", "python", "limits": {"RLIMIT_X": [soft, hard]}, "files", "collect",
@@ -18,7 +20,8 @@ way. The agent reads one JSON request per line on stdin and answers one JSON lin
   program.
 - process backend: a child of the service (`private_mounts_mb` set). Each program gets new
   network and mount namespaces with a fresh tmpfs on every world-writable directory, its
-  workdir inside the private /tmp: all of it vanishes with the program.
+  workdir inside the private /tmp: all of it vanishes with the program. A session's workdir,
+  or one with files to collect, is a host directory the agent makes and removes.
 
 After each program the agent kills every process of `uid` (or, without one, the program's
 process group) and reaps what it inherited as a subreaper; `clean` is false when that failed
@@ -31,10 +34,10 @@ import contextlib
 import ctypes
 import json
 import os
-import resource
 import select
 import shutil
 import signal
+import socket
 import stat
 import sys
 import tempfile
@@ -43,112 +46,93 @@ import time
 CHUNK = 65536
 TAIL_BYTES = 4096
 PIPE_GRACE_S = 1.0
-START_FAILED_EXIT = 125
+START_FAILED_EXIT = 125  # and MESSAGE_PREFIX: as launcher.py says them
 MESSAGE_PREFIX = "loom-sandbox:"
 CONTAINER_WORKDIRS = ("/work", "/tmp")
-# World-writable on a usual host: the process backend gives each program its own.
-SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-PRIVATE_WORKDIR = "/tmp/work"
+LAUNCHER_FD = 3  # the launcher's end of its socket to the agent
+LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+# What the forked program reads of its request; the agent keeps the rest.
+PROGRAM_KEYS = ("language", "code", "files", "limits", "uid", "private_mounts_mb")
 
-# language -> (file the code is written to, command line)
-# -E -s rather than -I: the workdir stays on sys.path, so programs import the files they bring.
-PROGRAMS = {"python": ("main.py", ["{python}", "-E", "-s", "main.py"]),
-            "bash": ("main.sh", ["/bin/bash", "main.sh"])}
-
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 libc = ctypes.CDLL(None, use_errno=True)
 
 
-class SetupError(Exception):
+class LauncherFailed(Exception):
     pass
 
 
-def _check(result, what):
-    if result != 0:
-        raise SetupError(f"{what}: {os.strerror(ctypes.get_errno())}")
+class Launcher:
+    """The warm interpreter (launcher.py) that forks programs, started with `python` as root."""
+
+    def __init__(self, python, source):
+        self.python = python
+        self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the agent
+                os.dup2(theirs.fileno(), LAUNCHER_FD)
+                os.set_inheritable(LAUNCHER_FD, True)
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, 0)  # the agent's own protocol stays the agent's
+                os.dup2(null, 1)
+                os.closerange(LAUNCHER_FD + 1, 65536)
+                os.chdir("/")
+                os.execve(python, [python, "-E", "-s", "-c", source], LAUNCHER_ENV)
+            finally:
+                os._exit(127)
+        theirs.close()
+        try:
+            self._receive()  # "ready": the interpreter started
+        except (OSError, RuntimeError) as exc:
+            self.close()
+            raise LauncherFailed(f"cannot start the interpreter {python}") from exc
+
+    def spawn(self, fds):
+        """Fork a program that reads its request from fds[0]; its pid."""
+        socket.send_fds(self.socket, [b"run"], fds)
+        return int(self._receive())
+
+    def report(self):
+        """(wait status, CPU seconds) of the program, once it has exited."""
+        status, cpu_s = self._receive().split()
+        return int(status), float(cpu_s)
+
+    def fileno(self):
+        return self.socket.fileno()
+
+    def _receive(self):
+        message = self.socket.recv(64)
+        if not message:
+            raise RuntimeError(f"the launcher ({self.python}) exited")
+        return message
+
+    def close(self):
+        self.socket.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):  # reaped already, with the orphans
+            os.waitpid(self.pid, 0)
 
 
-def _as_user(uid):
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-
-
-def _private_namespaces(size_mb, host_workdir, uid):
-    """New network namespace (only a loopback that is down) and mount namespace with fresh
-    tmpfs mounts; root creates them directly, other users inside a user namespace. A host
-    workdir, when there is one (a session, or files to collect afterwards), is bound in at
-    PRIVATE_WORKDIR; otherwise the workdir lives in the private /tmp and vanishes with it."""
-    if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
-        _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS),
-               "cannot isolate network and mounts (unshare)")
-    _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-    # Opened in the new namespace (a bind source must be) and before /tmp is covered.
-    workdir_fd = host_workdir and os.open(host_workdir, os.O_PATH | os.O_DIRECTORY)
-    options = f"size={size_mb}m,mode=1777".encode()
-    for directory in SHARED_WRITABLE_DIRS:
-        if os.path.isdir(directory):
-            _check(libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                              options), f"mount tmpfs on {directory}")
-    os.mkdir(PRIVATE_WORKDIR, 0o700)
-    if workdir_fd:
-        _check(libc.mount(f"/proc/self/fd/{workdir_fd}".encode(), PRIVATE_WORKDIR.encode(),
-                          None, MS_BIND, None), "bind the workdir")
-        os.close(workdir_fd)
-    elif uid is not None:
-        os.chown(PRIVATE_WORKDIR, uid, uid)
-    return PRIVATE_WORKDIR
-
-
-def _start(request, host_workdir):
-    """Fork the program: its own session, isolation, the sandbox uid, its files, rlimits, fresh
-    pipes."""
+def _start(request, host_workdir, launcher):
+    """A program forked by the launcher, with fresh pipes; the launcher reports its exit."""
+    request_r, request_w = os.pipe()
     stdin_r, stdin_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            # When memory runs out, the kernel kills the program, not the agent.
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-            uid, size_mb = request["uid"], request["private_mounts_mb"]
-            workdir = (_private_namespaces(size_mb, host_workdir, uid) if size_mb
-                       else CONTAINER_WORKDIRS[0])
-            if uid is not None:
-                _as_user(uid)
-            _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
-            os.chdir(workdir)
-            program, argv = PROGRAMS[request["language"]]
-            with open(program, "w", encoding="utf-8") as fh:
-                fh.write(request["code"])
-            for item in request["files"]:
-                if os.path.dirname(item["path"]):
-                    os.makedirs(os.path.dirname(item["path"]), exist_ok=True)
-                with open(item["path"], "wb") as fh:
-                    fh.write(base64.b64decode(item["data"]))
-            for name, (soft, hard) in request["limits"].items():
-                resource.setrlimit(getattr(resource, name), (soft, hard))
-            os.dup2(stdin_r, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.closerange(3, 65536)
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": "/tmp",
-                   "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                   "MKL_NUM_THREADS": "1"}
-            argv = [request["python"] or sys.executable if a == "{python}" else a for a in argv]
-            os.execve(argv[0], argv, env)
-        except BaseException as exc:  # noqa: BLE001 - the child must never return
-            with contextlib.suppress(OSError):
-                os.write(err_w, f"{MESSAGE_PREFIX} {exc}\n".encode())
-        os._exit(START_FAILED_EXIT)
-    for fd in (stdin_r, out_w, err_w):
-        os.close(fd)
+    theirs = (request_r, stdin_r, out_w, err_w)
+    try:
+        pid = launcher.spawn(theirs)
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    program = {key: request[key] for key in PROGRAM_KEYS}
+    program["host_workdir"] = host_workdir
+    with contextlib.suppress(BrokenPipeError), open(request_w, "wb") as fh:
+        fh.write(json.dumps(program).encode())  # a program that could not start stops reading
     return pid, stdin_w, out_r, err_r
 
 
@@ -167,11 +151,10 @@ class _Stream:
         self.tail = (self.tail + chunk)[-TAIL_BYTES:]
 
 
-def _run(request, host_workdir):
+def _run(request, host_workdir, launcher):
     started = time.monotonic()
     deadline = started + request["timeout_s"]
-    pid, stdin_w, out_r, err_r = _start(request, host_workdir)
-    pidfd = os.pidfd_open(pid)  # readable once the program exits
+    pid, stdin_w, out_r, err_r = _start(request, host_workdir, launcher)
     out, err = _Stream(request["max_output_bytes"]), _Stream(request["max_output_bytes"])
     open_streams = {out_r: out, err_r: err}
     data = request["stdin"].encode()
@@ -190,13 +173,12 @@ def _run(request, host_workdir):
         # Once the program is gone, its descendants may still hold its pipes: drain briefly.
         if exited is not None and (not open_streams or now >= drain_until):
             break
-        readers = list(open_streams) + ([pidfd] if exited is None else [])
+        readers = list(open_streams) + ([launcher] if exited is None else [])
         writers = [stdin_w] if stdin_w is not None else []
         until = deadline if exited is None else drain_until
         readable, writable, _ = select.select(readers, writers, [], max(until - now, 0))
-        if pidfd in readable:
-            _, status, usage = os.wait4(pid, 0)
-            exited, drain_until = (status, usage), time.monotonic() + PIPE_GRACE_S
+        if launcher in readable:
+            exited, drain_until = launcher.report(), time.monotonic() + PIPE_GRACE_S
         for fd in readable:
             if fd in open_streams:
                 chunk = os.read(fd, CHUNK)
@@ -217,20 +199,19 @@ def _run(request, host_workdir):
             break
     clean = _stop_everything(request["uid"], pid)
     if exited is None:
-        _, status, usage = os.wait4(pid, 0)
-        exited = (status, usage)
+        exited = launcher.report()
     wall = time.monotonic() - started
-    for fd in (stdin_w, out_r, err_r, pidfd):
+    for fd in (stdin_w, out_r, err_r):
         if fd is not None:
             os.close(fd)
-    status, usage = exited
+    status, cpu_s = exited
     return {
         "wait_status": status, "reason": reason,
         "stdout": out.head.decode("utf-8", "replace"),
         "stderr": err.head.decode("utf-8", "replace"),
         "stdout_truncated": out.total > out.limit, "stderr_truncated": err.total > err.limit,
         "stderr_tail": err.tail.decode("utf-8", "replace"),
-        "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "clean": clean,
+        "wall_s": wall, "cpu_s": cpu_s, "clean": clean,
     }
 
 
@@ -394,10 +375,12 @@ def _host_workdir(uid):
 
 
 def main():
+    launcher_source = sys.argv[1]
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a program that stops reading stdin: EPIPE
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the service
     session_workdir = None  # an agent serving a session keeps its workdir between programs
+    launcher = None
     for line in sys.stdin:
         request = json.loads(line)
         private = bool(request["private_mounts_mb"])
@@ -405,6 +388,16 @@ def main():
             if session_workdir:
                 _remove_tree(session_workdir)
             break
+        python = request["python"] or sys.executable
+        if launcher is None or launcher.python != python:
+            if launcher is not None:
+                launcher.close()
+                launcher = None
+            try:
+                launcher = Launcher(python, launcher_source)
+            except LauncherFailed as exc:
+                _answer(_start_failure(str(exc)))
+                continue
         keep = request["keep_workdir"]
         if private and (keep or request["collect"]):
             workdir = session_workdir or _host_workdir(request["uid"])
@@ -414,7 +407,7 @@ def main():
         else:
             workdir = CONTAINER_WORKDIRS[0]
         try:
-            response = _run(request, workdir)
+            response = _run(request, workdir, launcher)
             response["files"] = _collect(request["uid"], workdir, request["collect"],
                                          request["max_collect_bytes"])
         finally:
@@ -423,8 +416,20 @@ def main():
         if response["clean"] and not private and not keep:
             response["clean"] = _empty_container_workdirs(request["uid"])
         _reap_orphans()
-        sys.stdout.write(json.dumps(response) + "\n")
-        sys.stdout.flush()
+        _answer(response)
+
+
+def _answer(response):
+    sys.stdout.write(json.dumps(response) + "\n")
+    sys.stdout.flush()
+
+
+def _start_failure(message):
+    """The answer for a program that could not start, as a failed launch reports it."""
+    return {"wait_status": START_FAILED_EXIT << 8, "reason": None, "stdout": "",
+            "stderr": f"{MESSAGE_PREFIX} {message}\n", "stdout_truncated": False,
+            "stderr_truncated": False, "stderr_tail": "", "wall_s": 0.0, "cpu_s": 0.0,
+            "clean": True, "files": []}
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import InvalidInput, Unavailable
-from services.sandbox.agent import MESSAGE_PREFIX, START_FAILED_EXIT
+from services.sandbox.launcher import MESSAGE_PREFIX, START_FAILED_EXIT
 from services.sandbox.outcome import classify, rlimits
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, ExecutionStatus, FileOut
 from services.sandbox.settings import SandboxSettings
@@ -31,6 +31,7 @@ from services.sandbox.settings import SandboxSettings
 log = logging.getLogger(__name__)
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
+LAUNCHER_PATH = Path(__file__).with_name("launcher.py")
 PROBE_CODE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 # Beyond a program's own timeout: the agent's pipe drain and clean-up.
 AGENT_GRACE_S = 5.0
@@ -47,6 +48,11 @@ class Outcome:
 
 class AgentLost(Exception):
     """The agent died or stopped answering."""
+
+
+def agent_command(python: str) -> list[str]:
+    """The agent's command line: its source and its launcher's, so it needs no files."""
+    return [python, "-I", "-S", "-c", AGENT_PATH.read_text(), LAUNCHER_PATH.read_text()]
 
 
 class Agent(ABC):
@@ -198,7 +204,11 @@ class AgentBackend(ABC):
         self._check(request)
         pool = self._idle[self._image_for(request.image)]
         agent = await pool.get()
-        outcome = await self._run_on(agent, request, keep_workdir=False)
+        try:
+            outcome = await self._run_on(agent, request, keep_workdir=False)
+        except Exception:
+            pool.put_nowait(agent)  # the program could not start; the agent answered and is reset
+            raise
         if outcome.lost or not outcome.clean or agent.uses >= self.settings.sandbox_max_uses:
             self._replace(agent)
         else:

@@ -18,7 +18,7 @@ import docker
 import docker.errors
 
 from services.common.errors import InvalidInput
-from services.sandbox.agents import AGENT_PATH, Agent, AgentBackend, AgentLost
+from services.sandbox.agents import Agent, AgentBackend, AgentLost, agent_command
 from services.sandbox.outcome import MIB
 from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
 from services.sandbox.settings import SandboxSettings
@@ -108,7 +108,7 @@ class DockerBackend(AgentBackend):
         tmpfs = f"size={settings.sandbox_tmp_mb}m,uid={uid},gid={uid},mode=0700"
         container = self._client.containers.create(
             image,
-            command=["python3", "-I", "-S", "-c", AGENT_PATH.read_text()],
+            command=agent_command("python3"),
             user="0:0",
             stdin_open=True,
             init=True,

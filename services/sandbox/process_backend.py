@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
-from services.sandbox.agents import AGENT_PATH, Agent, AgentBackend, AgentLost
+from services.sandbox.agents import Agent, AgentBackend, AgentLost, agent_command
 from services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ class LocalAgent(Agent):
         super().__init__(slot, uid)
         # Root, like the service: it forks programs and drops them to the slot's uid.
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(AGENT_PATH)],
+            agent_command(sys.executable),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True,

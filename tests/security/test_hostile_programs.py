@@ -4,7 +4,9 @@ execution works, and no process, container or file is left behind."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -12,8 +14,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from services.sandbox.agent import SHARED_WRITABLE_DIRS
 from services.sandbox.docker_backend import POOL_LABEL
+from services.sandbox.launcher import SHARED_WRITABLE_DIRS
 from services.sandbox.schemas import ExecuteResponse
 from tests.security.conftest import Bait, Sandbox
 from tests.security.hostile import PROGRAMS, Hostile
@@ -141,3 +143,58 @@ except OSError as exc:
         assert collected.content is None, collected
         assert collected.error is not None
     assert {f.path: f.error for f in result.files}["to_secret"] == "a symbolic link (not followed)"
+
+
+# Prints the sha256 of every SECRET-<32 hex> token anywhere in the program's own memory.
+MEMORY_SCAN = r"""
+import ctypes, hashlib, re, sys
+token = sys.stdin.read()  # the program's own secret: proves the scan finds what is there
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: its /proc files become its own
+found = set()
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    regions = [line.split()[:2] for line in maps]
+    for span, perms in regions:
+        if not perms.startswith("r"):
+            continue
+        start, end = (int(x, 16) for x in span.split("-"))
+        try:
+            mem.seek(start)
+            chunk = mem.read(end - start)
+        except (OSError, ValueError, OverflowError):
+            continue
+        for match in re.finditer(rb"SECRET-[0-9a-f]{32}", chunk):
+            found.add(hashlib.sha256(match.group()).hexdigest())
+print(" ".join(sorted(found)))
+"""
+
+
+async def test_a_program_inherits_nothing_from_an_earlier_one(sandbox: Sandbox) -> None:
+    """Programs are forked from a warm launcher: it must hold none of their data or state."""
+    earlier = "SECRET-" + secrets.token_hex(16)
+    leaves_state = (
+        "import sys, os, builtins, json, fractions\n"
+        "token = sys.stdin.read(); kept = [token * 3]\n"
+        "json.poisoned = builtins.poisoned = token; os.environ['POISONED'] = token\n"
+        "sys.path.append('/poisoned')\n"
+        "print(len(token))\n")
+    # Twice: both of the pool's agents have run it before the scans below.
+    for _ in range(2):
+        result = await _execute(sandbox, leaves_state, stdin=earlier)
+        assert result.stdout == f"{len(earlier)}\n", result.stderr
+    checks = (
+        "import sys, os, builtins, json\n"
+        "print(hasattr(json, 'poisoned'), hasattr(builtins, 'poisoned'),\n"
+        "      'POISONED' in os.environ, 'fractions' in sys.modules, '/poisoned' in sys.path)\n")
+    for _ in range(2):
+        result = await _execute(sandbox, checks)
+        assert result.stdout == "False False False False False\n", result.stderr
+        own = "SECRET-" + secrets.token_hex(16)
+        scan = await _execute(sandbox, MEMORY_SCAN, stdin=own, timeout_s=60, memory_mb=512)
+        assert scan.status.value == "ok", scan.stderr
+        found = scan.stdout.split()
+        assert _sha256(own) in found  # the scan works
+        assert _sha256(earlier) not in found
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

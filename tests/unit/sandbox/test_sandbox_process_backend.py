@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from services.sandbox import agent, launcher
 from services.sandbox.process_backend import ProcessBackend
 from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
 from services.sandbox.settings import SandboxSettings
@@ -54,7 +55,50 @@ async def test_exception_gives_error_with_traceback(backend: ProcessBackend) -> 
     assert result.exit_code == 1
     assert "Traceback (most recent call last)" in result.stderr
     assert "ZeroDivisionError" in result.stderr
-    assert "agent" not in result.stderr  # the user's traceback only
+    # The user's traceback only: none of the agent's or the launcher's frames.
+    assert result.stderr.startswith(
+        'Traceback (most recent call last):\n  File "/tmp/work/main.py"')
+    assert "<string>" not in result.stderr and "agent" not in result.stderr
+
+
+async def test_a_program_sees_the_interpreter_a_script_gets(backend: ProcessBackend) -> None:
+    """Forked from a warm launcher, a program still looks like `python -E -s main.py`."""
+    code = ("import os, sys, __main__\n"
+            "print(sys.argv, __name__, __file__, sys.path[0], os.getcwd())\n"
+            "print(sys.orig_argv[1:], sys.flags.ignore_environment, sys.flags.no_user_site,\n"
+            "      sys.flags.no_site, __main__.__dict__ is globals())\n"
+            "print(sorted(os.environ))\n")
+    result = await backend.execute(ExecuteRequest(code=code))
+    assert result.stdout.splitlines() == [
+        "['main.py'] __main__ /tmp/work/main.py /tmp/work /tmp/work",
+        "['-E', '-s', 'main.py'] 1 1 0 True",
+        "['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'PATH', "
+        "'TMPDIR']"], result.stderr
+
+
+async def test_a_syntax_error_is_reported_as_python_reports_it(backend: ProcessBackend) -> None:
+    result = await backend.execute(ExecuteRequest(code="x = 1\nprint(x +)\n"))
+    assert (result.status, result.exit_code) == (ExecutionStatus.error, 1)
+    assert result.stderr.startswith('  File "/tmp/work/main.py", line 2\n'), result.stderr
+    assert result.stderr.rstrip().endswith("SyntaxError: invalid syntax")
+
+
+async def test_sys_exit_with_a_message(backend: ProcessBackend) -> None:
+    result = await backend.execute(ExecuteRequest(code="import sys; sys.exit('bad input')"))
+    assert (result.exit_code, result.stderr) == (1, "bad input\n")
+
+
+async def test_the_interpreter_exits_as_usual(backend: ProcessBackend) -> None:
+    """Threads are joined, atexit runs and files left open are flushed at the end."""
+    code = ("import atexit, threading, time\n"
+            "left_open = open('out.txt', 'w'); left_open.write('flushed at exit')\n"
+            "atexit.register(lambda: print('atexit'))\n"
+            "def late():\n    time.sleep(0.2); print('thread')\n"
+            "threading.Thread(target=late).start()\n"
+            "print('main')\n")
+    result = await backend.execute(ExecuteRequest(code=code, collect=["out.txt"]))
+    assert result.stdout == "main\nthread\natexit\n", result.stderr
+    assert result.files[0].data() == b"flushed at exit"
 
 
 async def test_infinite_loop_times_out_and_its_process_group_is_killed(
@@ -196,3 +240,16 @@ async def test_concurrency_is_limited_by_settings() -> None:
     results = await asyncio.gather(*(backend.execute(request) for _ in range(4)))
     assert all(r.status is ExecutionStatus.ok for r in results)
     assert time.monotonic() - started >= 1.2  # two waves of two
+
+
+async def test_an_interpreter_that_cannot_start_is_named_at_start_up(tmp_path: Path) -> None:
+    backend = ProcessBackend(SandboxSettings(sandbox_max_concurrency=1,
+                                             sandbox_python=str(tmp_path / "python3")))
+    with pytest.raises(RuntimeError, match="cannot start the interpreter .*python3"):
+        await backend.start()
+
+
+def test_the_agent_reports_start_failures_as_the_launcher_does() -> None:
+    # Both run from source alone, so each spells these out; the service reads either.
+    assert (agent.START_FAILED_EXIT, agent.MESSAGE_PREFIX) == (
+        launcher.START_FAILED_EXIT, launcher.MESSAGE_PREFIX)
