@@ -12,7 +12,8 @@ stdin and answers one JSON line on stdout:
                mounts, "keep_workdir": a session's files stay for its next program}
               or {"op": "close", ...}: remove the session's workdir and exit
     response: {"wait_status", "reason", "stdout", "stderr", "stdout_truncated",
-               "stderr_truncated", "stderr_tail", "wall_s", "cpu_s", "clean"}
+               "stderr_truncated", "stderr_tail", "wall_s", "cpu_s", "clean", "files",
+               "start_failure": null | {"kind": "input" | "sandbox", "message"}}
 
 - docker backend: the container's command, as root with only CAP_SETUID and CAP_SETGID, so
   programs (started as the unprivileged `uid`, with no capabilities) cannot signal, trace or
@@ -46,8 +47,6 @@ import time
 CHUNK = 65536
 TAIL_BYTES = 4096
 PIPE_GRACE_S = 1.0
-START_FAILED_EXIT = 125  # and MESSAGE_PREFIX: as launcher.py says them
-MESSAGE_PREFIX = "loom-sandbox:"
 CONTAINER_WORKDIRS = ("/work", "/tmp")
 LAUNCHER_FD = 3  # the launcher's end of its socket to the agent
 LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -123,7 +122,8 @@ def _start(request, host_workdir, launcher):
     stdin_r, stdin_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    theirs = (request_r, stdin_r, out_w, err_w)
+    status_r, status_w = os.pipe()
+    theirs = (request_r, stdin_r, out_w, err_w, status_w)
     try:
         pid = launcher.spawn(theirs)
     finally:
@@ -133,7 +133,14 @@ def _start(request, host_workdir, launcher):
     program["host_workdir"] = host_workdir
     with contextlib.suppress(BrokenPipeError), open(request_w, "wb") as fh:
         fh.write(json.dumps(program).encode())  # a program that could not start stops reading
-    return pid, stdin_w, out_r, err_r
+    return pid, stdin_w, out_r, err_r, status_r
+
+
+def _start_failure_of(status_r):
+    """What the child wrote to its status pipe: empty (it started) unless it failed to."""
+    written = os.read(status_r, CHUNK)
+    os.close(status_r)
+    return json.loads(written) if written else None
 
 
 class _Stream:
@@ -154,7 +161,7 @@ class _Stream:
 def _run(request, host_workdir, launcher):
     started = time.monotonic()
     deadline = started + request["timeout_s"]
-    pid, stdin_w, out_r, err_r = _start(request, host_workdir, launcher)
+    pid, stdin_w, out_r, err_r, status_r = _start(request, host_workdir, launcher)
     out, err = _Stream(request["max_output_bytes"]), _Stream(request["max_output_bytes"])
     open_streams = {out_r: out, err_r: err}
     data = request["stdin"].encode()
@@ -212,6 +219,7 @@ def _run(request, host_workdir, launcher):
         "stdout_truncated": out.total > out.limit, "stderr_truncated": err.total > err.limit,
         "stderr_tail": err.tail.decode("utf-8", "replace"),
         "wall_s": wall, "cpu_s": cpu_s, "clean": clean,
+        "start_failure": _start_failure_of(status_r),
     }
 
 
@@ -425,11 +433,11 @@ def _answer(response):
 
 
 def _start_failure(message):
-    """The answer for a program that could not start, as a failed launch reports it."""
-    return {"wait_status": START_FAILED_EXIT << 8, "reason": None, "stdout": "",
-            "stderr": f"{MESSAGE_PREFIX} {message}\n", "stdout_truncated": False,
-            "stderr_truncated": False, "stderr_tail": "", "wall_s": 0.0, "cpu_s": 0.0,
-            "clean": True, "files": []}
+    """The answer for a program that could not start because its interpreter did not."""
+    return {"wait_status": 0, "reason": None, "stdout": "", "stderr": "",
+            "stdout_truncated": False, "stderr_truncated": False, "stderr_tail": "",
+            "wall_s": 0.0, "cpu_s": 0.0, "clean": True, "files": [],
+            "start_failure": {"kind": "sandbox", "message": message}}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import base64
 import contextlib
 import json
 import logging
-import os
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import InvalidInput, Unavailable
-from services.sandbox.launcher import MESSAGE_PREFIX, START_FAILED_EXIT
 from services.sandbox.outcome import classify, rlimits
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, ExecutionStatus, FileOut
 from services.sandbox.settings import SandboxSettings
@@ -206,8 +204,11 @@ class AgentBackend(ABC):
         agent = await pool.get()
         try:
             outcome = await self._run_on(agent, request, keep_workdir=False)
-        except Exception:
+        except (InvalidInput, Unavailable):
             pool.put_nowait(agent)  # the program could not start; the agent answered and is reset
+            raise
+        except BaseException:
+            self._replace(agent)  # cancelled or confused mid-program: never reuse it
             raise
         if outcome.lost or not outcome.clean or agent.uses >= self.settings.sandbox_max_uses:
             self._replace(agent)
@@ -315,10 +316,11 @@ class AgentBackend(ABC):
 
 
 def _response(reply: dict[str, Any]) -> ExecuteResponse:
-    wait_status = reply["wait_status"]
-    if (os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == START_FAILED_EXIT
-            and reply["stderr"].startswith(MESSAGE_PREFIX)):
-        raise Unavailable(f"the sandbox could not start the program: {reply['stderr'].strip()}")
+    failure = reply["start_failure"]
+    if failure is not None:
+        if failure["kind"] == "input":
+            raise InvalidInput(failure["message"])
+        raise Unavailable(f"the sandbox could not start the program: {failure['message']}")
     status, exit_code, signal_number = classify(reply["wait_status"], reply["reason"],
                                                 reply["stderr_tail"])
     return ExecuteResponse(

@@ -9,9 +9,11 @@ the memory every later program inherits holds nothing of an earlier one.
 
 Started by the agent as root, from source on the command line:
     python -E -s -c <this source>      fd 3: a SOCK_SEQPACKET socket to the agent
-Per program the agent sends b"run" with four descriptors (request pipe, stdin, stdout, stderr);
-the launcher answers the child's pid, then "<wait status> <cpu seconds>" once it has exited.
-Standard library only, like the agent.
+Per program the agent sends b"run" with five descriptors: the request pipe, stdin, stdout,
+stderr and a status pipe. The launcher answers the child's pid, then "<wait status> <cpu
+seconds>" once it has exited. A child that cannot start writes {"kind": "input" | "sandbox",
+"message"} to the status pipe; the program never holds that pipe, so it cannot pass itself off
+as a failed start. Standard library only, like the agent.
 """
 
 import base64
@@ -28,7 +30,6 @@ import sys
 import types
 
 START_FAILED_EXIT = 125
-MESSAGE_PREFIX = "loom-sandbox:"
 CONTAINER_WORKDIR = "/work"
 # World-writable on a usual host: the process backend gives each program its own.
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -49,7 +50,11 @@ libc = ctypes.CDLL(None, use_errno=True)
 
 
 class SetupError(Exception):
-    pass
+    """The sandbox could not set the program up."""
+
+
+class InputError(Exception):
+    """The request's files cannot be written as asked."""
 
 
 def _check(result, what):
@@ -97,7 +102,7 @@ def _read_request(fd):
     return json.loads(b"".join(chunks))
 
 
-def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd):
+def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd, status_fd):
     """In the forked child, as root: everything but the program itself. Returns the language
     and the script."""
     for fd, target in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2)):
@@ -123,13 +128,20 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd):
     with open(script, "w", encoding="utf-8") as fh:
         fh.write(request["code"])
     for item in request["files"]:
-        if os.path.dirname(item["path"]):
-            os.makedirs(os.path.dirname(item["path"]), exist_ok=True)
-        with open(item["path"], "wb") as fh:
-            fh.write(base64.b64decode(item["data"]))
+        try:
+            if os.path.dirname(item["path"]):
+                os.makedirs(os.path.dirname(item["path"]), exist_ok=True)
+            with open(item["path"], "wb") as fh:
+                fh.write(base64.b64decode(item["data"]))
+        except OSError as exc:
+            raise InputError(f"the file {item['path']!r} cannot be written in the workdir: "
+                             f"{exc.strerror}"
+                             ) from exc
     for name, (soft, hard) in request["limits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    os.closerange(3, 65536)
+    os.closerange(3, status_fd)
+    os.closerange(status_fd + 1, 65536)
+    os.set_inheritable(status_fd, False)  # closed by a successful exec, kept by a failed one
     os.environ.clear()
     os.environ.update(PROGRAM_ENV, HOME=workdir)
     return request["language"], os.path.abspath(script)
@@ -137,14 +149,17 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd):
 
 def _launch(fds):
     """The forked child: set up, then become the program. Never returns."""
+    status_fd = fds[4]
     try:
         language, script = _set_up(*fds)
         if language == "bash":
             os.execve("/bin/bash", ["/bin/bash", script], dict(os.environ))
     except BaseException as exc:  # noqa: BLE001 - a child that failed to start must not return
-        with contextlib.suppress(OSError):  # stderr is the program's pipe once the request is read
-            os.write(2, f"{MESSAGE_PREFIX} {exc}\n".encode())
+        kind = "input" if isinstance(exc, InputError) else "sandbox"
+        with contextlib.suppress(OSError):
+            os.write(status_fd, json.dumps({"kind": kind, "message": str(exc)}).encode())
         os._exit(START_FAILED_EXIT)
+    os.close(status_fd)
     _run_python(script)
     raise SystemExit  # the program's end: the interpreter's own exit, never back to serve()
 
@@ -178,7 +193,7 @@ LAUNCHER_FILENAME = _program_excepthook.__code__.co_filename  # "<string>" when 
 def serve(agent):
     agent.send(b"ready")
     while True:
-        message, fds, _, _ = socket.recv_fds(agent, 16, 4)
+        message, fds, _, _ = socket.recv_fds(agent, 16, 5)
         if not message:
             return  # the agent is gone
         pid = os.fork()

@@ -198,3 +198,21 @@ async def test_a_program_inherits_nothing_from_an_earlier_one(sandbox: Sandbox) 
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def test_a_program_cannot_pass_itself_off_as_a_failed_start(sandbox: Sandbox) -> None:
+    """Start failures travel on a pipe the program never holds: what it prints is its own."""
+    code = "import sys\nsys.stderr.write('loom-sandbox: the sandbox is broken\\n')\nsys.exit(125)\n"
+    result = await _execute(sandbox, code)
+    assert (result.status.value, result.exit_code) == ("error", 125)
+    assert result.stderr == "loom-sandbox: the sandbox is broken\n"
+
+
+async def test_files_that_cannot_be_written_are_refused_with_the_reason(
+        sandbox: Sandbox) -> None:
+    files = [{"path": "data", "content": "a file"}, {"path": "data/inner.txt", "content": "x"}]
+    response = await sandbox.client.post("/v1/execute", json={"code": "pass", "files": files})
+    assert response.status_code == 422, response.text
+    assert "'data/inner.txt' cannot be written in the workdir: File exists" in response.text
+    after = await _execute(sandbox, "print('next')")  # the agent went back to the pool
+    assert after.stdout == "next\n"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import agent, launcher
 from services.sandbox.process_backend import ProcessBackend
 from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
 from services.sandbox.settings import SandboxSettings
@@ -248,8 +247,3 @@ async def test_an_interpreter_that_cannot_start_is_named_at_start_up(tmp_path: P
     with pytest.raises(RuntimeError, match="cannot start the interpreter .*python3"):
         await backend.start()
 
-
-def test_the_agent_reports_start_failures_as_the_launcher_does() -> None:
-    # Both run from source alone, so each spells these out; the service reads either.
-    assert (agent.START_FAILED_EXIT, agent.MESSAGE_PREFIX) == (
-        launcher.START_FAILED_EXIT, launcher.MESSAGE_PREFIX)
