@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -48,9 +49,14 @@ class AgentLost(Exception):
     """The agent died or stopped answering."""
 
 
+@functools.cache
+def _sources() -> tuple[str, str]:
+    return AGENT_PATH.read_text(), LAUNCHER_PATH.read_text()
+
+
 def agent_command(python: str) -> list[str]:
     """The agent's command line: its source and its launcher's, so it needs no files."""
-    return [python, "-I", "-S", "-c", AGENT_PATH.read_text(), LAUNCHER_PATH.read_text()]
+    return [python, "-I", "-S", "-c", *_sources()]
 
 
 class Agent(ABC):

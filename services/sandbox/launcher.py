@@ -135,8 +135,7 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd, status_fd):
                 fh.write(base64.b64decode(item["data"]))
         except OSError as exc:
             raise InputError(f"the file {item['path']!r} cannot be written in the workdir: "
-                             f"{exc.strerror}"
-                             ) from exc
+                             f"{exc.strerror}") from exc
     for name, (soft, hard) in request["limits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     os.closerange(3, status_fd)
