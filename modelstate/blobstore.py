@@ -2,7 +2,8 @@
 
 Layout under the root: `sha256/ab/<hex>` (one read-only file per distinct content),
 `versions/<job_id>/<number>/<path>` (what engines read in place), `tmp/` (uploads in progress),
-`staging/<name>/` (directories writers on this filesystem fill, then publish), `exports/`
+`staging/<name>/` (directories writers on this filesystem fill, then publish), `tmp/pending-*/`
+(links to staged files being published, for engines to start reading early), `exports/`
 (derived downloads such as merged LoRA models). Everything is on one filesystem, so a finished
 file or directory appears with one atomic rename. This module only touches files; which blobs
 exist is the database's business (`modelstate.store`).
@@ -34,6 +35,8 @@ if _sync_file_range is not None:
 CHUNK_BYTES = 1 << 20
 MAX_PATH_CHARS = 1024
 MARKER_FILE = ".loom-store-id"
+PENDING_PREFIX = "pending-"
+PENDING_TTL_S = 600.0  # far longer than an engine takes to read a version's files
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,26 @@ class BlobStore:
         if not found:
             raise InvalidInput(f"Staging directory {name!r} holds no files.")
         return found
+
+    def link_pending(self, name: str, staged: list[tuple[str, Path]]) -> Path | None:
+        """Hard links to the staged files in `tmp/pending-<name>/`, readable while the publish
+        moves the staged files into place (links never move); None where links cannot be made.
+        Pending directories older than `PENDING_TTL_S` go first; garbage collection removes
+        any left."""
+        for old in self.tmp.glob(f"{PENDING_PREFIX}*"):
+            if is_older_than(old, PENDING_TTL_S):
+                shutil.rmtree(old, ignore_errors=True)
+        directory = self.tmp / f"{PENDING_PREFIX}{name}"
+        shutil.rmtree(directory, ignore_errors=True)  # from an attempt that failed
+        try:
+            for relative, path in staged:
+                target = directory / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, target)
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+            return None
+        return directory
 
     def remove_staging(self, name: str) -> None:
         shutil.rmtree(self.staging / name, ignore_errors=True)

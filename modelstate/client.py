@@ -21,6 +21,7 @@ from modelstate.blobstore import check_relative_path, hash_file
 from modelstate.schemas import (
     FileRef,
     GcReport,
+    PendingVersion,
     PinList,
     PublishRequest,
     Retention,
@@ -180,6 +181,14 @@ class ModelStateClient:
     async def subscribe(self, job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
         """Versions published after version id `after`, replayed then live, forever; a lost
         connection is retried with backoff and resumed from the last id seen."""
+        async for event in self.subscribe_events(job_id, after):
+            if isinstance(event, Version):
+                yield event
+
+    async def subscribe_events(
+        self, job_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[Version | PendingVersion]:
+        """`subscribe`, with the pending publishes announced while connected."""
         cursor = after
         delay = RECONNECT_MIN_S
         while True:
@@ -194,12 +203,13 @@ class ModelStateClient:
                     if response.status_code < 500:
                         await raise_for_status(response)
                         async for event in _sse_events(response):
-                            if event.name != "version":
-                                continue
-                            version = Version.model_validate_json(event.data)
-                            cursor = max(cursor, version.id)
-                            delay = RECONNECT_MIN_S
-                            yield version
+                            if event.name == "pending":
+                                yield PendingVersion.model_validate_json(event.data)
+                            elif event.name == "version":
+                                version = Version.model_validate_json(event.data)
+                                cursor = max(cursor, version.id)
+                                delay = RECONNECT_MIN_S
+                                yield version
             except httpx.TransportError:
                 pass  # server gone or silent for too long: reconnect below
             await asyncio.sleep(delay)

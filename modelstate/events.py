@@ -4,6 +4,10 @@ A subscriber first registers for live versions, then replays from the database e
 after its cursor (`after` or the `Last-Event-ID` header), then streams live ones, skipping what
 the replay already sent. So a client that reconnects with the last id it saw misses nothing,
 whichever side restarted. Comment heartbeats let both ends notice a dead connection.
+
+Live streams also carry `pending` events (`PendingVersion`, no id, never replayed): a staged
+publish has started, so an engine on the store's host may start reading its files while the
+store verifies them. Clients that do not know the event skip it.
 """
 
 from __future__ import annotations
@@ -18,27 +22,31 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from modelstate.deps import SettingsDep, StoreDep
-from modelstate.schemas import Version
+from modelstate.schemas import PendingVersion, Version
 from modelstate.store import ModelStore
 
 REPLAY_BATCH = 500
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
+Announcement = Version | PendingVersion
+
+
 class VersionBroadcaster:
-    """Fans each newly committed version out to the open event streams of this process."""
+    """Fans each newly committed version (and each pending one) out to the open event streams
+    of this process."""
 
     def __init__(self) -> None:
-        self._queues: set[asyncio.Queue[Version]] = set()
+        self._queues: set[asyncio.Queue[Announcement]] = set()
 
-    def announce(self, version: Version) -> None:
-        """Call from the event loop, after the version's transaction has committed."""
+    def announce(self, version: Announcement) -> None:
+        """Call from the event loop: a Version after its transaction has committed."""
         for queue in self._queues:
             queue.put_nowait(version)
 
     @contextmanager
-    def listen(self) -> Iterator[asyncio.Queue[Version]]:
-        queue: asyncio.Queue[Version] = asyncio.Queue()
+    def listen(self) -> Iterator[asyncio.Queue[Announcement]]:
+        queue: asyncio.Queue[Announcement] = asyncio.Queue()
         self._queues.add(queue)
         try:
             yield queue
@@ -74,8 +82,11 @@ async def version_events(
             cursor = batch[-1].id
         while True:
             version = await live.get()
-            wanted = job_id is None or version.job_id == job_id
-            if wanted and version.id > after and version.id not in replayed:
+            if job_id is not None and version.job_id != job_id:
+                continue
+            if isinstance(version, PendingVersion):
+                yield ServerSentEvent(data=version.model_dump_json(), event="pending")
+            elif version.id > after and version.id not in replayed:
                 yield version_event(version)
 
 
@@ -86,7 +97,8 @@ router = APIRouter(prefix="/v1", tags=["events"])
     "/events",
     response_class=EventSourceResponse,
     responses={200: {"content": {"text/event-stream": {}},
-                     "description": "`event: version` messages; `id` is the version id."}},
+                     "description": "`event: version` messages (`id`: the version id) and "
+                     "`event: pending` messages (live only, no id)."}},
 )
 async def stream_events(
     store: StoreDep,

@@ -89,6 +89,19 @@ class Version(LenientModel):
     )
 
 
+class PendingVersion(LenientModel):
+    """A staged publish the store has started to verify (the `pending` event): on the store's
+    host, its files can be read at `local_path` at once. A hint, never a promise: the version
+    exists only once its `version` event arrives, and then only with files that are these
+    files if they are the same inodes (the store may find an identical blob and keep that)."""
+
+    job_id: str
+    kind: VersionKind
+    staged: str
+    local_path: str
+    files: dict[str, int] = Field(description="Path → size of every staged file.")
+
+
 class VersionList(LenientModel):
     versions: list[Version]
 

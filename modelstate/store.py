@@ -28,6 +28,7 @@ from modelstate.schemas import (
     Alias,
     FileRef,
     ManifestFile,
+    PendingVersion,
     Pin,
     PublishRequest,
     StoredBlob,
@@ -106,6 +107,20 @@ class ModelStore:
         files = self._adopt_staged(meta) if meta.staged else list(meta.files)
         check_manifest_paths([f.path for f in files])
         return _retry_on_conflict(lambda: self._commit_version(meta, files), "publish")
+
+    def link_pending(self, meta: PublishRequest) -> PendingVersion | None:
+        """For a staged publish: its files, linked where readers can open them while the
+        publish verifies and commits them (see `PendingVersion`)."""
+        if meta.staged is None:
+            return None
+        staged = self.blobs.staged_files(meta.staged)
+        check_manifest_paths([path for path, _ in staged])
+        directory = self.blobs.link_pending(meta.staged, staged)
+        if directory is None:
+            return None
+        return PendingVersion(job_id=meta.job_id, kind=meta.kind, staged=meta.staged,
+                              local_path=str(directory),
+                              files={relative: path.stat().st_size for relative, path in staged})
 
     def _adopt_staged(self, meta: PublishRequest) -> list[FileRef]:
         """Hash and sync the staged files (in parallel), check them against what `files`

@@ -35,6 +35,9 @@ async def publish_version(
     store: StoreDep, collector: CollectorDep, broadcaster: EventsDep, body: PublishRequest,
     response: Response, background: BackgroundTasks,
 ) -> Version:
+    pending = await run_in_threadpool(store.link_pending, body)
+    if pending is not None:
+        broadcaster.announce(pending)
     version, created = await run_in_threadpool(store.publish, body)
     if created:
         broadcaster.announce(version)

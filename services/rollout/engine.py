@@ -73,7 +73,7 @@ class RolloutEngine:
             self.start_error = f"{type(exc).__name__}: {exc}"
             raise
         self.startup_seconds = time.perf_counter() - started
-        await self._label_weights(BASE_WEIGHTS_LABEL)
+        await self.label_weights(BASE_WEIGHTS_LABEL)
         await self._warm_up()
 
     async def _warm_up(self) -> None:
@@ -164,15 +164,22 @@ class RolloutEngine:
         """Replace the full weights in place. In-flight requests are waited for, and the KV
         and prefix caches are cleared, since they were computed by the old weights. vLLM drops
         every LoRA adapter too (they were merged against the old base)."""
-        await self.llm.pause_generation(mode="wait", clear_cache=True)
+        await self._pause()
         try:
             await self.llm.collective_rpc("loom_reload_weights",
                                           kwargs={"weights_path": weights_path})
-            await self._label_weights(label)
+            await self.label_weights(label)
         finally:
             await self.llm.resume_generation()
 
-    async def _label_weights(self, label: str) -> None:
+    async def _pause(self) -> None:
+        """`AsyncLLM.pause_generation(mode="wait", clear_cache=True)` without its closing 20 ms
+        sleep, which only lets the outputs of requests still in flight arrive before it
+        returns; `Versions` swaps weights only once every request on them has finished."""
+        await self.llm.renderer.clear_mm_cache_async()
+        await self.llm.engine_core.pause_scheduler_async(mode="wait", clear_cache=True)
+
+    async def label_weights(self, label: str) -> None:
         """vLLM tags every output token with this label (`CompletionOutput.weight_versions`),
         which lets the sampler check which weights produced a sample."""
         await self.llm.update_weight_version(label)

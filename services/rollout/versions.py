@@ -1,12 +1,19 @@
 """Weight hand-off on the rollout side: which version a request means, and making it the one
 that serves. Full versions swap the engine's weights (one at a time, behind `WeightsGate`);
-LoRA versions are adapters on the base weights (several resident, `LoraSlots`)."""
+LoRA versions are adapters on the base weights (several resident, `LoraSlots`).
+
+On the store's host an idle engine loads a full-weight publish as soon as modelstate announces
+it as pending, while the store is still verifying the files; the version's own event then only
+names the loaded weights, provided its files are the very files that were loaded (same
+inodes). Nothing is served on them before that event: a publish that fails leaves weights no
+request asks for, and the next request swaps in what it needs."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,7 +22,7 @@ from typing import Literal, Protocol
 
 from vllm.lora.request import LoRARequest
 
-from modelstate.schemas import Version, VersionKey, VersionKind
+from modelstate.schemas import PendingVersion, Version, VersionKey, VersionKind
 from services.common.errors import InvalidInput, LoomError, NotFound
 from services.rollout.engine import BASE_WEIGHTS_LABEL
 from services.rollout.lora_slots import LoraEngine, LoraSlots
@@ -25,6 +32,7 @@ from services.rollout.weights_gate import WeightsGate
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
+WEIGHTS_SUFFIX = ".safetensors"  # what `reload_weights` reads
 # Versions published this long before the subscription started are history, not news.
 PRELOAD_CLOCK_SKEW = timedelta(seconds=30)
 
@@ -34,11 +42,15 @@ class VersionStore(Protocol):
 
     async def get_version(self, job_id: str, ref: int | str) -> Version: ...
 
-    def subscribe(self, job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]: ...
+    def subscribe_events(
+        self, job_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[Version | PendingVersion]: ...
 
 
 class WeightsEngine(LoraEngine, Protocol):
     async def reload_weights(self, weights_path: str, label: str) -> None: ...
+
+    async def label_weights(self, label: str) -> None: ...
 
 
 Materialize = Callable[[Version], Awaitable[Path]]
@@ -74,6 +86,22 @@ class Served:
     lora_request: LoRARequest | None
 
 
+@dataclass(frozen=True)
+class Preloaded:
+    """Full weights loaded from a pending publish: (device, inode) of each weight file by
+    relative path. Only weight files count: the store keeps an existing blob for a file whose
+    content it already holds (every version's config and tokenizer files), and a reload reads
+    weights only. A weight file deduplicated that way (a shard training left unchanged) means
+    one reload more, never a wrong one."""
+
+    files: dict[str, tuple[int, int]]
+
+    def same_files(self, directory: str) -> bool:
+        stats = _stat_all(Path(directory), self.files)
+        return stats is not None and {
+            path: (stat.st_dev, stat.st_ino) for path, stat in stats.items()} == self.files
+
+
 def base_target(job_id: str | None = None) -> Target:
     return Target(job_id=job_id, number=0, kind="base")
 
@@ -97,6 +125,7 @@ class Versions:
         self.gate = WeightsGate(BASE_WEIGHTS_LABEL)
         self.loras = LoraSlots(engine, max_loras)
         self._full: Target | None = base_target()
+        self._preloaded: Preloaded | None = None
         self._known: dict[tuple[str, int], Target] = {}  # published versions never change
         self._newest: dict[str, int] = {}  # per job, the newest version announced
         self._announced = asyncio.Condition()
@@ -158,14 +187,42 @@ class Versions:
     async def _swap_full_weights(self, target: Target) -> None:
         path = target.path if target.kind == "full" else self.base_path
         assert path is not None
-        self._full = None  # unknown until the reload succeeds
-        async with self.loras.lock:
-            try:
-                await self.engine.reload_weights(path, target.weights)
-            finally:
-                self.loras.forget_all()  # vLLM drops adapters whenever base weights change
+        preloaded, self._preloaded = self._preloaded, None
+        if target.kind == "full" and preloaded is not None and preloaded.same_files(path):
+            await self.engine.label_weights(target.weights)  # loaded while it was pending
+        else:
+            await self._reload(path, target.weights)
         self._full = target if target.kind == "full" else base_target()
         log.info("full weights now %s", target.weights)
+
+    async def _reload(self, path: str, label: str) -> None:
+        self._full = None  # unknown until the reload succeeds
+        self._preloaded = None
+        async with self.loras.lock:
+            try:
+                await self.engine.reload_weights(path, label)
+            finally:
+                self.loras.forget_all()  # vLLM drops adapters whenever base weights change
+
+    async def preload_pending(self, pending: PendingVersion) -> bool:
+        """Load a pending full-weight publish's files if they are on this host and the engine
+        is idle; whether it did."""
+        if pending.kind != VersionKind.full:
+            return False
+        directory = Path(pending.local_path)
+        stats = _stat_all(directory, pending.files)
+        if stats is None or any(stats[path].st_size != size
+                                for path, size in pending.files.items()):
+            return False  # not this host's store, or collected already
+        label = f"pending:{pending.staged}"
+        files = {path: (stat.st_dev, stat.st_ino) for path, stat in stats.items()
+                 if path.endswith(WEIGHTS_SUFFIX)}
+
+        async def load() -> None:
+            await self._reload(str(directory), label)
+            self._preloaded = Preloaded(files)
+
+        return await self.gate.swap_if_idle(label, load)
 
     def resident(self) -> ResidentVersions:
         loras = [name.rsplit("@", 1) for name in self.loras.resident]
@@ -218,7 +275,11 @@ class Versions:
         after = 0
         while True:
             try:
-                async for version in self.store.subscribe(after=after):
+                async for event in self.store.subscribe_events(after=after):
+                    if isinstance(event, PendingVersion):
+                        await self._logged(self.preload_pending(event), "pending", event.staged)
+                        continue
+                    version = event
                     after = max(after, version.id)
                     if _as_utc(version.created_at) < since:
                         continue
@@ -237,13 +298,25 @@ class Versions:
             await asyncio.sleep(retry_s)
 
     async def _preload_logged(self, version: Version) -> None:
+        await self._logged(self.preload(version), version.job_id, version.number)
+
+    @staticmethod
+    async def _logged(work: Awaitable[object], *what: object) -> None:
+        name = "@".join(map(str, what))
         try:
-            await self.preload(version)
+            await work
         except LoomError as exc:  # one bad version must not stop the hand-off of later ones
-            log.warning("could not pre-load %s@%s: %s", version.job_id, version.number,
-                        exc.message)
+            log.warning("could not pre-load %s: %s", name, exc.message)
         except Exception:
-            log.exception("could not pre-load %s@%s", version.job_id, version.number)
+            log.exception("could not pre-load %s", name)
+
+
+def _stat_all(directory: Path, paths: Iterable[str]) -> dict[str, os.stat_result] | None:
+    """The stat of each of `paths` under `directory`; None if one is missing."""
+    try:
+        return {path: os.stat(directory / path) for path in paths}
+    except OSError:
+        return None
 
 
 def _as_utc(moment: datetime) -> datetime:

@@ -3,7 +3,8 @@
 Samples hold a shared hold on the weights they need for as long as they generate. Asking for
 other weights waits until in-flight holds are released, blocks new holds on the old weights
 meanwhile (so a swap cannot starve), swaps, then admits everyone waiting for the new weights.
-A request that started on weights k therefore finishes on k.
+A request that started on weights k therefore finishes on k. `swap_if_idle` loads weights
+ahead of any request for them, only while nothing holds or waits for the engine.
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ class WeightsGate:
                 self._holders -= 1
                 self._cond.notify_all()
 
+    async def swap_if_idle(self, weights: str, swap: Swap) -> bool:
+        """Swap `weights` in now, holding nothing, if no request holds or waits for the engine
+        and no swap runs; otherwise do nothing and return False."""
+        async with self._cond:
+            if self._swapping or self._holders or self._waiting or self.loaded == weights:
+                return False
+            self._swapping = True
+        await self._swap(weights, swap, hold=False)
+        return True
+
     async def _acquire(self, weights: str, swap: Swap) -> None:
         async with self._cond:
             arrived_at = self.swaps
@@ -71,7 +82,7 @@ class WeightsGate:
         # yield to anyone waiting for other weights.
         return not others_waiting or arrived_at < self.swaps
 
-    async def _swap(self, weights: str, swap: Swap) -> None:
+    async def _swap(self, weights: str, swap: Swap, hold: bool = True) -> None:
         try:
             await swap()
         except BaseException:
@@ -84,5 +95,5 @@ class WeightsGate:
             self._swapping = False
             self.loaded = weights
             self.swaps += 1
-            self._holders += 1
+            self._holders += hold
             self._cond.notify_all()

@@ -42,11 +42,14 @@ def create_app(
             settings.trainer_work_dir,
             shard_bytes=settings.trainer_shard_mb << 20,
             checkpoint_dir=settings.trainer_checkpoint_dir,
+            page_reserve_bytes=settings.trainer_page_reserve_mb << 20,
         )
+        app.state.trainer.release_page_reserves()
         try:
             yield
         finally:
             queue.shutdown()
+            app.state.trainer.release_page_reserves()
             if modelstate is None:
                 await client.aclose()
 

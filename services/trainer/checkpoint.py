@@ -2,7 +2,8 @@
 
 On the store's own filesystem the files are written straight into its staging area and
 published by a rename (the bytes are written once); otherwise into scratch space and uploaded
-(only contents the store does not hold yet)."""
+(only contents the store does not hold yet). The weight files are written over the job's page
+reserve, which is filled again for the next save once this one is published."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind, VersionMeta
 from services.trainer.model import TrainerModel
+from services.trainer.page_reserve import PageReserve
 from services.trainer.schemas import SaveWeightsRequest, SaveWeightsResult
 
 T = TypeVar("T")
@@ -45,14 +47,15 @@ class ThreadPublisher:
 
 def save_weights(
     model: TrainerModel, request: SaveWeightsRequest, publisher: ThreadPublisher, work_dir: Path,
-    shard_bytes: int,
+    shard_bytes: int, reserve: PageReserve,
 ) -> SaveWeightsResult:
     directory = publisher.staging_dir()
     if directory is None:
         work_dir.mkdir(parents=True, exist_ok=True)
         directory = Path(tempfile.mkdtemp(dir=work_dir, prefix=f"{model.spec.job_id}-"))
     try:
-        model.save(directory, shard_bytes)
+        model.save(directory, shard_bytes, reserve)
+        weights = {path.name: path.stat().st_size for path in directory.glob("*.safetensors")}
         version = publisher.publish(
             VersionMeta(
                 job_id=model.spec.job_id, kind=VersionKind(model.spec.mode.value),
@@ -62,7 +65,9 @@ def save_weights(
             directory,
         )
     finally:
+        reserve.release()
         shutil.rmtree(directory, ignore_errors=True)  # a published staging dir is gone already
+    reserve.refill(directory.parent, weights)
     model.last_version = version.number
     return SaveWeightsResult(job_id=version.job_id, number=version.number,
                              kind=version.kind.value, step=model.step)

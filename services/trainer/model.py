@@ -20,6 +20,7 @@ from services.common.errors import Conflict, InvalidInput
 from services.trainer.batch import Batch, collate, token_logprobs, unpad, validate_data
 from services.trainer.lora_host import LoraHost
 from services.trainer.losses import compute_loss
+from services.trainer.page_reserve import PageReserve
 from services.trainer.schemas import (
     AdamParams,
     CreateModelRequest,
@@ -155,14 +156,14 @@ class TrainerModel:
         self.step += 1
         return OptimStepResult(step=self.step, grad_norm=grad_norm.item(), lr=adam.lr)
 
-    def save(self, directory: Path, shard_bytes: int) -> None:
+    def save(self, directory: Path, shard_bytes: int, reserve: PageReserve | None = None) -> None:
         """A Hugging Face model directory (full, in shards of at most `shard_bytes`) or a PEFT
-        adapter directory (LoRA)."""
+        adapter directory (LoRA); weight files over `reserve`'s where it has them."""
         with self.network() as network:
             if isinstance(network, peft.PeftModel):
-                write_adapter(network, directory, self.spec.job_id)
+                write_adapter(network, directory, self.spec.job_id, reserve)
                 return
-            write_full(network, directory, shard_bytes)
+            write_full(network, directory, shard_bytes, reserve)
         self._tokenizer_files.write(directory)
 
     # --- checkpoints (state_files) ----------------------------------------------------------

@@ -12,6 +12,7 @@ from services.common.operations import OperationQueue
 from services.common.schemas import Operation
 from services.trainer import state_files
 from services.trainer.checkpoint import ThreadPublisher, save_weights
+from services.trainer.page_reserve import DEFAULT_MAX_BYTES, PageReserve, remove_leftovers
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     CreateModelRequest,
@@ -36,6 +37,7 @@ class TrainerService:
         work_dir: Path,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         checkpoint_dir: Path | None = None,
+        page_reserve_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.registry = registry
         self.queue = queue
@@ -43,6 +45,8 @@ class TrainerService:
         self.work_dir = work_dir
         self.shard_bytes = shard_bytes
         self.checkpoint_dir = checkpoint_dir or work_dir / "checkpoints"
+        self.page_reserve_bytes = page_reserve_bytes
+        self._reserves: dict[str, PageReserve] = {}
 
     def create_model(self, request: CreateModelRequest) -> tuple[ModelInfo, bool]:
         """Loads the base (seconds for a large model): call it off the event loop."""
@@ -71,11 +75,21 @@ class TrainerService:
 
     def save_weights(self, model_id: str, request: SaveWeightsRequest) -> Operation:
         model = self.registry.get(model_id)
+        reserve = self._reserves.get(model_id)
+        if reserve is None:
+            reserve = self._reserves[model_id] = PageReserve(self.page_reserve_bytes)
         return self._submit(
             model_id, "save_weights",
             lambda: save_weights(model, request, self.publisher, self.work_dir,
-                                 self.shard_bytes),
+                                 self.shard_bytes, reserve),
         )
+
+    def release_page_reserves(self) -> None:
+        """At start-up and shutdown: reserve files hold disk space (allocated, never
+        written), and a killed trainer leaves its own behind."""
+        for reserve in self._reserves.values():
+            reserve.release()
+        remove_leftovers(self.work_dir)
 
     def save_state(self, model_id: str, request: SaveStateRequest) -> Operation:
         model = self.registry.get(model_id)

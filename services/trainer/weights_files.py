@@ -11,7 +11,8 @@ it writes the same layout itself:
   `config.json`, `generation_config.json` and the tokenizer's files;
 - LoRA: `adapter_model.safetensors` and `adapter_config.json`, as peft writes them.
 
-Tensors are written from their own memory (safetensors takes pointers): no copy of the weights.
+Tensors are written from their own memory: no copy of the weights. Weight files are written
+over the job's page reserve where there is one (`page_reserve`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import peft
 import torch
-from safetensors.torch import save_file
 from transformers import AutoTokenizer, PreTrainedModel
+
+from services.trainer.page_reserve import PageReserve
+from services.trainer.safetensors_inplace import write_file
 
 MiB = 1 << 20
 DEFAULT_SHARD_BYTES = 64 * MiB
@@ -35,17 +38,17 @@ ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 
 def write_full(model: PreTrainedModel, directory: Path,
-               shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+               shard_bytes: int = DEFAULT_SHARD_BYTES, reserve: PageReserve | None = None) -> None:
     """Weights (in shards of at most `shard_bytes`), config and generation config."""
     tensors = _untied_state_dict(model)
     shards = _shards(tensors, shard_bytes)
     if len(shards) == 1:
-        save_file(shards[0], directory / WEIGHTS_NAME, metadata=SAFETENSORS_METADATA)
+        _write_weights(shards[0], directory / WEIGHTS_NAME, reserve)
     else:
         weight_map = {}
         for number, shard in enumerate(shards, start=1):
             name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, directory / name, metadata=SAFETENSORS_METADATA)
+            _write_weights(shard, directory / name, reserve)
             weight_map.update(dict.fromkeys(shard, name))
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
@@ -55,13 +58,13 @@ def write_full(model: PreTrainedModel, directory: Path,
         model.generation_config.save_pretrained(directory)
 
 
-def write_adapter(model: peft.PeftModel, directory: Path, adapter: str = "default") -> None:
+def write_adapter(model: peft.PeftModel, directory: Path, adapter: str = "default",
+                  reserve: PageReserve | None = None) -> None:
     """One adapter of `model` and its config, laid out as a single-adapter PEFT directory
     (embeddings are never targeted: not saved)."""
     tensors = peft.get_peft_model_state_dict(model, adapter_name=adapter,
                                              save_embedding_layers=False)
-    save_file({name: t.contiguous() for name, t in tensors.items()},
-              directory / ADAPTER_WEIGHTS_NAME, metadata=SAFETENSORS_METADATA)
+    _write_weights(tensors, directory / ADAPTER_WEIGHTS_NAME, reserve)
     # As peft saves it: an adapter on disk is for inference and names the base it was trained
     # on (the directory the base was loaded from).
     config = copy.copy(model.peft_config[adapter])
@@ -87,6 +90,13 @@ class TokenizerFiles:
                                for path in Path(scratch).iterdir() if path.is_file()}
         for name, data in self._files.items():
             (directory / name).write_bytes(data)
+
+
+def _write_weights(tensors: dict[str, torch.Tensor], path: Path,
+                   reserve: PageReserve | None) -> None:
+    if reserve is not None:
+        reserve.claim(path)
+    write_file(tensors, path, metadata=SAFETENSORS_METADATA)
 
 
 def _untied_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:

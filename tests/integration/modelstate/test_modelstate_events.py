@@ -13,7 +13,7 @@ import pytest
 
 from modelstate.app import create_app
 from modelstate.client import ModelStateClient
-from modelstate.schemas import Version, VersionKind, VersionMeta
+from modelstate.schemas import PendingVersion, Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.ports import free_port
 from tests.support.servers import serve_in_thread
@@ -43,17 +43,20 @@ async def client(settings: ModelStateSettings) -> AsyncIterator[ModelStateClient
 
 
 class Subscription:
-    """Runs `client.subscribe` in a task and collects what it yields."""
+    """Runs `client.subscribe` (or, with `pending`, `subscribe_events`) in a task and collects
+    what it yields."""
 
-    def __init__(self, client: ModelStateClient, job_id: str | None, after: int) -> None:
-        self.received: asyncio.Queue[Version] = asyncio.Queue()
-        self.task = asyncio.create_task(self._run(client, job_id, after))
+    def __init__(self, client: ModelStateClient, job_id: str | None, after: int,
+                 pending: bool = False) -> None:
+        self.received: asyncio.Queue[Version | PendingVersion] = asyncio.Queue()
+        events = client.subscribe_events if pending else client.subscribe
+        self.task = asyncio.create_task(self._run(events(job_id, after=after)))
 
-    async def _run(self, client: ModelStateClient, job_id: str | None, after: int) -> None:
-        async for version in client.subscribe(job_id, after=after):
-            await self.received.put(version)
+    async def _run(self, events: AsyncIterator[Version | PendingVersion]) -> None:
+        async for event in events:
+            await self.received.put(event)
 
-    async def next(self) -> Version:
+    async def next(self) -> Version | PendingVersion:
         return await asyncio.wait_for(self.received.get(), RECEIVE_TIMEOUT_S)
 
     async def stop(self) -> None:
@@ -133,3 +136,30 @@ async def test_events_endpoint_speaks_server_sent_events(
         assert f"id: {version.id}" in lines and "event: version" in lines
         data = next(line for line in lines if line.startswith("data: "))
         assert Version.model_validate_json(data.removeprefix("data: ")) == version
+
+
+async def test_a_staged_publish_is_announced_pending_with_files_readable_at_once(
+    settings: ModelStateSettings, client: ModelStateClient
+) -> None:
+    """Before the store verifies a staged publish, subscribers on its host hear of it with a
+    directory of the same files (same inodes); its version follows and serves those files."""
+    with running_server(settings):
+        subscription = Subscription(client, "job-a", after=0, pending=True)
+        await asyncio.sleep(0.5)  # connected: pending events are live only
+        staging = await client.staging_dir()
+        assert staging is not None
+        (staging / "model.safetensors").write_bytes(b"weights" * 1000)
+        (staging / "config.json").write_text("{}")
+        meta = VersionMeta(job_id="job-a", kind=VersionKind.full, base_model="loom/tiny")
+        version = await client.publish(meta, staging)
+        pending, announced = await subscription.next(), await subscription.next()
+        await subscription.stop()
+    assert isinstance(pending, PendingVersion) and announced == version
+    assert (pending.job_id, pending.kind, pending.staged) == ("job-a", VersionKind.full,
+                                                              staging.name)
+    assert pending.files == {"config.json": 2, "model.safetensors": 7000}
+    assert version.local_path is not None
+    for name in pending.files:
+        early, final = Path(pending.local_path) / name, Path(version.local_path) / name
+        assert early.read_bytes() == final.read_bytes()
+        assert early.stat().st_ino == final.stat().st_ino

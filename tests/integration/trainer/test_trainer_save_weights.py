@@ -4,6 +4,7 @@ loads back: full weights with transformers, the adapter with peft."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,19 @@ async def train_one_step(trainer: TrainerHarness, job_id: str,
                          data: list[dict[str, Any]]) -> None:
     await trainer.run(job_id, "forward_backward", {"data": data})
     await trainer.run(job_id, "optim_step", {"adam": {"lr": 1e-2}})
+
+
+def page_reserve(parent: Path) -> dict[str, int]:
+    """The files of the page reserve under `parent`, once it is filled (in the background)."""
+    files: dict[str, int] = {}
+    for _ in range(200):
+        reserves = list(parent.glob("page-reserve-*"))
+        if len(reserves) == 1:
+            files = {p.name: p.stat().st_size for p in reserves[0].iterdir()}
+            if files and all(files.values()):
+                break
+        time.sleep(0.05)
+    return files
 
 
 def trained_logits(trainer: TrainerHarness, job_id: str) -> torch.Tensor:
@@ -56,9 +70,14 @@ async def test_full_weights_load_back_identically(
     tokenizer = AutoTokenizer.from_pretrained(published)
     original = AutoTokenizer.from_pretrained(trainer.base_model)
     assert tokenizer("12+34=46")["input_ids"] == original("12+34=46")["input_ids"]
-    # Written straight into the store's staging area and adopted there: nothing left over.
+    # Written straight into the store's staging area and adopted there: nothing left over
+    # but the page reserve for the next save (files named and sized like its weights).
     staging = published.parents[2] / "staging"
-    assert [p.name for p in staging.iterdir()] == [".loom-store-id"]
+    assert page_reserve(staging) == {
+        f.path: f.size for f in version.files if f.path.endswith(".safetensors")}
+    leftover = sorted(p.name for p in staging.iterdir())
+    assert leftover[0] == ".loom-store-id" and leftover[1].startswith("page-reserve-")
+    assert len(leftover) == 2
     assert not trainer.service.work_dir.exists()
 
     info = (await trainer.http.get(f"/v1/models/{JOB_FULL}")).json()
@@ -78,7 +97,11 @@ async def test_without_the_stores_filesystem_the_trainer_uploads(
     saved = await trainer.run(JOB_LORA, "save_weights", {})
     version = await modelstate_client.get_version(JOB_LORA, saved["number"])
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {f.path for f in version.files}
-    assert list(trainer.service.work_dir.iterdir()) == []  # scratch space cleaned up
+    # Scratch space cleaned up, but for the page reserve of the next save.
+    assert page_reserve(trainer.service.work_dir) == {"adapter_model.safetensors": next(
+        f.size for f in version.files if f.path == "adapter_model.safetensors")}
+    (leftover,) = trainer.service.work_dir.iterdir()
+    assert leftover.name.startswith("page-reserve-")
 
 
 async def test_lora_adapter_loads_back_identically(

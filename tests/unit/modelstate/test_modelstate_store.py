@@ -4,6 +4,7 @@ publishes, idempotent steps, deletion and pins."""
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine
 
 from modelstate.app import ALEMBIC_DIR, VERSION_TABLE
-from modelstate.blobstore import BlobStore
+from modelstate.blobstore import PENDING_TTL_S, BlobStore
 from modelstate.models import Base
 from modelstate.schemas import FileRef, PublishRequest, Version, VersionKey, VersionKind
 from modelstate.store import ModelStore
@@ -254,3 +255,33 @@ def test_lineage_follows_parents_until_a_gap(store: ModelStore) -> None:
     store.delete_version("job-1", 2)
     chain, complete = store.lineage("job-1", 4)
     assert [v.number for v in chain] == [4, 3] and not complete
+
+
+def test_a_staged_publish_links_its_files_for_early_readers(store: ModelStore) -> None:
+    """The pending directory holds the staged files themselves; it is rebuilt for a retried
+    publish, dropped when old, and a publish that is not staged has none."""
+    name = store.blobs.new_staging_name()
+    staged = store.blobs.staging / name
+    (staged / "sub").mkdir()
+    (staged / "sub" / "w.bin").write_bytes(b"weights")
+    request = PublishRequest(job_id="job-1", kind=VersionKind.full, base_model="m", staged=name)
+    pending = store.link_pending(request)
+    assert pending is not None and store.link_pending(request) == pending  # a retry
+    assert (pending.job_id, pending.kind, pending.staged) == ("job-1", VersionKind.full, name)
+    assert pending.files == {"sub/w.bin": 7}
+    early = Path(pending.local_path) / "sub" / "w.bin"
+    assert early.stat().st_ino == (staged / "sub" / "w.bin").stat().st_ino
+    version, _ = store.publish(request)
+    assert early.read_bytes() == b"weights"  # still readable after the files moved
+    assert Path(str(version.local_path), "sub", "w.bin").stat().st_ino == early.stat().st_ino
+
+    old = time.time() - PENDING_TTL_S - 1
+    os.utime(early, (old, old))
+    os.utime(early.parent, (old, old))
+    os.utime(pending.local_path, (old, old))
+    later = store.blobs.new_staging_name()
+    (store.blobs.staging / later / "w.bin").write_bytes(b"more")
+    assert store.link_pending(request.model_copy(update={"staged": later})) is not None
+    assert not Path(pending.local_path).exists()
+    assert store.link_pending(request.model_copy(update={
+        "staged": None, "files": [FileRef(path="w.bin", sha256=sha(b"more"), size=4)]})) is None

@@ -4,13 +4,14 @@ the engine and of modelstate (no vLLM engine, no server)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from modelstate.schemas import PinList, Version, VersionKey, VersionKind
+from modelstate.schemas import PendingVersion, PinList, Version, VersionKey, VersionKind
 from services.common.errors import InvalidInput, NotFound, Unavailable
 from services.rollout.pins import PinKeeper, holder_name
 from services.rollout.sampling import Sampler
@@ -28,6 +29,9 @@ class RecordingEngine:
     async def reload_weights(self, weights_path: str, label: str) -> None:
         self.calls.append(("reload", label))
         await asyncio.sleep(self.reload_delay)
+
+    async def label_weights(self, label: str) -> None:
+        self.calls.append(("label", label))
 
     async def add_lora(self, lora_request: object) -> None:
         self.calls.append(("add", lora_request.lora_name))  # type: ignore[attr-defined]
@@ -65,9 +69,33 @@ class FakeStore:
             return jobs[ref - 1]
         raise NotFound(f"no version {ref!r} of {job_id!r}")
 
-    async def subscribe(self, job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
+    async def subscribe_events(
+        self, job_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[Version | PendingVersion]:
         raise Unavailable("modelstate is unreachable")
         yield  # pragma: no cover -- makes this an async generator
+
+
+def live_stream(events: Sequence[Version | PendingVersion]
+                ) -> Callable[..., AsyncIterator[Version | PendingVersion]]:
+    """A `subscribe_events` that yields `events`, then stays silent, as a live stream."""
+    async def subscribe_events(job_id: str | None = None, after: int = 0
+                               ) -> AsyncIterator[Version | PendingVersion]:
+        for event in events:
+            yield event
+        await asyncio.Event().wait()
+    return subscribe_events
+
+
+async def follow_until(versions: Versions, engine: RecordingEngine,
+                       call: tuple[str, object]) -> None:
+    """Run the publication follower until the engine has been asked for `call`."""
+    task = asyncio.create_task(versions.follow_publications())
+    for _ in range(100):
+        if call in engine.calls:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
 
 
 async def materialize(version: Version) -> Path:
@@ -244,18 +272,8 @@ async def test_follower_preloads_versions_as_they_are_published() -> None:
     versions, engine, store = make_versions()
     published = [store.publish("job", VersionKind.lora), store.publish("full", VersionKind.full)]
 
-    async def events(job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
-        for version in published:
-            yield version
-        await asyncio.Event().wait()  # then silence, as a live stream
-
-    store.subscribe = events  # type: ignore[method-assign]
-    task = asyncio.create_task(versions.follow_publications())
-    for _ in range(100):
-        if ("reload", "full@1") in engine.calls:
-            break
-        await asyncio.sleep(0.01)
-    task.cancel()
+    store.subscribe_events = live_stream(published)  # type: ignore[method-assign]
+    await follow_until(versions, engine, ("reload", "full@1"))
     assert engine.calls == [("add", "job@1"), ("reload", "full@1")]
 
 
@@ -280,12 +298,7 @@ async def test_partial_rollouts_hear_of_an_adapter_once_resident_and_of_weights_
         await versions.newer_than(job_id, 0)
         heard[job_id] = list(loaded)
 
-    async def events(job_id: str | None = None, after: int = 0) -> AsyncIterator[Version]:
-        for version in published:
-            yield version
-        await asyncio.Event().wait()
-
-    store.subscribe = events  # type: ignore[method-assign]
+    store.subscribe_events = live_stream(published)  # type: ignore[method-assign]
     listeners = [asyncio.create_task(listen(job)) for job in ("job", "full")]
     follower = asyncio.create_task(versions.follow_publications())
     await asyncio.wait_for(asyncio.gather(*listeners), timeout=5)
@@ -342,3 +355,105 @@ async def test_resident_versions_are_pinned_renewed_and_released() -> None:
     assert sets.index([("job", 2)]) > sets.index([("job", 1)])
     assert sets.count([("job", 2)]) >= 2  # renewed
     assert sets[-1] == []  # released on shutdown
+
+
+# --- full weights loaded while the publish is pending ----------------------------------------
+
+def pending_publish(tmp_path: Path, store: FakeStore, job_id: str = "full-job"
+                    ) -> tuple[PendingVersion, Version]:
+    """Files in a pending directory and the version that commits them, whose directory holds
+    hard links to the same files (as modelstate makes it)."""
+    pending_dir, version_dir = tmp_path / "pending", tmp_path / "versions" / job_id / "1"
+    for directory in (pending_dir, version_dir):
+        directory.mkdir(parents=True)
+    for name, data in {"model.safetensors": b"w" * 64, "config.json": b"{}"}.items():
+        (pending_dir / name).write_bytes(data)
+        os.link(pending_dir / name, version_dir / name)
+    version = store.publish(job_id, VersionKind.full)
+    version = version.model_copy(update={"local_path": str(version_dir)})
+    store.versions[job_id][-1] = version
+    pending = PendingVersion(job_id=job_id, kind=VersionKind.full, staged="s1",
+                             local_path=str(pending_dir),
+                             files={"model.safetensors": 64, "config.json": 2})
+    return pending, version
+
+
+def preloadable(tmp_path: Path
+                ) -> tuple[Versions, RecordingEngine, PendingVersion, Version]:
+    """Versions reading the store's directories in place, and a pending full-weight publish."""
+    async def in_place(version: Version) -> Path:
+        assert version.local_path is not None
+        return Path(version.local_path)
+
+    store, engine = FakeStore(), RecordingEngine()
+    pending, version = pending_publish(tmp_path, store)
+    versions = Versions(engine, store, in_place, base_model="loom/tiny", base_path="/base",
+                        max_loras=2)
+    return versions, engine, pending, version
+
+
+async def test_a_pending_publish_is_loaded_early_and_its_version_only_named(
+    tmp_path: Path
+) -> None:
+    versions, engine, pending, version = preloadable(tmp_path)
+    assert await versions.preload_pending(pending)
+    assert engine.calls == [("reload", "pending:s1")]
+    assert versions.resident().full is None  # nothing published is loaded yet
+    async with versions.use("full-job", 1) as served:
+        assert served.target.number == 1
+    assert engine.calls == [("reload", "pending:s1"), ("label", "full-job@1")]
+    resident = versions.resident().full
+    assert resident is not None and resident.number == version.number
+
+
+@pytest.mark.parametrize(("replaced", "reloads"), [("config.json", False),
+                                                  ("model.safetensors", True)])
+async def test_a_version_whose_weight_files_are_not_the_loaded_ones_is_reloaded(
+    tmp_path: Path, replaced: str, reloads: bool
+) -> None:
+    """The store kept an identical blob it already had (another inode): of a config file (as
+    for every version's) that changes nothing; of a weight file, load what the version has."""
+    versions, engine, pending, version = preloadable(tmp_path)
+    assert version.local_path is not None
+    file = Path(version.local_path) / replaced
+    data = file.read_bytes()
+    file.unlink()
+    file.write_bytes(data)
+    assert await versions.preload_pending(pending)
+    await versions.load("full-job", 1)
+    assert engine.calls[-1] == (("reload", "full-job@1") if reloads else ("label", "full-job@1"))
+
+
+async def test_a_busy_engine_or_files_elsewhere_are_not_loaded_early(tmp_path: Path) -> None:
+    versions, engine, pending, _ = preloadable(tmp_path)
+    async with versions.use(None, 0):  # a sample in flight on the base weights
+        assert not await versions.preload_pending(pending)
+    elsewhere = pending.model_copy(update={"local_path": str(tmp_path / "not-here")})
+    truncated = pending.model_copy(update={"files": {"model.safetensors": 65}})
+    adapter = pending.model_copy(update={"kind": VersionKind.lora})
+    for hint in (elsewhere, truncated, adapter):
+        assert not await versions.preload_pending(hint)
+    assert engine.calls == []
+    await versions.load("full-job", 1)
+    assert engine.calls == [("reload", "full-job@1")]
+
+
+async def test_weights_of_a_publish_that_failed_are_swapped_out_on_demand(
+    tmp_path: Path
+) -> None:
+    versions, engine, pending, _ = preloadable(tmp_path)
+    assert await versions.preload_pending(pending)
+    async with versions.use(None, 0) as served:
+        assert served.target.kind == "base"
+    assert engine.calls == [("reload", "pending:s1"), ("reload", "base")]
+
+
+async def test_the_follower_loads_pending_publishes_before_their_versions(
+    tmp_path: Path
+) -> None:
+    versions, engine, pending, version = preloadable(tmp_path)
+
+    versions.store.subscribe_events = live_stream(  # type: ignore[method-assign]
+        [pending, version])
+    await follow_until(versions, engine, ("label", "full-job@1"))
+    assert engine.calls == [("reload", "pending:s1"), ("label", "full-job@1")]
