@@ -92,8 +92,8 @@ class Version(LenientModel):
 class PendingVersion(LenientModel):
     """A staged publish the store has started to verify (the `pending` event): on the store's
     host, its files can be read at `local_path` at once. A hint, never a promise: the version
-    exists only once its `version` event arrives, and then only with files that are these
-    files if they are the same inodes (the store may find an identical blob and keep that)."""
+    exists only once its `version` event arrives. Its files are then these files, verified,
+    except where the store already held the same content (a link to that older file)."""
 
     job_id: str
     kind: VersionKind

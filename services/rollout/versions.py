@@ -214,9 +214,11 @@ class Versions:
         if stats is None or any(stats[path].st_size != size
                                 for path, size in pending.files.items()):
             return False  # not this host's store, or collected already
-        label = f"pending:{pending.staged}"
         files = {path: (stat.st_dev, stat.st_ino) for path, stat in stats.items()
                  if path.endswith(WEIGHTS_SUFFIX)}
+        if not files:
+            return False
+        label = f"pending:{pending.staged}"
 
         async def load() -> None:
             await self._reload(str(directory), label)

@@ -431,7 +431,8 @@ async def test_a_busy_engine_or_files_elsewhere_are_not_loaded_early(tmp_path: P
     elsewhere = pending.model_copy(update={"local_path": str(tmp_path / "not-here")})
     truncated = pending.model_copy(update={"files": {"model.safetensors": 65}})
     adapter = pending.model_copy(update={"kind": VersionKind.lora})
-    for hint in (elsewhere, truncated, adapter):
+    no_weights = pending.model_copy(update={"files": {"config.json": 2}})
+    for hint in (elsewhere, truncated, adapter, no_weights):
         assert not await versions.preload_pending(hint)
     assert engine.calls == []
     await versions.load("full-job", 1)
