@@ -36,7 +36,7 @@ def create_app(
         client = modelstate or ModelStateClient(settings.url_of("modelstate"))
         queue = OperationQueue(busy=busy)
         app.state.trainer = TrainerService(
-            ModelRegistry(settings.data_dir, device),
+            ModelRegistry(settings.data_dir, device, settings.trainer_micro_batch_tokens),
             queue,
             ThreadPublisher(client, asyncio.get_running_loop()),
             settings.trainer_work_dir,

@@ -1,4 +1,5 @@
-"""From wire `Datum`s to padded tensors, and from logits to per-token logprobs."""
+"""From wire `Datum`s to padded tensors, micro-batches of rows of similar length, and from
+logits to per-token logprobs."""
 
 from __future__ import annotations
 
@@ -78,6 +79,21 @@ def collate(data: list[Datum], device: torch.device) -> Batch:
         advantages=optional([d.advantages for d in data]),
         lengths=lengths,
     )
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Row indices grouped for separate forward passes, longest rows first, each group's padded
+    size (rows × its longest row) within `token_budget`; a row longer than the budget goes
+    alone. Sorting by length keeps a short row from being padded to a long one: a batch with a
+    long-tailed length mix otherwise spends most of its compute on padding."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:

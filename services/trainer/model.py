@@ -17,7 +17,14 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from services.common.errors import Conflict, InvalidInput
-from services.trainer.batch import Batch, collate, token_logprobs, unpad, validate_data
+from services.trainer.batch import (
+    Batch,
+    collate,
+    micro_batches,
+    token_logprobs,
+    unpad,
+    validate_data,
+)
 from services.trainer.lora_host import LoraHost
 from services.trainer.losses import compute_loss
 from services.trainer.page_reserve import PageReserve
@@ -32,6 +39,7 @@ from services.trainer.schemas import (
     OptimStepResult,
     TrainingMode,
 )
+from services.trainer.settings import DEFAULT_MICRO_BATCH_TOKENS
 from services.trainer.weights_files import TokenizerFiles, write_adapter, write_full
 
 
@@ -54,8 +62,10 @@ def load_causal_lm(path: str, device: torch.device) -> PreTrainedModel:
 
 class TrainerModel:
     def __init__(self, spec: CreateModelRequest, model_path: str, device: torch.device,
-                 host: LoraHost | None = None) -> None:
+                 host: LoraHost | None = None,
+                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS) -> None:
         """Full training loads its own copy of the base; LoRA adds an adapter to `host`."""
+        self.micro_batch_tokens = micro_batch_tokens
         self.spec = spec
         self.model_path = model_path
         self.device = device
@@ -227,9 +237,28 @@ class TrainerModel:
         return loss, metrics, logprobs
 
     def _logprobs(self, network: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        output = network(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                         use_cache=False)
-        return token_logprobs(output.logits, batch.input_ids)
+        """[B, T] logprobs, from one forward pass per micro-batch of rows of similar length.
+        The loss is still taken over the whole batch (one graph, one backward), so the result
+        is the batch's as one pass would give it, without computing on padding."""
+        groups = micro_batches(batch.lengths, self.micro_batch_tokens)
+        if len(groups) == 1:
+            return self._forward(network, batch.input_ids, batch.attention_mask)
+        width = batch.input_ids.shape[1]
+        parts = []
+        for rows in groups:
+            index = torch.tensor(rows, device=batch.input_ids.device)
+            span = batch.lengths[rows[0]]  # the group's longest row
+            logprobs = self._forward(network, batch.input_ids[index, :span],
+                                     batch.attention_mask[index, :span])
+            parts.append(torch.nn.functional.pad(logprobs, (0, width - span)))
+        order = torch.tensor([i for rows in groups for i in rows], device=batch.input_ids.device)
+        return torch.cat(parts)[torch.argsort(order)]
+
+    @staticmethod
+    def _forward(network: torch.nn.Module, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor) -> torch.Tensor:
+        output = network(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return token_logprobs(output.logits, input_ids)
 
     def _reference_logprobs(self, network: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Logprobs under the base model: LoRA turns its adapter off; full training keeps a

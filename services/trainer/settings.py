@@ -9,6 +9,10 @@ from pydantic import Field
 from services.common.settings import LoomSettings
 from services.trainer.page_reserve import DEFAULT_MAX_BYTES
 
+# Padded tokens per forward pass: big enough that a pass is not dominated by its fixed cost,
+# small enough that short rows are not padded to long ones (see `batch.micro_batches`).
+DEFAULT_MICRO_BATCH_TOKENS = 1024
+
 
 class TrainerSettings(LoomSettings):
     trainer_threads: int = Field(
@@ -23,6 +27,14 @@ class TrainerSettings(LoomSettings):
         default="auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?)$",
         description="'auto' picks cuda when available, else cpu; or 'cpu', 'cuda', 'cuda:N'.",
+    )
+    trainer_micro_batch_tokens: int = Field(
+        default=DEFAULT_MICRO_BATCH_TOKENS,
+        ge=1,
+        description="A forward or forward_backward runs its data in micro-batches of rows of "
+        "similar length, each at most this many tokens with padding (a longer row goes alone), "
+        "so a long-tailed batch does not compute on the padding of its short rows. The loss "
+        "and its gradient are the whole batch's either way.",
     )
     trainer_shard_mb: int = Field(
         default=64,

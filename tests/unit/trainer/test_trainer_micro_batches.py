@@ -1,0 +1,102 @@
+"""Micro-batches by length: how rows are grouped, and that the loss, logprobs and gradients are
+the whole batch's whatever the grouping (the tiny model on CPU)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.trainer.batch import micro_batches
+from services.trainer.model import TrainerModel
+from services.trainer.registry import ModelRegistry
+from services.trainer.schemas import (
+    CreateModelRequest,
+    Datum,
+    LossAggregation,
+    LossConfig,
+    LossName,
+    TrainingMode,
+)
+
+
+@given(st.lists(st.integers(min_value=2, max_value=300), min_size=1, max_size=64),
+       st.integers(min_value=1, max_value=2000))
+def test_micro_batches_cover_every_row_once_within_the_budget(lengths: list[int],
+                                                              budget: int) -> None:
+    groups = micro_batches(lengths, budget)
+    assert sorted(i for rows in groups for i in rows) == list(range(len(lengths)))
+    widths = [lengths[rows[0]] for rows in groups]
+    assert widths == sorted(widths, reverse=True)  # longest first
+    for rows in groups:
+        assert [lengths[i] for i in rows] == sorted((lengths[i] for i in rows), reverse=True)
+        assert len(rows) == 1 or len(rows) * lengths[rows[0]] <= budget
+
+
+def test_micro_batches_keep_short_rows_apart_from_long_ones() -> None:
+    lengths = [200, 10, 12, 190, 11, 9]
+    assert micro_batches(lengths, 400) == [[0, 3], [2, 4, 1, 5]]
+    assert micro_batches(lengths, 10_000) == [[0, 3, 2, 4, 1, 5]]
+
+
+def long_tailed_data(count: int, seed: int = 0) -> list[Datum]:
+    """Prompt of 4 tokens, completions of 1 to 60 tokens, with sampler logprobs and advantages."""
+    rng = random.Random(seed)
+    data = []
+    for _ in range(count):
+        completion = rng.choice([1, 2, 3, 5, 8, 13, 60])
+        ids = [rng.randrange(3, 200) for _ in range(4 + completion)]
+        mask = [0.0] * 4 + [1.0] * completion
+        advantage = rng.uniform(-1, 1)
+        data.append(Datum(input_ids=ids, loss_mask=mask,
+                          logprobs=[0.0] * 4 + [rng.uniform(-6, -4) for _ in range(completion)],
+                          advantages=[advantage * m for m in mask]))
+    return data
+
+
+def model_with_budget(tiny_model_dir: Path, tmp_path: Path, mode: TrainingMode,
+                      micro_batch_tokens: int) -> TrainerModel:
+    registry = ModelRegistry(tmp_path / str(micro_batch_tokens), torch.device("cpu"),
+                             micro_batch_tokens)
+    spec = CreateModelRequest(job_id="j1", base_model=str(tiny_model_dir), mode=mode, seed=3)
+    model, _ = registry.create(spec)
+    return model
+
+
+@pytest.mark.parametrize("mode", [TrainingMode.full, TrainingMode.lora])
+@pytest.mark.parametrize("aggregation", [LossAggregation.token_mean,
+                                         LossAggregation.sequence_mean])
+def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: Path,
+                                                mode: TrainingMode,
+                                                aggregation: LossAggregation) -> None:
+    torch.manual_seed(0)
+    data = long_tailed_data(12)
+    config = LossConfig(name=LossName.ppo, aggregation=aggregation, kl_coef=0.1)
+    one_pass = model_with_budget(tiny_model_dir, tmp_path, mode, 10_000)
+    split = model_with_budget(tiny_model_dir, tmp_path, mode, 70)
+    expected = one_pass.forward_backward(data, config, return_logprobs=True)
+    got = split.forward_backward(data, config, return_logprobs=True)
+
+    assert got.loss == pytest.approx(expected.loss, rel=1e-5, abs=1e-6)
+    assert got.metrics == pytest.approx(expected.metrics, rel=1e-5, abs=1e-6)
+    assert got.logprobs is not None and expected.logprobs is not None
+    for row, want in zip(got.logprobs, expected.logprobs, strict=True):
+        assert row == pytest.approx(want, abs=1e-5)
+    for (name, a), (_, b) in zip(split.named_trainable(), one_pass.named_trainable(),
+                                 strict=True):
+        assert a.grad is not None and b.grad is not None, name
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_forward_without_gradients_is_split_too(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = long_tailed_data(9, seed=1)
+    one_pass = model_with_budget(tiny_model_dir, tmp_path, TrainingMode.full, 10_000)
+    split = model_with_budget(tiny_model_dir, tmp_path, TrainingMode.full, 1)
+    expected, got = one_pass.forward(data), split.forward(data)
+    assert [len(row) for row in got.logprobs] == [len(d.input_ids) for d in data]
+    for row, want in zip(got.logprobs, expected.logprobs, strict=True):
+        assert row == pytest.approx(want, abs=1e-5)
