@@ -215,12 +215,12 @@ class AgentLoop:
         parts: list[Sample] = []
         while True:
             done = [t for part in parts for t in part.token_ids]
-            part, newer = await self.sampler.sample_until_newer(sample_request.model_copy(
+            new_parts, newer = await self.sampler.sample_until_newer(sample_request.model_copy(
                 update={"prompt_token_ids": [*context, *done], "params": params.model_copy(
                     update={"max_tokens": params.max_tokens - len(done)})}))
-            if part.token_ids or newer is None:
-                parts.append(part)
-            if newer is None or len(done) + len(part.token_ids) >= params.max_tokens:
+            parts.extend(part for part in new_parts if part.token_ids or newer is None)
+            if newer is None or len(done) + sum(len(p.token_ids) for p in new_parts) >= \
+                    params.max_tokens:
                 return parts
             sample_request.version = newer  # the number announced: no alias lookup
 

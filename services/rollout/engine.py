@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 CPU_BATCHED_TOKENS = 2048  # tokens per engine step on CPU (vLLM's own CPU default)
 
 BASE_WEIGHTS_LABEL = "base"
+UNKNOWN_WEIGHTS_LABEL = "unknown"  # after a failed reload: the weights may be half replaced
 
 
 class RolloutEngine:
@@ -161,23 +162,30 @@ class RolloutEngine:
     # --- weights ------------------------------------------------------------------------
 
     async def reload_weights(self, weights_path: str, label: str) -> None:
-        """Replace the full weights in place. In-flight requests are waited for, and the KV
-        and prefix caches are cleared, since they were computed by the old weights. vLLM drops
-        every LoRA adapter too (they were merged against the old base)."""
+        """Replace the full weights in place, between engine steps. Requests still running
+        (only generations that may move to newer weights are, see `WeightsGate`) are frozen,
+        then recomputed from their tokens so far with the new weights: the KV and prefix caches
+        are cleared, since the old weights computed them. Tokens sampled from then on carry
+        `label`. vLLM drops every LoRA adapter too (they were merged against the old base)."""
         await self._pause()
         try:
             await self.llm.collective_rpc("loom_reload_weights",
                                           kwargs={"weights_path": weights_path})
+        except BaseException:
+            await self.label_weights(UNKNOWN_WEIGHTS_LABEL)  # no token may claim the old ones
+            raise
+        else:
             await self.label_weights(label)
         finally:
             await self.llm.resume_generation()
 
     async def _pause(self) -> None:
-        """`AsyncLLM.pause_generation(mode="wait", clear_cache=True)` without its closing 20 ms
-        sleep, which only lets the outputs of requests still in flight arrive before it
-        returns; `Versions` swaps weights only once every request on them has finished."""
+        """`AsyncLLM.pause_generation(mode="keep", clear_cache=True)` without its closing 20 ms
+        sleep, which only orders the outputs of requests aborted or finished meanwhile. "keep"
+        freezes running requests; clearing the cache then preempts them, so they resume with
+        the new weights recomputing their KV."""
         await self.llm.renderer.clear_mm_cache_async()
-        await self.llm.engine_core.pause_scheduler_async(mode="wait", clear_cache=True)
+        await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
 
     async def label_weights(self, label: str) -> None:
         """vLLM tags every output token with this label (`CompletionOutput.weight_versions`),

@@ -17,7 +17,7 @@ from services.rollout.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from services.rollout.versions import Versions
+from services.rollout.versions import Target, Versions
 
 if TYPE_CHECKING:
     import vllm
@@ -151,9 +151,13 @@ class Sampler:
                                  for entry in output.prompt_logprobs or []]
             if request.prompt_top_logprobs else None)
 
-    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, int | None]:
-        """One sample (n=1) that stops early, keeping what it has, if a newer version of the
-        job is published meanwhile (partial rollouts); and that version if it did."""
+    async def sample_until_newer(self, request: SampleRequest
+                                 ) -> tuple[list[Sample], int | None]:
+        """One sample (n=1) for a partial rollout, in parts by the version that sampled them,
+        and the newer version that interrupted it, if one did. On full weights a generation
+        goes on across swaps to newer versions of its job (the engine carries it over); on an
+        adapter it stops, keeping what it has, once a newer version is announced, to be
+        continued on it."""
         assert request.prompt_token_ids is not None and request.job_id is not None
         self.check_prompt(request.prompt_token_ids, request.params.max_tokens)
         # Not streamed: an interruption aborts the request, and vLLM's final (aborted)
@@ -162,24 +166,48 @@ class Sampler:
         newest = self.versions.newest(request.job_id)
         if isinstance(request.version, int) and request.version < newest:
             # Already outdated: holding it could even swap old full weights back in.
-            return Sample(token_ids=[], logprobs=[], text="", stop_reason="abort",
-                          version=request.version), newest
-        async with self.versions.use(request.job_id, request.version) as served:
+            return [Sample(token_ids=[], logprobs=[], text="", stop_reason="abort",
+                           version=request.version)], newest
+        async with self.versions.use(request.job_id, request.version, movable=True) as served:
             version = served.target.number
-            newer = asyncio.ensure_future(self.versions.newer_than(request.job_id, version))
+            newer = None if served.target.kind == "full" else asyncio.ensure_future(
+                self.versions.newer_than(request.job_id, version))
             try:
                 output = await self.engine.generate(request.prompt_token_ids, params,
                                                     served.lora_request, interrupt=newer)
             finally:
-                newer.cancel()
+                if newer is not None:
+                    newer.cancel()
         (completion,) = output.outputs
-        check_weights(completion, served.target.weights)
         reason = stop_reason(completion)
-        interrupted_by = newer.result() if reason == "abort" and newer.done() \
-            and not newer.cancelled() else None
-        return Sample(token_ids=list(completion.token_ids),
-                      logprobs=sampled_logprobs(completion), text=completion.text,
-                      stop_reason=reason, version=version), interrupted_by
+        interrupted_by = newer.result() if newer is not None and reason == "abort" \
+            and newer.done() and not newer.cancelled() else None
+        token_ids, logprobs = list(completion.token_ids), sampled_logprobs(completion)
+        spans = self._version_spans(completion, served.target)
+        return [Sample(token_ids=token_ids[start:end], logprobs=logprobs[start:end],
+                       text=completion.text if len(spans) == 1
+                       else self.engine.decode(token_ids[start:end]),
+                       stop_reason=reason if end == len(token_ids) else "abort",
+                       version=number)
+                for number, start, end in spans], interrupted_by
+
+    def _version_spans(self, completion: CompletionOutput, target: Target
+                       ) -> list[tuple[int, int, int]]:
+        """(version, start, end) of each run of tokens one version sampled. Weights other
+        than `target`'s must be later versions of its job, swapped in under a generation that
+        was allowed to move."""
+        runs = []
+        for span in completion.weight_versions or []:
+            moved_to = self.versions.full_target(span.version)
+            if span.version == target.weights:
+                runs.append((target.number, span.start, span.end))
+            elif moved_to is not None and moved_to.job_id == target.job_id \
+                    and moved_to.number > target.number:
+                runs.append((moved_to.number, span.start, span.end))
+            else:
+                raise LoomError(f"Sample produced by weights {span.version!r}, expected "
+                                f"{target.weights!r} or a later version of it.")
+        return runs or [(target.number, 0, len(completion.token_ids))]
 
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         return TokenizeResponse(token_ids=[

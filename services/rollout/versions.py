@@ -122,11 +122,12 @@ class Versions:
         self.materialize = materialize
         self.base_model = base_model
         self.base_path = base_path
-        self.gate = WeightsGate(BASE_WEIGHTS_LABEL)
+        self.gate = WeightsGate(BASE_WEIGHTS_LABEL, self._succeeds)
         self.loras = LoraSlots(engine, max_loras)
         self._full: Target | None = base_target()
         self._preloaded: Preloaded | None = None
         self._known: dict[tuple[str, int], Target] = {}  # published versions never change
+        self._full_by_label: dict[str, Target] = {}
         self._newest: dict[str, int] = {}  # per job, the newest version announced
         self._announced = asyncio.Condition()
 
@@ -158,21 +159,36 @@ class Versions:
         if key not in self._known:
             path = await self.materialize(version)
             kind: Literal["full", "lora"] = "full" if version.kind == VersionKind.full else "lora"
-            self._known[key] = Target(version.job_id, version.number, kind, str(path))
+            target = self._known[key] = Target(version.job_id, version.number, kind, str(path))
+            if kind == "full":
+                self._full_by_label[target.weights] = target
         return self._known[key]
+
+    def full_target(self, label: str) -> Target | None:
+        """The published full version whose weights carry `label`, if any."""
+        return self._full_by_label.get(label)
+
+    def _succeeds(self, newer: str, older: str) -> bool:
+        """Whether full weights `newer` are a later version of the job of `older`."""
+        new, old = self.full_target(newer), self.full_target(older)
+        return new is not None and old is not None and new.job_id == old.job_id \
+            and new.number > old.number
 
     # --- serving ------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def use(self, job_id: str | None, ref: VersionRef) -> AsyncIterator[Served]:
-        """Resolve and hold a version loaded while the block runs."""
+    async def use(self, job_id: str | None, ref: VersionRef, *, movable: bool = False
+                  ) -> AsyncIterator[Served]:
+        """Resolve and hold a version loaded while the block runs. `movable` (partial
+        rollouts): full weights may move on to later versions of the job meanwhile."""
         target = await self.resolve(job_id, ref)
-        async with self.hold(target) as served:
+        async with self.hold(target, movable=movable) as served:
             yield served
 
     @asynccontextmanager
-    async def hold(self, target: Target) -> AsyncIterator[Served]:
-        async with self.gate.hold(target.weights, lambda: self._swap_full_weights(target)):
+    async def hold(self, target: Target, *, movable: bool = False) -> AsyncIterator[Served]:
+        async with self.gate.hold(target.weights, lambda: self._swap_full_weights(target),
+                                  movable=movable and target.kind == "full"):
             if target.kind != "lora":
                 yield Served(target, None)
                 return
@@ -291,8 +307,8 @@ class Versions:
                         await self._preload_logged(version)
                         await self._announce(version)
                     else:
-                        # New full weights can only be swapped in once the generations on
-                        # the old ones stop, and partial rollouts stop when they hear of it.
+                        # Announced first, so partial rollouts starting a turn go straight
+                        # to it; this pre-load swaps it in under the ones already running.
                         await self._announce(version)
                         await self._preload_logged(version)
             except LoomError as exc:

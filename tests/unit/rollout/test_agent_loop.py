@@ -4,6 +4,7 @@ template are the tiny model's own."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,8 +66,12 @@ class ScriptedSampler:
     interrupt_after: list[int] = field(default_factory=list)
     rest: list[int] | None = None
     newest: int = 7
+    # Partial rollouts on full weights: the next generation moves to the newest version after
+    # this many tokens, without stopping.
+    move_after: list[int] = field(default_factory=list)
 
-    async def sample_until_newer(self, request: SampleRequest) -> tuple[Sample, int | None]:
+    async def sample_until_newer(self, request: SampleRequest
+                                 ) -> tuple[list[Sample], int | None]:
         self.requests.append(request)
         if self.rest is not None:
             ids, self.rest = self.rest, None
@@ -76,15 +81,26 @@ class ScriptedSampler:
         else:
             sample = (await self.sample(request)).samples[0]
             self.requests.pop()
+        if self.move_after:
+            cuts = [0, *self.move_after, len(sample.token_ids)]
+            self.move_after = []
+            parts = []
+            for start, end in itertools.pairwise(cuts):
+                parts.append(sample.model_copy(update={
+                    "token_ids": sample.token_ids[start:end],
+                    "logprobs": sample.logprobs[start:end],
+                    "version": sample.version if start == 0 else self.newest,
+                    "stop_reason": sample.stop_reason if end == cuts[-1] else "abort"}))
+            return parts, None
         if not self.interrupt_after:
-            return sample, None
+            return [sample], None
         cut = self.interrupt_after.pop(0)
         self.rest = sample.token_ids[cut:]
         part = sample.model_copy(update={"token_ids": sample.token_ids[:cut],
                                          "logprobs": sample.logprobs[:cut],
                                          "stop_reason": "abort"})
         self.newest += 1
-        return part, self.newest
+        return [part], self.newest
 
     async def sample(self, request: SampleRequest) -> SampleResponse:
         self.requests.append(request)
@@ -314,6 +330,26 @@ async def test_partial_rollouts_continue_a_turn_on_the_newer_version(tokenizer: 
     assert second.prompt_token_ids == [*first.prompt_token_ids, *trajectory.token_ids[:5]]
     assert third.params.max_tokens == first.params.max_tokens - 8
     assert [r.version for r in sampler.requests] == [3, 8, 9, 9]
+
+
+async def test_partial_rollouts_on_weights_swapped_under_a_turn_keep_one_request(
+        tokenizer: Any) -> None:
+    """Full weights swapped in under a running generation: the turn comes back in parts, one
+    per version, with no second request, and the same tokens as an unmoved one."""
+    body = request(group_size=1, tasks=[{"prompt": "What is 12*34?", "reference": "408"}],
+                   job_id="job_1")
+    plain, *_ = make(tokenizer, tool_then_answer)
+    (expected,) = (await run(plain, body))[0].group.trajectories  # type: ignore[union-attr]
+
+    rollouts, sampler, *_ = make(tokenizer, tool_then_answer)
+    sampler.move_after = [4]
+    events = await run(rollouts, body.model_copy(update={"version_refresh": "partial"}))
+    (trajectory,) = events[0].group.trajectories  # type: ignore[union-attr]
+    assert trajectory.token_ids == expected.token_ids
+    assert [(t.kind, t.version, t.end - t.start) for t in trajectory.turns][:2] == [
+        ("model", 3, 4), ("model", 7, expected.turns[0].end - 4)]
+    assert len(sampler.requests) == 2  # one per model turn
+    assert [r.version for r in sampler.requests] == [3, 7]  # the next turn: the newest
 
 
 async def test_partial_rollouts_need_a_job(tokenizer: Any) -> None:

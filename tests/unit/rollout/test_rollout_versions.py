@@ -8,14 +8,17 @@ import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, WeightVersionSpan
 
 from modelstate.schemas import PendingVersion, PinList, Version, VersionKey, VersionKind
-from services.common.errors import InvalidInput, NotFound, Unavailable
+from services.common.errors import InvalidInput, LoomError, NotFound, Unavailable
 from services.rollout.pins import PinKeeper, holder_name
 from services.rollout.sampling import Sampler
-from services.rollout.schemas import SampleRequest
+from services.rollout.schemas import Sample, SampleRequest
 from services.rollout.versions import Target, Versions
 
 
@@ -314,7 +317,7 @@ async def test_a_partial_sample_on_an_outdated_version_moves_on_without_loading_
         await versions._announce(store.publish("full", VersionKind.full))
     sampler = Sampler(engine, versions)  # type: ignore[arg-type]
     sampler.check_prompt = lambda ids, max_tokens: None  # type: ignore[method-assign]
-    sample, newer = await sampler.sample_until_newer(SampleRequest(
+    (sample,), newer = await sampler.sample_until_newer(SampleRequest(
         job_id="full", version=1, prompt_token_ids=[1, 2]))
     assert (sample.token_ids, sample.stop_reason, newer) == ([], "abort", 2)
     assert engine.calls == []  # no swap, no generation
@@ -458,3 +461,91 @@ async def test_the_follower_loads_pending_publishes_before_their_versions(
         [pending, version])
     await follow_until(versions, engine, ("label", "full-job@1"))
     assert engine.calls == [("reload", "pending:s1"), ("label", "full-job@1")]
+
+
+async def hold_while_asked(versions: Versions, first: tuple[int, bool],
+                           then: tuple[int, bool]) -> list[str]:
+    """Hold version `first` of full-job ((number, movable)) for 50 ms while `then` is asked
+    for (0: the base); the order in which each got its weights and finished."""
+    events: list[str] = []
+    holding = asyncio.Event()
+
+    async def holder() -> None:
+        async with versions.use("full-job", first[0], movable=first[1]):
+            holding.set()
+            await asyncio.sleep(0.05)
+            events.append("first done")
+
+    async def asker() -> None:
+        await holding.wait()
+        number, movable = then
+        async with versions.use("full-job" if number else None, number, movable=movable):
+            events.append(f"{number} in")
+
+    await asyncio.gather(holder(), asker())
+    return events
+
+
+async def test_later_versions_swap_in_under_movable_holders_and_others_wait() -> None:
+    """Partial rollouts hold full weights movable: a later version of their job swaps in
+    without waiting for them; unrelated weights (the base) and pinned holders still wait."""
+    versions, engine, store = make_versions()
+    for _ in range(2):
+        store.publish("full-job", VersionKind.full)
+    assert await hold_while_asked(versions, (1, True), (2, False)) == ["2 in", "first done"]
+    # 2 is loaded: a mover of 1 joins it, and the base waits for the mover
+    assert await hold_while_asked(versions, (1, True), (0, False)) == ["first done", "0 in"]
+    assert await hold_while_asked(versions, (1, False), (2, True)) == ["first done", "2 in"]
+    assert engine.calls == [("reload", "full-job@1"), ("reload", "full-job@2"),
+                            ("reload", "base"), ("reload", "full-job@1"),
+                            ("reload", "full-job@2")]
+
+
+class GeneratingEngine(RecordingEngine):
+    """Generates `tokens`, labelled by `spans` ((label, start, end), as vLLM reports)."""
+
+    def __init__(self, tokens: list[int], spans: list[tuple[str, int, int]]) -> None:
+        super().__init__()
+        self.tokens, self.spans = tokens, spans
+
+    async def generate(self, prompt: list[int], params: object, lora_request: object,
+                       interrupt: object = None) -> object:
+        logprobs = [{t: Logprob(logprob=-0.5)} for t in self.tokens]
+        completion = CompletionOutput(
+            index=0, text="text", token_ids=self.tokens, cumulative_logprob=None,
+            logprobs=logprobs, finish_reason="stop",
+            weight_versions=[WeightVersionSpan(*span) for span in self.spans])
+        return SimpleNamespace(outputs=[completion])
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(map(str, token_ids))
+
+
+async def partial_sample(spans: list[tuple[str, int, int]]) -> list[Sample]:
+    engine = GeneratingEngine([5, 6, 7, 8, 9], spans)
+    versions = Versions(engine, FakeStore(), materialize, base_model="loom/tiny",
+                        base_path="/base", max_loras=2)
+    for _ in range(2):
+        await versions.target_of(versions.store.publish("full", VersionKind.full))
+    await versions.target_of(versions.store.publish("other", VersionKind.full))
+    sampler = Sampler(engine, versions)  # type: ignore[arg-type]
+    sampler.check_prompt = lambda ids, max_tokens: None  # type: ignore[method-assign]
+    parts, newer = await sampler.sample_until_newer(SampleRequest(
+        job_id="full", version=1, prompt_token_ids=[1, 2]))
+    assert newer is None  # full weights: never interrupted
+    return parts
+
+
+async def test_a_generation_moved_to_later_weights_comes_back_in_parts_per_version() -> None:
+    parts = await partial_sample([("full@1", 0, 3), ("full@2", 3, 5)])
+    assert [(p.version, p.token_ids, p.logprobs, p.stop_reason, p.text) for p in parts] == [
+        (1, [5, 6, 7], [-0.5] * 3, "abort", "567"), (2, [8, 9], [-0.5] * 2, "stop", "89")]
+    (whole,) = await partial_sample([("full@1", 0, 5)])
+    assert (whole.version, whole.token_ids, whole.text) == (1, [5, 6, 7, 8, 9], "text")
+
+
+@pytest.mark.parametrize("label", ["other@1", "base", "full@0", "unknown"])
+async def test_tokens_from_weights_a_generation_may_not_move_to_fail_the_sample(
+        label: str) -> None:
+    with pytest.raises(LoomError, match="Sample produced by weights"):
+        await partial_sample([("full@1", 0, 3), (label, 3, 5)])
