@@ -9,7 +9,7 @@ geometric distribution: most replies short, a few run to the cap). On a 2-core m
 engine and the trainer get a core each (`--no-pin` to let them share), so what a bubble costs
 is what it would cost with a device each.
 
-    .venv/bin/python -m bench.pipeline [--steps 8] [--groups-per-step 8] [--group-size 4]
+    .venv/bin/python -m bench.pipeline [--steps 16] [--epochs 4] [--max-staleness 2] [--mode full]
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ async def run_arm(stack: LocalStack, loom: AsyncLoomClient, arm: Arm, args: argp
     pipeline = AsyncPipeline(job, algorithm, env="arithmetic",  # type: ignore[arg-type]
                              tasks=tasks, groups_per_step=args.groups_per_step,
                              group_size=args.group_size, params=params, mode=arm.mode,
-                             max_staleness=1, epochs=args.epochs, **arm.options)
+                             max_staleness=args.max_staleness, oversample=args.oversample,
+                             epochs=args.epochs, **arm.options)
     engine0 = stack.counter("rollout", ENGINE_BUSY)
     trainer0 = stack.counter("trainer", TRAINER_BUSY)
     began = time.perf_counter()
@@ -160,14 +161,16 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
     sync = results[0]
     rows = [
         "| arm | samples | wall s | samples/s | × sync | engine bubble | trainer bubble | "
-        "max staleness | wait s/step | train s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "max staleness | stale groups dropped / cancelled | wait s/step | train s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows.append(
             f"| {r.arm.name} | {r.samples} | {r.wall_s:.1f} | {r.samples_per_s:.2f} | "
             f"{r.samples_per_s / sync.samples_per_s:.2f} | {r.engine_bubble:.0%} | "
             f"{r.trainer_bubble:.0%} | {max(s.max_staleness for s in r.steps)} | "
+            f"{sum(s.dropped_stale for s in r.steps)} / "
+            f"{sum(s.abandoned_stale for s in r.steps)} | "
             f"{statistics.mean(s.wait_s for s in r.steps):.2f} | "
             f"{statistics.mean(s.train_s for s in r.steps):.2f} |")
     best = results[-1]
@@ -181,14 +184,16 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
         f"({os.cpu_count()} cores, {platform.machine()}, no GPU); "
         f"`.venv/bin/python -m bench.pipeline --steps {args.steps} --groups-per-step "
         f"{args.groups_per_step} --group-size {args.group_size} --max-tokens {args.max_tokens} "
-        f"--mean-tokens {args.mean_tokens} --epochs {args.epochs} --mode {args.mode}"
+        f"--mean-tokens {args.mean_tokens} --epochs {args.epochs} --mode {args.mode} "
+        f"--max-staleness {args.max_staleness} --oversample {args.oversample}"
         f"{'' if pinned else ' --no-pin'}`.",
         "",
         f"Each arm trains a fresh {'LoRA' if args.mode == 'lora' else 'full-weights'} job on "
         "the tiny model for the same number of steps "
         f"({args.steps} × {args.groups_per_step} groups × {args.group_size} samples, GRPO "
         f"with {args.epochs} optimizer passes per batch, arithmetic prompts) through the SDK "
-        "`Pipeline` and the real services. "
+        f"`Pipeline` and the real services; the async arms accept groups up to "
+        f"{args.max_staleness} versions old. "
         "Bubbles come from the services' own busy-seconds counters (`/metrics`): the "
         "fraction of the arm's wall time with no generation in flight (engine) or no "
         "operation running (trainer). "
@@ -242,15 +247,19 @@ def main() -> None:
     import asyncio
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--mean-tokens", type=int, default=48)
     parser.add_argument("--epochs", type=int, default=4,
                         help="optimizer passes per batch: sets the trainer's share of the work")
-    parser.add_argument("--mode", choices=["lora", "full"], default="lora",
+    parser.add_argument("--mode", choices=["lora", "full"], default="full",
                         help="what each job trains and hands to the engine")
+    parser.add_argument("--max-staleness", type=int, default=2,
+                        help="of the async arms: how many versions a trained group may lag")
+    parser.add_argument("--oversample", type=float, default=1.0,
+                        help="groups asked for per group a step needs, in every arm")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
     parser.add_argument("--arms", nargs="*", help="a subset, by name (the first is the baseline)")
     args = parser.parse_args()

@@ -306,6 +306,7 @@ def _rl(job: Job, train: list[ToolTask], config: DemoConfig, rng: random.Random
             progress.console.print(
                 f"step {step.step:>3}  version {step.version}  reward {step.mean_reward:.3f}  "
                 f"groups {step.groups} (dropped {step.dropped_stale} stale, "
+                f"{step.abandoned_stale} cancelled as stale, "
                 f"{step.dropped_filtered} filtered)  staleness {step.max_staleness}  "
                 f"waited {step.wait_s:.1f} s  trained {step.train_s:.1f} s")
             progress.update(task, advance=1, info=f"reward {step.mean_reward:.3f}")
@@ -326,7 +327,8 @@ def _evaluate(job: Job, tasks: list[ToolTask], config: DemoConfig, version: int)
 
 REWARD_WINDOW = 5
 CURVE_FIELDS = ("step", "version", "mean_reward", "groups", "dropped_filtered",
-                "dropped_stale", "failed_groups", "max_staleness", "loss", "wait_s", "train_s")
+                "dropped_stale", "abandoned_stale", "failed_groups", "max_staleness", "loss",
+                "wait_s", "train_s")
 
 
 def _write_curve(curve: list[StepResult], out_dir: Path) -> Path:

@@ -11,7 +11,10 @@
   stay busy. Groups are asked for as places free up, not step by step, so a step's slowest
   group never holds back the next step's. A group sampled more than `max_staleness`
   versions before the one being trained is dropped (counted in `StepResult.dropped_stale`);
-  set the algorithm's `tis_cap` to correct the staleness that remains.
+  set the algorithm's `tis_cap` to correct the staleness that remains. A request whose groups
+  can no longer be trained (its version fell that far behind while they ran: long
+  generations) is cancelled as soon as a step publishes, so the engine samples groups that
+  can be (`StepResult.abandoned_stale`).
 - Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
   more: a step trains on `groups_per_step` groups with signal (`oversample` > 1 asks for more
   up front, so fewer top-ups are needed); extra groups carry over to the next step.
@@ -44,6 +47,7 @@ class StepResult:
     groups: int  # trained on
     mean_reward: float  # over every scored group this step looked at
     dropped_stale: int = 0
+    abandoned_stale: int = 0  # cancelled while sampling: they would have been dropped
     dropped_filtered: int = 0  # by the algorithm (zero variance, unscored)
     failed_groups: int = 0  # the rollout service reported an error for them
     max_staleness: int = 0  # versions between a trained group's sampler and the trainer
@@ -95,22 +99,27 @@ class AsyncPipeline:
         self.adam = adam or AdamParams()
         self.rollout_options = rollout_options
         self._groups: asyncio.Queue[RolloutGroup | None] = asyncio.Queue()
-        self._requests: set[asyncio.Task[None]] = set()
+        # Each request, with the version published when it was made (its groups sample on it
+        # or a later one).
+        self._requests: dict[asyncio.Task[None], int] = {}
+        self._published = 0
         self._outstanding = 0  # groups asked for and not yet taken by a step
         self._need = 0  # groups the step being assembled still needs
         self._tasks_left = True
         self._error: BaseException | None = None
         self._failed = 0
+        self._abandoned = 0
 
     async def run(self, steps: int) -> AsyncIterator[StepResult]:
         """Train `steps` steps (fewer if the tasks run out); one result per step."""
         try:
-            published = await self._latest()
+            self._published = await self._latest()
             for step in range(1, steps + 1):
-                result = await self._step(step, published)
+                result = await self._step(step, self._published)
                 if result is None:
                     return
-                published = result.version
+                self._published = result.version
+                self._abandon_stale()
                 yield result
         finally:
             for request in self._requests:
@@ -119,7 +128,7 @@ class AsyncPipeline:
 
     async def _step(self, step: int, published: int) -> StepResult | None:
         result = StepResult(step=step, version=published, groups=0, mean_reward=0.0)
-        failed_before = self._failed
+        failed_before, abandoned_before = self._failed, self._abandoned
         kept: list[Datum] = []
         rewards: list[float] = []
         began = time.perf_counter()
@@ -145,6 +154,7 @@ class AsyncPipeline:
         self._need = 0  # while this step trains, only the next steps' groups are sampled
         result.wait_s = time.perf_counter() - began
         result.failed_groups = self._failed - failed_before
+        result.abandoned_stale = self._abandoned - abandoned_before
         began = time.perf_counter()
         passes = []
         for _ in range(self.epochs):  # queued at once: the trainer runs them in order
@@ -186,8 +196,15 @@ class AsyncPipeline:
         if tasks:
             self._outstanding += len(tasks)
             request = asyncio.create_task(self._sample(tasks))
-            self._requests.add(request)
-            request.add_done_callback(self._requests.discard)
+            self._requests[request] = self._published
+            request.add_done_callback(self._requests.pop)
+
+    def _abandon_stale(self) -> None:
+        """Cancel the requests sampling on a version more than `max_staleness` behind the one
+        just published: a group of theirs could only be dropped (the newest only grows)."""
+        for request, published in list(self._requests.items()):
+            if self._published - published > self.staleness:
+                request.cancel()
 
     async def _sample(self, tasks: list[RolloutTask | dict[str, Any]]) -> None:
         delivered = 0
@@ -198,6 +215,9 @@ class AsyncPipeline:
                 delivered += 1
                 self._groups.put_nowait(group)
             self._failed += len(stream.errors)
+        except asyncio.CancelledError:
+            self._abandoned += len(tasks) - delivered
+            raise
         except Exception as exc:  # e.g. a refused request: the consumer raises it
             self._error = exc
         finally:

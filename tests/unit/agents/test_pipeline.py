@@ -47,8 +47,15 @@ class Stream:
             return RolloutGroup(task_index=0, task_id=task.get("id"), trajectories=[
                 trajectory(task, i, version) for i in range(self.group_size)])
 
-        for finished in asyncio.as_completed([sample(task) for task in self.tasks]):
-            yield await finished
+        running = [asyncio.ensure_future(sample(task)) for task in self.tasks]
+        try:
+            for finished in asyncio.as_completed(running):
+                yield await finished
+        except asyncio.CancelledError:  # the client went away: the service stops the rest
+            self.job.log.append(("cancelled", [task.get("id") for task in self.tasks]))
+            for group in running:
+                group.cancel()
+            raise
 
 
 @dataclass
@@ -136,6 +143,20 @@ async def test_slow_groups_do_not_hold_back_the_next_steps() -> None:
     # the four the staleness budget allows (not two steps' worth): steps go on meanwhile.
     slow_done = [i for i, e in enumerate(job.log) if e[0] == "delivered" and "slow" in e[1]]
     assert job.log.index(("published", 3)) < min(slow_done, default=len(job.log))
+
+
+async def test_requests_that_fell_too_far_behind_are_cancelled_and_replaced() -> None:
+    """A group still sampling on version 0 when version 2 is published could only be dropped
+    (staleness 1): its request is cancelled then, and the steps go on with other groups."""
+    job = ScriptedJob()
+    slow = {**tasks(1)[0], "id": "slow", "delay": 30}
+    results = await run(job, 4, tasks=[slow, *tasks(40)], mode="async", max_staleness=1)
+    assert [r.groups for r in results] == [2, 2, 2, 2]
+    assert [r.abandoned_stale for r in results] == [0, 0, 1, 0]  # counted by the next step
+    (cancelled,) = [e for e in job.log if e[0] == "cancelled"]
+    assert "slow" in cancelled[1] and ("delivered", "slow") not in job.log
+    assert job.log.index(("published", 2)) < job.log.index(cancelled) < job.log.index(
+        ("published", 3))
 
 
 async def test_zero_variance_groups_are_replaced_by_more_sampling() -> None:
