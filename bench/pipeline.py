@@ -53,11 +53,14 @@ class Arm:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+PARTIAL = {"version_refresh": "partial", "schedule": "longest_prompt_first"}
 ARMS = [
     Arm("sync", "sync"),
     Arm("async", "async"),
-    Arm("async+partial+length-aware", "async",
-        {"version_refresh": "partial", "schedule": "longest_prompt_first"}),
+    Arm("async+partial+length-aware", "async", PARTIAL),
+    # AReaL's bound: on how far ahead groups start; late groups are trained, not dropped.
+    Arm("async+partial+length-aware, bound on starts", "async",
+        {**PARTIAL, "staleness_bound": "started"}),
 ]
 
 
@@ -173,9 +176,6 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
             f"{sum(s.abandoned_stale for s in r.steps)} | "
             f"{statistics.mean(s.wait_s for s in r.steps):.2f} | "
             f"{statistics.mean(s.train_s for s in r.steps):.2f} |")
-    best = results[-1]
-    speedup = best.samples_per_s / sync.samples_per_s
-    bubble = max(best.engine_bubble, best.trainer_bubble)
     lengths = sync.lengths
     header = [
         "# RL pipeline: throughput and bubbles",
@@ -206,14 +206,18 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
         f"cap {args.max_tokens}.",
         "",
     ]
-    verdict = [
-        "",
-        f"Targets (async+partial+length-aware): ≥ {MIN_SPEEDUP}× sync throughput: "
-        f"{speedup:.2f}× — {'PASS' if speedup >= MIN_SPEEDUP else 'FAIL'}; bubble ≤ "
-        f"{MAX_BUBBLE:.0%} (worse of engine and trainer): {bubble:.0%} — "
-        f"{'PASS' if bubble <= MAX_BUBBLE else 'FAIL'}.",
-        "",
-    ]
+    verdict = [""]
+    for r in results:
+        if not r.arm.name.startswith("async+partial"):
+            continue
+        speedup = r.samples_per_s / sync.samples_per_s
+        bubble = max(r.engine_bubble, r.trainer_bubble)
+        verdict.append(
+            f"Targets ({r.arm.name}): ≥ {MIN_SPEEDUP}× sync throughput: {speedup:.2f}× — "
+            f"{'PASS' if speedup >= MIN_SPEEDUP else 'FAIL'}; bubble ≤ {MAX_BUBBLE:.0%} (worse "
+            f"of engine and trainer): {bubble:.0%} — "
+            f"{'PASS' if bubble <= MAX_BUBBLE else 'FAIL'}.")
+        verdict.append("")
     return "\n".join(header + rows + verdict)
 
 

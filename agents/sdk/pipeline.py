@@ -14,7 +14,10 @@
   set the algorithm's `tis_cap` to correct the staleness that remains. A request whose groups
   can no longer be trained (its version fell that far behind while they ran: long
   generations) is cancelled as soon as a step publishes, so the engine samples groups that
-  can be (`StepResult.abandoned_stale`).
+  can be (`StepResult.abandoned_stale`). Long generations are the ones that fall behind, so
+  this bound trains on fewer long samples than were drawn; `staleness_bound="started"` bounds
+  only how far ahead groups start (AReaL's admission control) and trains every group that
+  finishes, however late (`StepResult.max_staleness` says how late; set `tis_cap`).
 - Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
   more: a step trains on `groups_per_step` groups with signal (`oversample` > 1 asks for more
   up front, so fewer top-ups are needed); extra groups carry over to the next step.
@@ -76,6 +79,7 @@ class AsyncPipeline:
         params: SamplingParams | None = None,
         mode: Literal["sync", "async"] = "sync",
         max_staleness: int = 1,
+        staleness_bound: Literal["trained", "started"] = "trained",
         oversample: float = 1.0,
         epochs: int = 1,
         adam: AdamParams | None = None,
@@ -83,6 +87,9 @@ class AsyncPipeline:
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode is 'sync' or 'async', not {mode!r}")
+        if staleness_bound not in ("trained", "started"):
+            raise ValueError(f"staleness_bound is 'trained' or 'started', not "
+                             f"{staleness_bound!r}")
         if groups_per_step < 1 or oversample < 1 or max_staleness < 0 or epochs < 1:
             raise ValueError("groups_per_step >= 1, oversample >= 1, max_staleness >= 0 and "
                              "epochs >= 1")
@@ -94,6 +101,7 @@ class AsyncPipeline:
         self.group_size = group_size
         self.params = params or SamplingParams()
         self.staleness = max_staleness if mode == "async" else 0
+        self.drops_late = staleness_bound == "trained"
         self.oversample = oversample
         self.epochs = epochs
         self.adam = adam or AdamParams()
@@ -119,7 +127,8 @@ class AsyncPipeline:
                 if result is None:
                     return
                 self._published = result.version
-                self._abandon_stale()
+                if self.drops_late:
+                    self._abandon_stale()
                 yield result
         finally:
             for request in self._requests:
@@ -140,7 +149,7 @@ class AsyncPipeline:
                     return None
                 break
             staleness = published - group_version(group)
-            if staleness > self.staleness:
+            if staleness > self.staleness and self.drops_late:
                 result.dropped_stale += 1
                 continue
             batch = self.algorithm.batch([group])

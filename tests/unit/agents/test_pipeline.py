@@ -159,6 +159,18 @@ async def test_requests_that_fell_too_far_behind_are_cancelled_and_replaced() ->
         ("published", 3))
 
 
+async def test_a_bound_on_starts_trains_late_groups_instead() -> None:
+    """staleness_bound="started": the same slow group is neither cancelled nor dropped; it is
+    trained by the step that finds it finished, however late."""
+    job = ScriptedJob()
+    slow = {**tasks(1)[0], "id": "slow", "delay": 0.1}
+    results = await run(job, 20, tasks=[slow, *tasks(80)], mode="async", max_staleness=1,
+                        staleness_bound="started")
+    assert ("delivered", "slow") in job.log
+    assert sum(r.dropped_stale + r.abandoned_stale for r in results) == 0
+    assert max(r.max_staleness for r in results) > 1  # the slow group, trained late
+
+
 async def test_zero_variance_groups_are_replaced_by_more_sampling() -> None:
     job = ScriptedJob()
     mixed = [t for pair in zip(tasks(20, [1.0, 1.0]), tasks(20), strict=True) for t in pair]
@@ -203,7 +215,7 @@ async def test_epochs_make_several_passes_over_each_batch() -> None:
 
 @pytest.mark.parametrize("options", [{"mode": "later"}, {"groups_per_step": 0},
                                      {"oversample": 0.5}, {"max_staleness": -1},
-                                     {"epochs": 0}])
+                                     {"epochs": 0}, {"staleness_bound": "finished"}])
 def test_bad_pipeline_options(options: dict[str, Any]) -> None:
     base: dict[str, Any] = {"env": "e", "tasks": [], "groups_per_step": 1, "group_size": 1}
     with pytest.raises(ValueError):
