@@ -17,7 +17,8 @@
   can be (`StepResult.abandoned_stale`). Long generations are the ones that fall behind, so
   this bound trains on fewer long samples than were drawn; `staleness_bound="started"` bounds
   only how far ahead groups start (AReaL's admission control) and trains every group that
-  finishes, however late (`StepResult.max_staleness` says how late; set `tis_cap`).
+  finishes, however late (`StepResult.max_staleness` says how late; set `tis_cap`); `sync`
+  always drops.
 - Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
   more: a step trains on `groups_per_step` groups with signal (`oversample` > 1 asks for more
   up front, so fewer top-ups are needed); extra groups carry over to the next step.
@@ -101,7 +102,7 @@ class AsyncPipeline:
         self.group_size = group_size
         self.params = params or SamplingParams()
         self.staleness = max_staleness if mode == "async" else 0
-        self.drops_late = staleness_bound == "trained"
+        self.drops_late = staleness_bound == "trained" or mode == "sync"  # sync: never late
         self.oversample = oversample
         self.epochs = epochs
         self.adam = adam or AdamParams()

@@ -181,9 +181,11 @@ async def test_zero_variance_groups_are_replaced_by_more_sampling() -> None:
     assert all(r.mean_reward < 1.0 for r in results)
 
 
-async def test_sync_drops_groups_left_over_from_an_older_version() -> None:
+@pytest.mark.parametrize("bound", ["trained", "started"])
+async def test_sync_drops_groups_left_over_from_an_older_version(bound: str) -> None:
     job = ScriptedJob()
-    results = await run(job, 3, tasks=tasks(30), mode="sync", oversample=2.0)
+    results = await run(job, 3, tasks=tasks(30), mode="sync", oversample=2.0,
+                        staleness_bound=bound)
     assert sum(r.dropped_stale for r in results) >= 2
     assert all(r.max_staleness == 0 for r in results)
 
