@@ -158,7 +158,9 @@ async def get_operation(op_id: str, weaver: WeaverDep, _key: CurrentKey) -> dict
     return await operations.poll(weaver.futures, op_id)
 
 
-@router.api_route("/{call:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+# Not an operation of the API, so not in its OpenAPI description (one route, five methods).
+@router.api_route("/{call:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                  include_in_schema=False)
 async def unsupported(call: str, request: Request, _key: CurrentKey) -> None:
     """Calls Loom does not serve fail at once in the SDK's own error shape, never hang."""
     raise NotFound(f"Loom does not serve the Weaver call {request.method} /api/v1/{call} "
