@@ -198,11 +198,11 @@ class Sampler:
         was allowed to move."""
         runs = []
         for span in completion.weight_versions or []:
-            moved_to = self.versions.full_target(span.version)
             if span.version == target.weights:
                 runs.append((target.number, span.start, span.end))
-            elif moved_to is not None and moved_to.job_id == target.job_id \
-                    and moved_to.number > target.number:
+            elif self.versions.succeeds(span.version, target.weights):
+                moved_to = self.versions.full_target(span.version)
+                assert moved_to is not None  # a successor is a known full version
                 runs.append((moved_to.number, span.start, span.end))
             else:
                 raise LoomError(f"Sample produced by weights {span.version!r}, expected "

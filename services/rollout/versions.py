@@ -122,7 +122,7 @@ class Versions:
         self.materialize = materialize
         self.base_model = base_model
         self.base_path = base_path
-        self.gate = WeightsGate(BASE_WEIGHTS_LABEL, self._succeeds)
+        self.gate = WeightsGate(BASE_WEIGHTS_LABEL, self.succeeds)
         self.loras = LoraSlots(engine, max_loras)
         self._full: Target | None = base_target()
         self._preloaded: Preloaded | None = None
@@ -168,7 +168,7 @@ class Versions:
         """The published full version whose weights carry `label`, if any."""
         return self._full_by_label.get(label)
 
-    def _succeeds(self, newer: str, older: str) -> bool:
+    def succeeds(self, newer: str, older: str) -> bool:
         """Whether full weights `newer` are a later version of the job of `older`."""
         new, old = self.full_target(newer), self.full_target(older)
         return new is not None and old is not None and new.job_id == old.job_id \
