@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 import psutil
 
 from gateway.cli.supervisor import Supervisor
@@ -28,7 +28,7 @@ class LocalStack:
 
     def counter(self, service: str, name: str) -> float:
         """A counter's value from the service's own /metrics."""
-        text = httpx.get(f"{self.settings.url_of(service)}/metrics", timeout=10).text
+        text = httpx2.get(f"{self.settings.url_of(service)}/metrics", timeout=10).text
         for line in text.splitlines():
             if line.startswith(f"{name} ") or line.startswith(f"{name}{{"):
                 return float(line.rsplit(" ", 1)[1])

@@ -482,7 +482,7 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         "(`AsyncLoomClient.sample(SampleRequest(...))`, job_id None = the base model) "
         "through the gateway → rollout `/v1/sample` → its `AsyncLLM`.",
         *(["- **loom, no gateway** (--breakdown): the same stack and requests, posted straight "
-           "to the rollout service's `/v1/sample` (httpx, no gateway, no SDK), its batches "
+           "to the rollout service's `/v1/sample` (httpx2, no gateway, no SDK), its batches "
            "alternating with the gateway's."] if "loom, no gateway" in arms else []),
         "- **direct**: a bare `vllm.v1.engine.async_llm.AsyncLLM` in a process of its own, "
         "built with the rollout engine's `AsyncEngineArgs` (dtype "
@@ -502,7 +502,7 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         "the processes vLLM spawned (EngineCore and its worker, with the model); *frontend* = "
         "the direct arm's own process (AsyncLLM input/output processing, detokenizing); "
         "*rollout service* = the rollout process (uvicorn, pydantic, the same AsyncLLM "
-        "frontend); *gateway*; *client* = this script's process (SDK, httpx); *idle services* "
+        "frontend); *gateway*; *client* = this script's process (SDK, httpx2); *idle services* "
         "= modelstate, trainer, reward, sandbox; *other* = the machine's busy time minus all "
         "of those: other work on the machine (tests, daemons) — when it is large, the round "
         "is noisy.",

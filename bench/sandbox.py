@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from services.common.ports import free_port
 
@@ -88,13 +88,13 @@ async def sandbox_service(backend: str, pool: int) -> AsyncIterator[Execute]:
            "LOOM_SANDBOX_BACKEND": backend, "LOOM_SANDBOX_MAX_CONCURRENCY": str(pool),
            "LOOM_SANDBOX_DOCKER_POOL": f"loom-bench-{port}", "LOOM_LOG_LEVEL": "warning"}
     process = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env, cwd=REPO)
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
-                                 limits=limits) as client:
+    limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
+                                  limits=limits) as client:
         try:
             deadline = time.monotonic() + 120
             while True:
-                with contextlib.suppress(httpx.TransportError):
+                with contextlib.suppress(httpx2.TransportError):
                     if (await client.get("/readyz")).status_code == 200:
                         break
                 if process.poll() is not None or time.monotonic() > deadline:
@@ -140,7 +140,7 @@ def report(rows: list[Row], requests: int) -> str:
         "",
         "Machine: 2 CPU cores, no GPU. Each backend runs in the sandbox service "
         "(`python -m services.sandbox`, pool/slots = 32), called over HTTP on loopback with "
-        f"httpx; *bare* is `{BARE_PYTHON} -I -c` as an asyncio subprocess with no isolation, "
+        f"httpx2; *bare* is `{BARE_PYTHON} -I -c` as an asyncio subprocess with no isolation, "
         "on the same machine in the same run. Warm: one warm-up round per cell before measuring. "
         "Latency is per request, client side; ratio = backend p50 / bare p50.",
         "",

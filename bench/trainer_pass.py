@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from services.common.base_models import ensure_tiny_model
 from services.common.ports import free_port
@@ -42,16 +42,16 @@ def start_trainer(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            if httpx2.get(f"{url}/readyz", timeout=2).status_code == 200:
                 return process, url
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             pass
         time.sleep(0.2)
     process.kill()
     raise RuntimeError("the trainer did not become ready")
 
 
-def run(http: httpx.Client, action: str, body: dict[str, Any]) -> dict[str, Any]:
+def run(http: httpx2.Client, action: str, body: dict[str, Any]) -> dict[str, Any]:
     response = http.post(f"/v1/models/{JOB}/{action}", json=body)
     if response.status_code >= 400:
         raise RuntimeError(f"{action}: {response.status_code} {response.text}")
@@ -83,7 +83,7 @@ def main() -> None:
     process, url = start_trainer(work)
     timings: dict[str, list[float]] = {"two calls": [], "one call": []}
     try:
-        with httpx.Client(base_url=url, timeout=120) as http:
+        with httpx2.Client(base_url=url, timeout=120) as http:
             created = http.post("/v1/models", json={
                 "job_id": JOB, "base_model": str(model), "mode": "lora",
                 "lora": {"rank": 8, "alpha": 8.0}}).raise_for_status().json()

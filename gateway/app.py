@@ -80,10 +80,11 @@ def create_app(settings: GatewaySettings | None = None,
         return {"database": "ok"}
 
     # Our routes first: /v1/jobs, /v1/keys, /v1/tasks and /v1/health win over the
-    # /v1/{service} proxy.
+    # /v1/{service} proxy. Routes are matched in order, so the proxy (every sample call) comes
+    # before the SDK-compatible APIs and the admin pages, whose paths it cannot match anyway.
     app = create_service_app("gateway", routers=[routes.router, tasks_routes.router,
-                                                 tinker_routes.router, weaver_routes.router,
-                                                 proxy.router],
+                                                 proxy.router, tinker_routes.router,
+                                                 weaver_routes.router],
                              lifespan=lifespan, readiness=readiness)
     app.state.settings = settings
     install_admin(app, settings)  # /admin: pages, static files, session signer

@@ -25,14 +25,15 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def current_key(request: Request) -> KeyIdentity:
+# The key checks are async only to run on the event loop (see `app_state`): they do no I/O.
+async def current_key(request: Request) -> KeyIdentity:
     identity: KeyIdentity | None = getattr(request.state, "api_key", None)
     if identity is None:  # only reachable if a route is exempted from the auth middleware
         raise Unauthorized("This endpoint needs an API key.")
     return identity
 
 
-def admin_key(key: Annotated[KeyIdentity, Depends(current_key)]) -> KeyIdentity:
+async def admin_key(key: Annotated[KeyIdentity, Depends(current_key)]) -> KeyIdentity:
     if not key.admin:
         raise Forbidden(f"API key {key.name!r} is not an admin key; this endpoint needs one.")
     return key

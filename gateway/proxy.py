@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
-import httpx
+import httpx2
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
@@ -55,12 +55,12 @@ async def forward(upstreams: Upstreams, service: str, request: Request, key: Key
     )
     try:
         upstream = await client.send(upstream_request, stream=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
         raise Unavailable(
             f"The {service} service is unreachable at {client.base_url}: {exc!r}",
             {"service": service},
         ) from exc
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise UpstreamError(f"The {service} service failed to answer: {exc!r}",
                             {"service": service}) from exc
     response = StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import httpx2
 
 from gateway.schemas import StackHealth
 from gateway.settings import UPSTREAMS, GatewaySettings
@@ -17,19 +17,21 @@ class Upstreams:
     """One pooled client per service, built once in the lifespan."""
 
     def __init__(self, settings: GatewaySettings,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        timeout = httpx.Timeout(settings.gateway_proxy_timeout_s,
-                                connect=settings.gateway_proxy_connect_timeout_s)
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50,
-                             keepalive_expiry=CLIENT_KEEP_ALIVE_S)
+                 transport: httpx2.AsyncBaseTransport | None = None) -> None:
+        timeout = httpx2.Timeout(settings.gateway_proxy_timeout_s,
+                                 connect=settings.gateway_proxy_connect_timeout_s)
+        # Every connection may stay pooled while idle: a burst (64 samples sent at once) then
+        # finds its connections open again on the next burst instead of reconnecting.
+        limits = httpx2.Limits(max_connections=200, max_keepalive_connections=200,
+                               keepalive_expiry=CLIENT_KEEP_ALIVE_S)
         self.health_timeout = settings.gateway_health_timeout_s
         self.clients = {
-            name: httpx.AsyncClient(base_url=settings.url_of(name), timeout=timeout,
-                                    limits=limits, transport=transport)
+            name: httpx2.AsyncClient(base_url=settings.url_of(name), timeout=timeout,
+                                     limits=limits, transport=transport)
             for name in UPSTREAMS
         }
 
-    def client(self, service: str) -> httpx.AsyncClient:
+    def client(self, service: str) -> httpx2.AsyncClient:
         client = self.clients.get(service)
         if client is None:
             raise NotFound(
@@ -52,7 +54,7 @@ class Upstreams:
         client = self.clients[service]
         try:
             response = await client.get("/readyz", timeout=self.health_timeout)
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             return Health(service=service, status="unreachable", version="unknown",
                           detail={"url": str(client.base_url), "error": repr(exc)})
         try:

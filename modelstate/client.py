@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
+import httpx2
 
 from modelstate.blobstore import check_relative_path, hash_file
 from modelstate.schemas import (
@@ -46,13 +46,13 @@ class ModelStateClient:
         self,
         base_url: str,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
         event_read_timeout_s: float = 60.0,
     ) -> None:
         self._service = ServiceClient(base_url, service="modelstate", transport=transport)
         # Longer than the server's heartbeat period: silence this long means a dead connection.
-        self._event_timeout = httpx.Timeout(connect=5.0, read=event_read_timeout_s,
-                                            write=30.0, pool=30.0)
+        self._event_timeout = httpx2.Timeout(connect=5.0, read=event_read_timeout_s,
+                                             write=30.0, pool=30.0)
         self._info: StoreInfo | None = None
 
     # --- publishing --------------------------------------------------------------------------
@@ -210,7 +210,7 @@ class ModelStateClient:
                                 cursor = max(cursor, version.id)
                                 delay = RECONNECT_MIN_S
                                 yield version
-            except httpx.TransportError:
+            except httpx2.TransportError:
                 pass  # server gone or silent for too long: reconnect below
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)
@@ -274,7 +274,7 @@ class _Event:
         return "\n".join(self.data_lines)
 
 
-async def _sse_events(response: httpx.Response) -> AsyncIterator[_Event]:
+async def _sse_events(response: httpx2.Response) -> AsyncIterator[_Event]:
     """Server-sent events (the subset Loom sends: event, data, id, comments)."""
     event = _Event()
     async for line in response.aiter_lines():

@@ -17,13 +17,14 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from modelstate.deps import SettingsDep, StoreDep
 from modelstate.schemas import PendingVersion, Version
 from modelstate.store import ModelStore
+from services.common.deps import app_state
 
 REPLAY_BATCH = 500
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -54,11 +55,7 @@ class VersionBroadcaster:
             self._queues.discard(queue)
 
 
-def get_events(request: Request) -> VersionBroadcaster:
-    return request.app.state.events  # type: ignore[no-any-return]
-
-
-EventsDep = Annotated[VersionBroadcaster, Depends(get_events)]
+EventsDep = Annotated[VersionBroadcaster, Depends(app_state("events"))]
 
 
 def version_event(version: Version) -> ServerSentEvent:

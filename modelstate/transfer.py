@@ -10,7 +10,7 @@ import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from modelstate.blobstore import CHUNK_BYTES, hash_file
 from modelstate.schemas import ManifestFile
@@ -27,13 +27,13 @@ async def file_chunks(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-async def raise_for_status(response: httpx.Response) -> None:
+async def raise_for_status(response: httpx2.Response) -> None:
     if response.status_code >= 400:
         await response.aread()
         raise_for_envelope(response, "modelstate")
 
 
-async def upload_blob(http: httpx.AsyncClient, path: Path, sha256: str, size: int) -> None:
+async def upload_blob(http: httpx2.AsyncClient, path: Path, sha256: str, size: int) -> None:
     """PUT one file's content (idempotent: retried from the start after a broken transfer)."""
     for attempt in range(ATTEMPTS):
         try:
@@ -41,7 +41,7 @@ async def upload_blob(http: httpx.AsyncClient, path: Path, sha256: str, size: in
                 f"/v1/blobs/{sha256}", content=file_chunks(path),
                 headers={"Content-Length": str(size),
                          "Content-Type": "application/octet-stream"})
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             if attempt + 1 == ATTEMPTS:
                 raise UpstreamError(f"modelstate: uploading {path.name}: {exc!r}") from exc
             await asyncio.sleep(BACKOFF_S * 2**attempt)
@@ -50,7 +50,7 @@ async def upload_blob(http: httpx.AsyncClient, path: Path, sha256: str, size: in
         return
 
 
-async def download_file(http: httpx.AsyncClient, url: str, target: Path,
+async def download_file(http: httpx2.AsyncClient, url: str, target: Path,
                         entry: ManifestFile) -> None:
     """Fetch `entry` into `target`. Bytes land in `.<name>.part` first; a broken transfer, or
     a later call after a crash, continues from the part's end; the whole file is checked
@@ -61,7 +61,7 @@ async def download_file(http: httpx.AsyncClient, url: str, target: Path,
         try:
             await _fetch_rest(http, url, part, entry.size)
             break
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             if attempt + 1 == ATTEMPTS:
                 raise UpstreamError(f"modelstate: downloading {entry.path!r}: {exc!r}") from exc
             await asyncio.sleep(BACKOFF_S * 2**attempt)
@@ -75,7 +75,7 @@ async def download_file(http: httpx.AsyncClient, url: str, target: Path,
     os.replace(part, target)
 
 
-async def _fetch_rest(http: httpx.AsyncClient, url: str, part: Path, size: int) -> None:
+async def _fetch_rest(http: httpx2.AsyncClient, url: str, part: Path, size: int) -> None:
     have = part.stat().st_size if part.exists() else 0
     if have > size:  # not a prefix of this file: start over
         part.unlink()
@@ -92,7 +92,7 @@ async def _fetch_rest(http: httpx.AsyncClient, url: str, part: Path, size: int) 
 
 
 
-async def download_archive(http: httpx.AsyncClient, url: str, target: Path,
+async def download_archive(http: httpx2.AsyncClient, url: str, target: Path,
                            params: dict[str, str | bool]) -> None:
     """Stream a version's tar archive into the file `target`."""
     try:
@@ -101,7 +101,7 @@ async def download_archive(http: httpx.AsyncClient, url: str, target: Path,
             with open(target, "wb") as out:
                 async for chunk in response.aiter_bytes(CHUNK_BYTES):
                     out.write(chunk)
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise UpstreamError(f"modelstate: downloading {url}: {exc!r}") from exc
 
 

@@ -3,7 +3,7 @@ as they are (a 5xx from the gateway is the gateway's fault, not an upstream's)."
 
 from __future__ import annotations
 
-import httpx
+import httpx2
 
 from services.common.http import ServiceClient, envelope_error
 
@@ -14,17 +14,17 @@ class GatewayHttp(ServiceClient):
         url: str,
         api_key: str,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
         timeout: float = 300.0,
     ) -> None:
         super().__init__(
             url,
             service="gateway",
             transport=transport,
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            timeout=httpx2.Timeout(timeout, connect=10.0),
             headers={"Authorization": f"Bearer {api_key}"},
         )
 
-    def raise_for_status(self, response: httpx.Response) -> None:
+    def raise_for_status(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:
             raise envelope_error(response)

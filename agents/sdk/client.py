@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
+import httpx2
 
 from agents.sdk._http import GatewayHttp
 from agents.sdk.capture import AsyncCaptureSession
@@ -52,7 +52,7 @@ class AsyncLoomClient:
     """Entry point: `AsyncLoomClient(url, api_key)`; `transport` lets tests run in-process."""
 
     def __init__(
-        self, url: str, api_key: str, *, transport: httpx.AsyncBaseTransport | None = None
+        self, url: str, api_key: str, *, transport: httpx2.AsyncBaseTransport | None = None
     ) -> None:
         self._http = GatewayHttp(url, api_key, transport=transport)
         self._api_key = api_key

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import httpx
+import httpx2
 
 from agents.sdk._http import GatewayHttp
 from services.common.schemas import ErrorBody
@@ -21,7 +21,7 @@ ROLLOUTS_PATH = "/v1/rollout/rollouts"
 
 
 class AsyncRolloutStream:
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx2.Response) -> None:
         self._response = response
         self.errors: list[ErrorBody] = []
         self.summary: RolloutSummary | None = None

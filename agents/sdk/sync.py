@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
-import httpx
+import httpx2
 
 from agents.algorithms.algorithm import Algorithm
 from agents.sdk._futures import OperationFuture
@@ -133,10 +133,10 @@ class LoomClient(_Blocking):
     """Synchronous client: the same methods as `AsyncLoomClient`, blocking."""
 
     def __init__(
-        self, url: str, api_key: str, *, transport: httpx.AsyncBaseTransport | None = None
+        self, url: str, api_key: str, *, transport: httpx2.AsyncBaseTransport | None = None
     ) -> None:
         runner = _LoopThread()
-        # httpx's async client must be created on the loop that will use it.
+        # httpx2's async client must be created on the loop that will use it.
         client = runner.run(_make_client(url, api_key, transport))
         super().__init__(client, runner)
 
@@ -152,7 +152,7 @@ class LoomClient(_Blocking):
 
 
 async def _make_client(
-    url: str, api_key: str, transport: httpx.AsyncBaseTransport | None
+    url: str, api_key: str, transport: httpx2.AsyncBaseTransport | None
 ) -> AsyncLoomClient:
     return AsyncLoomClient(url, api_key, transport=transport)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-import httpx
+import httpx2
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.upstreams import Upstreams
@@ -24,7 +24,7 @@ from services.rollout.schemas import LoadedVersion, ResidentVersions
 T = TypeVar("T")
 
 # A page waits this long at most for a service; the proxy's own timeouts are for long sampling.
-PAGE_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
+PAGE_TIMEOUT = httpx2.Timeout(10.0, connect=3.0)
 _ALIAS_NAME: TypeAdapter[str] = TypeAdapter(AliasName)
 
 
@@ -71,14 +71,14 @@ async def delete_version(upstreams: Upstreams, job_id: str, number: int) -> None
     await _call(upstreams, "modelstate", "DELETE", f"/v1/jobs/{job_id}/versions/{number}")
 
 
-async def open_archive(upstreams: Upstreams, job_id: str, number: int) -> httpx.Response:
+async def open_archive(upstreams: Upstreams, job_id: str, number: int) -> httpx2.Response:
     """modelstate's tar of a version, opened as a stream: the caller closes it."""
     client = upstreams.client("modelstate")
     request = client.build_request("GET", f"/v1/jobs/{job_id}/versions/{number}/archive",
                                    headers=_headers(), timeout=PAGE_TIMEOUT)
     try:
         response = await client.send(request, stream=True)
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise _unreachable("modelstate", client, exc) from exc
     if response.status_code >= 400:
         await response.aread()
@@ -110,12 +110,12 @@ async def rollout_replicas(upstreams: Upstreams, job_id: str) -> list[ReplicaVie
 
 
 async def _call(upstreams: Upstreams, service: str, method: str, path: str,
-                json: object = None) -> httpx.Response:
+                json: object = None) -> httpx2.Response:
     client = upstreams.client(service)
     try:
         response = await client.request(method, path, json=json, headers=_headers(),
                                         timeout=PAGE_TIMEOUT)
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise _unreachable(service, client, exc) from exc
     raise_for_envelope(response, service)
     return response
@@ -125,7 +125,7 @@ def _headers() -> dict[str, str]:
     return {"X-Request-ID": request_id_var.get()}
 
 
-def _unreachable(service: str, client: httpx.AsyncClient, exc: Exception) -> LoomError:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+def _unreachable(service: str, client: httpx2.AsyncClient, exc: Exception) -> LoomError:
+    if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
         return Unavailable(f"The {service} service is unreachable at {client.base_url}.")
     return UpstreamError(f"The {service} service failed to answer: {exc!r}")

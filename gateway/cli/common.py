@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import httpx
+import httpx2
 import typer
 from rich.console import Console
 
@@ -50,6 +50,6 @@ def api_key_for(given: str | None, settings: LoomSettings) -> str:
 
 def gateway_answers(url: str) -> bool:
     try:
-        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
+        return httpx2.get(f"{url.rstrip('/')}/healthz", timeout=2).status_code == 200
+    except httpx2.TransportError:
         return False

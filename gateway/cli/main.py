@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
 
-import httpx
+import httpx2
 import typer
 from rich.panel import Panel
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -119,8 +119,8 @@ def up(
 
 
 def fetch_health(url: str, api_key: str) -> StackHealth:
-    response = httpx.get(f"{url.rstrip('/')}/v1/health",
-                         headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+    response = httpx2.get(f"{url.rstrip('/')}/v1/health",
+                          headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
     if response.status_code != 200:
         message = response.json().get("error", {}).get("message", response.text)
         raise RuntimeError(f"HTTP {response.status_code}: {message}")
@@ -146,7 +146,7 @@ def status(
     url = url or settings.gateway_url
     try:
         health = fetch_health(url, api_key_for(api_key, settings))
-    except (httpx.TransportError, RuntimeError) as exc:
+    except (httpx2.TransportError, RuntimeError) as exc:
         err_console.print(f"[red]Gateway at {url}: {exc}[/red]")
         raise typer.Exit(1) from exc
     table = Table(title=f"Loom at {url}: {health.status}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import httpx
+import httpx2
 import psutil
 
 from services.common.settings import SERVICES, LoomSettings
@@ -136,7 +136,7 @@ class Supervisor:
                    poll_s: float = 0.5) -> None:
         """Block until every service answers /readyz; raise `ServiceFailed` if one exits or
         takes longer than its start-up timeout."""
-        with httpx.Client(timeout=2.0) as http:
+        with httpx2.Client(timeout=2.0) as http:
             while pending := [s for s in self.services if s.state == "starting"]:
                 for service in pending:
                     self._check_start(service, http)
@@ -144,7 +144,7 @@ class Supervisor:
                         on_change(service)
                 time.sleep(poll_s)
 
-    def _check_start(self, service: RunningService, http: httpx.Client) -> None:
+    def _check_start(self, service: RunningService, http: httpx2.Client) -> None:
         code = service.process.poll()
         if code is not None:
             service.state = "exited"
@@ -156,7 +156,7 @@ class Supervisor:
             if self._wrote_ready_file(service):
                 service.state = "ready"
             return
-        with contextlib.suppress(httpx.TransportError):
+        with contextlib.suppress(httpx2.TransportError):
             if http.get(f"{service.url}/readyz").status_code == 200:
                 service.state = "ready"
 

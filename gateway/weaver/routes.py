@@ -17,7 +17,7 @@ from services.common.errors import InvalidInput, NotFound
 WeaverDep = Annotated[WeaverService, Depends(app_state("weaver"))]
 
 
-def json_body(request: Request) -> None:
+async def json_body(request: Request) -> None:
     """The SDK's opt-in binary tensor transport sends multipart bodies, which Loom does not
     read: say so instead of failing to parse them."""
     if request.headers.get("content-type", "").startswith("multipart/"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-import httpx
+import httpx2
 
 from services.common.settings import SERVICES, LoomSettings
 
@@ -20,8 +20,8 @@ TIMEOUT_S = 5.0
 
 def http_ready(service: str, settings: LoomSettings) -> bool:
     try:
-        return httpx.get(f"{settings.url_of(service)}/readyz", timeout=TIMEOUT_S).is_success
-    except httpx.HTTPError:
+        return httpx2.get(f"{settings.url_of(service)}/readyz", timeout=TIMEOUT_S).is_success
+    except httpx2.HTTPError:
         return False
 
 

@@ -1,4 +1,4 @@
-"""Service-to-service HTTP: pooled httpx clients, timeouts, retries with backoff on idempotent
+"""Service-to-service HTTP: pooled httpx2 clients, timeouts, retries with backoff on idempotent
 calls only, and upstream error envelopes turned back into typed errors."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import Any
 
-import httpx
+import httpx2
 
 from services.common.errors import LoomError, Unavailable, UpstreamError, error_from_envelope
 from services.common.logs import request_id_var
@@ -15,11 +15,13 @@ from services.common.logs import request_id_var
 log = logging.getLogger(__name__)
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
-DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=300.0, pool=30.0)
+DEFAULT_TIMEOUT = httpx2.Timeout(connect=5.0, read=300.0, write=300.0, pool=30.0)
 # Idle pooled connections are dropped after this; servers keep them longer (see serve.py).
 CLIENT_KEEP_ALIVE_S = 5.0
-LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20,
-                      keepalive_expiry=CLIENT_KEEP_ALIVE_S)
+# Every connection may stay pooled while idle (for at most CLIENT_KEEP_ALIVE_S): a client that
+# sends bursts of requests reuses them instead of reconnecting most of them on each burst.
+LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=100,
+                       keepalive_expiry=CLIENT_KEEP_ALIVE_S)
 
 
 class ServiceClient:
@@ -30,14 +32,14 @@ class ServiceClient:
         base_url: str,
         *,
         service: str,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        timeout: httpx2.Timeout = DEFAULT_TIMEOUT,
         retries: int = 3,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.service = service
         self.retries = retries
-        self.http = httpx.AsyncClient(
+        self.http = httpx2.AsyncClient(
             base_url=base_url.rstrip("/"),
             timeout=timeout,
             transport=transport,
@@ -45,13 +47,13 @@ class ServiceClient:
             limits=LIMITS,
         )
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
         attempts = self.retries + 1 if method.upper() in IDEMPOTENT else 1
         headers = {"X-Request-ID": request_id_var.get(), **kwargs.pop("headers", {})}
         for attempt in range(attempts):
             try:
                 response = await self.http.request(method, path, headers=headers, **kwargs)
-            except httpx.TransportError as exc:
+            except httpx2.TransportError as exc:
                 if attempt + 1 < attempts:
                     await asyncio.sleep(0.2 * 2**attempt)
                     continue
@@ -65,7 +67,7 @@ class ServiceClient:
             return response
         raise AssertionError("unreachable")
 
-    def raise_for_status(self, response: httpx.Response) -> None:
+    def raise_for_status(self, response: httpx2.Response) -> None:
         raise_for_envelope(response, self.service)
 
     async def get_json(self, path: str, **kwargs: Any) -> Any:
@@ -78,7 +80,7 @@ class ServiceClient:
         await self.http.aclose()
 
 
-def envelope_error(response: httpx.Response) -> LoomError:
+def envelope_error(response: httpx2.Response) -> LoomError:
     """The typed error an error response's envelope describes."""
     try:
         body = response.json()
@@ -87,7 +89,7 @@ def envelope_error(response: httpx.Response) -> LoomError:
     return error_from_envelope(response.status_code, body)
 
 
-def raise_for_envelope(response: httpx.Response, service: str) -> None:
+def raise_for_envelope(response: httpx2.Response, service: str) -> None:
     if response.status_code < 400:
         return
     error = envelope_error(response)

@@ -25,7 +25,7 @@ def serve(service: str, factory: Callable[[], FastAPI], settings: LoomSettings) 
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=10,
-        # Longer than any Loom client keeps an idle connection (httpx: 5 s), so the client
+        # Longer than any Loom client keeps an idle connection (httpx2: 5 s), so the client
         # always closes first. With equal timeouts a request sent on a connection the server
         # is closing at that instant fails with a ReadError (seen under the demo's load).
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,

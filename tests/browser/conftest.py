@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.app import create_app
@@ -40,9 +40,9 @@ class AdminStack:
     admin_key: str
     modelstate_url: str
 
-    def api(self, key: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30,
-                            headers={"Authorization": f"Bearer {key or self.admin_key}"})
+    def api(self, key: str | None = None) -> httpx2.Client:
+        return httpx2.Client(base_url=self.url, timeout=30,
+                             headers={"Authorization": f"Bearer {key or self.admin_key}"})
 
 
 # Module scope, not session: while sync Playwright runs, its event loop counts as running in

@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import pytest
 
 from modelstate.schemas import FileRef, PublishRequest, VersionKind
@@ -37,7 +37,7 @@ def publish_version(stack: AdminStack, job_id: str, step: int) -> int:
     files = {"adapter_config.json": json.dumps({"r": 8, "step": step}).encode(),
              "adapter_model.safetensors": bytes([step]) * 4096}
     refs = []
-    with httpx.Client(base_url=stack.modelstate_url, timeout=30) as modelstate:
+    with httpx2.Client(base_url=stack.modelstate_url, timeout=30) as modelstate:
         for name, data in files.items():
             digest = hashlib.sha256(data).hexdigest()
             modelstate.put(f"/v1/blobs/{digest}", content=data,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 import yaml
 
@@ -127,15 +127,15 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
 
 
 def test_every_service_is_healthy_and_the_gateway_sees_them(compose: Compose) -> None:
-    health = httpx.get(f"{GATEWAY}/v1/health", timeout=10,
-                       headers={"Authorization": f"Bearer {compose.env['LOOM_API_KEY']}"})
+    health = httpx2.get(f"{GATEWAY}/v1/health", timeout=10,
+                        headers={"Authorization": f"Bearer {compose.env['LOOM_API_KEY']}"})
     assert health.status_code == 200, health.text
     body = health.json()
     assert body["status"] == "ok", body
     assert set(body["services"]) >= {"rollout", "reward", "sandbox", "trainer", "modelstate"}
     # A wrong key is refused: the stack runs with the admin key it was given, nothing else.
-    assert httpx.get(f"{GATEWAY}/v1/health", timeout=10,
-                     headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx2.get(f"{GATEWAY}/v1/health", timeout=10,
+                      headers={"Authorization": "Bearer nope"}).status_code == 401
     # Services run as the image's non-root user (the sandbox service holds the Docker socket
     # and runs as root by choice: see docker-compose.yml).
     for service in ("gateway", "modelstate", "trainer", "rollout", "reward", "worker"):

@@ -7,7 +7,7 @@ import csv
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -87,7 +87,7 @@ def test_version_lifecycle_through_the_sdk(stack, tmp_path: Path) -> None:
         auth = {"Authorization": f"Bearer {key}"}
 
         def pinned() -> bool:
-            pins = httpx.get(pins_url, headers=auth).json()["pins"]
+            pins = httpx2.get(pins_url, headers=auth).json()["pins"]
             return any(p["job_id"] == job.id and p["number"] == 1 for p in pins)
 
         deadline = time.monotonic() + 30

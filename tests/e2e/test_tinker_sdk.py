@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from agents.sdk import LoomClient
@@ -67,7 +67,7 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
         assert trained == pytest.approx(sampled, abs=2e-3)
     assert all(math.isfinite(i["loss"]) for i in iterations)
     url, key, _ = stack
-    jobs = httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
+    jobs = httpx2.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
     (job_id,) = [j["id"] for j in jobs["jobs"]
                  if j["config"].get("tinker_model_id") == final["model_id"]]
     with LoomClient(url, key) as loom:
@@ -144,7 +144,7 @@ def test_saved_state_loads_back_with_and_without_the_optimizer_and_seeds_new_cli
                               ["sampler_weights/final", "sampler", seen["sampler_path"]]]
     assert seen["info"] == {"base_model": "loom/tiny", "lora_rank": 8}
     url, key, _ = stack
-    jobs = httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
+    jobs = httpx2.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
     loaded_from = [j["config"].get("tinker_loaded_from") for j in jobs["jobs"]]
     assert loaded_from.count(path) == 2
 
@@ -153,14 +153,14 @@ def test_bad_tinker_requests_get_clear_client_errors(stack: tuple[str, str, Path
     url, key, _ = stack
     api = f"{url}/api/v1"
     auth = {"X-API-Key": f"tml-{key}"}
-    assert httpx.post(f"{api}/create_session", json={}).status_code == 401
-    assert httpx.post(f"{api}/create_session", json={},
-                      headers={"X-API-Key": "tml-not-a-key"}).status_code == 401
-    session = httpx.post(f"{api}/create_session", json={}, headers=auth).json()["session_id"]
-    created = httpx.post(f"{api}/create_model", headers=auth, json={
+    assert httpx2.post(f"{api}/create_session", json={}).status_code == 401
+    assert httpx2.post(f"{api}/create_session", json={},
+                       headers={"X-API-Key": "tml-not-a-key"}).status_code == 401
+    session = httpx2.post(f"{api}/create_session", json={}, headers=auth).json()["session_id"]
+    created = httpx2.post(f"{api}/create_model", headers=auth, json={
         "session_id": session, "model_seq_id": 0, "base_model": "loom/tiny"}).json()
-    retrieved = httpx.post(f"{api}/retrieve_future", headers=auth, timeout=60,
-                           json={"request_id": created["request_id"]}).json()
+    retrieved = httpx2.post(f"{api}/retrieve_future", headers=auth, timeout=60,
+                            json={"request_id": created["request_id"]}).json()
     assert retrieved["model_id"] == created["model_id"]
     cases = [
         ("forward_backward", {"content": b"\xff\x00 not protobuf"}, 422, "ForwardBackward"),
@@ -174,6 +174,6 @@ def test_bad_tinker_requests_get_clear_client_errors(stack: tuple[str, str, Path
         ("retrieve_future", {"json": {"request_id": "req-unknown"}}, 404, "req-unknown"),
     ]
     for call, body, status, words in cases:
-        response = httpx.post(f"{api}/{call}", headers=auth, timeout=60, **body)
+        response = httpx2.post(f"{api}/{call}", headers=auth, timeout=60, **body)
         assert response.status_code == status, (call, response.text[:300])
         assert words in response.json()["error"]["message"], (call, response.text[:300])

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from agents.sdk import LoomClient
@@ -146,12 +146,12 @@ def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
     url, key, _ = stack
     api = f"{url}/weaver/api/v1"
     auth = {"X-WEAVER-API-KEY": key}
-    missing = httpx.post(f"{api}/sessions", json={})
+    missing = httpx2.post(f"{api}/sessions", json={})
     assert missing.status_code == 401 and missing.json()["error"] == "unauthorized"
-    assert httpx.post(f"{api}/sessions", json={},
-                      headers={"X-WEAVER-API-KEY": "sk-not-a-key"}).status_code == 401
-    session = httpx.post(f"{api}/sessions", json={}, headers=auth).json()["id"]
-    model = httpx.post(f"{api}/sessions/{session}/models", headers=auth, timeout=60, json={
+    assert httpx2.post(f"{api}/sessions", json={},
+                       headers={"X-WEAVER-API-KEY": "sk-not-a-key"}).status_code == 401
+    session = httpx2.post(f"{api}/sessions", json={}, headers=auth).json()["id"]
+    model = httpx2.post(f"{api}/sessions/{session}/models", headers=auth, timeout=60, json={
         "model_seq_id": 1, "base_model": "loom/tiny", "lora_config": {"rank": 4}}).json()["id"]
     datum = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
              "loss_fn_inputs": {"target_tokens": {"data": [6, 7, 8], "dtype": "int64"}}}
@@ -194,14 +194,14 @@ def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
     ]
     for method, path, body, status, words in cases:
         body = {"headers": auth, **body}
-        response = httpx.request(method, f"{api}/{path}", timeout=60, **body)
+        response = httpx2.request(method, f"{api}/{path}", timeout=60, **body)
         assert response.status_code == status, (path, response.text[:300])
         error = response.json()
         assert words in error["message"], (path, response.text[:300])
         assert error["retryable"] is False and isinstance(error["error"], str)
     # Nothing half-made: the model still takes its first call.
-    fine = httpx.post(f"{api}/models/{model}/forward-backward-passes", headers=auth,
-                      timeout=60, **passes())
+    fine = httpx2.post(f"{api}/models/{model}/forward-backward-passes", headers=auth,
+                       timeout=60, **passes())
     assert fine.status_code == 200 and fine.json()["status"] in {"pending", "done"}
-    done = httpx.get(f"{api}/operations/{fine.json()['id']}", headers=auth, timeout=60).json()
+    done = httpx2.get(f"{api}/operations/{fine.json()['id']}", headers=auth, timeout=60).json()
     assert done["status"] == "done" and done["response"]["metrics"]["loss:sum"] > 0

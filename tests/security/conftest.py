@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from services.sandbox.app import create_app
@@ -53,7 +53,7 @@ class Bait:
 class Sandbox:
     backend: str
     settings: SandboxSettings
-    client: httpx.AsyncClient
+    client: httpx2.AsyncClient
     app_state: object
 
 
@@ -90,7 +90,7 @@ def bait() -> Iterator[Bait]:
 async def sandbox(request: pytest.FixtureRequest, bait: Bait) -> AsyncIterator[Sandbox]:
     settings = sandbox_settings(request.param, sandbox_max_concurrency=2)
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://sandbox", timeout=60
+    async with app.router.lifespan_context(app), httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox", timeout=60
     ) as client:
         yield Sandbox(request.param, settings, client, app.state)

@@ -6,22 +6,22 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
+import httpx2
 
 from services.reward.app import create_app
 from services.reward.settings import RewardSettings
 
 
 @asynccontextmanager
-async def reward_client(settings: RewardSettings) -> AsyncIterator[httpx.AsyncClient]:
+async def reward_client(settings: RewardSettings) -> AsyncIterator[httpx2.AsyncClient]:
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://reward", timeout=60
+    async with app.router.lifespan_context(app), httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url="http://reward", timeout=60
     ) as client:
         yield client
 
 
-async def score_items(client: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
+async def score_items(client: httpx2.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-item scores of a /v1/score call that must succeed."""
     response = await client.post("/v1/score", json=body)
     assert response.status_code == 200, response.text

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from fastapi import APIRouter, FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -127,7 +127,7 @@ async def adapter_parts(tmp_path: Path) -> AsyncIterator[AdapterParts]:
         owner, other = (create_key(session, name, admin=False) for name in ("owner", "other"))
     fake = FakeTrainer()
     client = ServiceClient("http://trainer", service="trainer",
-                           transport=httpx.ASGITransport(fake.app))
+                           transport=httpx2.ASGITransport(fake.app))
     try:
         yield AdapterParts(sessions, fake, client,
                            KeyIdentity(id=owner.id, name="owner", admin=False),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import psutil
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -143,9 +143,9 @@ class TaskStack:
     workers: list[Worker] = field(default_factory=list)
     worker_env: dict[str, str] = field(default_factory=dict)
 
-    def client(self, key: str | None = None) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=60,
-                                 headers={"Authorization": f"Bearer {key or self.admin_key}"})
+    def client(self, key: str | None = None) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(base_url=self.url, timeout=60,
+                                  headers={"Authorization": f"Bearer {key or self.admin_key}"})
 
     def modelstate(self) -> ModelStateClient:
         return ModelStateClient(self.modelstate_url)
@@ -158,7 +158,7 @@ class TaskStack:
         self.workers.append(worker)
         return worker
 
-    async def create_job(self, http: httpx.AsyncClient) -> str:
+    async def create_job(self, http: httpx2.AsyncClient) -> str:
         response = await http.post("/v1/jobs", json={"base_model": str(self.base_model)})
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
@@ -173,7 +173,7 @@ class TaskStack:
             await client.aclose()
 
 
-async def wait_for_task(http: httpx.AsyncClient, task_id: str, statuses: set[str],
+async def wait_for_task(http: httpx2.AsyncClient, task_id: str, statuses: set[str],
                         timeout_s: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import psutil
 import pytest
 
@@ -31,8 +31,8 @@ def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no
 
 def answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.TransportError:
+        return httpx2.get(url, timeout=1).status_code == 200
+    except httpx2.TransportError:
         return False
 
 

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -72,9 +72,9 @@ class Stack:
     gate: StreamGate
     trainer: FastAPI
 
-    def client(self, key: str | None = None) -> httpx.AsyncClient:
+    def client(self, key: str | None = None) -> httpx2.AsyncClient:
         headers = {"Authorization": f"Bearer {key or self.admin_key}"}
-        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
+        return httpx2.AsyncClient(base_url=self.url, headers=headers, timeout=30)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The web admin (/admin) over a real gateway and httpx: login, sessions, CSRF, isolation.
+"""The web admin (/admin) over a real gateway and httpx2: login, sessions, CSRF, isolation.
 
 The stack (conftest) has no modelstate and no rollout listening, so the job page must say so
 instead of failing. Browser-level behaviour (charts, htmx, forms) is in tests/browser.
@@ -10,7 +10,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-import httpx
+import httpx2
 import pytest
 
 if TYPE_CHECKING:
@@ -21,12 +21,12 @@ pytestmark = pytest.mark.integration
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
-def browser(stack: Stack) -> httpx.AsyncClient:
+def browser(stack: Stack) -> httpx2.AsyncClient:
     """A cookie-keeping client with no API key, like a browser."""
-    return httpx.AsyncClient(base_url=stack.url, timeout=30)
+    return httpx2.AsyncClient(base_url=stack.url, timeout=30)
 
 
-async def csrf_of(client: httpx.AsyncClient, path: str) -> str:
+async def csrf_of(client: httpx2.AsyncClient, path: str) -> str:
     page = await client.get(path)
     assert page.status_code == 200, page.text
     match = CSRF.search(page.text)
@@ -34,8 +34,8 @@ async def csrf_of(client: httpx.AsyncClient, path: str) -> str:
     return match.group(1)
 
 
-async def log_in(client: httpx.AsyncClient, key: str, next_path: str = "/admin/jobs"
-                 ) -> httpx.Response:
+async def log_in(client: httpx2.AsyncClient, key: str, next_path: str = "/admin/jobs"
+                 ) -> httpx2.Response:
     token = await csrf_of(client, f"/admin/login?next={next_path}")
     return await client.post("/admin/login", data={"api_key": key, "csrf_token": token,
                                                    "next": next_path})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from typing import TYPE_CHECKING
 
-import httpx
+import httpx2
 import pytest
 from pydantic import SecretStr
 
@@ -23,7 +23,7 @@ def test_bootstrap_key_is_created_once(gateway_settings: GatewaySettings, serve:
         assert secret.startswith("loom_")
         assert stat.S_IMODE(gateway_settings.admin_key_file.stat().st_mode) == 0o600
         assert secret in capsys.readouterr().err  # printed once, boxed, on stderr
-        keys = httpx.get(f"{url}/v1/keys", headers={"Authorization": f"Bearer {secret}"})
+        keys = httpx2.get(f"{url}/v1/keys", headers={"Authorization": f"Bearer {secret}"})
         assert keys.status_code == 200
         assert [k["admin"] for k in keys.json()["keys"]] == [True]
 
@@ -31,7 +31,7 @@ def test_bootstrap_key_is_created_once(gateway_settings: GatewaySettings, serve:
     with serve(create_app(gateway_settings)) as url:
         assert not gateway_settings.admin_key_file.exists()  # nothing new created
         assert secret not in capsys.readouterr().err
-        keys = httpx.get(f"{url}/v1/keys", headers={"X-API-Key": secret})
+        keys = httpx2.get(f"{url}/v1/keys", headers={"X-API-Key": secret})
         assert len(keys.json()["keys"]) == 1
 
 
@@ -40,7 +40,7 @@ def test_configured_admin_key_is_used(gateway_settings: GatewaySettings, serve: 
     settings = gateway_settings.model_copy(update={"gateway_admin_key": SecretStr(configured)})
     with serve(create_app(settings)) as url:
         assert not settings.admin_key_file.exists()
-        keys = httpx.get(f"{url}/v1/keys", headers={"Authorization": f"Bearer {configured}"})
+        keys = httpx2.get(f"{url}/v1/keys", headers={"Authorization": f"Bearer {configured}"})
         assert keys.status_code == 200
         assert keys.json()["keys"][0]["prefix"] == configured[:12]
 
@@ -51,7 +51,7 @@ def test_configured_admin_key_must_be_long() -> None:
 
 
 async def test_requests_without_a_valid_key_get_401(stack: Stack) -> None:
-    async with httpx.AsyncClient(base_url=stack.url) as anonymous:
+    async with httpx2.AsyncClient(base_url=stack.url) as anonymous:
         for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
             assert (await anonymous.get(path)).status_code == 200, path
         missing = await anonymous.get("/v1/jobs", headers={"X-Request-ID": "req-401"})

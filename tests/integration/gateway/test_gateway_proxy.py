@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import httpx
+import httpx2
 
 if TYPE_CHECKING:
     from tests.integration.gateway.conftest import Stack
@@ -96,7 +96,7 @@ async def test_stack_health_reports_unreachable_services(stack: Stack) -> None:
 
 
 async def test_metrics_and_readiness_are_public(stack: Stack) -> None:
-    async with httpx.AsyncClient(base_url=stack.url) as anonymous:
+    async with httpx2.AsyncClient(base_url=stack.url) as anonymous:
         ready = await anonymous.get("/readyz")
         assert ready.json()["detail"] == {"database": "ok"}
         assert "loom_http_requests" in (await anonymous.get("/metrics")).text

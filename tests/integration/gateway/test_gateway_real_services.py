@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
+import httpx2
 import pytest
 
 from agents.sdk import AdamParams, AsyncLoomClient, Conflict, Datum, LoraConfig, NotFound
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def real_gateway(tmp_path: Path, serve: Serve) -> Iterator[httpx.AsyncClient]:
+def real_gateway(tmp_path: Path, serve: Serve) -> Iterator[httpx2.AsyncClient]:
     data_dir = tmp_path / "data"
     trainer = create_trainer_app(TrainerSettings(data_dir=data_dir, trainer_device="cpu"))
     reward = create_reward_app(RewardSettings(data_dir=data_dir))
@@ -32,10 +32,10 @@ def real_gateway(tmp_path: Path, serve: Serve) -> Iterator[httpx.AsyncClient]:
                                    reward_url=reward_url)
         with serve(create_app(settings)) as url:
             key = settings.admin_key_file.read_text().strip()
-            yield httpx.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=120)
+            yield httpx2.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=120)
 
 
-async def test_job_creates_the_trainer_model(real_gateway: httpx.AsyncClient,
+async def test_job_creates_the_trainer_model(real_gateway: httpx2.AsyncClient,
                                              tiny_model_dir: Path) -> None:
     async with real_gateway as client:
         created = await client.post("/v1/jobs", json={
@@ -53,7 +53,7 @@ async def test_job_creates_the_trainer_model(real_gateway: httpx.AsyncClient,
         assert (await client.get(f"/v1/jobs/{failed_id}")).json()["status"] == "failed"
 
 
-async def test_proxy_reaches_the_reward_service(real_gateway: httpx.AsyncClient) -> None:
+async def test_proxy_reaches_the_reward_service(real_gateway: httpx2.AsyncClient) -> None:
     async with real_gateway as client:
         verifiers = await client.get("/v1/reward/verifiers")
         assert verifiers.status_code == 200
@@ -67,14 +67,14 @@ async def test_proxy_reaches_the_reward_service(real_gateway: httpx.AsyncClient)
         assert malformed.json()["error"]["code"] == "invalid_input"
 
 
-async def test_a_job_key_reaches_only_its_own_jobs(real_gateway: httpx.AsyncClient,
+async def test_a_job_key_reaches_only_its_own_jobs(real_gateway: httpx2.AsyncClient,
                                                    tiny_model_dir: Path) -> None:
     datum = {"input_ids": [1, 2, 3, 4], "loss_mask": [0, 1, 1, 1]}
     async with real_gateway as admin:
         keys = [(await admin.post("/v1/keys", json={"name": n})).json()["key"]
                 for n in ("alice", "bob")]
-    alice, bob = (httpx.AsyncClient(base_url=str(admin.base_url), timeout=120,
-                                    headers={"Authorization": f"Bearer {k}"}) for k in keys)
+    alice, bob = (httpx2.AsyncClient(base_url=str(admin.base_url), timeout=120,
+                                     headers={"Authorization": f"Bearer {k}"}) for k in keys)
     async with alice, bob:
         job = (await alice.post("/v1/jobs", json={"base_model": str(tiny_model_dir),
                                                   "lora": {"rank": 4}})).json()["id"]

@@ -1,4 +1,4 @@
-"""The model-state HTTP API in-process (httpx.ASGITransport), on both databases, through the
+"""The model-state HTTP API in-process (httpx2.ASGITransport), on both databases, through the
 real client and through raw requests for malformed input."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from fastapi import FastAPI
 
@@ -31,15 +31,15 @@ async def app(database_url: str, tmp_path: Path) -> AsyncIterator[FastAPI]:
 
 
 @pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://modelstate") as client:
+async def http(app: FastAPI) -> AsyncIterator[httpx2.AsyncClient]:
+    transport = httpx2.ASGITransport(app=app)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://modelstate") as client:
         yield client
 
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[ModelStateClient]:
-    client = ModelStateClient("http://modelstate", transport=httpx.ASGITransport(app=app))
+    client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app=app))
     yield client
     await client.aclose()
 
@@ -59,7 +59,7 @@ def write_dir(directory: Path, **files: bytes) -> Path:
     return directory
 
 
-def assert_error(response: httpx.Response, status: int, text: str) -> None:
+def assert_error(response: httpx2.Response, status: int, text: str) -> None:
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert text in error["message"], error
@@ -96,7 +96,7 @@ async def test_publish_a_model_directory_and_read_it_back(
     assert AutoConfig.from_pretrained(str(version.local_path)).hidden_size == 128
 
 
-async def test_aliases_over_http(client: ModelStateClient, http: httpx.AsyncClient,
+async def test_aliases_over_http(client: ModelStateClient, http: httpx2.AsyncClient,
                                  tmp_path: Path) -> None:
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_model.safetensors").write_bytes(b"a1")
@@ -125,7 +125,7 @@ async def test_concurrent_publishes_over_http(client: ModelStateClient, tmp_path
     assert sorted(v.number for v in versions) == [1, 2, 3, 4, 5]
 
 
-async def assert_nothing_published(http: httpx.AsyncClient, app: FastAPI) -> None:
+async def assert_nothing_published(http: httpx2.AsyncClient, app: FastAPI) -> None:
     assert (await http.get("/v1/jobs/job-1/versions")).json() == {"versions": []}
     versions_dir = app.state.store.blobs.versions
     assert list(versions_dir.iterdir()) == []
@@ -155,7 +155,7 @@ X = {"path": "w", "sha256": sha(b"x"), "size": 1}
     ],
 )
 async def test_bad_publish_is_a_clear_4xx_and_publishes_nothing(
-    http: httpx.AsyncClient, app: FastAPI, body: dict[str, Any], status: int, text: str,
+    http: httpx2.AsyncClient, app: FastAPI, body: dict[str, Any], status: int, text: str,
 ) -> None:
     assert (await http.put(f"/v1/blobs/{sha(b'x')}", content=b"x")).status_code == 201
     assert_error(await http.post("/v1/versions", json=body), status, text)
@@ -170,7 +170,7 @@ async def test_bad_publish_is_a_clear_4xx_and_publishes_nothing(
     ],
 )
 async def test_bad_blob_upload_is_a_clear_4xx_and_stores_nothing(
-    http: httpx.AsyncClient, app: FastAPI, content: bytes, headers: dict[str, str],
+    http: httpx2.AsyncClient, app: FastAPI, content: bytes, headers: dict[str, str],
     status: int, text: str,
 ) -> None:
     response = await http.put(f"/v1/blobs/{sha(b'x')}", content=content, headers=headers)
@@ -181,7 +181,7 @@ async def test_bad_blob_upload_is_a_clear_4xx_and_stores_nothing(
 
 
 async def test_upload_skips_stored_content_and_a_step_republish_is_idempotent(
-    client: ModelStateClient, http: httpx.AsyncClient, tmp_path: Path
+    client: ModelStateClient, http: httpx2.AsyncClient, tmp_path: Path
 ) -> None:
     first = await client.publish(publish_meta(step=1), write_dir(tmp_path / "a", w=b"x", c=b"c"))
     assert await client.has_blob(sha(b"x"))
@@ -218,7 +218,7 @@ async def test_staged_publish_through_the_client_moves_no_bytes(
 
 
 async def test_delete_pins_retention_and_gc_over_http(
-    client: ModelStateClient, http: httpx.AsyncClient, tmp_path: Path
+    client: ModelStateClient, http: httpx2.AsyncClient, tmp_path: Path
 ) -> None:
     for step in range(4):
         await client.publish(publish_meta(step=step), write_dir(tmp_path / f"{step}",
@@ -265,7 +265,7 @@ async def test_delete_pins_retention_and_gc_over_http(
     ],
 )
 async def test_malformed_version_requests_are_clear_4xx(
-    client: ModelStateClient, http: httpx.AsyncClient, tmp_path: Path, method: str, path: str,
+    client: ModelStateClient, http: httpx2.AsyncClient, tmp_path: Path, method: str, path: str,
     body: Any, status: int, text: str,
 ) -> None:
     await client.publish(publish_meta(), write_dir(tmp_path / "v", w=b"x"))
@@ -273,7 +273,7 @@ async def test_malformed_version_requests_are_clear_4xx(
 
 
 async def test_merging_onto_a_base_this_host_lacks_is_a_clear_4xx(
-    client: ModelStateClient, http: httpx.AsyncClient, tmp_path: Path
+    client: ModelStateClient, http: httpx2.AsyncClient, tmp_path: Path
 ) -> None:
     meta = VersionMeta(job_id="job-1", kind=VersionKind.lora, base_model="/gone/base-model")
     await client.publish(meta, write_dir(tmp_path / "a", **{"adapter_config.json": b"{}"}))
@@ -282,7 +282,7 @@ async def test_merging_onto_a_base_this_host_lacks_is_a_clear_4xx(
 
 
 async def test_archive_streams_the_version_as_a_tar(
-    client: ModelStateClient, http: httpx.AsyncClient, tiny_model_dir: Path
+    client: ModelStateClient, http: httpx2.AsyncClient, tiny_model_dir: Path
 ) -> None:
     version = await client.publish(publish_meta(), tiny_model_dir)
     response = await http.get("/v1/jobs/job-1/versions/latest/archive")
@@ -297,7 +297,7 @@ async def test_archive_streams_the_version_as_a_tar(
                                 params={"merge_lora": True}), 422, "only LoRA versions")
 
 
-async def test_unknown_things_are_404(http: httpx.AsyncClient, client: ModelStateClient,
+async def test_unknown_things_are_404(http: httpx2.AsyncClient, client: ModelStateClient,
                                       tmp_path: Path) -> None:
     assert_error(await http.get("/v1/jobs/ghost/versions/1"), 404, "no published versions")
     (tmp_path / "one").mkdir()
@@ -312,7 +312,7 @@ async def test_unknown_things_are_404(http: httpx.AsyncClient, client: ModelStat
         await client.get_version("job-1", "best")
 
 
-async def test_malformed_alias_and_event_requests_are_422(http: httpx.AsyncClient) -> None:
+async def test_malformed_alias_and_event_requests_are_422(http: httpx2.AsyncClient) -> None:
     assert_error(await http.put("/v1/jobs/job-1/aliases/best", json={"number": 0}), 422, "number")
     assert_error(await http.put("/v1/jobs/job-1/aliases/best", json={"num": 1}), 422, "number")
     assert_error(await http.put("/v1/jobs/job-1/aliases/9lives", json={"number": 1}), 422, "name")
@@ -329,7 +329,7 @@ async def test_client_rejects_bad_input_before_sending(client: ModelStateClient,
         await client.publish(publish_meta(), tmp_path / "empty")
 
 
-async def test_readiness_checks_the_database(http: httpx.AsyncClient) -> None:
+async def test_readiness_checks_the_database(http: httpx2.AsyncClient) -> None:
     response = await http.get("/readyz")
     assert response.status_code == 200 and response.json()["detail"] == {"database": "ok"}
 
@@ -338,8 +338,8 @@ async def test_file_over_the_size_limit_is_413(tmp_path: Path) -> None:
     settings = ModelStateSettings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/m.db",
                                   modelstate_max_file_bytes=4)
     app = create_app(settings)
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
+    transport = httpx2.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx2.AsyncClient(
         transport=transport, base_url="http://modelstate"
     ) as http:
         assert_error(await http.put(f"/v1/blobs/{sha(b'12345')}", content=b"12345"), 413,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from services.common.ports import free_port
@@ -65,9 +65,9 @@ class Store:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, "modelstate exited during start-up"
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                if httpx2.get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     return
-            except httpx.TransportError:
+            except httpx2.TransportError:
                 pass
             time.sleep(0.1)
         raise AssertionError("modelstate did not become ready")
@@ -119,7 +119,7 @@ def sha256_of(path: Path) -> str:
 
 def visible_versions(store: Store) -> list[dict[str, Any]]:
     """Every visible version is whole and its files verify."""
-    versions: list[dict[str, Any]] = httpx.get(f"{store.url}/v1/jobs/job/versions").json()[
+    versions: list[dict[str, Any]] = httpx2.get(f"{store.url}/v1/jobs/job/versions").json()[
         "versions"]
     for version in versions:
         assert {f["path"] for f in version["files"]} == {"model.safetensors", "config.json"}
@@ -131,7 +131,7 @@ def visible_versions(store: Store) -> list[dict[str, Any]]:
 def leftovers(store: Store) -> dict[str, Any]:
     """After a collection with no grace period: what is stored beyond the visible versions."""
     versions = visible_versions(store)
-    report = httpx.post(f"{store.url}/v1/gc", params={"grace_s": 0}, timeout=60)
+    report = httpx2.post(f"{store.url}/v1/gc", params={"grace_s": 0}, timeout=60)
     assert report.status_code == 200, report.text
     referenced = {f["sha256"] for v in versions for f in v["files"]}
     stored = {p.name for shard in (store.blob_dir / "sha256").iterdir() for p in shard.iterdir()}

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from modelstate.app import create_app
@@ -121,7 +121,7 @@ async def test_events_endpoint_speaks_server_sent_events(
     with running_server(settings):
         version = await publish(client, tmp_path / "a", "job-a", 1)
         lines: list[str] = []
-        async with httpx.AsyncClient(base_url=settings.modelstate_url) as http, http.stream(
+        async with httpx2.AsyncClient(base_url=settings.modelstate_url) as http, http.stream(
             "GET", "/v1/events", headers={"Last-Event-ID": "0"}
         ) as response:
             assert response.headers["content-type"].startswith("text/event-stream")

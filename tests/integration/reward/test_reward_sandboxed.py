@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from services.reward.settings import RewardSettings
@@ -38,12 +38,12 @@ def settings(sandbox_url: str, tmp_path_factory: pytest.TempPathFactory) -> Rewa
 
 
 @pytest.fixture(scope="module")
-async def client(settings: RewardSettings) -> AsyncIterator[httpx.AsyncClient]:
+async def client(settings: RewardSettings) -> AsyncIterator[httpx2.AsyncClient]:
     async with reward_client(settings) as c:
         yield c
 
 
-async def test_code_reward_is_the_fraction_of_tests_passed(client: httpx.AsyncClient) -> None:
+async def test_code_reward_is_the_fraction_of_tests_passed(client: httpx2.AsyncClient) -> None:
     candidates = [
         "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\n",  # all pass
         "def add(a, b):\n    return int(a + b)\n",  # fails the float test only
@@ -63,13 +63,13 @@ async def test_code_reward_is_the_fraction_of_tests_passed(client: httpx.AsyncCl
     assert all(s["error"] is None for s in scores)
 
 
-async def test_code_tests_can_come_from_params(client: httpx.AsyncClient) -> None:
+async def test_code_tests_can_come_from_params(client: httpx2.AsyncClient) -> None:
     scores = await score_items(client, {"verifier": "code", "params": {"tests": TESTS},
                                    "items": [{"response": "add = lambda a, b: a + b"}]})
     assert scores[0]["reward"] == 1.0
 
 
-async def test_a_jobs_reward_function_runs_per_item(client: httpx.AsyncClient) -> None:
+async def test_a_jobs_reward_function_runs_per_item(client: httpx2.AsyncClient) -> None:
     code = """
 def reward(response, reference):
     if response == "hang":
@@ -103,7 +103,7 @@ def reward(response, reference):
          "exactly one of params.code and params.function"),
     ],
 )
-async def test_bad_code_verifier_requests_get_422(client: httpx.AsyncClient,
+async def test_bad_code_verifier_requests_get_422(client: httpx2.AsyncClient,
                                                   body: dict[str, Any], message: str) -> None:
     response = await client.post("/v1/score", json=body)
     assert response.status_code == 422
@@ -111,7 +111,7 @@ async def test_bad_code_verifier_requests_get_422(client: httpx.AsyncClient,
 
 
 async def test_registered_functions_score_and_survive_a_restart(
-        client: httpx.AsyncClient, settings: RewardSettings) -> None:
+        client: httpx2.AsyncClient, settings: RewardSettings) -> None:
     code = "def reward(response, reference):\n    return len(response) / 10\n"
     put = await client.put("/v1/functions/length", json={"code": code, "job_id": "job-1"})
     assert put.status_code == 200 and put.json()["job_id"] == "job-1"
@@ -142,7 +142,7 @@ async def test_registered_functions_score_and_survive_a_restart(
         ("ok_name", {"code": "def reward(r, g): return 1", "job_id": "../x"}, 422),
     ],
 )
-async def test_bad_registrations_get_422(client: httpx.AsyncClient, name: str,
+async def test_bad_registrations_get_422(client: httpx2.AsyncClient, name: str,
                                          body: dict[str, Any], status: int) -> None:
     response = await client.put(f"/v1/functions/{name}", json=body)
     assert response.status_code == status, response.text

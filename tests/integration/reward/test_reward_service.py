@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from services.reward.settings import RewardSettings
@@ -15,19 +15,19 @@ CATASTROPHIC = "(a+)+$"  # exponential backtracking on "aaa...ab"
 
 
 @pytest.fixture(scope="module")
-async def client() -> AsyncIterator[httpx.AsyncClient]:
+async def client() -> AsyncIterator[httpx2.AsyncClient]:
     async with reward_client(RewardSettings(reward_workers=2, reward_item_timeout_s=3.0)) as c:
         yield c
 
 
-async def test_verifiers_are_listed(client: httpx.AsyncClient) -> None:
+async def test_verifiers_are_listed(client: httpx2.AsyncClient) -> None:
     response = await client.get("/v1/verifiers")
     assert response.status_code == 200
     names = [v["name"] for v in response.json()["verifiers"]]
     assert names == ["exact_match", "math", "regex", "countdown", "code", "python"]
 
 
-async def test_math_batch(client: httpx.AsyncClient) -> None:
+async def test_math_batch(client: httpx2.AsyncClient) -> None:
     pairs = [("1/2", "0.5"), ("\\frac{1}{2}", "0.5"), ("x=3", "3"), ("\\boxed{4}", "3"),
              ("no answer at all", "3")]
     scores = await score_items(client, {"verifier": "math", "items": [
@@ -36,7 +36,7 @@ async def test_math_batch(client: httpx.AsyncClient) -> None:
     assert all(s["error"] is None for s in scores)
 
 
-async def test_exact_match_batch_with_params(client: httpx.AsyncClient) -> None:
+async def test_exact_match_batch_with_params(client: httpx2.AsyncClient) -> None:
     body = {"verifier": "exact_match", "params": {"case_sensitive": False},
             "items": [{"response": " YES ", "reference": "yes"},
                       {"response": "no", "reference": "yes"}]}
@@ -44,7 +44,7 @@ async def test_exact_match_batch_with_params(client: httpx.AsyncClient) -> None:
     assert [s["reward"] for s in scores] == [1.0, 0.0]
 
 
-async def test_a_failing_item_does_not_fail_the_batch(client: httpx.AsyncClient) -> None:
+async def test_a_failing_item_does_not_fail_the_batch(client: httpx2.AsyncClient) -> None:
     scores = await score_items(client, {"verifier": "math", "items": [
         {"response": "2", "reference": "2"},
         {"response": "2", "reference": "not a number"},
@@ -54,7 +54,7 @@ async def test_a_failing_item_does_not_fail_the_batch(client: httpx.AsyncClient)
     assert scores[1]["error"] and "no mathematical answer" in scores[1]["error"]
 
 
-async def test_a_hanging_item_times_out_alone(client: httpx.AsyncClient) -> None:
+async def test_a_hanging_item_times_out_alone(client: httpx2.AsyncClient) -> None:
     scores = await score_items(client, {"verifier": "regex", "params": {"pattern": CATASTROPHIC},
                                    "items": [{"response": "a" * 40 + "b"},
                                              {"response": "aaaa"}, {"response": "bbb"}]})
@@ -80,7 +80,7 @@ async def test_a_hanging_item_times_out_alone(client: httpx.AsyncClient) -> None
         ({"verifier": "math", "items": [{"response": "3"}], "extra": 1}, "extra"),
     ],
 )
-async def test_bad_requests_get_a_clear_422(client: httpx.AsyncClient, body: dict[str, Any],
+async def test_bad_requests_get_a_clear_422(client: httpx2.AsyncClient, body: dict[str, Any],
                                             message: str) -> None:
     response = await client.post("/v1/score", json=body)
     assert response.status_code == 422

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import psutil
 import pytest
 
@@ -51,7 +51,7 @@ def modelstate_port() -> int:
 
 @pytest.fixture(scope="module")
 async def rollout(tiny_model_dir: Path, modelstate_port: int,
-                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx2.AsyncClient]:
     settings = RolloutSettings(
         data_dir=tmp_path_factory.mktemp("rollout"), rollout_model=str(tiny_model_dir),
         modelstate_url=f"http://127.0.0.1:{modelstate_port}",
@@ -59,8 +59,8 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
     app = create_app(settings)
     earlier = frozenset(child.pid for child in psutil.Process().children(recursive=True))
     started = time.perf_counter()
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://rollout", timeout=120
+    async with app.router.lifespan_context(app), httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url="http://rollout", timeout=120
     ) as client:
         assert (await client.get("/healthz")).status_code == 200  # at once, while starting
         assert (await client.get("/readyz")).status_code == 503
@@ -79,7 +79,7 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
 
 
 @pytest.fixture(scope="module")
-def modelstate(rollout: httpx.AsyncClient, modelstate_port: int,
+def modelstate(rollout: httpx2.AsyncClient, modelstate_port: int,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Started after rollout is ready (rollout's follower has been retrying meanwhile)."""
     data_dir = tmp_path_factory.mktemp("modelstate")
@@ -95,7 +95,7 @@ async def store(modelstate: str) -> AsyncIterator[ModelStateClient]:
     await client.aclose()
 
 
-async def sample(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+async def sample(client: httpx2.AsyncClient, **body: Any) -> dict[str, Any]:
     body.setdefault("prompt_token_ids", PROMPT)
     body.setdefault("params", {"max_tokens": 8, "seed": 1})
     response = await client.post("/v1/sample", json=body)
@@ -118,7 +118,7 @@ def perturbed_copy(model_dir: Path, dest: Path, scale: float) -> Path:
 # --- sampling --------------------------------------------------------------------------------
 
 
-async def test_sample_base_model(rollout: httpx.AsyncClient) -> None:
+async def test_sample_base_model(rollout: httpx2.AsyncClient) -> None:
     started = time.perf_counter()
     body = await sample(rollout, n=3)
     TIMINGS["first_sample_s"] = time.perf_counter() - started
@@ -134,7 +134,7 @@ async def test_sample_base_model(rollout: httpx.AsyncClient) -> None:
 
 
 async def test_prompt_logprobs_score_a_sample_as_the_sampler_did(
-        rollout: httpx.AsyncClient) -> None:
+        rollout: httpx2.AsyncClient) -> None:
     """A sample appended to its prompt and scored as a prompt gets back the logprobs it was
     sampled with: prompt logprobs and sampled logprobs come from the same weights."""
     drawn = (await sample(rollout, params={"max_tokens": 6, "temperature": 0.0}))["samples"][0]
@@ -148,7 +148,7 @@ async def test_prompt_logprobs_score_a_sample_as_the_sampler_did(
 
 
 async def test_top_logprobs_rank_the_most_likely_tokens_of_samples_and_prompts(
-        rollout: httpx.AsyncClient) -> None:
+        rollout: httpx2.AsyncClient) -> None:
     greedy = {"max_tokens": 6, "temperature": 0.0}
     body = await sample(rollout, params=greedy, top_logprobs=4, prompt_top_logprobs=2)
     (drawn,) = body["samples"]
@@ -173,7 +173,7 @@ async def test_top_logprobs_rank_the_most_likely_tokens_of_samples_and_prompts(
 
 
 async def test_seeded_samples_survive_more_prompt_tokens_than_one_engine_step(
-        rollout: httpx.AsyncClient) -> None:
+        rollout: httpx2.AsyncClient) -> None:
     """More queued prompt tokens than a step takes (2,048 on CPU): vLLM would split a prompt
     across steps and then fail to rewind the seeded CPU generator, killing the engine."""
     prompt = list(range(3, 203))  # 200 tokens; 32 requests: 6,400 prompt tokens at once
@@ -184,7 +184,7 @@ async def test_seeded_samples_survive_more_prompt_tokens_than_one_engine_step(
     assert (await rollout.get("/readyz")).status_code == 200
 
 
-async def test_an_idle_cpu_worker_does_not_keep_busy_polling(rollout: httpx.AsyncClient) -> None:
+async def test_an_idle_cpu_worker_does_not_keep_busy_polling(rollout: httpx2.AsyncClient) -> None:
     """vLLM's worker would spin on its message queue for a second after every message, a
     core taken from the trainer on a small machine; ours stops after a few milliseconds
     (the plugin services.rollout.vllm_plugin)."""
@@ -196,7 +196,7 @@ async def test_an_idle_cpu_worker_does_not_keep_busy_polling(rollout: httpx.Asyn
     assert {s for spins in per_worker for s in spins} == {expected}
 
 
-async def test_sample_text_prompt_and_tokenize(rollout: httpx.AsyncClient) -> None:
+async def test_sample_text_prompt_and_tokenize(rollout: httpx2.AsyncClient) -> None:
     tokens = (await rollout.post("/v1/tokenize", json={"texts": ["12+7=", "3"]})).json()
     ids = tokens["token_ids"]
     assert len(ids) == 2 and all(ids)
@@ -219,7 +219,7 @@ async def test_sample_text_prompt_and_tokenize(rollout: httpx.AsyncClient) -> No
     ("/v1/chat/completions", {"model": "base", "messages": [{"role": "x", "content": "a"}]},
      "role"),
 ])
-async def test_malformed_requests_get_a_clear_4xx(rollout: httpx.AsyncClient, path: str,
+async def test_malformed_requests_get_a_clear_4xx(rollout: httpx2.AsyncClient, path: str,
                                                  body: dict[str, Any], fragment: str) -> None:
     response = await rollout.post(path, json=body)
     assert response.status_code == 422, response.text
@@ -227,7 +227,7 @@ async def test_malformed_requests_get_a_clear_4xx(rollout: httpx.AsyncClient, pa
     assert error["code"] == "invalid_input" and fragment in error["message"], error
 
 
-async def test_not_json_is_a_4xx(rollout: httpx.AsyncClient) -> None:
+async def test_not_json_is_a_4xx(rollout: httpx2.AsyncClient) -> None:
     response = await rollout.post("/v1/sample", content=b"{not json",
                                   headers={"Content-Type": "application/json"})
     assert response.status_code == 422
@@ -236,7 +236,7 @@ async def test_not_json_is_a_4xx(rollout: httpx.AsyncClient) -> None:
 # --- OpenAI-compatible -------------------------------------------------------------------------
 
 
-async def test_openai_completions(rollout: httpx.AsyncClient) -> None:
+async def test_openai_completions(rollout: httpx2.AsyncClient) -> None:
     response = await rollout.post("/v1/completions", json={
         "model": "base", "prompt": "1+1=", "max_tokens": 6, "n": 2, "logprobs": 2, "seed": 3})
     assert response.status_code == 200, response.text
@@ -255,14 +255,14 @@ async def test_openai_completions(rollout: httpx.AsyncClient) -> None:
     assert body["loom"]["version"] == 0
 
 
-async def read_sse(response: httpx.Response) -> list[dict[str, Any]]:
+async def read_sse(response: httpx2.Response) -> list[dict[str, Any]]:
     events = [line.removeprefix("data: ") async for line in response.aiter_lines()
               if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     return [json.loads(e) for e in events[:-1]]
 
 
-async def test_openai_completions_stream(rollout: httpx.AsyncClient) -> None:
+async def test_openai_completions_stream(rollout: httpx2.AsyncClient) -> None:
     request = {"model": "base", "prompt": [5, 6, 7],
                "max_tokens": 8, "seed": 5}
     whole = (await rollout.post("/v1/completions", json=request)).json()
@@ -278,7 +278,7 @@ async def test_openai_completions_stream(rollout: httpx.AsyncClient) -> None:
     assert chunks[-1]["usage"] == whole["usage"]
 
 
-async def test_openai_chat(rollout: httpx.AsyncClient) -> None:
+async def test_openai_chat(rollout: httpx2.AsyncClient) -> None:
     request = {"model": "base", "messages": [{"role": "system", "content": "add"},
                                              {"role": "user", "content": "2+2="}],
                "max_completion_tokens": 8, "seed": 2, "logprobs": True, "top_logprobs": 2}
@@ -305,7 +305,7 @@ async def test_openai_chat(rollout: httpx.AsyncClient) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
 
 
-async def test_openai_models_and_unknown_model(rollout: httpx.AsyncClient,
+async def test_openai_models_and_unknown_model(rollout: httpx2.AsyncClient,
                                                tiny_model_dir: Path) -> None:
     models = (await rollout.get("/v1/models")).json()
     assert models["object"] == "list" and models["data"][0]["id"] == str(tiny_model_dir)
@@ -324,7 +324,7 @@ async def wait_for(condition: Any, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_full_version_hand_off(rollout: httpx.AsyncClient, store: ModelStateClient,
+async def test_full_version_hand_off(rollout: httpx2.AsyncClient, store: ModelStateClient,
                                      tiny_model_dir: Path, tmp_path: Path) -> None:
     base = await sample(rollout, job_id="full-job")
     assert base["version"] == 0  # no versions yet: latest is the base
@@ -348,7 +348,7 @@ async def test_full_version_hand_off(rollout: httpx.AsyncClient, store: ModelSta
     assert again_full["samples"] == first["samples"]
 
 
-async def test_in_flight_samples_finish_on_their_version(rollout: httpx.AsyncClient) -> None:
+async def test_in_flight_samples_finish_on_their_version(rollout: httpx2.AsyncClient) -> None:
     long = {"params": {"max_tokens": 200, "seed": 4}}
     results = await asyncio.gather(
         sample(rollout, job_id="full-job", version=0, n=4, **long),
@@ -358,7 +358,7 @@ async def test_in_flight_samples_finish_on_their_version(rollout: httpx.AsyncCli
     assert [r["version"] for r in results] == [0, 1, 0]  # the service checks vLLM's labels
 
 
-async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelStateClient,
+async def test_lora_version_hand_off(rollout: httpx2.AsyncClient, store: ModelStateClient,
                                      tiny_model_dir: Path, tmp_path: Path) -> None:
     base = await sample(rollout)
     adapter = lora_adapter(tiny_model_dir, tmp_path / "lora", seed=0, rank=8)
@@ -396,7 +396,7 @@ async def test_lora_version_hand_off(rollout: httpx.AsyncClient, store: ModelSta
 
 @pytest.mark.parametrize("kind", [VersionKind.lora, VersionKind.full])
 async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
-        rollout: httpx.AsyncClient, store: ModelStateClient, tiny_model_dir: Path,
+        rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path,
         tmp_path: Path, kind: VersionKind) -> None:
     """Long generations are running when version 2 is published: each continues on it from
     the tokens it has, so its turn has a part per version, and no token is lost."""
@@ -435,7 +435,7 @@ async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
     assert interrupted > 0, "no generation was running when version 2 was published"
 
 
-async def test_load_endpoint_and_unknown_versions(rollout: httpx.AsyncClient,
+async def test_load_endpoint_and_unknown_versions(rollout: httpx2.AsyncClient,
                                                   store: ModelStateClient) -> None:
     loaded = await rollout.post("/v1/load", json={"job_id": "lora-job", "version": 1})
     assert loaded.json() == {"job_id": "lora-job", "number": 1, "kind": "lora"}

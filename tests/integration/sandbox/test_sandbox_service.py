@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from services.common.ports import free_port
@@ -19,15 +19,15 @@ from tests.support.sandboxes import BACKENDS, sandbox_settings
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx2.AsyncClient]:
     app = create_app(sandbox_settings(request.param, sandbox_max_concurrency=2))
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://sandbox"
+    async with app.router.lifespan_context(app), httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox"
     ) as client:
         yield client
 
 
-async def test_execute_runs_code(client: httpx.AsyncClient) -> None:
+async def test_execute_runs_code(client: httpx2.AsyncClient) -> None:
     response = await client.post("/v1/execute", json={"code": "print(6 * 7)"})
     assert response.status_code == 200
     body = response.json()
@@ -35,7 +35,7 @@ async def test_execute_runs_code(client: httpx.AsyncClient) -> None:
     assert response.headers["x-request-id"]
 
 
-async def test_readiness_describes_the_backend(client: httpx.AsyncClient,
+async def test_readiness_describes_the_backend(client: httpx2.AsyncClient,
                                                request: pytest.FixtureRequest) -> None:
     response = await client.get("/readyz")
     assert response.status_code == 200
@@ -57,13 +57,13 @@ async def test_readiness_describes_the_backend(client: httpx.AsyncClient,
         {"code": 5},
     ],
 )
-async def test_malformed_requests_get_422(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+async def test_malformed_requests_get_422(client: httpx2.AsyncClient, body: dict[str, Any]) -> None:
     response = await client.post("/v1/execute", json=body)
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_input"
 
 
-async def test_body_that_is_not_json_gets_422(client: httpx.AsyncClient) -> None:
+async def test_body_that_is_not_json_gets_422(client: httpx2.AsyncClient) -> None:
     response = await client.post("/v1/execute", content=b"{nope",
                                  headers={"content-type": "application/json"})
     assert response.status_code == 422
@@ -78,10 +78,10 @@ def test_service_runs_as_a_module() -> None:
         deadline = time.monotonic() + 60
         while True:
             try:
-                response = httpx.post(f"http://127.0.0.1:{port}/v1/execute",
-                                      json={"code": "print('up')"}, timeout=30)
+                response = httpx2.post(f"http://127.0.0.1:{port}/v1/execute",
+                                       json={"code": "print('up')"}, timeout=30)
                 break
-            except httpx.TransportError:
+            except httpx2.TransportError:
                 assert process.poll() is None, process.stderr.read().decode()[-2000:]
                 assert time.monotonic() < deadline, "sandbox service did not start"
                 time.sleep(0.2)
@@ -91,7 +91,7 @@ def test_service_runs_as_a_module() -> None:
         process.wait(timeout=30)
 
 
-async def test_files_go_in_and_come_back(client: httpx.AsyncClient) -> None:
+async def test_files_go_in_and_come_back(client: httpx2.AsyncClient) -> None:
     code = ("import os\n"
             "data = open('in/numbers.txt').read().split()\n"
             "open('sum.txt', 'w').write(str(sum(map(int, data))))\n"
@@ -115,14 +115,14 @@ async def test_files_go_in_and_come_back(client: httpx.AsyncClient) -> None:
     assert files["nothing.txt"].error == "missing"
 
 
-async def test_bash_programs_run(client: httpx.AsyncClient) -> None:
+async def test_bash_programs_run(client: httpx2.AsyncClient) -> None:
     response = await client.post("/v1/execute", json={
         "language": "bash", "code": "read name; echo \"hi $name\"; exit 3", "stdin": "loom\n"})
     body = response.json()
     assert body["stdout"] == "hi loom\n" and body["exit_code"] == 3 and body["status"] == "error"
 
 
-async def test_collect_stops_at_its_size_limit(client: httpx.AsyncClient) -> None:
+async def test_collect_stops_at_its_size_limit(client: httpx2.AsyncClient) -> None:
     code = "open('big', 'wb').write(b'x' * (17 * 2**20))\nopen('small', 'w').write('s')"
     response = await client.post("/v1/execute", json={"code": code,
                                                       "collect": ["big", "small"]})
@@ -142,7 +142,7 @@ async def test_collect_stops_at_its_size_limit(client: httpx.AsyncClient) -> Non
         ([], ["../../etc/shadow"], "inside the workdir"),
     ],
 )
-async def test_bad_file_requests_get_422(client: httpx.AsyncClient, files: list[Any],
+async def test_bad_file_requests_get_422(client: httpx2.AsyncClient, files: list[Any],
                                          collect: list[str], message: str) -> None:
     response = await client.post("/v1/execute", json={"code": "pass", "files": files,
                                                       "collect": collect})
@@ -150,7 +150,7 @@ async def test_bad_file_requests_get_422(client: httpx.AsyncClient, files: list[
     assert message in response.text
 
 
-async def test_programs_import_the_files_they_bring(client: httpx.AsyncClient) -> None:
+async def test_programs_import_the_files_they_bring(client: httpx2.AsyncClient) -> None:
     response = await client.post("/v1/execute", json={
         "code": "import helper\nprint(helper.twice(21))",
         "files": [{"path": "helper.py", "content": "def twice(x):\n    return 2 * x\n"}]})

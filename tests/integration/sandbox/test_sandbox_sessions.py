@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import docker
-import httpx
+import httpx2
 import pytest
 
 from services.sandbox.app import create_app
@@ -22,23 +22,23 @@ IDLE_S = 1.5
 
 @pytest.fixture(params=BACKENDS)
 async def service(request: pytest.FixtureRequest
-                  ) -> AsyncIterator[tuple[httpx.AsyncClient, SandboxSettings]]:
+                  ) -> AsyncIterator[tuple[httpx2.AsyncClient, SandboxSettings]]:
     settings = sandbox_settings(request.param, sandbox_max_concurrency=1, sandbox_max_sessions=3,
                                 sandbox_max_sessions_per_job=2, sandbox_session_idle_s=IDLE_S)
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://sandbox", timeout=60
+    async with app.router.lifespan_context(app), httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox", timeout=60
     ) as client:
         yield client, settings
 
 
-async def _open(client: httpx.AsyncClient, job_id: str | None = None) -> str:
+async def _open(client: httpx2.AsyncClient, job_id: str | None = None) -> str:
     response = await client.post("/v1/sessions", json={"job_id": job_id})
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
 
 
-async def _run(client: httpx.AsyncClient, session: str, code: str) -> dict:
+async def _run(client: httpx2.AsyncClient, session: str, code: str) -> dict:
     response = await client.post(f"/v1/sessions/{session}/execute", json={"code": code})
     assert response.status_code == 200, response.text
     return dict(response.json())

@@ -1,4 +1,4 @@
-"""The trainer app in-process (httpx.ASGITransport), publishing to a real in-process
+"""The trainer app in-process (httpx2.ASGITransport), publishing to a real in-process
 model-state store."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from trainer_harness import TrainerHarness
 from transformers import AutoTokenizer
@@ -24,7 +24,7 @@ from services.trainer.settings import TrainerSettings
 async def modelstate_client(tmp_path: Path) -> AsyncIterator[ModelStateClient]:
     app = create_modelstate_app(ModelStateSettings(data_dir=tmp_path / "modelstate"))
     async with app.router.lifespan_context(app):
-        client = ModelStateClient("http://modelstate", transport=httpx.ASGITransport(app))
+        client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app))
         yield client
         await client.aclose()
 
@@ -37,7 +37,7 @@ async def trainer(
     app = create_app(settings, modelstate=modelstate_client)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://trainer") as http,
+        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer") as http,
     ):
         yield TrainerHarness(http, app, str(tiny_model_dir))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from trainer_harness import JOB_LORA, TrainerHarness
 
@@ -99,7 +99,7 @@ async def test_save_weights_reports_an_unreachable_store(
     app = create_app(TrainerSettings(data_dir=tmp_path, trainer_device="cpu"), modelstate=client)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://trainer") as http,
+        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer") as http,
     ):
         trainer = TrainerHarness(http, app, str(tiny_model_dir))
         await trainer.create(JOB_LORA, "lora")

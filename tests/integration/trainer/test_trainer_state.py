@@ -8,7 +8,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from trainer_harness import TrainerHarness
 
@@ -29,8 +29,8 @@ def start_trainer(tmp_path: Path, tiny_model_dir: Path,
     @asynccontextmanager
     async def start() -> AsyncIterator[TrainerHarness]:
         app = create_app(settings, modelstate=modelstate_client)
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app), base_url="http://trainer") as http:
+        async with app.router.lifespan_context(app), httpx2.AsyncClient(
+                transport=httpx2.ASGITransport(app), base_url="http://trainer") as http:
             yield TrainerHarness(http, app, str(tiny_model_dir))
 
     return start

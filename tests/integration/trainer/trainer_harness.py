@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
+import httpx2
 from fastapi import FastAPI
 
 from services.trainer.service import TrainerService
@@ -14,7 +14,7 @@ JOB_LORA = "job-lora"
 
 
 class TrainerHarness:
-    def __init__(self, http: httpx.AsyncClient, app: FastAPI, base_model: str) -> None:
+    def __init__(self, http: httpx2.AsyncClient, app: FastAPI, base_model: str) -> None:
         self.http = http
         self.app = app
         self.base_model = base_model

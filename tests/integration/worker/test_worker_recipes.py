@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
+import httpx2
 
 from tests.support.worker import TaskStack, wait_for_task
 
@@ -24,23 +24,23 @@ def sft(steps: int, checkpoint_every: int) -> dict[str, Any]:
         "adam": {"lr": 0.02}}}}
 
 
-async def submit(http: httpx.AsyncClient, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
+async def submit(http: httpx2.AsyncClient, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
     response = await http.post(f"/v1/jobs/{job_id}/tasks", json=body)
     assert response.status_code == 202, response.text
     return dict(response.json())
 
 
-async def version_steps(http: httpx.AsyncClient, job_id: str) -> list[int]:
+async def version_steps(http: httpx2.AsyncClient, job_id: str) -> list[int]:
     response = await http.get(f"/v1/modelstate/jobs/{job_id}/versions")
     assert response.status_code == 200, response.text
     return sorted(v["step"] for v in response.json()["versions"])
 
 
-async def job_status(http: httpx.AsyncClient, job_id: str) -> str:
+async def job_status(http: httpx2.AsyncClient, job_id: str) -> str:
     return str((await http.get(f"/v1/jobs/{job_id}")).json()["status"])
 
 
-async def progress_step(http: httpx.AsyncClient, task_id: str) -> int | None:
+async def progress_step(http: httpx2.AsyncClient, task_id: str) -> int | None:
     progress = (await http.get(f"/v1/tasks/{task_id}")).json()["progress"]
     return None if progress is None else int(progress["step"])
 

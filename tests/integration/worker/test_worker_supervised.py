@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from gateway.cli.supervisor import STACK, Supervisor, group_members
 from services.common.ports import free_port
@@ -30,8 +30,8 @@ def test_the_supervisor_starts_a_worker_that_runs_tasks_and_stops_it(tmp_path: P
 
         # The embedded default end to end: SQLite and the filesystem broker, no server.
         key = (tmp_path / "admin_key").read_text().strip()
-        with httpx.Client(base_url=settings.gateway_url, timeout=30,
-                          headers={"Authorization": f"Bearer {key}"}) as http:
+        with httpx2.Client(base_url=settings.gateway_url, timeout=30,
+                           headers={"Authorization": f"Bearer {key}"}) as http:
             # No trainer runs here: the job is created, then marked failed; it may have tasks.
             refused = http.post("/v1/jobs", json={"base_model": "loom/tiny"})
             assert refused.status_code == 503

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from pydantic import ValidationError
 
@@ -217,7 +217,7 @@ async def test_an_unreachable_broker_is_a_503_and_the_task_is_marked_failed(
         job = await stack.create_job(http)  # the same database, another gateway below
     with serve_in_thread(create_app(settings, broker)) as url:
         async with stack.client() as http:
-            http.base_url = httpx.URL(url)
+            http.base_url = httpx2.URL(url)
             response = await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})
             assert response.status_code == 503, response.text
             error = response.json()["error"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-import httpx
+import httpx2
 import pytest
 
 import agents.sdk as sdk
@@ -47,29 +47,29 @@ class FakeGateway:
         self.polls = 0
         self.auth: set[str] = set()
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         self.auth.add(request.headers["authorization"])
         path = request.url.path
         if path == "/v1/jobs/job_1":
-            return httpx.Response(200, json=_job())
+            return httpx2.Response(200, json=_job())
         if path == "/v1/jobs/missing":
-            return httpx.Response(404, json={"error": {"code": "not_found",
-                                                       "message": "No job 'missing'"}})
+            return httpx2.Response(404, json={"error": {"code": "not_found",
+                                                        "message": "No job 'missing'"}})
         if path == "/v1/trainer/models/job_1/optim_step":
             assert json.loads(request.content)["adam"]["lr"] == 0.01
-            return httpx.Response(202, json=_operation("pending"))
+            return httpx2.Response(202, json=_operation("pending"))
         if path == "/v1/trainer/operations/op_1":
             self.polls += 1
             if self.polls < 2:
-                return httpx.Response(200, json=_operation("running"))
-            return httpx.Response(200, json=_operation(
+                return httpx2.Response(200, json=_operation("running"))
+            return httpx2.Response(200, json=_operation(
                 "succeeded", result={"step": 1, "grad_norm": 0.5, "lr": 0.01}))
-        return httpx.Response(404, json={"error": {"code": "not_found", "message": path}})
+        return httpx2.Response(404, json={"error": {"code": "not_found", "message": path}})
 
 
 async def test_futures_poll_until_done_and_parse_the_result() -> None:
     gateway = FakeGateway()
-    async with AsyncLoomClient("http://gw", "k1", transport=httpx.MockTransport(gateway)) as loom:
+    async with AsyncLoomClient("http://gw", "k1", transport=httpx2.MockTransport(gateway)) as loom:
         job = await loom.get_job("job_1")
         future = await job.optim_step(sdk.AdamParams(lr=0.01))
         result = await future
@@ -79,29 +79,29 @@ async def test_futures_poll_until_done_and_parse_the_result() -> None:
 
 
 async def test_error_envelopes_become_typed_exceptions() -> None:
-    transport = httpx.MockTransport(FakeGateway())
+    transport = httpx2.MockTransport(FakeGateway())
     async with AsyncLoomClient("http://gw", "k", transport=transport) as loom:
         with pytest.raises(NotFound, match="No job 'missing'"):
             await loom.get_job("missing")
 
 
 async def test_a_failed_operation_raises_its_error() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         if request.url.path.endswith("/optim_step"):
-            return httpx.Response(202, json=_operation("pending"))
+            return httpx2.Response(202, json=_operation("pending"))
         if request.url.path == "/v1/jobs/job_1":
-            return httpx.Response(200, json=_job())
-        return httpx.Response(200, json=_operation("failed", error={
+            return httpx2.Response(200, json=_job())
+        return httpx2.Response(200, json=_operation("failed", error={
             "code": "invalid_input", "message": "token id 999 >= vocab 271"}))
 
-    async with AsyncLoomClient("http://gw", "k", transport=httpx.MockTransport(handler)) as loom:
+    async with AsyncLoomClient("http://gw", "k", transport=httpx2.MockTransport(handler)) as loom:
         job = await loom.get_job("job_1")
         with pytest.raises(InvalidInput, match="vocab"):
             await (await job.optim_step())
 
 
 def test_sync_face_blocks_and_wraps_jobs_and_futures() -> None:
-    with LoomClient("http://gw", "k", transport=httpx.MockTransport(FakeGateway())) as loom:
+    with LoomClient("http://gw", "k", transport=httpx2.MockTransport(FakeGateway())) as loom:
         job = loom.get_job("job_1")
         assert isinstance(job, sdk.Job) and job.id == "job_1"
         future = job.optim_step(sdk.AdamParams(lr=0.01))
@@ -111,11 +111,11 @@ def test_sync_face_blocks_and_wraps_jobs_and_futures() -> None:
             loom.get_job("missing")
 
 
-def _rollout_gateway(request: httpx.Request) -> httpx.Response:
+def _rollout_gateway(request: httpx2.Request) -> httpx2.Response:
     body = json.loads(request.content)
     if body["env"] == "chess":
-        return httpx.Response(422, json={"error": {"code": "invalid_input",
-                                                   "message": "Unknown environment 'chess'"}})
+        return httpx2.Response(422, json={"error": {"code": "invalid_input",
+                                                    "message": "Unknown environment 'chess'"}})
     trajectory = {"task_index": 0, "sample_index": 0, "prompt_token_ids": [1],
                   "token_ids": [2, 3], "logprobs": [-0.1, -0.2], "loss_mask": [1, 1],
                   "turns": [], "stop_reason": "done", "response": "5", "reward": 1.0}
@@ -127,17 +127,17 @@ def _rollout_gateway(request: httpx.Request) -> httpx.Response:
                                         "env_tokens": 0, "wall_s": 0.5}},
     ]
     assert request.url.path == "/v1/rollout/rollouts" and body["job_id"] == "job_1"
-    return httpx.Response(200, content="".join(json.dumps(x) + "\n" for x in lines),
-                          headers={"content-type": "application/x-ndjson"})
+    return httpx2.Response(200, content="".join(json.dumps(x) + "\n" for x in lines),
+                           headers={"content-type": "application/x-ndjson"})
 
 
-def _rollouts_transport() -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
+def _rollouts_transport() -> httpx2.MockTransport:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         if request.url.path == "/v1/jobs/job_1":
-            return httpx.Response(200, json=_job())
+            return httpx2.Response(200, json=_job())
         return _rollout_gateway(request)
 
-    return httpx.MockTransport(handler)
+    return httpx2.MockTransport(handler)
 
 
 async def test_rollout_stream_yields_groups_and_keeps_errors_and_summary() -> None:

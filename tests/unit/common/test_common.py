@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
+import httpx2
 import pytest
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -41,7 +41,7 @@ class Echo(BaseModel):
     n: int
 
 
-def _app() -> httpx.AsyncClient:
+def _app() -> httpx2.AsyncClient:
     router = APIRouter()
 
     @router.post("/v1/echo")
@@ -53,8 +53,8 @@ def _app() -> httpx.AsyncClient:
         return body
 
     app = create_service_app("test", routers=[router])
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://t")
+    transport = httpx2.ASGITransport(app=app, raise_app_exceptions=False)
+    return httpx2.AsyncClient(transport=transport, base_url="http://t")
 
 
 async def test_app_factory_errors_are_one_envelope() -> None:

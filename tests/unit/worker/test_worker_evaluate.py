@@ -1,5 +1,5 @@
 """The evaluation task's logic against small stand-ins for modelstate, rollout and reward
-(httpx mock transports speaking the services' real schemas): what is sampled, how it is
+(httpx2 mock transports speaking the services' real schemas): what is sampled, how it is
 scored and summarised, which metrics it records, and how service errors come back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from modelstate.client import ModelStateClient
@@ -30,40 +30,40 @@ class Doubles:
         self.samples: list[SampleRequest] = []
         self.scored: list[ScoreRequest] = []
 
-    def modelstate(self, request: httpx.Request) -> httpx.Response:
+    def modelstate(self, request: httpx2.Request) -> httpx2.Response:
         assert request.url.path == "/v1/jobs/job_1/versions/best"
         version = Version(id=9, job_id="job_1", number=5, parent=4, step=self.step,
                           kind=VersionKind.lora, base_model="loom/tiny", files=[], metrics={},
                           aliases=["best"], created_at=datetime.now(UTC))
-        return httpx.Response(200, json=version.model_dump(mode="json"))
+        return httpx2.Response(200, json=version.model_dump(mode="json"))
 
-    def rollout(self, request: httpx.Request) -> httpx.Response:
+    def rollout(self, request: httpx2.Request) -> httpx2.Response:
         assert request.url.path == "/v1/sample"
         sample = SampleRequest.model_validate(json.loads(request.content))
         self.samples.append(sample)
         text = ANSWERS[sample.prompt or ""]
         body = SampleResponse(job_id=sample.job_id, version=5, prompt_token_ids=[1], samples=[
             Sample(token_ids=[2], logprobs=[-0.1], text=text, stop_reason="stop", version=5)])
-        return httpx.Response(200, json=body.model_dump(mode="json"))
+        return httpx2.Response(200, json=body.model_dump(mode="json"))
 
-    def reward(self, request: httpx.Request) -> httpx.Response:
+    def reward(self, request: httpx2.Request) -> httpx2.Response:
         if self.reward_status != 200:
-            return httpx.Response(self.reward_status, json={"error": {
+            return httpx2.Response(self.reward_status, json={"error": {
                 "code": "invalid_input", "message": "Unknown verifier 'nope'", "detail": None}})
         score = ScoreRequest.model_validate(json.loads(request.content))
         self.scored.append(score)
         scores = [ItemScore(reward=float(item.response == item.reference),
                             error=None if item.reference else "no reference")
                   for item in score.items]
-        return httpx.Response(200, json=ScoreResponse(verifier=score.verifier,
-                                                      scores=scores).model_dump())
+        return httpx2.Response(200, json=ScoreResponse(verifier=score.verifier,
+                                                       scores=scores).model_dump())
 
     async def run(self, params: EvaluateParams) -> Any:
-        modelstate = ModelStateClient("http://ms", transport=httpx.MockTransport(self.modelstate))
+        modelstate = ModelStateClient("http://ms", transport=httpx2.MockTransport(self.modelstate))
         rollout = ServiceClient("http://ro", service="rollout",
-                                transport=httpx.MockTransport(self.rollout))
+                                transport=httpx2.MockTransport(self.rollout))
         reward = ServiceClient("http://rw", service="reward",
-                               transport=httpx.MockTransport(self.reward))
+                               transport=httpx2.MockTransport(self.reward))
         try:
             return await evaluate(modelstate, rollout, reward, "job_1", params)
         finally:
