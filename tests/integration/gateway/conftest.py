@@ -49,7 +49,8 @@ def echo_service(gate: StreamGate) -> FastAPI:
         body = await request.body()
         return {"method": request.method, "path": request.url.path,
                 "query": request.url.query, "headers": dict(request.headers),
-                "body": body.decode("utf-8", "replace")}
+                "body": body.decode("utf-8", "replace"),
+                "client_port": request.client.port if request.client else None}
 
     @router.get("/events")
     async def events() -> StreamingResponse:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import httpx2
+
+from services.common.http import ServiceClient
 
 if TYPE_CHECKING:
     from tests.integration.gateway.conftest import Stack
@@ -100,3 +103,35 @@ async def test_metrics_and_readiness_are_public(stack: Stack) -> None:
         ready = await anonymous.get("/readyz")
         assert ready.json()["detail"] == {"database": "ok"}
         assert "loom_http_requests" in (await anonymous.get("/metrics")).text
+
+
+BURST = 64  # samples an RL step sends at once
+
+
+async def burst_ports(send: Callable[[], Awaitable[httpx2.Response]]) -> set[int]:
+    """The client ports the echo service saw in one burst of concurrent requests."""
+    responses = await asyncio.gather(*(send() for _ in range(BURST)))
+    assert all(r.status_code == 200 for r in responses)
+    return {r.json()["client_port"] for r in responses}
+
+
+async def test_the_gateway_reuses_its_upstream_connections_across_bursts(stack: Stack) -> None:
+    """Every pooled connection stays open between bursts: the second burst reconnects nothing
+    (a keep-alive limit under the burst size would reopen the rest each time)."""
+    async with stack.client() as client:
+        first = await burst_ports(lambda: client.get("/v1/reward/echo/a"))
+        second = await burst_ports(lambda: client.get("/v1/reward/echo/b"))
+    assert len(first) > BURST // 2  # the burst really was concurrent
+    assert second <= first
+
+
+async def test_service_clients_reuse_their_connections_across_bursts(stack: Stack) -> None:
+    """The same for `ServiceClient` (the SDK's and the services' client)."""
+    client = ServiceClient(stack.settings.reward_url, service="reward")
+    try:
+        first = await burst_ports(lambda: client.request("GET", "/v1/echo/a"))
+        second = await burst_ports(lambda: client.request("GET", "/v1/echo/b"))
+    finally:
+        await client.aclose()
+    assert len(first) > BURST // 2
+    assert second <= first

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
+from collections.abc import Callable
 
 import httpx2
 import pytest
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from gateway.app import create_app as create_gateway
 from services.common.app_factory import create_service_app
 from services.common.errors import (
     Conflict,
@@ -22,6 +27,7 @@ from services.common.errors import (
 )
 from services.common.operations import OperationQueue
 from services.common.schemas import OperationStatus
+from services.rollout.app import create_app as create_rollout
 
 
 @pytest.mark.parametrize(("status", "body", "expected"), [
@@ -125,3 +131,28 @@ def test_busy_clock_counts_overlapping_work_once_and_the_period_in_progress() ->
     time.sleep(0.05)
     assert clock.seconds() == after  # idle time is not counted
     assert b"loom_test_busy_seconds_total" in generate_latest(registry)
+
+
+def _dependency_calls(dependant: Dependant) -> list[Callable[..., object]]:
+    found = []
+    for sub in dependant.dependencies:
+        if sub.call is not None:
+            found.append(sub.call)
+        found.extend(_dependency_calls(sub))
+    return found
+
+
+@pytest.mark.parametrize(("app_factory", "path", "method"), [
+    (create_gateway, "/v1/{service}/{path:path}", "POST"),
+    (create_rollout, "/v1/sample", "POST"),
+])
+def test_hot_routes_have_only_async_dependencies(app_factory: Callable[[], FastAPI], path: str,
+                                                 method: str) -> None:
+    """FastAPI runs a plain `def` dependency in its thread pool: a thread hop per call. The
+    routes every sample goes through must not pay one for reading app.state or the key."""
+    route = next(r for r in app_factory().routes
+                 if isinstance(r, APIRoute) and r.path == path and method in r.methods)
+    calls = _dependency_calls(route.dependant)
+    assert calls, "the route should have dependencies to check"
+    blocking = [call.__name__ for call in calls if not inspect.iscoroutinefunction(call)]
+    assert blocking == []
