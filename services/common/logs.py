@@ -37,3 +37,7 @@ def configure_logging(service: str, level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx2 logs every request it sends at INFO: on the gateway, a line per proxied sample
+    # call (an access log, which uvicorn's is off for). Shown only when debugging.
+    logging.getLogger("httpx2").setLevel(
+        logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING)

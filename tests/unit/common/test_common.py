@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ from services.common.errors import (
     Unavailable,
     error_from_envelope,
 )
+from services.common.logs import configure_logging
 from services.common.operations import OperationQueue
 from services.common.schemas import OperationStatus
 from services.rollout.app import create_app as create_rollout
@@ -156,3 +158,18 @@ def test_hot_routes_have_only_async_dependencies(app_factory: Callable[[], FastA
     assert calls, "the route should have dependencies to check"
     blocking = [call.__name__ for call in calls if not inspect.iscoroutinefunction(call)]
     assert blocking == []
+
+
+def test_logging_leaves_out_the_http_clients_per_request_lines() -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, logging.getLogger("httpx2").level
+    try:
+        configure_logging("gateway", "info")
+        assert root.isEnabledFor(logging.INFO)
+        assert not logging.getLogger("httpx2").isEnabledFor(logging.INFO)
+        assert logging.getLogger("httpx2").isEnabledFor(logging.WARNING)
+        configure_logging("gateway", "debug")
+        assert logging.getLogger("httpx2").isEnabledFor(logging.DEBUG)
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        logging.getLogger("httpx2").setLevel(saved[2])
