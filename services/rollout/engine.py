@@ -40,6 +40,7 @@ class RolloutEngine:
         self.start_error: str | None = None
         self.warmup_seconds: float | None = None
         self.startup_seconds: float | None = None
+        self._weights_label = BASE_WEIGHTS_LABEL
 
     @property
     def llm(self) -> AsyncLLM:
@@ -103,23 +104,35 @@ class RolloutEngine:
         params: SamplingParams,
         lora_request: LoRARequest | None = None,
         interrupt: asyncio.Future[Any] | None = None,
+        movable: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs as vLLM produces them (cumulative or delta, per `params.output_kind`).
         When `interrupt` completes first, the request is aborted and its last output (finish
-        reason `abort`) holds the tokens sampled so far."""
+        reason `abort`) holds the tokens sampled so far. `movable`: later weights may be
+        swapped in under this request (see `reload_weights`)."""
         request_id = uuid.uuid4().hex
         watcher = None if interrupt is None else asyncio.ensure_future(
             self._abort_on(interrupt, request_id))
+        prompt = {"prompt_token_ids": prompt_token_ids,
+                  "cache_salt": self._cache_salt(movable)}
         try:
             with self.busy.busy():
                 async for output in self.llm.generate(
-                    {"prompt_token_ids": prompt_token_ids}, params, request_id,
-                    lora_request=lora_request,
+                    prompt, params, request_id, lora_request=lora_request,  # type: ignore[arg-type]
                 ):
                     yield output
         finally:
             if watcher is not None:
                 watcher.cancel()
+
+    def _cache_salt(self, movable: bool) -> str:
+        """vLLM shares KV blocks between requests whose prefixes hash alike, and the salt
+        joins the hash. Naming the weights loaded (requests start only on the weights they
+        asked for, see `WeightsGate`) keeps other weights' blocks out of every request, so a
+        swap need not clear the prefix cache, and blocks of weights swapped back in serve
+        again. A moved generation's later blocks are computed by later weights than its salt
+        names: movable requests share blocks only among themselves."""
+        return f"{self._weights_label}+movable" if movable else self._weights_label
 
     async def _abort_on(self, interrupt: asyncio.Future[Any], request_id: str) -> None:
         await asyncio.shield(interrupt)  # the caller owns (and cancels) the future
@@ -131,9 +144,11 @@ class RolloutEngine:
         params: SamplingParams,
         lora_request: LoRARequest | None = None,
         interrupt: asyncio.Future[Any] | None = None,
+        movable: bool = False,
     ) -> RequestOutput:
         final: RequestOutput | None = None
-        async for output in self.stream(prompt_token_ids, params, lora_request, interrupt):
+        async for output in self.stream(prompt_token_ids, params, lora_request, interrupt,
+                                        movable):
             final = output
         if final is None:  # vLLM always yields a finished output; this guards the type
             raise RuntimeError("vLLM returned no output")
@@ -164,10 +179,13 @@ class RolloutEngine:
     async def reload_weights(self, weights_path: str, label: str) -> None:
         """Replace the full weights in place, between engine steps. Requests still running
         (only generations that may move to newer weights are, see `WeightsGate`) are frozen,
-        then recomputed from their tokens so far with the new weights: the KV and prefix caches
-        are cleared, since the old weights computed them. Tokens sampled from then on carry
-        `label`. vLLM drops every LoRA adapter too (they were merged against the old base)."""
-        await self._pause()
+        then go on with the new weights: on their KV so far, which the old weights computed
+        (`LOOM_ROLLOUT_INFLIGHT_KV=keep`, as PipelineRL does), or after recomputing their
+        tokens so far with the new weights (`recompute`: the caches are cleared, which preempts
+        them). Tokens sampled from then on carry `label`. Cached prefixes of other weights stay
+        out of later requests either way (`_cache_salt`). vLLM drops every LoRA adapter too
+        (they were merged against the old base)."""
+        await self._pause(clear_cache=self.settings.rollout_inflight_kv == "recompute")
         try:
             await self.llm.collective_rpc("loom_reload_weights",
                                           kwargs={"weights_path": weights_path})
@@ -179,18 +197,19 @@ class RolloutEngine:
         finally:
             await self.llm.resume_generation()
 
-    async def _pause(self) -> None:
-        """`AsyncLLM.pause_generation(mode="keep", clear_cache=True)` without its closing 20 ms
+    async def _pause(self, clear_cache: bool) -> None:
+        """`AsyncLLM.pause_generation(mode="keep", clear_cache=...)` without its closing 20 ms
         sleep, which only orders the outputs of requests aborted or finished meanwhile. "keep"
-        freezes running requests; clearing the cache then preempts them, so they resume with
-        the new weights recomputing their KV."""
+        freezes running requests; clearing the caches also preempts them, so they resume by
+        recomputing their KV."""
         await self.llm.renderer.clear_mm_cache_async()
-        await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
+        await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=clear_cache)
 
     async def label_weights(self, label: str) -> None:
         """vLLM tags every output token with this label (`CompletionOutput.weight_versions`),
         which lets the sampler check which weights produced a sample."""
         await self.llm.update_weight_version(label)
+        self._weights_label = label
 
     async def add_lora(self, lora_request: LoRARequest) -> None:
         await self.llm.add_lora(lora_request)

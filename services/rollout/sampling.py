@@ -174,7 +174,8 @@ class Sampler:
                 self.versions.newer_than(request.job_id, version))
             try:
                 output = await self.engine.generate(request.prompt_token_ids, params,
-                                                    served.lora_request, interrupt=newer)
+                                                    served.lora_request, interrupt=newer,
+                                                    movable=served.target.kind == "full")
             finally:
                 if newer is not None:
                     newer.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -24,6 +25,13 @@ class RolloutSettings(LoomSettings):
         description="On CPU, how long vLLM's engine processes busy-poll their queues after a "
         "message before they sleep (vLLM's default, 1000, keeps a core busy for a second after "
         "every request).",
+    )
+    rollout_inflight_kv: Literal["keep", "recompute"] = Field(
+        default="keep",
+        description="When full weights move under running generations (partial rollouts): "
+        "`keep` continues them on their KV cache so far (computed by the old weights, as "
+        "PipelineRL does; no recomputation), `recompute` recomputes their tokens so far with the "
+        "new weights first. Tokens carry the weights that sampled them either way.",
     )
     rollout_max_loras: int = Field(default=4, ge=1, description="LoRA adapters kept resident.")
     rollout_max_lora_rank: int = Field(default=64, ge=1)

@@ -348,6 +348,24 @@ async def test_full_version_hand_off(rollout: httpx2.AsyncClient, store: ModelSt
     assert again_full["samples"] == first["samples"]
 
 
+async def test_cached_prefixes_of_other_weights_are_never_reused(
+        rollout: httpx2.AsyncClient) -> None:
+    """Swaps keep vLLM's prefix cache (128-token blocks on CPU): when a prompt's blocks from
+    other weights are cached, a sample must still be computed by its own weights. Scored as a
+    prompt (which never reads the cache), its tokens get back the logprobs it was sampled with.
+    Back on weights seen before, their own cached blocks serve again."""
+    long_prompt = (PROMPT * 60)[:300]  # two whole cache blocks
+    for version in (0, 1, 0, 1):  # from the second on, the other weights' blocks are cached
+        drawn = (await sample(rollout, job_id="full-job", version=version,
+                              prompt_token_ids=long_prompt,
+                              params={"max_tokens": 6, "temperature": 0.0}))["samples"][0]
+        scored = await sample(rollout, job_id="full-job", version=version,
+                              prompt_token_ids=long_prompt + drawn["token_ids"],
+                              params={"max_tokens": 1}, prompt_logprobs=True)
+        assert scored["prompt_logprobs"][len(long_prompt):] == pytest.approx(
+            drawn["logprobs"], abs=2e-3), f"version {version}"
+
+
 async def test_in_flight_samples_finish_on_their_version(rollout: httpx2.AsyncClient) -> None:
     long = {"params": {"max_tokens": 200, "seed": 4}}
     results = await asyncio.gather(

@@ -509,7 +509,8 @@ class GeneratingEngine(RecordingEngine):
         self.tokens, self.spans = tokens, spans
 
     async def generate(self, prompt: list[int], params: object, lora_request: object,
-                       interrupt: object = None) -> object:
+                       interrupt: object = None, movable: bool = False) -> object:
+        self.movable = movable
         logprobs = [{t: Logprob(logprob=-0.5)} for t in self.tokens]
         completion = CompletionOutput(
             index=0, text="text", token_ids=self.tokens, cumulative_logprob=None,
@@ -533,6 +534,7 @@ async def partial_sample(spans: list[tuple[str, int, int]]) -> list[Sample]:
     parts, newer = await sampler.sample_until_newer(SampleRequest(
         job_id="full", version=1, prompt_token_ids=[1, 2]))
     assert newer is None  # full weights: never interrupted
+    assert engine.movable  # the engine may move it (and keeps its cache blocks apart)
     return parts
 
 
