@@ -42,7 +42,7 @@ from bench._stack import local_stack
 from services.common.base_models import ensure_tiny_model
 from services.common.http import ServiceClient
 from services.rollout.engine import engine_args
-from services.rollout.sampling import vllm_params
+from services.rollout.sampling import detokenizes_in_engine, span_texts, vllm_params
 from services.rollout.schemas import SampleRequest, SampleResponse
 from services.rollout.settings import RolloutSettings
 from services.rollout.vllm_plugin import BUSY_POLL_ENV
@@ -210,12 +210,19 @@ async def direct_generate(llm: AsyncLLM, prompt: list[int],
 
 async def direct_batch(llm: AsyncLLM, workload: Workload, max_tokens: int | None = None
                        ) -> list[RequestOutput]:
-    """The whole workload at once, the service's own params (`vllm_params`: logprobs=0,
-    final output only)."""
-    params = [vllm_params(workload.params(i, max_tokens), n=workload.n)
+    """The whole workload at once, with the service's own params and texts (`vllm_params`:
+    logprobs=0, final output only, detokenized as the service does it, `span_texts`)."""
+    tokenizer = llm.get_tokenizer()
+    detokenize = detokenizes_in_engine(tokenizer)
+    params = [vllm_params(workload.params(i, max_tokens), n=workload.n, detokenize=detokenize)
               for i in range(len(workload.prompts))]
-    return await asyncio.gather(*(direct_generate(llm, prompt, p)
-                                  for prompt, p in zip(workload.prompts, params, strict=True)))
+    outputs = await asyncio.gather(*(direct_generate(llm, prompt, p) for prompt, p
+                                     in zip(workload.prompts, params, strict=True)))
+    for output in outputs:
+        for completion in output.outputs:
+            completion.text = span_texts(tokenizer, output.prompt_token_ids or [], completion,
+                                         [(0, len(completion.token_ids))])[0]
+    return outputs
 
 
 async def direct_arm(model_dir: str, workload: Workload, batches: int, run: ArmRun) -> None:
@@ -492,7 +499,9 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         f"{settings.rollout_seed}) and its environment (VLLM_CPU_KVCACHE_SPACE="
         f"{settings.rollout_kv_cache_gib}, {BUSY_POLL_ENV}={settings.rollout_cpu_busy_poll_ms:g}"
         "), given the service's own vLLM SamplingParams (`services.rollout.sampling."
-        "vllm_params`: logprobs=0, final output only), `generate()` per request, all at once.",
+        "vllm_params`: logprobs=0, final output only, no detokenizing in vLLM), `generate()` "
+        "per request, all at once, then each sample's text made as the service makes it "
+        "(`services.rollout.sampling.span_texts`, once per sample).",
         "- Warm-up, each arm, after its engine starts: the rollout engine's own warm-up "
         f"(repeated in the direct arm), then one untimed batch at max_tokens="
         f"{WARMUP_MAX_TOKENS}. After its timed batches an arm is shut down completely before "

@@ -133,6 +133,20 @@ async def test_sample_base_model(rollout: httpx2.AsyncClient) -> None:
     assert again["samples"] == body["samples"]  # seeded: reproducible
 
 
+async def test_sample_texts_are_the_texts_vllm_detokenizes(rollout: httpx2.AsyncClient) -> None:
+    """Samples are decoded once they are done, not detokenized by vLLM token by token; a stop
+    string (which vLLM's detokenizer must look for) gives the same tokens vLLM's texts."""
+    first = await sample(rollout, n=8, params={"max_tokens": 40, "seed": 7})
+    stop_token = first["samples"][0]["token_ids"][10]  # one the model samples
+    params = {"max_tokens": 40, "seed": 7, "stop_token_ids": [stop_token]}
+    ours = await sample(rollout, n=8, params=params)
+    vllms = await sample(rollout, n=8, params={**params, "stop": ["\u0000never"]})
+    assert [s["token_ids"] for s in ours["samples"]] == [s["token_ids"] for s in vllms["samples"]]
+    assert [s["text"] for s in ours["samples"]] == [s["text"] for s in vllms["samples"]]
+    assert "stop" in {s["stop_reason"] for s in ours["samples"]}
+    assert all(s["text"] for s in ours["samples"] if len(s["token_ids"]) > 1)
+
+
 async def test_prompt_logprobs_score_a_sample_as_the_sampler_did(
         rollout: httpx2.AsyncClient) -> None:
     """A sample appended to its prompt and scored as a prompt gets back the logprobs it was

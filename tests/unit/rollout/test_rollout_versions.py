@@ -25,6 +25,10 @@ from services.rollout.versions import Target, Versions
 class RecordingEngine:
     """Records the weight operations vLLM would perform."""
 
+    # Python-only (no Rust backend): vLLM detokenizes; spans decode with `decode`.
+    tokenizer = SimpleNamespace(decode=lambda token_ids, skip_special_tokens: "".join(
+        map(str, token_ids)))
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
         self.reload_delay = 0.0
@@ -518,8 +522,6 @@ class GeneratingEngine(RecordingEngine):
             weight_versions=[WeightVersionSpan(*span) for span in self.spans])
         return SimpleNamespace(outputs=[completion])
 
-    def decode(self, token_ids: list[int]) -> str:
-        return "".join(map(str, token_ids))
 
 
 async def partial_sample(spans: list[tuple[str, int, int]]) -> list[Sample]:
@@ -541,7 +543,8 @@ async def partial_sample(spans: list[tuple[str, int, int]]) -> list[Sample]:
 async def test_a_generation_moved_to_later_weights_comes_back_in_parts_per_version() -> None:
     parts = await partial_sample([("full@1", 0, 3), ("full@2", 3, 5)])
     assert [(p.version, p.token_ids, p.logprobs, p.stop_reason, p.text) for p in parts] == [
-        (1, [5, 6, 7], [-0.5] * 3, "abort", "567"), (2, [8, 9], [-0.5] * 2, "stop", "89")]
+        (1, [5, 6, 7], [-0.5] * 3, "abort", "567"),
+        (2, [8, 9], [-0.5] * 2, "stop", "8")]  # as in vLLM's text: none for the stop token
     (whole,) = await partial_sample([("full@1", 0, 5)])
     assert (whole.version, whole.token_ids, whole.text) == (1, [5, 6, 7, 8, 9], "text")
 
