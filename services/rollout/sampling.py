@@ -87,7 +87,7 @@ def span_texts(tokenizer: Any, prompt_ids: list[int], completion: CompletionOutp
     stopped_by_token = completion.finish_reason == "stop" \
         and not isinstance(completion.stop_reason, str)
     with_text = len(token_ids) - 1 if stopped_by_token else len(token_ids)
-    backend = getattr(tokenizer, "_tokenizer", None)
+    backend = _rust_backend(tokenizer)
     if backend is None:
         return [str(tokenizer.decode(token_ids[a:min(b, with_text)], skip_special_tokens=True))
                 for a, b in spans]
@@ -103,7 +103,12 @@ def span_texts(tokenizer: Any, prompt_ids: list[int], completion: CompletionOutp
 
 def detokenizes_in_engine(tokenizer: Any) -> bool:
     """Whether samples need vLLM's detokenizer (no Rust backend for `span_texts`)."""
-    return getattr(tokenizer, "_tokenizer", None) is None
+    return _rust_backend(tokenizer) is None
+
+
+def _rust_backend(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer` behind a fast Hugging Face tokenizer (None: Python-only)."""
+    return getattr(tokenizer, "_tokenizer", None)
 
 
 def sampled_logprobs(completion: CompletionOutput) -> list[float]:

@@ -134,8 +134,8 @@ async def test_sample_base_model(rollout: httpx2.AsyncClient) -> None:
 
 
 async def test_sample_texts_are_the_texts_vllm_detokenizes(rollout: httpx2.AsyncClient) -> None:
-    """Samples are decoded once they are done, not detokenized by vLLM token by token; a stop
-    string (which vLLM's detokenizer must look for) gives the same tokens vLLM's texts."""
+    """Samples are decoded once they are done, not detokenized by vLLM token by token. A stop
+    string that never matches makes vLLM detokenize the same tokens: the texts must agree."""
     first = await sample(rollout, n=8, params={"max_tokens": 40, "seed": 7})
     stop_token = first["samples"][0]["token_ids"][10]  # one the model samples
     params = {"max_tokens": 40, "seed": 7, "stop_token_ids": [stop_token]}
