@@ -24,7 +24,7 @@ from services.rollout.schemas import (
     RolloutRequest,
     RolloutSummary,
 )
-from services.rollout.versions import Versions
+from services.rollout.versions import LATEST, Versions
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,14 @@ class Rollouts:
 
     async def start(self, request: RolloutRequest) -> AsyncIterator[str]:
         plan = self.plan(request)
-        await self.versions.resolve(request.job_id, request.version)  # 404 before streaming
+        # Resolved now, so an unknown version is a 404 before streaming.
+        first = await self.versions.resolve(request.job_id, request.version)
         order = list(range(len(request.tasks)))
         if request.schedule == "longest_prompt_first":
             order.sort(key=lambda i: -len(plan.prompts[i]))
-        return self._stream(plan, order)
+        return self._stream(plan, order, first.number)
 
-    async def _stream(self, plan: Plan, order: list[int]) -> AsyncIterator[str]:
+    async def _stream(self, plan: Plan, order: list[int], first: int) -> AsyncIterator[str]:
         request = plan.request
         started = time.perf_counter()
         slots = asyncio.Semaphore(request.concurrency)
@@ -95,7 +96,7 @@ class Rollouts:
 
         async def group(task_index: int) -> None:
             version = GroupVersion(request.version, None if request.version_refresh == "turn"
-                                   else lambda: self._number(request))
+                                   else lambda: self._number(request, first))
             try:
                 trajectories = await self.loop.run_group(plan, task_index, version,
                                                          lambda: slots)
@@ -131,7 +132,13 @@ class Rollouts:
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _number(self, request: RolloutRequest) -> int:
+    async def _number(self, request: RolloutRequest, first: int) -> int:
+        """The version a group starts on. A job's `latest` is the newer of what the request
+        resolved to when it arrived (asked of modelstate: it sees a publish that returned just
+        before) and the newest version modelstate has announced since: no lookup per group.
+        Other aliases are looked up."""
+        if request.job_id is not None and request.version == LATEST:
+            return max(first, self.versions.newest(request.job_id))
         return (await self.versions.resolve(request.job_id, request.version)).number
 
 

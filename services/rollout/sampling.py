@@ -53,7 +53,9 @@ def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream
     """Loom's sampling options as vLLM's; `logprobs=0` returns the sampled token's own (and
     `k` also the `k` most likely ones), `prompt_logprobs` the same for each prompt token
     (None: the prompt is not scored). `detokenize=False`: no text (`span_texts` makes it
-    once the sample is done); stop strings need vLLM's text, so they keep it."""
+    once the sample is done); stop strings need vLLM's text, so they keep it. Logprobs come
+    flat (`FlatLogprobs`: a few lists per request, not a dict and an object per token, which
+    vLLM's output handler builds at every step of every request)."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
@@ -66,6 +68,7 @@ def vllm_params(params: SamplingParams, *, n: int = 1, logprobs: int = 0, stream
             logprobs=logprobs, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, skip_special_tokens=skip_special_tokens,
             prompt_logprobs=prompt_logprobs, detokenize=detokenize or bool(params.stop),
+            flat_logprobs=True,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
     except (ValueError, VLLMClientError) as exc:  # vLLM's checks on combinations of options
@@ -112,8 +115,16 @@ def _rust_backend(tokenizer: Any) -> Any:
 
 
 def sampled_logprobs(completion: CompletionOutput) -> list[float]:
-    """The logprob of each sampled token (vLLM returns it first-ranked at logprobs=0)."""
+    """The logprob of each sampled token: vLLM puts it first at each position (at
+    logprobs=0 it is the only one)."""
+    from vllm.logprobs import FlatLogprobs
+
     entries = completion.logprobs or []
+    if isinstance(entries, FlatLogprobs):
+        firsts = entries.start_indices
+        if [entries.token_ids[i] for i in firsts] != list(completion.token_ids):
+            raise LoomError("vLLM's logprobs do not list the sampled tokens first.")
+        return [entries.logprobs[i] for i in firsts]
     return [entry[token].logprob for token, entry in zip(completion.token_ids, entries,
                                                          strict=True)]
 
@@ -133,8 +144,8 @@ def top_entries(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
 
 def ranked(entry: dict[int, Logprob] | None, k: int) -> RankedLogprobs | None:
     """(token id, logprob) of the `k` most likely tokens at a position; None where vLLM
-    scored nothing (a prompt's first token)."""
-    return None if entry is None else [(t, lp.logprob) for t, lp in top_entries(entry, k)]
+    scored nothing (a prompt's first token: None, or an empty entry in flat logprobs)."""
+    return None if not entry else [(t, lp.logprob) for t, lp in top_entries(entry, k)]
 
 
 def stop_reason(completion: CompletionOutput) -> Literal["stop", "length", "abort"]:

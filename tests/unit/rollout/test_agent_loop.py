@@ -152,6 +152,10 @@ class ExactScorer:
 class FakeVersions:
     def __init__(self) -> None:
         self.resolved = 0
+        self.announced = 0  # the newest version modelstate's events announced
+
+    def newest(self, job_id: str) -> int:
+        return self.announced
 
     async def resolve(self, job_id: str | None, ref: Any) -> Any:
         self.resolved += 1
@@ -160,7 +164,7 @@ class FakeVersions:
         class Resolved:
             number: int
 
-        return Resolved(3 if ref == "latest" else int(ref))
+        return Resolved(3 if ref in ("latest", "best") else int(ref))
 
 
 def tool_then_answer(request: SampleRequest, context: str) -> str:
@@ -294,13 +298,28 @@ async def test_sandbox_outage_fails_only_its_groups(tokenizer: Any) -> None:
 
 async def test_group_refresh_resolves_once_per_group_turn_refresh_never(tokenizer: Any) -> None:
     rollouts, sampler, _, _, versions = make(tokenizer, tool_then_answer)
-    await run(rollouts, request())
+    await run(rollouts, request(version="best"))
     assert versions.resolved == 1 + 2  # the up-front check, then once per group
     assert {r.version for r in sampler.requests} == {3}
     rollouts, sampler, _, _, versions = make(tokenizer, tool_then_answer)
     await run(rollouts, request(version_refresh="turn"))
     assert versions.resolved == 1
     assert {r.version for r in sampler.requests} == {"latest"}
+
+
+async def test_groups_of_a_jobs_latest_take_the_newest_announced_version(tokenizer: Any
+                                                                          ) -> None:
+    """`latest` is looked up once per request; each group starts on the newer of that and
+    the newest version announced since (no lookup per group)."""
+    rollouts, sampler, _, _, versions = make(tokenizer, tool_then_answer)
+    await run(rollouts, request(job_id="job_1"))
+    assert versions.resolved == 1
+    assert {r.version for r in sampler.requests} == {3}
+    rollouts, sampler, _, _, versions = make(tokenizer, tool_then_answer)
+    versions.announced = 5
+    await run(rollouts, request(job_id="job_1"))
+    assert versions.resolved == 1
+    assert {r.version for r in sampler.requests} == {5}
 
 
 async def test_partial_rollouts_continue_a_turn_on_the_newer_version(tokenizer: Any) -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
+from vllm.logprobs import FlatLogprobs, Logprob
+from vllm.outputs import CompletionOutput
 
-from services.common.errors import InvalidInput, NotFound
+from services.common.errors import InvalidInput, LoomError, NotFound
 from services.rollout.openai.schemas import ChatCompletionRequest, CompletionRequest
 from services.rollout.openai.serving import OpenAIServing
 from services.rollout.openai.tools import template_messages
-from services.rollout.sampling import check_prompt, vllm_params
+from services.rollout.sampling import check_prompt, ranked, sampled_logprobs, vllm_params
 from services.rollout.schemas import SampleRequest, SamplingParams
 
 
@@ -41,6 +45,35 @@ def test_sample_request_needs_exactly_one_prompt() -> None:
 def test_vllm_params_ask_for_the_sampled_tokens_logprob() -> None:
     params = vllm_params(SamplingParams(max_tokens=5, temperature=0.5, seed=3), n=2)
     assert (params.logprobs, params.n, params.max_tokens, params.seed) == (0, 2, 5, 3)
+    assert params.flat_logprobs
+
+
+def _completion(token_ids: list[int], logprobs: Any) -> CompletionOutput:
+    return CompletionOutput(index=0, text="", token_ids=token_ids, cumulative_logprob=None,
+                            logprobs=logprobs)
+
+
+def test_sampled_logprobs_read_flat_and_nested_logprobs_alike() -> None:
+    # Position 0 sampled token 7 (first), with the top-1 token 3 after it; position 1 token 5.
+    nested = [{7: Logprob(-1.5, rank=2), 3: Logprob(-0.25, rank=1)}, {5: Logprob(-0.5, rank=1)}]
+    flat = FlatLogprobs()
+    flat.extend(nested)
+    for entries in (nested, flat):
+        assert sampled_logprobs(_completion([7, 5], entries)) == [-1.5, -0.5]
+
+
+def test_a_prompts_first_token_is_unranked_in_flat_and_nested_logprobs() -> None:
+    flat = FlatLogprobs()
+    flat.extend([None, {4: Logprob(-0.75, rank=2), 9: Logprob(-0.5, rank=1)}])
+    assert [ranked(entry, 1) for entry in flat] == [None, [(9, -0.5)]]
+    assert ranked(None, 1) is None
+
+
+def test_flat_logprobs_not_led_by_the_sampled_token_fail_loudly() -> None:
+    flat = FlatLogprobs()
+    flat.extend([{3: Logprob(-0.25, rank=1), 7: Logprob(-1.5, rank=2)}])
+    with pytest.raises(LoomError, match="sampled tokens first"):
+        sampled_logprobs(_completion([7], flat))
 
 
 def test_openai_model_names() -> None:
