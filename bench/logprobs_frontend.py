@@ -1,8 +1,9 @@
 """vLLM's frontend CPU for sampled-token logprobs, flat (`FlatLogprobs`, what the rollout
 service asks for) against nested (a dict and a `Logprob` per token, vLLM's default): the same
 AsyncLLM (the rollout engine's arguments), the same batches, the arms alternating batch by
-batch. The frontend is the process that runs the rollout service; what it spends competes with
-HTTP handling and, on a small machine, with the engine. Writes bench/results/logprobs_frontend.md.
+batch; then both again with the start-up heap frozen, as the rollout service freezes it. The
+frontend is the process that runs the rollout service; what it spends competes with HTTP
+handling and, on a small machine, with the engine. Writes bench/results/logprobs_frontend.md.
 
     .venv/bin/python -m bench.logprobs_frontend [--rounds 6] [--prompts 64] [--n 4]
 """
@@ -23,11 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.rollout_overhead import engine_env
 from services.common.base_models import ensure_tiny_model
 from services.rollout.app import freeze_startup_heap
 from services.rollout.engine import engine_args
 from services.rollout.settings import RolloutSettings
-from services.rollout.vllm_plugin import BUSY_POLL_ENV
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -55,7 +56,8 @@ class Arm:
     full_gc: int = 0  # generation-2 collections while its batches ran
     full_gc_s: float = 0.0
 
-    def ms_per_1k(self, seconds: float, tokens: int) -> float:
+    @staticmethod
+    def ms_per_1k(seconds: float, tokens: int) -> float:
         return 1e6 * seconds / tokens
 
     @property
@@ -200,9 +202,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
-    settings = RolloutSettings()
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.rollout_kv_cache_gib)
-    os.environ[BUSY_POLL_ENV] = str(settings.rollout_cpu_busy_poll_ms)
+    os.environ.update(engine_env(RolloutSettings()))
     with tempfile.TemporaryDirectory(prefix="loom-bench-logprobs-") as work:
         model = ensure_tiny_model(Path(work) / "tiny")
         text = report(asyncio.run(measure(model, args)), args)
