@@ -10,6 +10,7 @@ from gateway.schemas import StackHealth
 from gateway.settings import UPSTREAMS, GatewaySettings
 from services.common.errors import NotFound
 from services.common.http import CLIENT_KEEP_ALIVE_S
+from services.common.http_pool import pooled_transport
 from services.common.schemas import Health
 
 
@@ -27,7 +28,7 @@ class Upstreams:
         self.health_timeout = settings.gateway_health_timeout_s
         self.clients = {
             name: httpx2.AsyncClient(base_url=settings.url_of(name), timeout=timeout,
-                                     limits=limits, transport=transport)
+                                     transport=transport or pooled_transport(limits))
             for name in UPSTREAMS
         }
 

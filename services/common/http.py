@@ -10,6 +10,7 @@ from typing import Any
 import httpx2
 
 from services.common.errors import LoomError, Unavailable, UpstreamError, error_from_envelope
+from services.common.http_pool import pooled_transport
 from services.common.logs import request_id_var
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,8 @@ class ServiceClient:
         self.http = httpx2.AsyncClient(
             base_url=base_url.rstrip("/"),
             timeout=timeout,
-            transport=transport,
+            transport=transport or pooled_transport(LIMITS),
             headers=headers,
-            limits=LIMITS,
         )
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
