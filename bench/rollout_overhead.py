@@ -201,21 +201,21 @@ class DirectEngine:
     processes), driven over two pipes; whatever it leaves behind in its process group is
     killed on exit."""
 
-    def __init__(self, model_dir: Path, workload: Workload, log: Path) -> None:
-        self.started = time.perf_counter()
+    def __init__(self, model_dir: Path, workload: Workload, work: Path) -> None:
+        spec = work / "direct-workload.json"
+        spec.write_text(json.dumps(asdict(workload)))
         commands_in, self._commands = os.pipe()
         self._results, results_out = os.pipe()
         argv = [sys.executable, "-m", "bench.rollout_overhead", "--direct-worker",
-                str(model_dir), json.dumps(asdict(workload)), str(commands_in),
-                str(results_out)]
+                str(model_dir), str(spec), str(commands_in), str(results_out)]
         env = {**os.environ, **engine_env(RolloutSettings())}
-        with open(log, "ab") as sink:
+        self.log = work / "direct.log"
+        with open(self.log, "ab") as sink:
             self.process = subprocess.Popen(argv, env=env, cwd=REPO, stdout=sink,
                                             stderr=subprocess.STDOUT, start_new_session=True,
                                             pass_fds=(commands_in, results_out))
         os.close(commands_in)
         os.close(results_out)
-        self.log = log
         self.startup_s = 0.0
 
     def __enter__(self) -> DirectEngine:
@@ -223,14 +223,11 @@ class DirectEngine:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self._commands)  # EOF: the worker shuts its engine down and exits
-        try:
+        with suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            with suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            os.close(self._results)
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        os.close(self._results)
 
     def _read(self) -> dict[str, Any]:
         line = b""
@@ -250,10 +247,10 @@ class DirectEngine:
         return self._read()
 
 
-def direct_worker(model_dir: str, workload: str, commands_fd: str, results_fd: str) -> None:
+def direct_worker(model_dir: str, spec: str, commands_fd: str, results_fd: str) -> None:
+    workload = Workload(**json.loads(Path(spec).read_text()))
     with open(int(commands_fd), "rb") as commands, open(int(results_fd), "wb") as results:
-        asyncio.run(direct_serve(model_dir, Workload(**json.loads(workload)), commands,
-                                 results))
+        asyncio.run(direct_serve(model_dir, workload, commands, results))
 
 
 # --- the Loom arm: the local stack, sampled through the gateway with the SDK -------------------
@@ -328,7 +325,7 @@ def run_round(model_dir: Path, workload: Workload, work: Path, round_: int,
     runs = [ArmRun(arm="direct", round=round_), ArmRun(arm="loom", round=round_)]
     if args.breakdown:
         runs.append(ArmRun(arm="loom, no gateway", round=round_))
-    with DirectEngine(model_dir, workload, work / "direct.log") as direct:
+    with DirectEngine(model_dir, workload, work) as direct:
         direct.ready()
         runs[0].startup_s = direct.startup_s
         started = time.perf_counter()
