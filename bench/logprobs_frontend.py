@@ -18,33 +18,22 @@ import platform
 import statistics
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.rollout_overhead import engine_env
+from bench.rollout_overhead import direct_generate, engine_env
 from services.common.base_models import ensure_tiny_model
 from services.rollout.app import freeze_startup_heap
 from services.rollout.engine import engine_args
 from services.rollout.settings import RolloutSettings
 
 if TYPE_CHECKING:
-    from vllm import SamplingParams
-    from vllm.outputs import RequestOutput
     from vllm.v1.engine.async_llm import AsyncLLM
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "logprobs_frontend.md"
-
-
-async def generate(llm: AsyncLLM, prompt: list[int], params: SamplingParams) -> RequestOutput:
-    final = None
-    async for output in llm.generate({"prompt_token_ids": prompt}, params, uuid.uuid4().hex):
-        final = output
-    assert final is not None
-    return final
 
 
 @dataclass
@@ -110,7 +99,7 @@ async def batch(llm: AsyncLLM, prompts: list[list[int]], args: argparse.Namespac
                              output_kind=RequestOutputKind.FINAL_ONLY)
               for i in range(len(prompts))]
     cpu, wall = time.process_time(), time.perf_counter()
-    outputs = await asyncio.gather(*(generate(llm, p, q) for p, q in zip(prompts, params,
+    outputs = await asyncio.gather(*(direct_generate(llm, p, q) for p, q in zip(prompts, params,
                                                                             strict=True)))
     arm.cpu_s.append(time.process_time() - cpu)
     arm.wall_s.append(time.perf_counter() - wall)
