@@ -3,9 +3,10 @@ supervisor `loom up` uses), optionally with services pinned to CPU cores."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,15 @@ class LocalStack:
             if line.startswith(f"{name} ") or line.startswith(f"{name}{{"):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(f"{service} exports no {name}")
+
+
+def pin_threads(pid: int, cores: Sequence[int]) -> None:
+    """Move every thread of a running process to `cores` (an affinity set on a process moves
+    only its main thread; a started service has several, and threads it starts later inherit
+    the affinity of the thread that starts them)."""
+    for thread in psutil.Process(pid).threads():
+        with suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(thread.id, cores)
 
 
 @contextmanager

@@ -9,6 +9,13 @@ returned / wall time, over all timed batches; CPU seconds per process group are 
 loom / direct ≥ 0.95 (reported, never asserted). Writes bench/results/rollout_overhead.md (see
 its header).
 
+Placement: by default each arm's engine (vLLM's EngineCore and worker processes, one OMP
+thread) has core 0 to itself, the way an engine has its GPU, and everything that feeds it (the
+direct arm's own process; Loom's rollout service, gateway, SDK client and idle services) shares
+the other cores, the way a GPU node's host CPUs do. `--no-pin` lets every process of both arms
+share every core, so Loom's CPU is taken from the engine's compute (then the ratio mostly
+measures CPU per token: see the CPU table).
+
     .venv/bin/python -m bench.rollout_overhead [--rounds 3] [--prompts 64] [--n 4]
         [--max-tokens 128] [--batches 3] [--breakdown] [--seed S]
 """
@@ -26,7 +33,7 @@ import tempfile
 import time
 import uuid
 from contextlib import suppress
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -34,7 +41,7 @@ import psutil
 
 from agents.sdk import AsyncLoomClient
 from agents.tasks.arithmetic import corpus
-from bench._stack import LocalStack, local_stack
+from bench._stack import LocalStack, local_stack, pin_threads
 from bench.rollout_overhead_report import (
     WARMUP_MAX_TOKENS,
     ArmRun,
@@ -127,6 +134,40 @@ class CpuMeter:
         run.cpu_total_s += machine_busy_s() - self.busy_before
 
 
+# --- placement: the engines' core, and the cores of what feeds them ---------------------------
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each arm's processes run; `None`: anywhere (`--no-pin`)."""
+
+    engine: list[int] | None = None  # vLLM's EngineCore and worker, their OMP thread bound
+    frontend: list[int] | None = None  # every other process of either arm
+
+    @classmethod
+    def of(cls, pin: bool) -> Placement:
+        cores = os.cpu_count() or 1
+        return cls([0], list(range(1, cores))) if pin and cores >= 2 else cls()
+
+    def engine_env(self) -> dict[str, str]:
+        """vLLM binds its worker's OMP threads to these cores (one thread each)."""
+        if self.engine is None:
+            return {}
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.engine))}
+
+    def describe(self) -> str:
+        if self.engine is None:
+            return ("No core placement (`--no-pin`): every process of both arms may run on "
+                    "every core, so the CPU Loom's processes use is taken from the engine's "
+                    "compute.")
+        return (f"Placement: each arm's engine (vLLM's EngineCore and worker processes, one "
+                f"OMP thread bound to core {self.engine[0]}) has core(s) "
+                f"{', '.join(map(str, self.engine))} to itself, as an engine has its GPU; "
+                "everything that feeds it (the direct arm's own process; Loom's rollout "
+                "service, gateway, SDK client and idle services) runs on core(s) "
+                f"{', '.join(map(str, self.frontend or []))}, as on a GPU node's host CPUs. "
+                "`--no-pin` measures with every process on every core.")
+
+
 # --- the direct arm: a bare AsyncLLM in its own process ---------------------------------------
 
 def engine_env(settings: RolloutSettings) -> dict[str, str]:
@@ -199,21 +240,27 @@ async def direct_serve(model_dir: str, workload: Workload, commands: BinaryIO,
 class DirectEngine:
     """The direct arm: `direct_serve` in a subprocess of its own session (vLLM spawns
     processes), driven over two pipes; whatever it leaves behind in its process group is
-    killed on exit."""
+    killed on exit. Placed: it starts on the engine's cores (vLLM's processes inherit them),
+    then its own threads move to the frontend's."""
 
-    def __init__(self, model_dir: Path, workload: Workload, work: Path) -> None:
+    def __init__(self, model_dir: Path, workload: Workload, work: Path,
+                 placement: Placement) -> None:
+        self.placement = placement
         spec = work / "direct-workload.json"
         spec.write_text(json.dumps(asdict(workload)))
         commands_in, self._commands = os.pipe()
         self._results, results_out = os.pipe()
         argv = [sys.executable, "-m", "bench.rollout_overhead", "--direct-worker",
                 str(model_dir), str(spec), str(commands_in), str(results_out)]
-        env = {**os.environ, **engine_env(RolloutSettings())}
+        env = {**os.environ, **engine_env(RolloutSettings()), **placement.engine_env()}
+        engine_cores = placement.engine
         self.log = work / "direct.log"
         with open(self.log, "ab") as sink:
-            self.process = subprocess.Popen(argv, env=env, cwd=REPO, stdout=sink,
-                                            stderr=subprocess.STDOUT, start_new_session=True,
-                                            pass_fds=(commands_in, results_out))
+            self.process = subprocess.Popen(
+                argv, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                start_new_session=True, pass_fds=(commands_in, results_out),
+                preexec_fn=None if engine_cores is None
+                else lambda: os.sched_setaffinity(0, engine_cores))
         os.close(commands_in)
         os.close(results_out)
         self.startup_s = 0.0
@@ -241,6 +288,8 @@ class DirectEngine:
 
     def ready(self) -> None:
         self.startup_s = self._read()["startup_s"]
+        if self.placement.frontend is not None:
+            pin_threads(self.process.pid, self.placement.frontend)
 
     def batch(self) -> dict[str, Any]:
         os.write(self._commands, b"batch\n")
@@ -325,11 +374,19 @@ def run_round(model_dir: Path, workload: Workload, work: Path, round_: int,
     runs = [ArmRun(arm="direct", round=round_), ArmRun(arm="loom", round=round_)]
     if args.breakdown:
         runs.append(ArmRun(arm="loom, no gateway", round=round_))
-    with DirectEngine(model_dir, workload, work) as direct:
+    placement = Placement.of(args.pin)
+    # The rollout service starts on the engine's cores, so vLLM's processes inherit them;
+    # once it is up, its own threads move to the frontend's (the other services inherit this
+    # process's placement).
+    cores = None if placement.engine is None else {"rollout": placement.engine}
+    env = {"LOOM_ROLLOUT_MODEL": str(model_dir), **placement.engine_env()}
+    with DirectEngine(model_dir, workload, work, placement) as direct:
         direct.ready()
         runs[0].startup_s = direct.startup_s
         started = time.perf_counter()
-        with local_stack(work, {"LOOM_ROLLOUT_MODEL": str(model_dir)}) as stack:
+        with local_stack(work, env, cores) as stack:
+            if placement.frontend is not None:
+                pin_threads(stack.pid("rollout"), placement.frontend)
             for run in runs[1:]:
                 run.startup_s = time.perf_counter() - started
             asyncio.run(timed_batches(stack, direct, workload, runs, args.batches, round_))
@@ -342,6 +399,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="No core placement: every process of both arms on every core.")
     parser.add_argument("--prompts", type=int, default=64, help="Requests sent at once.")
     parser.add_argument("--n", type=int, default=4, help="Samples per request.")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -370,6 +429,9 @@ def main() -> None:
         direct_worker(*args.direct_worker)
         return
     started = time.perf_counter()
+    placement = Placement.of(args.pin)
+    if placement.frontend is not None:  # this process is the Loom arm's client
+        os.sched_setaffinity(0, placement.frontend)
     command = shlex.join([".venv/bin/python", "-m", "bench.rollout_overhead", *sys.argv[1:]])
     model_dir = ensure_tiny_model(args.models_dir / "tiny")
     workload = make_workload(model_dir, args.prompts, args.n, args.max_tokens, args.seed)
@@ -385,7 +447,8 @@ def main() -> None:
                       + ", ".join(f"{t / w:.0f}" for t, w in
                                   zip(run.batch_tokens, run.walls, strict=True))
                       + f"; start-up {run.startup_s:.0f} s)", file=sys.stderr, flush=True)
-    text = report(runs, args, workload, command, model_dir, time.perf_counter() - started)
+    text = report(runs, args, workload, command, model_dir, placement.describe(),
+                  time.perf_counter() - started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

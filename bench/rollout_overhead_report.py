@@ -165,7 +165,7 @@ def cpu_lines(arms: dict[str, list[ArmRun]]) -> list[str]:
 
 
 def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, command: str,
-           model_dir: Path, wall_s: float) -> str:
+           model_dir: Path, placement: str, wall_s: float) -> str:
     arms = {name: [r for r in runs if r.arm == name]
             for name in ("direct", "loom", "loom, no gateway")}
     arms = {name: arm_runs for name, arm_runs in arms.items() if arm_runs}
@@ -216,6 +216,8 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         f"the other), warm up, then take turns: {args.batches} timed batches each, batch by "
         "batch (which arm goes first alternates), so both see the machine as it is that "
         "minute (its speed drifts by ±20% over minutes on a shared VM).",
+        "",
+        placement,
         "",
         "- **loom**: the real local stack (every service a local process, embedded defaults, "
         "`gateway.cli.supervisor.Supervisor`), sampled with the SDK "
