@@ -19,6 +19,10 @@
   only how far ahead groups start (AReaL's admission control) and trains every group that
   finishes, however late (`StepResult.max_staleness` says how late; set `tis_cap`); `sync`
   always drops.
+- Finished groups wait for a step oldest version first (`FinishedGroups`): a step takes the
+  groups closest to leaving the staleness bound before fresher ones that finished earlier
+  (earliest deadline first). Long generations finish late and on old versions; taken in the
+  order they finish, they sat behind fresher groups until they were too stale to train.
 - Groups the algorithm filters out (DAPO's zero-variance groups) are replaced by sampling
   more: a step trains on `groups_per_step` groups with signal (`oversample` > 1 asks for more
   up front, so fewer top-ups are needed); extra groups carry over to the next step.
@@ -67,6 +71,24 @@ def group_version(group: RolloutGroup) -> int:
     return min(versions) if versions else 0
 
 
+class FinishedGroups:
+    """Finished groups, the oldest version first and, within a version, in the order they
+    finished. `None` (a request ended with groups missing) comes out before any group: it
+    only wakes the consumer to ask for replacements."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.PriorityQueue[tuple[int, int, RolloutGroup | None]] = (
+            asyncio.PriorityQueue())
+        self._arrivals = itertools.count()  # ties never compare groups
+
+    def put(self, group: RolloutGroup | None) -> None:
+        version = -1 if group is None else group_version(group)
+        self._queue.put_nowait((version, next(self._arrivals), group))
+
+    async def get(self) -> RolloutGroup | None:
+        return (await self._queue.get())[2]
+
+
 class AsyncPipeline:
     def __init__(
         self,
@@ -107,7 +129,7 @@ class AsyncPipeline:
         self.epochs = epochs
         self.adam = adam or AdamParams()
         self.rollout_options = rollout_options
-        self._groups: asyncio.Queue[RolloutGroup | None] = asyncio.Queue()
+        self._groups = FinishedGroups()
         # Each request, with the version published when it was made (its groups sample on it
         # or a later one).
         self._requests: dict[asyncio.Task[None], int] = {}
@@ -223,7 +245,7 @@ class AsyncPipeline:
                                              params=self.params, **self.rollout_options)
             async for group in stream:
                 delivered += 1
-                self._groups.put_nowait(group)
+                self._groups.put(group)
             self._failed += len(stream.errors)
         except asyncio.CancelledError:
             self._abandoned += len(tasks) - delivered
@@ -232,7 +254,7 @@ class AsyncPipeline:
             self._error = exc
         finally:
             self._outstanding -= len(tasks) - delivered
-            self._groups.put_nowait(None)  # wakes a consumer waiting on a group that failed
+            self._groups.put(None)  # wakes a consumer waiting on a group that failed
 
     async def _latest(self) -> int:
         try:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agents.algorithms import dapo, grpo
-from agents.sdk.pipeline import AsyncPipeline, group_version
+from agents.sdk.pipeline import AsyncPipeline, FinishedGroups, group_version
 from services.common.errors import InvalidInput, NotFound
 from services.rollout.schemas import RolloutGroup, Trajectory, TurnInfo
 from services.trainer.schemas import ForwardBackwardResult, SaveWeightsResult
@@ -64,6 +64,7 @@ class ScriptedJob:
     training: bool = False
     in_flight: int = 0  # groups being sampled
     refuse: bool = False
+    train_s: float = 0.01  # each forward_backward
     log: list[tuple[Any, ...]] = field(default_factory=list)
     trained_groups: list[int] = field(default_factory=list)
 
@@ -81,7 +82,7 @@ class ScriptedJob:
         self.trained_groups.append(len(data))
 
         async def done() -> ForwardBackwardResult:
-            await asyncio.sleep(0.01)  # lets in-flight rollouts make progress meanwhile
+            await asyncio.sleep(self.train_s)  # lets in-flight rollouts make progress meanwhile
             return ForwardBackwardResult(loss=0.5, num_tokens=len(data), metrics={})
 
         return asyncio.ensure_future(done())
@@ -169,6 +170,34 @@ async def test_a_bound_on_starts_trains_late_groups_instead() -> None:
     assert ("delivered", "slow") in job.log
     assert sum(r.dropped_stale + r.abandoned_stale for r in results) == 0
     assert max(r.max_staleness for r in results) > 1  # the slow group, trained late
+
+
+async def test_a_group_near_the_staleness_bound_is_trained_before_fresher_ones() -> None:
+    """One group per step, max_staleness 3, a slow trainer (groups queue up). A slow group
+    started on version 0 finishes behind groups of version 1 and 2 that finished earlier.
+    Taken in the order they finished, it would come out at version 4 (staleness 4: dropped);
+    oldest first, the step on version 3 trains it."""
+    job = ScriptedJob(train_s=0.2)
+    slow = {**tasks(1)[0], "id": "slow", "delay": 0.32}  # publishes come ~0.21 s apart
+    results = await run(job, 6, tasks=[slow, *tasks(40)], mode="async", max_staleness=3,
+                        groups_per_step=1)
+    assert ("delivered", "slow") in job.log
+    assert sum(r.dropped_stale + r.abandoned_stale for r in results) == 0
+    assert [r.max_staleness for r in results].index(3) == 3  # the step on version 3
+
+
+async def test_finished_groups_come_out_oldest_version_first() -> None:
+    def group(task_id: str, version: int) -> RolloutGroup:
+        return RolloutGroup(task_index=0, task_id=task_id,
+                            trajectories=[trajectory({"rewards": [1.0]}, 0, version)])
+
+    queue = FinishedGroups()
+    for task_id, version in [("a", 2), ("b", 1), ("c", 0), ("d", 1)]:
+        queue.put(group(task_id, version))
+    queue.put(None)
+    out = [await queue.get() for _ in range(5)]
+    assert out[0] is None  # a failed request's wake-up goes first
+    assert [g.task_id for g in out[1:] if g is not None] == ["c", "b", "d", "a"]
 
 
 async def test_zero_variance_groups_are_replaced_by_more_sampling() -> None:
