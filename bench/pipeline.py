@@ -6,10 +6,17 @@ stack (vLLM CPU engine, torch trainer) with the tiny model. Writes bench/results
 Output lengths are long-tailed: a stop token is picked so that the model, sampling freely,
 emits it at a rate giving a mean length of `--mean-tokens`, capped at `--max-tokens` (a
 geometric distribution: most replies short, a few run to the cap). On a 2-core machine the
-engine and the trainer get a core each (`--no-pin` to let them share), so what a bubble costs
-is what it would cost with a device each.
+engine (vLLM's EngineCore and worker processes) and the trainer get a core each (`--no-pin` to
+let them share), so what a bubble costs is what it would cost with a device each; every other
+process (the rollout service's own, gateway, reward, modelstate, this client) runs wherever
+the OS finds room, as host work does beside the devices.
 
-    .venv/bin/python -m bench.pipeline [--steps 16] [--epochs 4] [--max-staleness 2] [--mode full]
+The defaults (2 optimizer passes a step, groups up to 4 versions old) make generation about
+two thirds of a sync step, as in RL runs where sampling dominates. Where training takes longer
+than generation (`--epochs 4` here), the async arms wait on the trainer and no pipeline can
+beat sync by more than (generation + training) / training, under 2×.
+
+    .venv/bin/python -m bench.pipeline [--steps 16] [--epochs 2] [--max-staleness 4] [--mode full]
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from agents.sdk import (
     SamplingParams,
     StepResult,
 )
-from bench._stack import LocalStack, local_stack
+from bench._stack import LocalStack, local_stack, pin_threads
 from services.rollout.schemas import RolloutGroup, SampleRequest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -197,8 +204,10 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
         "Bubbles come from the services' own busy-seconds counters (`/metrics`): the "
         "fraction of the arm's wall time with no generation in flight (engine) or no "
         "operation running (trainer). "
-        + ("The engine (rollout service and its vLLM processes) runs on core 0, the trainer "
-           "(one torch thread) on core 1." if pinned else "No core pinning."),
+        + ("The engine (vLLM's EngineCore and worker processes) runs on core 0, the trainer "
+           "(one torch thread) on core 1; every other process (the rollout service's own, "
+           "gateway, reward, modelstate, the bench's client) wherever the OS puts it."
+           if pinned else "No core pinning."),
         "",
         f"Output lengths (sync arm, tokens): p50 {percentile(lengths, 0.5):.0f}, "
         f"p90 {percentile(lengths, 0.9):.0f}, p99 {percentile(lengths, 0.99):.0f}, "
@@ -229,6 +238,8 @@ async def main_async(args: argparse.Namespace) -> str:
         cores = {"rollout": [0], "trainer": [1]}
     with tempfile.TemporaryDirectory(prefix="loom-bench-pipeline-") as work, \
             local_stack(Path(work), env, cores) as stack:
+        if cores is not None:  # vLLM's processes inherited core 0; the service itself is host work
+            pin_threads(stack.pid("rollout"), range(os.cpu_count() or 1))
         async with AsyncLoomClient(stack.settings.gateway_url, stack.api_key) as loom:
             stop = await calibrate_stop_tokens(loom, args.mean_tokens, args.max_tokens)
             # One-time costs (vLLM compiles its logprob kernels for new batch shapes, the first
@@ -256,11 +267,11 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--mean-tokens", type=int, default=48)
-    parser.add_argument("--epochs", type=int, default=4,
+    parser.add_argument("--epochs", type=int, default=2,
                         help="optimizer passes per batch: sets the trainer's share of the work")
     parser.add_argument("--mode", choices=["lora", "full"], default="full",
                         help="what each job trains and hands to the engine")
-    parser.add_argument("--max-staleness", type=int, default=2,
+    parser.add_argument("--max-staleness", type=int, default=4,
                         help="of the async arms: how many versions a trained group may lag")
     parser.add_argument("--oversample", type=float, default=1.0,
                         help="groups asked for per group a step needs, in every arm")
