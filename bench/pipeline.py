@@ -16,7 +16,11 @@ two thirds of a sync step, as in RL runs where sampling dominates. Where trainin
 than generation (`--epochs 4` here), the async arms wait on the trainer and no pipeline can
 beat sync by more than (generation + training) / training, under 2×.
 
-    .venv/bin/python -m bench.pipeline [--steps 16] [--epochs 2] [--max-staleness 4] [--mode full]
+`--rounds` runs every arm once a round (in the reverse order every other round, on the same
+stack): the machine's speed drifts by ±20% over minutes, so a single run of each arm can land
+on either side of a target. Ratios and bubbles are over all rounds' samples and seconds.
+
+    .venv/bin/python -m bench.pipeline [--rounds 3] [--steps 16] [--epochs 2] [--max-staleness 4]
 """
 
 from __future__ import annotations
@@ -97,6 +101,13 @@ class Measured:
         return 1 - self.trainer_busy_s / self.wall_s
 
 
+def pooled(runs: list[Measured]) -> Measured:
+    """One arm's rounds as one run: their steps, samples and seconds together."""
+    return Measured(runs[0].arm, [s for r in runs for s in r.steps],
+                    sum(r.wall_s for r in runs), sum(r.engine_busy_s for r in runs),
+                    sum(r.trainer_busy_s for r in runs), [n for r in runs for n in r.lengths])
+
+
 @dataclass
 class Observed:
     """The algorithm, noting each group the trainer is given."""
@@ -138,9 +149,8 @@ def arithmetic_tasks(count: int) -> list[dict[str, str]]:
 
 
 async def run_arm(stack: LocalStack, loom: AsyncLoomClient, arm: Arm, args: argparse.Namespace,
-                  stop_tokens: list[int]) -> Measured:
-    job: AsyncJob = await loom.create_job("loom/tiny", name=f"bench-{arm.name}",
-                                          mode=args.mode)
+                  stop_tokens: list[int], name: str) -> Measured:
+    job: AsyncJob = await loom.create_job("loom/tiny", name=name, mode=args.mode)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1,
                             stop_token_ids=stop_tokens)
     tasks = arithmetic_tasks(args.groups_per_step * (args.steps + 4))
@@ -166,18 +176,23 @@ def percentile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
-def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[int], float],
-          pinned: bool) -> str:
+def table(rounds: list[list[Measured]], args: argparse.Namespace,
+          stop: tuple[list[int], float], pinned: bool) -> str:
+    """`rounds`: per round, every arm's run, in the arms' order."""
+    results = [pooled(list(runs)) for runs in zip(*rounds, strict=True)]
     sync = results[0]
+    per_round = [[r.samples_per_s / runs[0].samples_per_s for r in runs] for runs in rounds]
     rows = [
-        "| arm | samples | wall s | samples/s | × sync | engine bubble | trainer bubble | "
-        "max staleness | stale groups dropped / cancelled | wait s/step | train s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | samples | wall s | samples/s | × sync | × sync per round | engine bubble | "
+        "trainer bubble | max staleness | stale groups dropped / cancelled | wait s/step | "
+        "train s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
+    for i, r in enumerate(results):
         rows.append(
             f"| {r.arm.name} | {r.samples} | {r.wall_s:.1f} | {r.samples_per_s:.2f} | "
-            f"{r.samples_per_s / sync.samples_per_s:.2f} | {r.engine_bubble:.0%} | "
+            f"{r.samples_per_s / sync.samples_per_s:.2f} | "
+            f"{', '.join(f'{ratios[i]:.2f}' for ratios in per_round)} | {r.engine_bubble:.0%} | "
             f"{r.trainer_bubble:.0%} | {max(s.max_staleness for s in r.steps)} | "
             f"{sum(s.dropped_stale for s in r.steps)} / "
             f"{sum(s.abandoned_stale for s in r.steps)} | "
@@ -189,13 +204,15 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
         "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
         f"({os.cpu_count()} cores, {platform.machine()}, no GPU); "
-        f"`.venv/bin/python -m bench.pipeline --steps {args.steps} --groups-per-step "
+        f"`.venv/bin/python -m bench.pipeline --rounds {args.rounds} --steps {args.steps} "
+        f"--groups-per-step "
         f"{args.groups_per_step} --group-size {args.group_size} --max-tokens {args.max_tokens} "
         f"--mean-tokens {args.mean_tokens} --epochs {args.epochs} --mode {args.mode} "
         f"--max-staleness {args.max_staleness} --oversample {args.oversample}"
         f"{'' if pinned else ' --no-pin'}`.",
         "",
-        f"Each arm trains a fresh {'LoRA' if args.mode == 'lora' else 'full-weights'} job on "
+        f"{len(rounds)} round(s); in each, every arm trains a fresh "
+        f"{'LoRA' if args.mode == 'lora' else 'full-weights'} job on "
         "the tiny model for the same number of steps "
         f"({args.steps} × {args.groups_per_step} groups × {args.group_size} samples, GRPO "
         f"with {args.epochs} optimizer passes per batch, arithmetic prompts) through the SDK "
@@ -224,7 +241,7 @@ def table(results: list[Measured], args: argparse.Namespace, stop: tuple[list[in
         verdict.append(
             f"Targets ({r.arm.name}): ≥ {MIN_SPEEDUP}× sync throughput: {speedup:.2f}× — "
             f"{'PASS' if speedup >= MIN_SPEEDUP else 'FAIL'}; bubble ≤ {MAX_BUBBLE:.0%} (worse "
-            f"of engine and trainer): {bubble:.0%} — "
+            f"of engine and trainer): {bubble:.1%} — "
             f"{'PASS' if bubble <= MAX_BUBBLE else 'FAIL'}.")
         verdict.append("")
     return "\n".join(header + rows + verdict)
@@ -245,23 +262,30 @@ async def main_async(args: argparse.Namespace) -> str:
             # One-time costs (vLLM compiles its logprob kernels for new batch shapes, the first
             # LoRA loads) are paid here, not by whichever arm runs first.
             await run_arm(stack, loom, ARMS[-1], argparse.Namespace(
-                **{**vars(args), "steps": 2}), stop[0])
-            results = []
-            for arm in ARMS:
-                if args.arms and arm.name not in args.arms:
-                    continue
-                print(f"arm {arm.name} ...", flush=True)
-                results.append(await run_arm(stack, loom, arm, args, stop[0]))
-                r = results[-1]
-                print(f"  {r.samples} samples in {r.wall_s:.1f} s, engine bubble "
-                      f"{r.engine_bubble:.0%}, trainer bubble {r.trainer_bubble:.0%}", flush=True)
-    return table(results, args, stop, cores is not None)
+                **{**vars(args), "steps": 2}), stop[0], "bench-warm-up")
+            arms = [arm for arm in ARMS if not args.arms or arm.name in args.arms]
+            rounds = []
+            for round_ in range(1, args.rounds + 1):
+                order = arms if round_ % 2 else arms[::-1]
+                runs: dict[str, Measured] = {}
+                for arm in order:
+                    print(f"round {round_}, arm {arm.name} ...", flush=True)
+                    r = await run_arm(stack, loom, arm, args, stop[0],
+                                      f"bench-{arm.name}-{round_}")
+                    runs[arm.name] = r
+                    print(f"  {r.samples} samples in {r.wall_s:.1f} s, engine bubble "
+                          f"{r.engine_bubble:.0%}, trainer bubble {r.trainer_bubble:.0%}",
+                          flush=True)
+                rounds.append([runs[arm.name] for arm in arms])
+    return table(rounds, args, stop, cores is not None)
 
 
 def main() -> None:
     import asyncio
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="every arm once a round, the order reversed every other round")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
