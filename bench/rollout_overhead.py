@@ -368,13 +368,12 @@ async def timed_batches(stack: LocalStack, direct: DirectEngine, workload: Workl
 
 
 def run_round(model_dir: Path, workload: Workload, work: Path, round_: int,
-              args: argparse.Namespace) -> list[ArmRun]:
+              args: argparse.Namespace, placement: Placement) -> list[ArmRun]:
     """Start both arms (one after the other: start-up times are each arm's own), then time
     their batches interleaved."""
     runs = [ArmRun(arm="direct", round=round_), ArmRun(arm="loom", round=round_)]
     if args.breakdown:
         runs.append(ArmRun(arm="loom, no gateway", round=round_))
-    placement = Placement.of(args.pin)
     # The rollout service starts on the engine's cores, so vLLM's processes inherit them;
     # once it is up, its own threads move to the frontend's (the other services inherit this
     # process's placement).
@@ -440,7 +439,7 @@ def main() -> None:
         work = args.work_dir or Path(temp)
         work.mkdir(parents=True, exist_ok=True)
         for round_ in range(1, args.rounds + 1):
-            for run in run_round(model_dir, workload, work, round_, args):
+            for run in run_round(model_dir, workload, work, round_, args, placement):
                 runs.append(run)
                 print(f"round {round_} {run.arm}: {run.tokens} tokens in "
                       f"{run.wall_s:.2f} s = {run.tokens_per_s:.0f} tokens/s (batches: "
