@@ -30,6 +30,7 @@ from services.trainer.settings import DEFAULT_MICRO_BATCH_TOKENS
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "micro_batches.md"
 PROMPT_TOKENS = 12
+CPU_BUDGET = DEFAULT_MICRO_BATCH_TOKENS["cpu"]
 ONE_PASS = 1 << 30  # a budget no batch reaches: every row in one padded pass
 
 
@@ -73,13 +74,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loom-bench-micro-") as work:
         base = ensure_tiny_model(Path(work) / "tiny")
         arms = {"one padded pass": model(Path(work), base, ONE_PASS),
-                "micro-batches": model(Path(work), base, DEFAULT_MICRO_BATCH_TOKENS)}
+                "micro-batches": model(Path(work), base, CPU_BUDGET)}
         times: dict[str, list[float]] = {name: [] for name in arms}
         shapes = []
         for round_ in range(args.rounds + 1):
             data = long_tailed_batch(args.rows, args.mean_tokens, args.max_tokens, round_)
             lengths = [len(d.input_ids) for d in data]
-            groups = micro_batches(lengths, DEFAULT_MICRO_BATCH_TOKENS)
+            groups = micro_batches(lengths, CPU_BUDGET)
             for name, trainer in arms.items():
                 elapsed = timed(trainer, data)
                 if round_:  # round 0 warms both up
@@ -109,7 +110,7 @@ def main() -> None:
         "",
         f"Per batch, on average: {real:.0f} real tokens; {padded:.0f} tokens as one padded "
         f"pass; {micro_padded:.0f} tokens in {passes:.1f} micro-batches of at most "
-        f"{DEFAULT_MICRO_BATCH_TOKENS} tokens (the default budget).",
+        f"{CPU_BUDGET} tokens (the default budget).",
         "",
         *rows,
         "",

@@ -33,6 +33,8 @@ def create_app(
         if settings.trainer_threads:
             torch.set_num_threads(settings.trainer_threads)
         device = resolve_device(settings.trainer_device)
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = settings.trainer_tf32
         client = modelstate or ModelStateClient(settings.url_of("modelstate"))
         queue = OperationQueue(busy=busy)
         app.state.trainer = TrainerService(

@@ -50,6 +50,11 @@ def resolve_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
+def micro_batch_budget(device: torch.device, setting: int | None = None) -> int:
+    """The setting, else the default for the device's type."""
+    return setting or DEFAULT_MICRO_BATCH_TOKENS.get(device.type, DEFAULT_MICRO_BATCH_TOKENS["cpu"])
+
+
 def load_causal_lm(path: str, device: torch.device) -> PreTrainedModel:
     """fp32 weights: on CPU there is no faster dtype, and Adam wants full precision anyway."""
     hf_logging.disable_progress_bar()
@@ -62,8 +67,7 @@ def load_causal_lm(path: str, device: torch.device) -> PreTrainedModel:
 
 class TrainerModel:
     def __init__(self, spec: CreateModelRequest, model_path: str, device: torch.device,
-                 host: LoraHost | None = None,
-                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS) -> None:
+                 host: LoraHost | None, micro_batch_tokens: int) -> None:
         """Full training loads its own copy of the base; LoRA adds an adapter to `host`."""
         self.micro_batch_tokens = micro_batch_tokens
         self.spec = spec

@@ -10,7 +10,7 @@ import torch
 from services.common.base_models import resolve_base_model
 from services.common.errors import Conflict, NotFound
 from services.trainer.lora_host import LoraHost
-from services.trainer.model import DEFAULT_MICRO_BATCH_TOKENS, TrainerModel, load_causal_lm
+from services.trainer.model import TrainerModel, load_causal_lm, micro_batch_budget
 from services.trainer.schemas import CreateModelRequest, TrainingMode
 
 
@@ -22,10 +22,11 @@ def _identity(spec: CreateModelRequest) -> tuple[object, ...]:
 
 class ModelRegistry:
     def __init__(self, data_dir: Path, device: torch.device,
-                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS) -> None:
+                 micro_batch_tokens: int | None = None) -> None:
+        """`micro_batch_tokens` None: the device's default (`model.micro_batch_budget`)."""
         self._data_dir = data_dir
         self._device = device
-        self._micro_batch_tokens = micro_batch_tokens
+        self._micro_batch_tokens = micro_batch_budget(device, micro_batch_tokens)
         self._models: dict[str, TrainerModel] = {}
         self._lora_hosts: dict[str, LoraHost] = {}  # by resolved base path: one copy each
         # Held while a model loads, so two identical creates build it once.

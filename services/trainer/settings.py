@@ -9,9 +9,13 @@ from pydantic import Field
 from services.common.settings import LoomSettings
 from services.trainer.page_reserve import DEFAULT_MAX_BYTES
 
-# Padded tokens per forward pass: big enough that a pass is not dominated by its fixed cost,
-# small enough that short rows are not padded to long ones (see `batch.micro_batches`).
-DEFAULT_MICRO_BATCH_TOKENS = 1024
+# Padded tokens per forward pass, by device type: big enough that a pass is not dominated by
+# its fixed cost, small enough that short rows are not padded to long ones (see
+# `batch.micro_batches`) and that each pass's [rows, tokens, vocab] logits and their gradient
+# fit. A GPU pass costs far more fixed time and computes padding cheaply: on an H200 (0.5B
+# model, bench/results/trainer_cuda.md) 8192 was the fastest budget on both an even and a
+# long-tailed batch, 1024 was 2.2-3.4x slower, and 16384 padded more and doubled peak memory.
+DEFAULT_MICRO_BATCH_TOKENS = {"cpu": 1024, "cuda": 8192}
 
 
 class TrainerSettings(LoomSettings):
@@ -28,13 +32,22 @@ class TrainerSettings(LoomSettings):
         pattern=r"^(auto|cpu|cuda(:\d+)?)$",
         description="'auto' picks cuda when available, else cpu; or 'cpu', 'cuda', 'cuda:N'.",
     )
-    trainer_micro_batch_tokens: int = Field(
-        default=DEFAULT_MICRO_BATCH_TOKENS,
+    trainer_micro_batch_tokens: int | None = Field(
+        default=None,
         ge=1,
         description="A forward or forward_backward runs its data in micro-batches of rows of "
         "similar length, each at most this many tokens with padding (a longer row goes alone), "
         "so a long-tailed batch does not compute on the padding of its short rows. The loss "
-        "and its gradient are the whole batch's either way.",
+        "and its gradient are the whole batch's either way. Default: "
+        f"{DEFAULT_MICRO_BATCH_TOKENS['cpu']} on CPU, {DEFAULT_MICRO_BATCH_TOKENS['cuda']} on "
+        "CUDA (a GPU pass has a larger fixed cost and computes padding cheaply).",
+    )
+    trainer_tf32: bool = Field(
+        default=True,
+        description="On CUDA, fp32 matrix products run on TF32 tensor cores (inputs rounded "
+        "to 10 mantissa bits, fp32 accumulation): about 3x faster steps for a 0.5B model on "
+        "an H200. Weights, gradients and optimizer state stay fp32. false: full fp32 products. "
+        "No effect on CPU.",
     )
     trainer_shard_mb: int = Field(
         default=64,

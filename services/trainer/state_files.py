@@ -78,7 +78,7 @@ def load_state(model: TrainerModel, root: Path, name: str, job_id: str | None = 
                            f"LoRA {spec.get('lora')}; job {model.spec.job_id} trains "
                            f"{model.spec.mode.value} with LoRA {model.spec.lora.model_dump()}.")
     weights = load_file(directory / WEIGHTS, device=str(model.device))
-    moments = (torch.load(directory / OPTIMIZER, weights_only=True)
+    moments = (torch.load(directory / OPTIMIZER, weights_only=True, map_location=model.device)
                if optimizer and checkpoint.has_optimizer else None)
     model.restore(weights, moments, checkpoint.step,
                   checkpoint.last_version if source == model.spec.job_id else None)

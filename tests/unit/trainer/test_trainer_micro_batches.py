@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.trainer.batch import micro_batches
-from services.trainer.model import TrainerModel
+from services.trainer.model import TrainerModel, micro_batch_budget
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     CreateModelRequest,
@@ -100,3 +100,11 @@ def test_forward_without_gradients_is_split_too(tiny_model_dir: Path, tmp_path: 
     assert [len(row) for row in got.logprobs] == [len(d.input_ids) for d in data]
     for row, want in zip(got.logprobs, expected.logprobs, strict=True):
         assert row == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize(("device", "setting", "budget"), [
+    ("cpu", None, 1024), ("cuda", None, 8192), ("cuda:1", None, 8192), ("cuda", 300, 300),
+    ("cpu", 5000, 5000)])
+def test_budget_defaults_by_device_and_a_setting_wins(device: str, setting: int | None,
+                                                      budget: int) -> None:
+    assert micro_batch_budget(torch.device(device), setting) == budget
