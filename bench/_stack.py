@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx2
 import psutil
 
-from gateway.cli.supervisor import Supervisor
+from gateway.cli.supervisor import Supervisor, terminate_on_sigterm
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 
@@ -50,6 +50,7 @@ def local_stack(work: Path, env: Mapping[str, str] | None = None,
                 cores: Mapping[str, Sequence[int]] | None = None) -> Iterator[LocalStack]:
     """`cores`: service → the CPU cores its process (and every process it starts) may use;
     set at launch, before a service spawns anything (its imports alone take seconds)."""
+    terminate_on_sigterm()  # a bench killed with SIGTERM stops its stack too
     data_dir = Path(tempfile.mkdtemp(dir=work, prefix="stack-"))
     urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
     settings = LoomSettings(data_dir=data_dir, **urls)

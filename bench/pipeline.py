@@ -16,11 +16,15 @@ two thirds of a sync step, as in RL runs where sampling dominates. Where trainin
 than generation (`--epochs 4` here), the async arms wait on the trainer and no pipeline can
 beat sync by more than (generation + training) / training, under 2×.
 
+Each run trains 32 steps, so the fill (the trainer idle while the first batch is sampled, paid
+once per job; the "first batch s" column) weighs less, and the steady state more, than in a
+short run: at 16 steps the fill alone was 6-8% of an async arm's wall time.
+
 `--rounds` runs every arm once a round (in the reverse order every other round, on the same
 stack): the machine's speed drifts by ±20% over minutes, so a single run of each arm can land
 on either side of a target. Ratios and bubbles are over all rounds' samples and seconds.
 
-    .venv/bin/python -m bench.pipeline [--rounds 3] [--steps 16] [--epochs 2] [--max-staleness 4]
+    .venv/bin/python -m bench.pipeline [--rounds 3] [--steps 32] [--epochs 2] [--max-staleness 4]
 """
 
 from __future__ import annotations
@@ -153,7 +157,9 @@ async def run_arm(stack: LocalStack, loom: AsyncLoomClient, arm: Arm, args: argp
     job: AsyncJob = await loom.create_job("loom/tiny", name=name, mode=args.mode)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1,
                             stop_token_ids=stop_tokens)
-    tasks = arithmetic_tasks(args.groups_per_step * (args.steps + 4))
+    # Enough that no arm runs out: dropped groups use tasks up, and an arm whose tasks ran out
+    # would drain its pipeline at the end (the trainer idle while the last groups finish).
+    tasks = arithmetic_tasks(2 * args.groups_per_step * args.steps)
     algorithm = Observed(grpo())
     pipeline = AsyncPipeline(job, algorithm, env="arithmetic",  # type: ignore[arg-type]
                              tasks=tasks, groups_per_step=args.groups_per_step,
@@ -184,9 +190,9 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
     per_round = [[r.samples_per_s / runs[0].samples_per_s for r in runs] for runs in rounds]
     rows = [
         "| arm | samples | wall s | samples/s | × sync | × sync per round | engine bubble | "
-        "trainer bubble | max staleness | stale groups dropped / cancelled | wait s/step | "
-        "train s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "trainer bubble | max staleness | stale groups dropped / cancelled | first batch s | "
+        "wait s/step | train s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(results):
         rows.append(
@@ -196,6 +202,7 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
             f"{r.trainer_bubble:.0%} | {max(s.max_staleness for s in r.steps)} | "
             f"{sum(s.dropped_stale for s in r.steps)} / "
             f"{sum(s.abandoned_stale for s in r.steps)} | "
+            f"{statistics.mean(runs[i].steps[0].wait_s for runs in rounds):.2f} | "
             f"{statistics.mean(s.wait_s for s in r.steps):.2f} | "
             f"{statistics.mean(s.train_s for s in r.steps):.2f} |")
     lengths = sync.lengths
@@ -220,7 +227,8 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
         f"{args.max_staleness} versions old. "
         "Bubbles come from the services' own busy-seconds counters (`/metrics`): the "
         "fraction of the arm's wall time with no generation in flight (engine) or no "
-        "operation running (trainer). "
+        "operation running (trainer). First batch: the wait for a run's first step's groups, "
+        "the pipeline's fill, which the trainer spends idle in every arm (averaged over rounds). "
         + ("The engine (vLLM's EngineCore and worker processes) runs on core 0, the trainer "
            "(one torch thread) on core 1; every other process (the rollout service's own, "
            "gateway, reward, modelstate, the bench's client) wherever the OS puts it."
@@ -286,7 +294,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3,
                         help="every arm once a round, the order reversed every other round")
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import httpx2
@@ -28,7 +26,13 @@ from gateway.cli.common import (
     gateway_answers,
     settings_for,
 )
-from gateway.cli.supervisor import STACK, RunningService, ServiceFailed, Supervisor
+from gateway.cli.supervisor import (
+    STACK,
+    RunningService,
+    ServiceFailed,
+    Supervisor,
+    terminate_on_sigterm,
+)
 from gateway.schemas import StackHealth
 
 app = typer.Typer(help="Loom: a control plane for RL post-training of LLMs.",
@@ -37,15 +41,6 @@ model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.command()(runs.recipes)
 app.command()(runs.run)
-def _terminate_on_sigterm() -> None:
-    """SIGTERM stops the stack like Ctrl-C does (the supervisor's context exit runs)."""
-
-    def handler(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def _start(supervisor: Supervisor) -> None:
     """Launch the stack and show each service's way to readiness; on a start-up death, show
     the tail of its log (the supervisor's context then stops the rest)."""
@@ -95,7 +90,7 @@ def up(
         err_console.print(f"[red]Unknown service(s) {sorted(unknown)}; known: "
                           f"{[spec.name for spec in STACK]}[/red]")
         raise typer.Exit(2)
-    _terminate_on_sigterm()
+    terminate_on_sigterm()
     with Supervisor(settings, specs) as supervisor:
         try:
             _start(supervisor)
@@ -210,7 +205,7 @@ def demo(
         raise typer.Exit(1)
     else:
         console.print(f"No gateway at {url}: starting a local stack in {settings.data_dir}.")
-        _terminate_on_sigterm()
+        terminate_on_sigterm()
         with Supervisor(settings) as supervisor:
             _start(supervisor)
             result = run_demo(url, api_key_for(api_key, settings), out)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import httpx2
 import psutil
@@ -196,6 +196,16 @@ class Supervisor:
                 service.process.wait(timeout=5)
             if service.state != "exited":
                 service.state = "stopped"
+
+
+def terminate_on_sigterm() -> None:
+    """SIGTERM stops the stack like Ctrl-C does (the supervisor's context exit runs); without
+    it, a SIGTERM ends the Python process at once and leaves every service running."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
