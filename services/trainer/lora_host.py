@@ -35,7 +35,10 @@ class LoraHost:
         """Add the job's adapter (random init from its seed only); returns its parameters."""
         config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                  target_modules=lora.target_modules, task_type="CAUSAL_LM")
-        with self.lock, torch.random.fork_rng(devices=[]):
+        # manual_seed seeds every device's generator: fork the base's too, so creating a job
+        # leaves the random streams of the jobs already training (dropout) where they were.
+        devices = [self.base.device] if self.base.device.type == "cuda" else []
+        with self.lock, torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             try:
                 if self.network is None:
