@@ -142,7 +142,7 @@ def compare_devices(work: Path, tiny: Path, mode: TrainingMode, device: str, tag
 def qwen_half_b(directory: Path, device: str) -> int:
     """Qwen2.5-0.5B's shape, random weights (nothing is downloaded), saved to `directory`;
     returns its number of parameters."""
-    config = Qwen2Config(vocab_size=151_936, hidden_size=896, intermediate_size=4864,
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=896, intermediate_size=4864,
                          num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                          max_position_embeddings=4096, tie_word_embeddings=True)
     with torch.device(device):
