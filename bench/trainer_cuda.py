@@ -36,6 +36,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from services.common.base_models import ensure_tiny_model
 from services.trainer.batch import micro_batches, token_logprobs
+from services.trainer.lora_host import peft_config
 from services.trainer.losses import compute_loss
 from services.trainer.model import TrainerModel
 from services.trainer.registry import ModelRegistry
@@ -174,9 +175,7 @@ def hand_written(base: Path, device: str, data: list[Datum], steps: int, precisi
     peft on the same base, Loom's default target modules)."""
     network = Qwen2ForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
     if lora is not None:
-        network = peft.get_peft_model(network, peft.LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+        network = peft.get_peft_model(network, peft_config(lora))
     network.train()
     params = [p for p in network.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=ADAM.lr, betas=(ADAM.beta1, ADAM.beta2))

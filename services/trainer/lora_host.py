@@ -22,6 +22,12 @@ from services.common.errors import InvalidInput
 from services.trainer.schemas import LoraConfig
 
 
+def peft_config(lora: LoraConfig) -> peft.LoraConfig:
+    """The PEFT configuration of a job's LoRA settings."""
+    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=lora.target_modules, task_type="CAUSAL_LM")
+
+
 class LoraHost:
     def __init__(self, base: PreTrainedModel, base_model: str) -> None:
         self.base = base
@@ -33,8 +39,7 @@ class LoraHost:
     def attach(self, adapter: str, lora: LoraConfig, seed: int
                ) -> list[tuple[str, torch.nn.Parameter]]:
         """Add the job's adapter (random init from its seed only); returns its parameters."""
-        config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                 target_modules=lora.target_modules, task_type="CAUSAL_LM")
+        config = peft_config(lora)
         # manual_seed seeds every device's generator: fork the base's too, so creating a job
         # leaves the random streams of the jobs already training (dropout) where they were.
         devices = [self.base.device] if self.base.device.type == "cuda" else []
