@@ -115,14 +115,25 @@ async def burst_ports(send: Callable[[], Awaitable[httpx2.Response]]) -> set[int
     return {r.json()["client_port"] for r in responses}
 
 
+def assert_reused(first: set[int], second: set[int]) -> None:
+    """The second burst opened a connection only once every one kept from the first was busy.
+
+    It may need more connections than the first (a warm burst is more concurrent), so it is not
+    a subset; but a keep-alive limit under the burst size would close some of the first's and
+    reopen them, leaving them unused while new ones open."""
+    assert len(first) > BURST // 2  # the burst really was concurrent
+    opened = second - first
+    assert not opened or first <= second, (
+        f"{len(opened)} new connections while {len(first - second)} kept ones went unused")
+
+
 async def test_the_gateway_reuses_its_upstream_connections_across_bursts(stack: Stack) -> None:
-    """Every pooled connection stays open between bursts: the second burst reconnects nothing
-    (a keep-alive limit under the burst size would reopen the rest each time)."""
+    """Every pooled connection stays open between bursts (a keep-alive limit under the burst
+    size would reopen the rest each time)."""
     async with stack.client() as client:
         first = await burst_ports(lambda: client.get("/v1/reward/echo/a"))
         second = await burst_ports(lambda: client.get("/v1/reward/echo/b"))
-    assert len(first) > BURST // 2  # the burst really was concurrent
-    assert second <= first
+    assert_reused(first, second)
 
 
 async def test_service_clients_reuse_their_connections_across_bursts(stack: Stack) -> None:
@@ -133,5 +144,4 @@ async def test_service_clients_reuse_their_connections_across_bursts(stack: Stac
         second = await burst_ports(lambda: client.request("GET", "/v1/echo/b"))
     finally:
         await client.aclose()
-    assert len(first) > BURST // 2
-    assert second <= first
+    assert_reused(first, second)
