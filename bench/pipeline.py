@@ -216,7 +216,7 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
         f"{args.groups_per_step} --group-size {args.group_size} --max-tokens {args.max_tokens} "
         f"--mean-tokens {args.mean_tokens} --epochs {args.epochs} --mode {args.mode} "
         f"--max-staleness {args.max_staleness} --oversample {args.oversample}"
-        f"{'' if pinned else ' --no-pin'}`.",
+        f"{'' if pinned else ' --no-pin'}{' --lora-layers' if args.lora_layers else ''}`.",
         "",
         f"{len(rounds)} round(s); in each, every arm trains a fresh "
         f"{'LoRA' if args.mode == 'lora' else 'full-weights'} job on "
@@ -232,7 +232,10 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
         + ("The engine (vLLM's EngineCore and worker processes) runs on core 0, the trainer "
            "(one torch thread) on core 1; every other process (the rollout service's own, "
            "gateway, reward, modelstate, the bench's client) wherever the OS puts it."
-           if pinned else "No core pinning."),
+           if pinned else "No core pinning.")
+        + (" Full-weights jobs only, so the engine runs without LoRA layers "
+           "(`LOOM_ROLLOUT_MAX_LORAS=0`; `--lora-layers` keeps them)."
+           if args.mode == "full" and not args.lora_layers else ""),
         "",
         f"Output lengths (sync arm, tokens): p50 {percentile(lengths, 0.5):.0f}, "
         f"p90 {percentile(lengths, 0.9):.0f}, p99 {percentile(lengths, 0.99):.0f}, "
@@ -257,6 +260,8 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
 
 async def main_async(args: argparse.Namespace) -> str:
     env = {"LOOM_ROLLOUT_KV_CACHE_GIB": "2", "LOOM_TRAINER_THREADS": "1"}
+    if args.mode == "full" and not args.lora_layers:  # full weights only: no LoRA layers
+        env["LOOM_ROLLOUT_MAX_LORAS"] = "0"
     cores = None
     if args.pin and (os.cpu_count() or 1) >= 2:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
@@ -308,6 +313,8 @@ def main() -> None:
     parser.add_argument("--oversample", type=float, default=1.0,
                         help="groups asked for per group a step needs, in every arm")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
+    parser.add_argument("--lora-layers", action="store_true",
+                        help="--mode full: build the engine with LoRA layers all the same")
     parser.add_argument("--arms", nargs="*", help="a subset, by name (the first is the baseline)")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))

@@ -233,14 +233,19 @@ def engine_args(settings: RolloutSettings, model_path: str) -> AsyncEngineArgs:
         dtype=settings.rollout_dtype,
         enforce_eager=settings.rollout_enforce_eager,
         max_model_len=settings.rollout_max_model_len,
-        enable_lora=True,
-        max_lora_rank=settings.rollout_max_lora_rank,
-        max_loras=settings.rollout_max_loras,
         seed=settings.rollout_seed,
         disable_log_stats=True,
         worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
+        **_lora(settings),
         **_cpu_scheduling(settings.rollout_max_model_len),
     )
+
+
+def _lora(settings: RolloutSettings) -> dict[str, Any]:
+    if not settings.rollout_max_loras:
+        return {"enable_lora": False}
+    return {"enable_lora": True, "max_lora_rank": settings.rollout_max_lora_rank,
+            "max_loras": settings.rollout_max_loras}
 
 
 def _cpu_scheduling(max_model_len: int) -> dict[str, Any]:

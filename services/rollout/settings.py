@@ -33,7 +33,13 @@ class RolloutSettings(LoomSettings):
         "PipelineRL does; no recomputation), `recompute` recomputes their tokens so far with the "
         "new weights first. Tokens carry the weights that sampled them either way.",
     )
-    rollout_max_loras: int = Field(default=4, ge=1, description="LoRA adapters kept resident.")
+    rollout_max_loras: int = Field(
+        default=4, ge=0,
+        description="LoRA adapters kept resident. 0: an engine without LoRA layers, for a Loom "
+        "that trains only full weights (they slow every token, adapter or not: 1.14-1.26x "
+        "more tokens/s without them on CPU, bench/results/lora_layers.md); LoRA versions are "
+        "then refused.",
+    )
     rollout_max_lora_rank: int = Field(default=64, ge=1)
     rollout_enforce_eager: bool = Field(
         default=True, description="Skip graph compilation: faster start-up on CPU."

@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 from vllm.lora.request import LoRARequest
 
 from modelstate.schemas import PendingVersion, Version, VersionKey, VersionKind
-from services.common.errors import InvalidInput, LoomError, NotFound
+from services.common.errors import Conflict, InvalidInput, LoomError, NotFound
 from services.rollout.engine import BASE_WEIGHTS_LABEL
 from services.rollout.lora_slots import LoraEngine, LoraSlots
 from services.rollout.schemas import LoadedVersion, ResidentVersions, VersionRef
@@ -187,6 +187,12 @@ class Versions:
 
     @asynccontextmanager
     async def hold(self, target: Target, *, movable: bool = False) -> AsyncIterator[Served]:
+        if target.kind == "lora" and not self.loras.capacity:
+            raise Conflict(
+                f"Version {target.number} of job {target.job_id!r} is a LoRA adapter, and this "
+                "rollout engine runs without LoRA support (LOOM_ROLLOUT_MAX_LORAS=0): set it to "
+                "1 or more and restart rollout.",
+                {"job_id": target.job_id, "number": target.number})
         async with self.gate.hold(target.weights, lambda: self._swap_full_weights(target),
                                   movable=movable and target.kind == "full"):
             if target.kind != "lora":
@@ -279,6 +285,8 @@ class Versions:
         """Make a just-published version resident, so its first sample is fast."""
         target = await self.target_of(version)
         if target.kind == "lora":
+            if not self.loras.capacity:
+                return  # an engine without LoRA support: sampling it is refused
             assert target.path is not None
             await self.loras.ensure(target.name, target.path)
         else:

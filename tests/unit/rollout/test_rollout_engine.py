@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from services.common.busy import BusyClock
-from services.rollout.engine import BASE_WEIGHTS_LABEL, UNKNOWN_WEIGHTS_LABEL, RolloutEngine
+from services.rollout.engine import (
+    BASE_WEIGHTS_LABEL,
+    UNKNOWN_WEIGHTS_LABEL,
+    RolloutEngine,
+    engine_args,
+)
 from services.rollout.settings import RolloutSettings
 
 
@@ -80,3 +86,12 @@ async def test_a_failed_reload_labels_the_weights_unknown_and_resumes() -> None:
     await engine.generate([1], None)
     assert llm.calls[-1] == ("generate", {"prompt_token_ids": [1],
                                           "cache_salt": UNKNOWN_WEIGHTS_LABEL})
+
+
+@pytest.mark.parametrize(("max_loras", "lora_slots"), [(4, 4), (0, None)])
+def test_lora_layers_only_where_adapters_may_be_served(
+        tiny_model_dir: Path, max_loras: int, lora_slots: int | None) -> None:
+    """vLLM accepts the arguments either way; 0 builds no LoRA layers at all."""
+    settings = RolloutSettings(rollout_max_loras=max_loras)
+    config = engine_args(settings, str(tiny_model_dir)).create_engine_config()
+    assert (config.lora_config.max_loras if config.lora_config else None) == lora_slots

@@ -15,7 +15,7 @@ from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, WeightVersionSpan
 
 from modelstate.schemas import PendingVersion, PinList, Version, VersionKey, VersionKind
-from services.common.errors import InvalidInput, LoomError, NotFound, Unavailable
+from services.common.errors import Conflict, InvalidInput, LoomError, NotFound, Unavailable
 from services.rollout.pins import PinKeeper, holder_name
 from services.rollout.sampling import Sampler
 from services.rollout.schemas import Sample, SampleRequest
@@ -177,6 +177,21 @@ async def test_lora_in_use_is_never_evicted() -> None:
     async with versions.use("job", 1), versions.use("job", 2):
         assert not any(c[0] == "remove" for c in engine.calls)
     assert len(versions.loras.resident) == 2  # over capacity while both were used
+
+
+async def test_an_engine_without_lora_refuses_adapters_and_serves_full_weights() -> None:
+    versions, engine, store = make_versions(max_loras=0)
+    adapter = store.publish("job", VersionKind.lora)
+    store.publish("other", VersionKind.full)
+    with pytest.raises(Conflict, match="LOOM_ROLLOUT_MAX_LORAS=0") as refused:
+        async with versions.use("job", 1):
+            pass
+    assert refused.value.detail == {"job_id": "job", "number": 1}
+    await versions.preload(adapter)  # a publish of an adapter loads nothing
+    assert engine.calls == []  # not even the base weights the adapter was trained on
+    async with versions.use("other", 1) as served:
+        assert served.lora_request is None
+    assert engine.calls == [("reload", "other@1")]
 
 
 async def test_full_swap_waits_for_in_flight_samples_and_reports_resident() -> None:
