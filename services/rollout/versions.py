@@ -157,8 +157,14 @@ class Versions:
     async def target_of(self, version: Version) -> Target:
         key = (version.job_id, version.number)
         if key not in self._known:
-            path = await self.materialize(version)
             kind: Literal["full", "lora"] = "full" if version.kind == VersionKind.full else "lora"
+            if kind == "lora" and not self.loras.capacity:  # refused before any download
+                raise Conflict(
+                    f"Version {version.number} of job {version.job_id!r} is a LoRA adapter, and "
+                    "this rollout engine runs without LoRA layers (LOOM_ROLLOUT_MAX_LORAS=0): "
+                    "set it to 1 or more and restart rollout.",
+                    {"job_id": version.job_id, "number": version.number})
+            path = await self.materialize(version)
             target = self._known[key] = Target(version.job_id, version.number, kind, str(path))
             if kind == "full":
                 self._full_by_label[target.weights] = target
@@ -187,12 +193,6 @@ class Versions:
 
     @asynccontextmanager
     async def hold(self, target: Target, *, movable: bool = False) -> AsyncIterator[Served]:
-        if target.kind == "lora" and not self.loras.capacity:
-            raise Conflict(
-                f"Version {target.number} of job {target.job_id!r} is a LoRA adapter, and this "
-                "rollout engine runs without LoRA support (LOOM_ROLLOUT_MAX_LORAS=0): set it to "
-                "1 or more and restart rollout.",
-                {"job_id": target.job_id, "number": target.number})
         async with self.gate.hold(target.weights, lambda: self._swap_full_weights(target),
                                   movable=movable and target.kind == "full"):
             if target.kind != "lora":
@@ -283,10 +283,10 @@ class Versions:
 
     async def preload(self, version: Version) -> None:
         """Make a just-published version resident, so its first sample is fast."""
+        if version.kind == VersionKind.lora and not self.loras.capacity:
+            return  # an engine without LoRA layers: sampling it is refused
         target = await self.target_of(version)
         if target.kind == "lora":
-            if not self.loras.capacity:
-                return  # an engine without LoRA support: sampling it is refused
             assert target.path is not None
             await self.loras.ensure(target.name, target.path)
         else:
