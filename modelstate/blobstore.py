@@ -19,7 +19,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path, PurePosixPath
@@ -41,11 +41,14 @@ PENDING_TTL_S = 600.0  # far longer than an engine takes to read a version's fil
 
 @dataclass(frozen=True)
 class ReceivedBlob:
-    """Bytes written and hashed into `path`, not yet part of the store."""
+    """Bytes written and hashed into `path`, not yet part of the store. `synced`: the bytes
+    are on disk (fsync); a file left unsynced because the store already held its content is
+    synced at adoption should that content be gone by then (`BlobStore.adopt_all`)."""
 
     path: Path
     sha256: str
     size: int
+    synced: bool = True
 
 
 def check_relative_path(path: str) -> str:
@@ -88,16 +91,20 @@ def hash_file(path: Path) -> tuple[str, int]:
         return _hash_stream(source)
 
 
-def hash_durably(path: Path) -> tuple[str, int]:
-    """hash_file, and the file made durable (a staged file may be in the page cache only):
-    the disk starts writing it back first (sync_file_range, where libc has it), so the
-    write-back runs while the file is hashed and the final fsync only waits for what is left."""
+def hash_staged(path: Path, stored: Callable[[str], bool]) -> ReceivedBlob:
+    """hash_file, and the file made durable (a staged file may be in the page cache only)
+    unless `stored(sha256)` says the store holds that content already: then the file is
+    dropped at adoption, and its fsync (the most a small file costs) is saved. The disk starts
+    writing the file back first (sync_file_range, where libc has it), so the write-back runs
+    while the file is hashed and the fsync only waits for what is left."""
     with open(path, "rb") as source:
         if _sync_file_range is not None:
             _sync_file_range(source.fileno(), 0, 0, SYNC_FILE_RANGE_WRITE)
-        result = _hash_stream(source)
-        os.fsync(source.fileno())
-    return result
+        sha256, size = _hash_stream(source)
+        synced = not stored(sha256)
+        if synced:
+            os.fsync(source.fileno())
+    return ReceivedBlob(path, sha256, size, synced)
 
 
 def _hash_stream(source: BufferedReader) -> tuple[str, int]:
@@ -187,19 +194,25 @@ class BlobStore:
     def blob_path(self, sha256: str) -> Path:
         return self.blobs / sha256[:2] / sha256
 
+    def holds(self, sha256: str) -> bool:
+        return self.blob_path(sha256).exists()
+
     def writer(self, label: str) -> BlobWriter:
         return BlobWriter(self.tmp, label, self.max_file_bytes)
 
-    def adopt_all(self, files: list[tuple[Path, str]]) -> None:
-        """Move verified, durable files (temp blobs or staged files, on this filesystem; path,
-        sha256) into place; identical content already there wins and the source is dropped.
-        Each touched directory is synced once, after all the renames."""
+    def adopt_all(self, files: list[ReceivedBlob]) -> None:
+        """Move verified files (temp blobs or staged files, on this filesystem) into place;
+        identical content already there wins and the source is dropped. Call it holding the
+        blob lock (`modelstate.store.blob_lock`), so what is there stays there. Each touched
+        directory is synced once, after all the renames."""
         touched: set[Path] = set()
-        for source, sha256 in files:
-            final = self.blob_path(sha256)
+        for received in files:
+            source, final = received.path, self.blob_path(received.sha256)
             if final.exists():
                 source.unlink(missing_ok=True)
                 continue
+            if not received.synced:  # its content was collected since it was hashed
+                fsync_path(source)
             final.parent.mkdir(exist_ok=True)
             os.utime(source)  # young until committed: collection spares it for the grace period
             source.chmod(0o444)  # hard links share the mode: version files stay read-only

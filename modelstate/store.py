@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,7 +23,7 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelstate.blobstore import BlobStore, ReceivedBlob, check_manifest_paths, hash_durably
+from modelstate.blobstore import BlobStore, ReceivedBlob, check_manifest_paths, hash_staged
 from modelstate.models import AliasRow, BlobRow, PinRow, VersionFileRow, VersionRow
 from modelstate.schemas import (
     Alias,
@@ -41,6 +42,9 @@ from services.common.errors import Conflict, InvalidInput, NotFound
 LATEST = "latest"
 WRITE_ATTEMPTS = 20
 HASH_THREADS = 4
+# Staged files smaller than this in all are hashed on the calling thread: for a version of a
+# few MB, handing files to threads costs more than it saves.
+PARALLEL_HASH_BYTES = 16 << 20
 BLOB_LOCK_KEY = 0x4C4F4F4D  # "LOOM": PostgreSQL advisory lock for blob files
 T = TypeVar("T")
 
@@ -74,23 +78,29 @@ class ModelStore:
         def register() -> list[StoredBlob]:
             with self.sessions() as session, session.begin():
                 blob_lock(session)
-                for item in received:
-                    row = session.get(BlobRow, item.sha256)
-                    if row is None:
-                        session.add(BlobRow(sha256=item.sha256, size=item.size,
-                                            touched_at=utcnow()))
-                    else:
-                        row.touched_at = utcnow()
-                session.flush()  # the write that takes SQLite's lock before the files move
-                self.blobs.adopt_all([(item.path, item.sha256) for item in received])
+                self._add_blobs(session, received)
             return [StoredBlob(sha256=item.sha256, size=item.size) for item in received]
 
         try:
             return _retry_on_conflict(register, "blob upload")
         except BaseException:
-            for item in received:
-                item.path.unlink(missing_ok=True)
+            _discard(received)
             raise
+
+    def _add_blobs(self, session: Session, received: list[ReceivedBlob]) -> None:
+        """Rows for received files, and the files moved into place: both appear when the
+        caller's transaction (holding the blob lock) commits. Files moved by a transaction
+        that then rolls back are blob files without a row, which collection removes."""
+        if not received:
+            return
+        for item in received:
+            row = session.get(BlobRow, item.sha256)
+            if row is None:
+                session.add(BlobRow(sha256=item.sha256, size=item.size, touched_at=utcnow()))
+            else:
+                row.touched_at = utcnow()
+        session.flush()  # the write that takes SQLite's lock before the files move
+        self.blobs.adopt_all(received)
 
     def blob(self, sha256: str) -> StoredBlob:
         with self.sessions() as session:
@@ -103,10 +113,18 @@ class ModelStore:
 
     def publish(self, meta: PublishRequest) -> tuple[Version, bool]:
         """The new version and True; or, for a step published before with the same files,
-        that version and False."""
-        files = self._adopt_staged(meta) if meta.staged else list(meta.files)
-        check_manifest_paths([f.path for f in files])
-        return _retry_on_conflict(lambda: self._commit_version(meta, files), "publish")
+        that version and False. A staged publish's files join the store in the version's own
+        transaction; its staging directory is gone afterwards, whatever the outcome."""
+        if meta.staged is None:
+            files = list(meta.files)
+            check_manifest_paths([f.path for f in files])
+            return _retry_on_conflict(lambda: self._commit_version(meta, files), "publish")
+        files, received = self._verify_staged(meta)
+        try:
+            return _retry_on_conflict(lambda: self._commit_version(meta, files, received),
+                                      "publish")
+        finally:
+            self.blobs.remove_staging(meta.staged)  # with any staged file not adopted
 
     def link_pending(self, meta: PublishRequest) -> PendingVersion | None:
         """For a staged publish: its files, linked where readers can open them while the
@@ -122,9 +140,9 @@ class ModelStore:
                               local_path=str(directory),
                               files={relative: path.stat().st_size for relative, path in staged})
 
-    def _adopt_staged(self, meta: PublishRequest) -> list[FileRef]:
-        """Hash and sync the staged files (in parallel), check them against what `files`
-        declares, and move them into the blob store; the staging directory is gone afterwards."""
+    def _verify_staged(self, meta: PublishRequest) -> tuple[list[FileRef], list[ReceivedBlob]]:
+        """Hash the staged files (in parallel when they are big) and sync those with content
+        the store lacks; check them against what `files` declares."""
         assert meta.staged is not None
         staged = self.blobs.staged_files(meta.staged)
         check_manifest_paths([path for path, _ in staged])
@@ -133,27 +151,32 @@ class ModelStore:
         if unknown:
             raise InvalidInput(f"Declared files are not in the staging directory: {unknown}",
                                {"paths": unknown})
-        with ThreadPoolExecutor(HASH_THREADS) as pool:
-            hashes = list(pool.map(hash_durably, [path for _, path in staged]))
+        paths = [path for _, path in staged]
+        hash_one = partial(hash_staged, stored=self.blobs.holds)
+        if sum(path.stat().st_size for path in paths) < PARALLEL_HASH_BYTES:
+            received = [hash_one(path) for path in paths]
+        else:
+            with ThreadPoolExecutor(HASH_THREADS) as pool:
+                received = list(pool.map(hash_one, paths))
         refs = []
-        for (relative, _), (sha256, size) in zip(staged, hashes, strict=True):
+        for (relative, _), item in zip(staged, received, strict=True):
             expected = declared.get(relative)
-            if expected and (expected.sha256, expected.size) != (sha256, size):
+            if expected and (expected.sha256, expected.size) != (item.sha256, item.size):
                 raise InvalidInput(
-                    f"Staged {relative!r} is {size} bytes with sha256 {sha256}; declared "
-                    f"{expected.size} bytes, {expected.sha256}.",
-                    {"path": relative, "declared": expected.sha256, "received": sha256},
+                    f"Staged {relative!r} is {item.size} bytes with sha256 {item.sha256}; "
+                    f"declared {expected.size} bytes, {expected.sha256}.",
+                    {"path": relative, "declared": expected.sha256, "received": item.sha256},
                 )
-            refs.append(FileRef(path=relative, sha256=sha256, size=size))
-        self.register_blobs([ReceivedBlob(path, ref.sha256, ref.size)
-                             for (_, path), ref in zip(staged, refs, strict=True)])
-        self.blobs.remove_staging(meta.staged)
-        return refs
+            refs.append(FileRef(path=relative, sha256=item.sha256, size=item.size))
+        return refs, received
 
-    def _commit_version(self, meta: PublishRequest, files: list[FileRef]) -> tuple[Version, bool]:
+    def _commit_version(self, meta: PublishRequest, files: list[FileRef],
+                        received: list[ReceivedBlob] | None = None) -> tuple[Version, bool]:
+        """`received`: files of this version to add to the store first (a staged publish)."""
         job_id = meta.job_id
         with self.sessions() as session:  # closing without commit rolls back
             blob_lock(session)
+            self._add_blobs(session, received or [])
             _claim_blobs(session, files)
             if meta.step is not None:
                 existing = session.scalar(select(VersionRow).where(
@@ -341,9 +364,14 @@ class ModelStore:
         )
 
 
+def _discard(received: list[ReceivedBlob]) -> None:
+    for item in received:
+        item.path.unlink(missing_ok=True)
+
+
 def _claim_blobs(session: Session, files: list[FileRef]) -> None:
-    """Every file's blob must be stored with the declared size. Touching the rows is also
-    this transaction's first write (SQLite's write lock, see `blob_lock`)."""
+    """Every file's blob must be stored with the declared size. Touching the rows takes
+    SQLite's write lock if no earlier write of the transaction did (see `blob_lock`)."""
     wanted = {f.sha256 for f in files}
     session.execute(update(BlobRow).where(BlobRow.sha256.in_(wanted))
                     .values(touched_at=utcnow()))

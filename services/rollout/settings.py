@@ -21,10 +21,11 @@ class RolloutSettings(LoomSettings):
         default=1, ge=1, description="KV cache GiB on CPU (sets VLLM_CPU_KVCACHE_SPACE)."
     )
     rollout_cpu_busy_poll_ms: float = Field(
-        default=20.0, ge=0,
+        default=20.0, ge=1,
         description="On CPU, how long vLLM's engine processes busy-poll their queues after a "
         "message before they sleep (vLLM's default, 1000, keeps a core busy for a second after "
-        "every request).",
+        "every request). At least 1: at 0 a sleeping queue reader missed its wake-up, and a "
+        "1-token sample took 5 s (vLLM's re-check interval).",
     )
     rollout_inflight_kv: Literal["keep", "recompute"] = Field(
         default="keep",

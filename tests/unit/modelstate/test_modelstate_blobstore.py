@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from modelstate import blobstore
 from modelstate.blobstore import (
     BlobStore,
     ReceivedBlob,
@@ -29,7 +30,7 @@ def sha(data: bytes) -> str:
 
 def put(blobs: BlobStore, data: bytes) -> ReceivedBlob:
     received = receive(blobs, data)
-    blobs.adopt_all([(received.path, received.sha256)])
+    blobs.adopt_all([received])
     return received
 
 
@@ -38,7 +39,7 @@ def test_received_content_is_adopted_once_under_its_hash(blobs: BlobStore) -> No
     first = put(blobs, data)
     second = receive(blobs, data, expected_sha256=sha(data).upper())
     assert (first.sha256, first.size) == (second.sha256, second.size) == (sha(data), len(data))
-    blobs.adopt_all([(second.path, second.sha256)])  # already stored: the duplicate is dropped
+    blobs.adopt_all([second])  # already stored: the duplicate is dropped
     path = blobs.blob_path(first.sha256)
     assert path == blobs.root / "sha256" / first.sha256[:2] / first.sha256
     assert path.read_bytes() == data
@@ -119,3 +120,31 @@ def test_materialize_refuses_unsafe_paths_without_leaving_a_directory(blobs: Blo
         blobs.materialize("job", 1, {"../escape": blob.sha256})
     assert not blobs.version_dir("job", 1).exists()
     assert list(blobs.tmp.iterdir()) == []
+
+
+def test_staged_content_the_store_holds_is_not_synced_until_it_must_be_adopted(
+    blobs: BlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A staged file whose content is stored already is dropped at adoption, so hashing it
+    skips its fsync; should that content be collected before adoption, the file is synced
+    before it becomes the blob."""
+    synced: list[int | Path] = []
+    monkeypatch.setattr(blobstore.os, "fsync", synced.append)
+    monkeypatch.setattr(blobstore, "fsync_path", synced.append)
+    staged = blobs.staging / blobs.new_staging_name()
+    (staged / "new.bin").write_bytes(b"new content")
+    (staged / "known.bin").write_bytes(b"known content")
+    known = sha(b"known content")
+
+    new = blobstore.hash_staged(staged / "new.bin", stored=lambda digest: digest == known)
+    assert (new.sha256, new.size, new.synced) == (sha(b"new content"), 11, True)
+    assert len(synced) == 1
+    held = blobstore.hash_staged(staged / "known.bin", stored=lambda digest: digest == known)
+    assert (held.sha256, held.synced) == (known, False)
+    assert len(synced) == 1  # no fsync for content the store holds
+
+    synced.clear()
+    blobs.adopt_all([new, held])  # `known` was not in fact stored (collected meanwhile)
+    assert staged / "known.bin" in synced  # synced before it became the blob
+    assert staged / "new.bin" not in synced
+    assert blobs.blob_path(known).read_bytes() == b"known content"

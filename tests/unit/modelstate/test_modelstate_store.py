@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from modelstate.app import ALEMBIC_DIR, VERSION_TABLE
 from modelstate.blobstore import PENDING_TTL_S, BlobStore
@@ -220,6 +220,35 @@ def test_staged_directory_is_adopted_without_copying(store: ModelStore) -> None:
         store.publish(bad)
     with pytest.raises(NotFound, match="No staging directory"):
         store.publish(request.model_copy(update={"staged": "nope"}))
+
+
+def stage(store: ModelStore, files: dict[str, bytes]) -> str:
+    name = store.blobs.new_staging_name()
+    for path, data in files.items():
+        (store.blobs.staging / name / path).write_bytes(data)
+    return name
+
+
+def test_a_staged_publish_commits_once_and_a_refused_one_adds_no_blob(
+    store: ModelStore, engine: Engine
+) -> None:
+    """The staged files join the store in the version's own transaction: one commit per
+    publish, and a publish refused at commit leaves neither blob rows nor staged files."""
+    commits: list[object] = []
+    event.listen(engine, "commit", commits.append)
+    request = PublishRequest(job_id="job-1", kind=VersionKind.full, base_model="m", step=1,
+                             staged=stage(store, {"w.bin": b"step one", "config.json": b"{}"}))
+    store.publish(request)
+    assert len(commits) == 1
+
+    name = stage(store, {"w.bin": b"step one, again", "config.json": b"{}"})
+    with pytest.raises(Conflict, match="already has version 1 for step 1"):
+        store.publish(request.model_copy(update={"staged": name}))
+    with pytest.raises(NotFound):
+        store.blob(sha(b"step one, again"))
+    assert not (store.blobs.staging / name).exists()
+    assert [v.number for v in store.list_versions("job-1")] == [1]
+    assert store.blob(sha(b"{}")).size == 2  # content of the committed version stays
 
 
 def test_delete_refuses_aliased_and_pinned_versions(store: ModelStore) -> None:
