@@ -93,12 +93,15 @@ class ModelStore:
         that then rolls back are blob files without a row, which collection removes."""
         if not received:
             return
+        now = utcnow()
+        stored = {row.sha256: row for row in session.scalars(
+            select(BlobRow).where(BlobRow.sha256.in_({item.sha256 for item in received})))}
         for item in received:
-            row = session.get(BlobRow, item.sha256)
+            row = stored.get(item.sha256)
             if row is None:
-                session.add(BlobRow(sha256=item.sha256, size=item.size, touched_at=utcnow()))
-            else:
-                row.touched_at = utcnow()
+                stored[item.sha256] = row = BlobRow(sha256=item.sha256, size=item.size)
+                session.add(row)
+            row.touched_at = now
         session.flush()  # the write that takes SQLite's lock before the files move
         self.blobs.adopt_all(received)
 
