@@ -22,19 +22,16 @@ import shutil
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
-
 from modelstate.app import ALEMBIC_DIR, VERSION_TABLE
 from modelstate.blobstore import BlobStore
 from modelstate.schemas import PublishRequest, VersionKind
 from modelstate.store import ModelStore
-from services.common.db import make_engine, make_sessionmaker, migrate
+from services.common.db import make_engine, make_sessionmaker, migrate, scratch_database
 from services.common.files import fsync_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,16 +48,8 @@ def database(backend: str, work: Path) -> Iterator[str]:
     if backend == "sqlite":
         yield f"sqlite:///{work / 'modelstate.db'}"
         return
-    name = f"loom_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(PG_ADMIN_URL, "loom_bench") as url:
+        yield url
 
 
 def write_version(directory: Path, weights_bytes: int, constants: dict[str, bytes]) -> None:

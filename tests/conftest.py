@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,18 +44,10 @@ def tiny_model_dir() -> Path:
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
     require(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432")
-    from sqlalchemy import create_engine, text
+    from services.common.db import scratch_database
 
-    name = f"loom_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(PG_ADMIN_URL, "loom_test") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
