@@ -84,7 +84,8 @@ class ModelStore:
         try:
             return _retry_on_conflict(register, "blob upload")
         except BaseException:
-            _discard(received)
+            for item in received:
+                item.path.unlink(missing_ok=True)
             raise
 
     def _add_blobs(self, session: Session, received: list[ReceivedBlob]) -> None:
@@ -365,11 +366,6 @@ class ModelStore:
             files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in row.files],
             local_path=str(self.blobs.version_dir(row.job_id, row.number)),
         )
-
-
-def _discard(received: list[ReceivedBlob]) -> None:
-    for item in received:
-        item.path.unlink(missing_ok=True)
 
 
 def _claim_blobs(session: Session, files: list[FileRef]) -> None:
