@@ -19,12 +19,13 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     String,
-    Text,
     TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.common.db import SampledText
 
 
 def utcnow() -> datetime:
@@ -110,8 +111,8 @@ class JobSampleRow(Base):
                                         index=True)
     step: Mapped[int] = mapped_column(BigInteger)
     version: Mapped[int | None] = mapped_column(Integer, default=None)
-    prompt: Mapped[str] = mapped_column(Text)
-    completion: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(SampledText)
+    completion: Mapped[str] = mapped_column(SampledText)
     reward: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 

@@ -20,6 +20,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -117,6 +118,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(DataError)
+    async def _unstorable(_request: Request, exc: DataError) -> JSONResponse:
+        # The database refused a value of the request (PostgreSQL: a NUL character in text, a
+        # number out of range); its transaction rolled back, so nothing was written.
+        reason = str(exc.orig).splitlines()[0] if exc.orig else type(exc).__name__
+        log.warning("value refused by the database: %s", reason)
+        return error_response(422, "invalid_input",
+                              f"The request holds a value the database cannot store: {reason}.")
 
     @app.exception_handler(Exception)
     async def _unhandled(_request: Request, exc: Exception) -> JSONResponse:

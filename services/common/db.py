@@ -14,11 +14,28 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, Text, TypeDecorator, create_engine, event, text
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 T = TypeVar("T")
+
+
+NUL_STAND_IN = "\ufffd"
+
+
+class SampledText(TypeDecorator[str]):
+    """Text a model sampled (or a prompt it was given), storable on every database.
+    PostgreSQL's text refuses NUL characters, and a byte-level tokenizer has a token that
+    decodes to one; each is stored as U+FFFD instead, on SQLite too, so both read back the
+    same. The token ids, kept beside such text, stay exact."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else value.replace("\x00", NUL_STAND_IN)
 
 
 def make_engine(url: str) -> Engine:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.common.db import SampledText
 
 
 class Base(DeclarativeBase):
@@ -42,7 +44,7 @@ class CallRow(Base):
     token_ids: Mapped[list[int]] = mapped_column(JSON)
     logprobs: Mapped[list[float]] = mapped_column(JSON)
     finish_reason: Mapped[str] = mapped_column(String(16))
-    text: Mapped[str] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(SampledText)
     # Chat calls: the request's conversation, tools and the reply, as the template takes them.
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     tools: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)

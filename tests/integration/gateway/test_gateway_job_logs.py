@@ -70,6 +70,10 @@ async def test_samples_are_bounded_newest_first(stack: Stack) -> None:
         assert [s.prompt for s in newest] == [f"p{kept - 1}", f"p{kept - 2}", f"p{kept - 3}"]
         everything = await job.samples(limit=1000)
         assert len(everything) == kept and "1+1=" not in {s.prompt for s in everything}
+        # A sampled NUL character (PostgreSQL text cannot hold one) is kept as U+FFFD.
+        await job.log_samples([{"step": 2, "prompt": "1\x00+1=", "completion": "2\x00"}])
+        [latest] = await job.samples(limit=1)
+        assert (latest.prompt, latest.completion) == ("1\ufffd+1=", "2\ufffd")
 
 
 async def test_job_lifecycle_pause_resume_cancel(stack: Stack) -> None:
@@ -110,6 +114,21 @@ async def test_bad_logs_are_4xx_and_write_nothing(stack: Stack) -> None:
         missing = await admin.post("/v1/jobs/job_nope/metrics",
                                    json={"points": [{"step": 0, "name": "r", "value": 1}]})
         assert missing.status_code == 404 and "job_nope" in missing.json()["error"]["message"]
+
+
+async def test_a_value_the_database_cannot_store_is_a_422(stack: Stack) -> None:
+    """PostgreSQL text cannot hold a NUL character (SQLite can): a name with one is refused
+    with a 422 that says why, and no job is made."""
+    async with stack.client() as admin:
+        before = (await admin.get("/v1/jobs")).json()
+        response = await admin.post("/v1/jobs", json={"base_model": "loom/tiny",
+                                                      "name": "a\x00b"})
+        if stack.settings.database_url.startswith("sqlite"):
+            assert response.status_code == 201
+            return
+        assert response.status_code == 422, response.text
+        assert "cannot contain NUL" in response.json()["error"]["message"]
+        assert (await admin.get("/v1/jobs")).json() == before
 
 
 async def test_another_keys_job_logs_are_out_of_reach(stack: Stack) -> None:

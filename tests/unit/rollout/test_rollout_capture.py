@@ -94,6 +94,17 @@ def test_calls_are_kept_in_order_and_deleted_with_their_trajectory(
         store.add(info.id, [new_call([1], [2])])
 
 
+def test_sampled_text_with_a_nul_character_is_kept_on_both_databases(
+        store: TrajectoryStore) -> None:
+    """A byte-level tokenizer has a token for byte 0; PostgreSQL text cannot hold it (it
+    failed a compose demo with a 500), so it is stored as U+FFFD while the token ids stay."""
+    info = store.create(TrajectoryCreate())
+    call = new_call([1], [0, 5])
+    store.add(info.id, [NewCall(**{**vars(call), "text": "a\x00b"})])
+    [kept] = store.calls(info.id)
+    assert (kept.text, kept.token_ids) == ("a\ufffdb", [0, 5])
+
+
 def test_concurrent_calls_get_distinct_indexes(store: TrajectoryStore) -> None:
     info = store.create(TrajectoryCreate())
     with ThreadPoolExecutor(8) as pool:
