@@ -92,8 +92,6 @@ class ModelStore:
         """Rows for received files, and the files moved into place: both appear when the
         caller's transaction (holding the blob lock) commits. Files moved by a transaction
         that then rolls back are blob files without a row, which collection removes."""
-        if not received:
-            return
         now = utcnow()
         stored = {row.sha256: row for row in session.scalars(
             select(BlobRow).where(BlobRow.sha256.in_({item.sha256 for item in received})))}
@@ -180,8 +178,10 @@ class ModelStore:
         job_id = meta.job_id
         with self.sessions() as session:  # closing without commit rolls back
             blob_lock(session)
-            self._add_blobs(session, received or [])
-            _claim_blobs(session, files)
+            if received:  # a staged publish: its files are the very blobs added here
+                self._add_blobs(session, received)
+            else:
+                _claim_blobs(session, files)
             if meta.step is not None:
                 existing = session.scalar(select(VersionRow).where(
                     VersionRow.job_id == job_id, VersionRow.step == meta.step))
