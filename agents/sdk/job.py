@@ -311,6 +311,11 @@ class AsyncJob:
         `score("python", items, {"function": name, "job_id": job.id})`."""
         return await self._client.register_reward(name, code, job_id=self.id)
 
+    async def retention(self) -> Retention:
+        """Which of this job's versions garbage collection keeps (a default until set)."""
+        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/retention")
+        return Retention.model_validate(body)
+
     async def set_retention(self, keep_last: int, *, keep_ancestors: bool = False) -> Retention:
         policy = RetentionPolicy(keep_last=keep_last, keep_ancestors=keep_ancestors)
         response = await self._http.request("PUT", f"/v1/modelstate/jobs/{self.id}/retention",

@@ -53,3 +53,11 @@ def gateway_answers(url: str) -> bool:
         return httpx2.get(f"{url.rstrip('/')}/healthz", timeout=2).status_code == 200
     except httpx2.TransportError:
         return False
+
+
+def require_gateway(url: str) -> None:
+    """End the command (exit status 1) unless a gateway answers at `url`."""
+    if not gateway_answers(url):
+        err_console.print(f"[red]No gateway answers at {url}: start the stack with `loom up`."
+                          "[/red]")
+        raise typer.Exit(1)

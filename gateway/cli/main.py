@@ -33,12 +33,14 @@ from gateway.cli.supervisor import (
     Supervisor,
     terminate_on_sigterm,
 )
+from gateway.cli.versions import versions_app
 from gateway.schemas import StackHealth
 
 app = typer.Typer(help="Loom: a control plane for RL post-training of LLMs.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+app.add_typer(versions_app, name="versions")
 app.command()(runs.recipes)
 app.command()(runs.run)
 def _start(supervisor: Supervisor) -> None:

@@ -21,7 +21,7 @@ from gateway.cli.common import (
     api_key_for,
     console,
     err_console,
-    gateway_answers,
+    require_gateway,
     settings_for,
 )
 from gateway.task_schemas import BackgroundTask, TaskStatus
@@ -58,10 +58,7 @@ def run(
     """Create a job and run a recipe on it as a managed run (needs a running `loom up`)."""
     settings = settings_for(data_dir)
     url = url or settings.gateway_url
-    if not gateway_answers(url):
-        err_console.print(f"[red]No gateway answers at {url}: start the stack with `loom up`."
-                          "[/red]")
-        raise typer.Exit(1)
+    require_gateway(url)
     parsed = _parse_config(config)
     with LoomClient(url, api_key_for(api_key, settings)) as loom:
         try:
