@@ -7,7 +7,6 @@ staged publishes of fresh content, and is killed at random moments, as is the st
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from services.common.ports import free_port
+from tests.support.modelstate_process import StoreProcess
 
 PUBLISHER = textwrap.dedent("""
     import asyncio, os, sys, tempfile
@@ -48,45 +47,15 @@ PUBLISHER = textwrap.dedent("""
 """)
 
 
-class Store:
-    """`python -m modelstate` on a fixed port and data dir, restartable."""
-
-    def __init__(self, data_dir: Path, database_url: str) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.env = {**os.environ, "LOOM_DATA_DIR": str(data_dir), "LOOM_MODELSTATE_URL": self.url,
-                    "LOOM_DATABASE_URL": database_url, "LOOM_MODELSTATE_GC_INTERVAL_S": "0"}
-        self.blob_dir = data_dir / "blobs"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "modelstate"], env=self.env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, "modelstate exited during start-up"
-            try:
-                if httpx2.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx2.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("modelstate did not become ready")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-
-
 @pytest.fixture
-def store(database_url: str, tmp_path: Path) -> Iterator[Store]:
-    store = Store(tmp_path / "data", database_url)
+def store(database_url: str, tmp_path: Path) -> Iterator[StoreProcess]:
+    store = StoreProcess(tmp_path / "data", database_url)
     store.start()
     yield store
     store.kill()
 
 
-def start_publisher(store: Store, scratch: Path, first_step: int) -> subprocess.Popen[str]:
+def start_publisher(store: StoreProcess, scratch: Path, first_step: int) -> subprocess.Popen[str]:
     scratch.mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, "-c", PUBLISHER, store.url, str(scratch),
                              str(first_step)],
@@ -94,7 +63,7 @@ def start_publisher(store: Store, scratch: Path, first_step: int) -> subprocess.
                             text=True)
 
 
-def wait_for_upload_in_progress(store: Store, timeout_s: float = 60) -> None:
+def wait_for_upload_in_progress(store: StoreProcess, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if any(p.name.startswith("blob-") and staged_bytes(p) > 0
@@ -117,7 +86,7 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def visible_versions(store: Store) -> list[dict[str, Any]]:
+def visible_versions(store: StoreProcess) -> list[dict[str, Any]]:
     """Every visible version is whole and its files verify."""
     versions: list[dict[str, Any]] = httpx2.get(f"{store.url}/v1/jobs/job/versions").json()[
         "versions"]
@@ -128,7 +97,7 @@ def visible_versions(store: Store) -> list[dict[str, Any]]:
     return versions
 
 
-def leftovers(store: Store) -> dict[str, Any]:
+def leftovers(store: StoreProcess) -> dict[str, Any]:
     """After a collection with no grace period: what is stored beyond the visible versions."""
     versions = visible_versions(store)
     report = httpx2.post(f"{store.url}/v1/gc", params={"grace_s": 0}, timeout=60)
@@ -147,7 +116,7 @@ def leftovers(store: Store) -> dict[str, Any]:
     return {name: value for name, value in found.items() if value}
 
 
-def check_store(store: Store, settle_s: float = 20) -> int:
+def check_store(store: StoreProcess, settle_s: float = 20) -> int:
     """Visible versions are always whole; collection reclaims everything else. A killed
     client's last request may still be finishing in the store (a staged publish goes on to
     its commit), so the store gets `settle_s` to converge. Returns the number of versions."""
@@ -159,7 +128,7 @@ def check_store(store: Store, settle_s: float = 20) -> int:
 
 
 def test_killing_the_publisher_mid_upload_leaves_nothing_visible(
-    store: Store, tmp_path: Path
+    store: StoreProcess, tmp_path: Path
 ) -> None:
     for attempt in range(3):
         publisher = start_publisher(store, tmp_path / "scratch", 1000 * attempt)
@@ -171,7 +140,7 @@ def test_killing_the_publisher_mid_upload_leaves_nothing_visible(
 
 
 def test_killing_the_store_at_random_moments_loses_nothing_committed(
-    store: Store, tmp_path: Path
+    store: StoreProcess, tmp_path: Path
 ) -> None:
     rng = random.Random(7)
     seen = 0

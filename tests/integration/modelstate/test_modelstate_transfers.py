@@ -1,10 +1,14 @@
-"""Downloads from another host resume where they stopped: after a dropped connection (within
-the call) and after a crash (a later call finds the `.part` file), with HTTP Range requests
-to the real store app; whatever arrives is checked against the manifest before it is used."""
+"""Moving files to and from a store on another host. Uploads and downloads stream: a file
+many times the memory bound crosses with neither side's memory growing by more than it.
+Downloads resume where they stopped: after a dropped connection (within the call) and after
+a crash (a later call finds the `.part` file), with HTTP Range requests to the real store
+app; whatever arrives is checked against the manifest before it is used."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,9 +21,13 @@ from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.errors import UpstreamError
+from tests.support.modelstate_process import StoreProcess
 
 WEIGHTS = os.urandom(3 * 2**20 + 123)
 CUT_AT = 2**20 + 7  # where the first transfer breaks: not on a chunk boundary
+MiB = 2**20
+LARGE_FILE_MIB = 256
+MEMORY_BOUND_MIB = 64  # the issue's bound on a publisher's extra memory
 
 
 class _CutStream(httpx2.AsyncByteStream):
@@ -139,3 +147,43 @@ async def test_a_part_file_that_is_not_a_prefix_is_refused_then_fetched_whole(
     (dest / "model.safetensors").unlink()
     assert await download(app, version, dest) == [(None, 200)]
     assert (dest / "model.safetensors").read_bytes() == WEIGHTS
+
+
+def peak_rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+
+
+async def test_a_large_file_crosses_in_both_directions_in_bounded_memory(tmp_path: Path) -> None:
+    """The store as a real process: its peak RSS, and the Python allocations of this client,
+    grow by less than MEMORY_BOUND_MIB while a file of LARGE_FILE_MIB goes up and comes back."""
+    source = tmp_path / "source"
+    source.mkdir()
+    digest = hashlib.sha256()
+    with open(source / "model.safetensors", "wb") as out:
+        for _ in range(LARGE_FILE_MIB // 16):
+            piece = os.urandom(16 * MiB)
+            digest.update(piece)
+            out.write(piece)
+    store = StoreProcess(tmp_path / "data", f"sqlite:///{tmp_path / 'm.db'}")
+    store.start()
+    client = ModelStateClient(store.url)
+    try:
+        store_before = peak_rss_kib(store.pid)
+        tracemalloc.start()
+        version = await client.publish(
+            VersionMeta(job_id="job-1", kind=VersionKind.full, base_model="loom/tiny"), source)
+        uploading_mib = tracemalloc.get_traced_memory()[1] / MiB
+        tracemalloc.reset_peak()
+        await client.download(version, tmp_path / "dest")
+        downloading_mib = tracemalloc.get_traced_memory()[1] / MiB
+        tracemalloc.stop()
+        store_growth_mib = (peak_rss_kib(store.pid) - store_before) / 1024
+    finally:
+        await client.aclose()
+        store.kill()
+    assert version.files[0].sha256 == digest.hexdigest()
+    assert (tmp_path / "dest" / "model.safetensors").stat().st_size == LARGE_FILE_MIB * MiB
+    assert max(uploading_mib, downloading_mib, store_growth_mib) < MEMORY_BOUND_MIB, (
+        uploading_mib, downloading_mib, store_growth_mib)
+
