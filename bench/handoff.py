@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -166,15 +166,16 @@ def measure_raw(row: Row, model_dir: Path, work: Path, repeats: int) -> None:
 # --- the stack ------------------------------------------------------------------------------
 
 @contextmanager
-def stack(model_dir: Path, work: Path) -> Iterator[tuple[LoomClient, int]]:
-    """Every service as a local process, rollout serving `model_dir`; yields the SDK client
-    and the trainer's pid."""
+def stack(model_dir: Path, work: Path, env: Mapping[str, str] | None = None
+          ) -> Iterator[tuple[LoomClient, int]]:
+    """Every service as a local process, rollout serving `model_dir` (`env`: more settings for
+    the services); yields the SDK client and the trainer's pid."""
     data_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"stack-{model_dir.name}-"))
     urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
     settings = LoomSettings(data_dir=data_dir, **urls)
-    env = {"LOOM_ROLLOUT_MODEL": str(model_dir), "LOOM_ROLLOUT_KV_CACHE_GIB": "1",
-           "LOOM_ROLLOUT_MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
-    with Supervisor(settings, extra_env=env) as supervisor:
+    service_env = {"LOOM_ROLLOUT_MODEL": str(model_dir), "LOOM_ROLLOUT_KV_CACHE_GIB": "1",
+                   "LOOM_ROLLOUT_MAX_MODEL_LEN": str(MAX_MODEL_LEN), **(env or {})}
+    with Supervisor(settings, extra_env=service_env) as supervisor:
         supervisor.start()
         trainer = next(s for s in supervisor.services if s.name == "trainer")
         key = (data_dir / "admin_key").read_text().strip()
@@ -224,7 +225,8 @@ def handoff_once(job: Job, prompt: list[int], data: list[Datum], trainer_pid: in
 
 
 def measure_job(loom: LoomClient, trainer_pid: int, row: Row, model_dir: Path,
-                repeats: int) -> None:
+                repeats: int) -> Job:
+    """A job of `row`'s mode: one warm-up hand-off, then `repeats` measured; the job."""
     rank = row.lora_rank
     lora = LoraConfig(rank=rank, alpha=2.0 * rank) if row.mode == "lora" else None
     job = loom.create_job(str(model_dir), name=f"bench-{row.name}", mode=row.mode, lora=lora)
@@ -234,6 +236,7 @@ def measure_job(loom: LoomClient, trainer_pid: int, row: Row, model_dir: Path,
     handoff_once(job, prompt, data, trainer_pid, None)
     for _ in range(repeats):
         handoff_once(job, prompt, data, trainer_pid, row)
+    return job
 
 
 # --- report ---------------------------------------------------------------------------------
