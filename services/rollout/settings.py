@@ -25,7 +25,8 @@ class RolloutSettings(LoomSettings):
         description="On CPU, how long vLLM's engine processes busy-poll their queues after a "
         "message before they sleep (vLLM's default, 1000, keeps a core busy for a second after "
         "every request). At least 1: at 0 a sleeping queue reader missed its wake-up, and a "
-        "1-token sample took 5 s (vLLM's re-check interval).",
+        "1-token sample took 5 s (vLLM's re-check interval). 2, 5 and 20 made no measurable "
+        "difference to a hand-off or to sampling (bench/results/busy_poll.md).",
     )
     rollout_inflight_kv: Literal["keep", "recompute"] = Field(
         default="keep",
