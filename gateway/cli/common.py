@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import httpx2
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from services.common.settings import LoomSettings
 
@@ -29,6 +30,13 @@ ApiKeyOption = Annotated[
 ]
 
 
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print `message` in red on stderr (as is: brackets in a server's message are not markup)
+    and end the command with exit status `code`."""
+    err_console.print(Text(message, style="red"))
+    raise typer.Exit(code)
+
+
 def settings_for(data_dir: Path | None) -> LoomSettings:
     return LoomSettings(data_dir=data_dir) if data_dir else LoomSettings()
 
@@ -43,9 +51,8 @@ def api_key_for(given: str | None, settings: LoomSettings) -> str:
     key_file = admin_key_file(settings)
     if key_file.exists():
         return key_file.read_text().strip()
-    err_console.print(f"[red]No API key: pass --api-key, set LOOM_API_KEY, or run `loom up` "
-                      f"once so {key_file} exists.[/red]")
-    raise typer.Exit(2)
+    fail(f"No API key: pass --api-key, set LOOM_API_KEY, or run `loom up` once so {key_file} "
+         "exists.", code=2)
 
 
 def gateway_answers(url: str) -> bool:
@@ -58,6 +65,4 @@ def gateway_answers(url: str) -> bool:
 def require_gateway(url: str) -> None:
     """End the command (exit status 1) unless a gateway answers at `url`."""
     if not gateway_answers(url):
-        err_console.print(f"[red]No gateway answers at {url}: start the stack with `loom up`."
-                          "[/red]")
-        raise typer.Exit(1)
+        fail(f"No gateway answers at {url}: start the stack with `loom up`.")

@@ -10,9 +10,11 @@ from typing import Annotated, Any
 
 import httpx2
 import typer
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from gateway.cli import runs
 from gateway.cli.common import (
@@ -23,6 +25,7 @@ from gateway.cli.common import (
     api_key_for,
     console,
     err_console,
+    fail,
     gateway_answers,
     settings_for,
 )
@@ -58,12 +61,12 @@ def _start(supervisor: Supervisor) -> None:
         try:
             supervisor.wait_ready(on_change)
         except ServiceFailed as failure:
-            progress.update(tasks[failure.service.name], state=f"[red]{failure.reason}[/red]")
+            state = f"[red]{escape(failure.reason)}[/red]"
+            progress.update(tasks[failure.service.name], state=state)
             progress.stop()
-            err_console.print(Panel(failure.service.log_tail() or "(empty log)",
+            err_console.print(Panel(Text(failure.service.log_tail() or "(empty log)"),
                                     title=f"{failure.service.log_path} (tail)"))
-            err_console.print(f"[red]{failure}; stopping the stack.[/red]")
-            raise typer.Exit(1) from failure
+            fail(f"{failure}; stopping the stack.")
 
 
 def _services_table(supervisor: Supervisor) -> Table:
@@ -89,9 +92,8 @@ def up(
     specs = [spec for spec in STACK if not only or spec.name in only]
     unknown = set(only or ()) - {spec.name for spec in STACK}
     if unknown:
-        err_console.print(f"[red]Unknown service(s) {sorted(unknown)}; known: "
-                          f"{[spec.name for spec in STACK]}[/red]")
-        raise typer.Exit(2)
+        fail(f"Unknown service(s) {sorted(unknown)}; known: {[spec.name for spec in STACK]}",
+             code=2)
     terminate_on_sigterm()
     with Supervisor(settings, specs) as supervisor:
         try:
@@ -105,11 +107,10 @@ def up(
             console.print("Stack is up. Ctrl-C stops it.")
             while (exited := supervisor.first_exited()) is None:
                 time.sleep(1)
-            err_console.print(Panel(exited.log_tail() or "(empty log)",
+            err_console.print(Panel(Text(exited.log_tail() or "(empty log)"),
                                     title=f"{exited.log_path} (tail)"))
-            err_console.print(f"[red]{exited.name} exited with code "
-                              f"{exited.process.returncode}; stopping the stack.[/red]")
-            raise typer.Exit(1)
+            fail(f"{exited.name} exited with code {exited.process.returncode}; stopping the "
+                 "stack.")
         except KeyboardInterrupt:
             console.print("Stopping the stack...")
     console.print("Stopped.")
@@ -144,8 +145,7 @@ def status(
     try:
         health = fetch_health(url, api_key_for(api_key, settings))
     except (httpx2.TransportError, RuntimeError) as exc:
-        err_console.print(f"[red]Gateway at {url}: {exc}[/red]")
-        raise typer.Exit(1) from exc
+        fail(f"Gateway at {url}: {exc}")
     table = Table(title=f"Loom at {url}: {health.status}")
     for column in ("service", "status", "version", "detail"):
         table.add_column(column)
@@ -203,8 +203,7 @@ def demo(
     if gateway_answers(url):
         result = run_demo(url, api_key_for(api_key, settings), out)
     elif url.rstrip("/") != settings.gateway_url.rstrip("/"):
-        err_console.print(f"[red]No gateway answers at {url}.[/red]")
-        raise typer.Exit(1)
+        fail(f"No gateway answers at {url}.")
     else:
         console.print(f"No gateway at {url}: starting a local stack in {settings.data_dir}.")
         terminate_on_sigterm()

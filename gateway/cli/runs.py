@@ -20,7 +20,7 @@ from gateway.cli.common import (
     UrlOption,
     api_key_for,
     console,
-    err_console,
+    fail,
     require_gateway,
     settings_for,
 )
@@ -64,22 +64,19 @@ def run(
         try:
             job = loom.create_job(base_model, name=name or recipe, mode=mode)
         except LoomError as exc:
-            err_console.print(f"[red]{exc.message}[/red]")
-            raise typer.Exit(1) from exc
+            fail(exc.message)
         try:
             task = job.run_recipe(recipe, parsed)
         except LoomError as exc:
             job.set_status("cancelled")  # refused before it ran: no job left waiting for it
-            err_console.print(f"[red]{exc.message}[/red]")
-            raise typer.Exit(1) from exc
+            fail(exc.message)
         console.print(f"Job [bold]{job.id}[/bold]: recipe {recipe}, run {task.id}")
         if detach:
             return
         info = _follow(task)
     if info.status is not TaskStatus.succeeded:
         reason = info.error.message if info.error else info.status.value
-        err_console.print(f"[red]Run {info.status.value}: {reason}[/red]")
-        raise typer.Exit(1)
+        fail(f"Run {info.status.value}: {reason}")
     console.print_json(data=(info.result or {}).get("summary", {}))
 
 
@@ -88,11 +85,9 @@ def _parse_config(text: str) -> dict[str, Any]:
         raw = Path(text[1:]).read_text() if text.startswith("@") else text
         parsed = json.loads(raw)
     except (OSError, json.JSONDecodeError) as exc:
-        err_console.print(f"[red]--config: {exc}[/red]")
-        raise typer.Exit(2) from exc
+        fail(f"--config: {exc}", code=2)
     if not isinstance(parsed, dict):
-        err_console.print("[red]--config must be a JSON object.[/red]")
-        raise typer.Exit(2)
+        fail("--config must be a JSON object.", code=2)
     return parsed
 
 

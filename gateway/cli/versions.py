@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from pydantic import BaseModel, TypeAdapter
+from rich.markup import escape
 from rich.table import Table
 
 from agents.sdk import Job, LoomClient
@@ -21,7 +22,7 @@ from gateway.cli.common import (
     UrlOption,
     api_key_for,
     console,
-    err_console,
+    fail,
     require_gateway,
     settings_for,
 )
@@ -50,8 +51,7 @@ def _job(job_id: str, url: str | None, api_key: str | None,
         try:
             yield loom.get_job(job_id)
         except LoomError as exc:
-            err_console.print(f"[red]{exc.message}[/red]")
-            raise typer.Exit(1) from exc
+            fail(exc.message)
 
 
 def _print_json(model: BaseModel | list[Version]) -> None:
@@ -72,7 +72,7 @@ def _versions_table(title: str, versions: list[Version]) -> Table:
             str(v.number), v.kind.value, _or_dash(v.step), _or_dash(v.parent),
             ", ".join(sorted(v.aliases)), str(len(v.files)),
             _human(sum(f.size for f in v.files)),
-            ", ".join(f"{name}={value:g}" for name, value in sorted(v.metrics.items())),
+            escape(", ".join(f"{name}={value:g}" for name, value in sorted(v.metrics.items()))),
             v.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
     return table
@@ -118,12 +118,12 @@ def show(job_id: JobArg, ref: RefArg = "latest", as_json: JsonOption = False,
                                   lineage.versions))
     if not lineage.complete:
         console.print("An ancestor was deleted: the lineage stops before the base model.")
-    console.print(f"Base model: {version.base_model}")
+    console.print(f"Base model: {version.base_model}", markup=False)
     files = Table(title="Files")
     for column in ("path", "bytes", "sha256"):
         files.add_column(column)
     for file in version.files:
-        files.add_row(file.path, str(file.size), file.sha256)
+        files.add_row(escape(file.path), str(file.size), file.sha256)
     console.print(files)
 
 
@@ -145,11 +145,11 @@ def _print_diff(diff: ManifestDiff) -> None:
     for column in ("change", "path", f"bytes in {diff.a}", f"bytes in {diff.b}"):
         table.add_column(column)
     for file in diff.added:
-        table.add_row("added", file.path, "–", str(file.size))
+        table.add_row("added", escape(file.path), "–", str(file.size))
     for file in diff.removed:
-        table.add_row("removed", file.path, str(file.size), "–")
+        table.add_row("removed", escape(file.path), str(file.size), "–")
     for change in diff.changed:
-        table.add_row("changed", change.path, str(change.a.size), str(change.b.size))
+        table.add_row("changed", escape(change.path), str(change.a.size), str(change.b.size))
     if diff.added or diff.removed or diff.changed:
         console.print(table)
     else:
@@ -217,4 +217,4 @@ def download(job_id: JobArg,
     with _job(job_id, url, api_key, data_dir) as job:
         path = job.download(dest, ref, merge_lora=merge_lora)
     files = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
-    console.print(f"Wrote {len(files)} file(s) to {path}: {', '.join(files)}")
+    console.print(f"Wrote {len(files)} file(s) to {path}: {', '.join(files)}", markup=False)
