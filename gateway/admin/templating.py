@@ -14,6 +14,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from gateway.formatting import human_size
+
 ADMIN_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = ADMIN_DIR / "templates"
 STATIC_DIR = ADMIN_DIR / "static"
@@ -89,15 +91,6 @@ def ago(moment: datetime | None, now: datetime | None = None) -> str:
         if seconds >= size:
             return f"{int(seconds // size)} {unit} ago"
     return f"{int(seconds)} s ago"
-
-
-def human_size(size: int | float) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def number(value: float | None) -> str:

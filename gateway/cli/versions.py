@@ -26,6 +26,7 @@ from gateway.cli.common import (
     require_gateway,
     settings_for,
 )
+from gateway.formatting import human_size
 from modelstate.schemas import ManifestDiff, Version
 from services.common.errors import LoomError
 
@@ -36,7 +37,6 @@ JobArg = Annotated[str, typer.Argument(help="The job's id.")]
 RefArg = Annotated[str, typer.Argument(help="A version number or an alias (`latest`, `best`).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 VERSION_LIST = TypeAdapter(list[Version])
-SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 @contextmanager
@@ -71,7 +71,7 @@ def _versions_table(title: str, versions: list[Version]) -> Table:
         table.add_row(
             str(v.number), v.kind.value, _or_dash(v.step), _or_dash(v.parent),
             ", ".join(sorted(v.aliases)), str(len(v.files)),
-            _human(sum(f.size for f in v.files)),
+            human_size(sum(f.size for f in v.files)),
             escape(", ".join(f"{name}={value:g}" for name, value in sorted(v.metrics.items()))),
             v.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
@@ -80,13 +80,6 @@ def _versions_table(title: str, versions: list[Version]) -> Table:
 
 def _or_dash(value: int | None) -> str:
     return "–" if value is None else str(value)
-
-
-def _human(size: int) -> str:
-    exponent = min(len(SIZE_UNITS) - 1, max(0, (size.bit_length() - 1) // 10))
-    if exponent == 0:
-        return f"{size} B"
-    return f"{size / 1024**exponent:.1f} {SIZE_UNITS[exponent]}"
 
 
 @versions_app.command("list")
@@ -154,7 +147,7 @@ def _print_diff(diff: ManifestDiff) -> None:
         console.print(table)
     else:
         console.print(f"Versions {diff.a} and {diff.b} hold the same files.")
-    console.print(f"{len(diff.unchanged)} file(s) unchanged; {_human(diff.shared_bytes)} of "
+    console.print(f"{len(diff.unchanged)} file(s) unchanged; {human_size(diff.shared_bytes)} of "
                   f"version {diff.b} stored once for both.")
 
 
