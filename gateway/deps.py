@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.auth import AuthCache
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
+from gateway.request_body import BodyLimits
 from gateway.settings import GatewaySettings
 from gateway.upstreams import Upstreams
 from services.common.db import transaction
@@ -39,6 +40,10 @@ async def admin_key(key: Annotated[KeyIdentity, Depends(current_key)]) -> KeyIde
     return key
 
 
+async def body_limits(request: Request) -> BodyLimits:
+    return BodyLimits.from_settings(request.app.state.settings)
+
+
 # scope="function": the transaction commits before the response goes out, so a client never
 # sees success for a write that then fails to commit.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
@@ -51,3 +56,4 @@ TrainerDep = Annotated[ServiceClient, Depends(app_state("trainer"))]
 CeleryDep = Annotated[Celery, Depends(app_state("celery"))]  # sends background tasks
 CurrentKey = Annotated[KeyIdentity, Depends(current_key)]
 AdminKey = Annotated[KeyIdentity, Depends(admin_key)]
+BodyLimitsDep = Annotated[BodyLimits, Depends(body_limits)]

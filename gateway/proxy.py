@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from urllib.parse import unquote
 
 import httpx2
 from fastapi import APIRouter, Request
@@ -18,37 +17,49 @@ from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from gateway import scopes
-from gateway.deps import CurrentKey, JobOwnersDep, UpstreamsDep
+from gateway.deps import BodyLimitsDep, CurrentKey, JobOwnersDep, UpstreamsDep
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
-from gateway.request_body import read_capped
+from gateway.proxy_target import ProxyTarget, proxy_target
+from gateway.request_body import BodyLimits, body_too_large, read_capped
 from gateway.upstreams import Upstreams
 from services.common.errors import Unavailable, UpstreamError
 from services.common.logs import request_id_var
+from services.common.service_token import SERVICE_TOKEN_HEADER
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade",
 })
-# The request id is set explicitly; the caller's key must not travel further.
-NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "x-api-key", "x-request-id"}
+# The request id is set explicitly; the caller's key must not travel further, and a
+# client-sent service token never reaches a service (the upstream client adds the real one).
+NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "x-api-key", "x-request-id",
+                              SERVICE_TOKEN_HEADER.lower()}
 # Our own request-id middleware stamps the response; the upstream's copy would duplicate it.
 NOT_RETURNED = HOP_BY_HOP | {"x-request-id"}
+# `/v1/<service>` before the service's own path.
+PREFIX_SEGMENTS = 2
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 async def forward(upstreams: Upstreams, service: str, request: Request, key: KeyIdentity,
-                  owners: JobOwners) -> StreamingResponse:
+                  owners: JobOwners, limits: BodyLimits) -> StreamingResponse:
     client = upstreams.client(service)
+    target = request_target(request)
+    limit = limits.for_key(key)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:  # refused before anything goes upstream
+        raise body_too_large(limit)
     dropped = NOT_FORWARDED
-    content: bytes | AsyncIterator[bytes] | None = request.stream() if has_body(request) else None
+    content: bytes | AsyncIterator[bytes] | None = (
+        capped_stream(request, limit) if has_body(request) else None)
     if not key.admin:
-        checked = await authorize(request, service, key, owners)
+        checked = await authorize(request, service, target, key, owners, limit)
         if checked is not None:  # the body was read to find its job: send what was checked
             content, dropped = checked, NOT_FORWARDED | {"content-length"}
     upstream_request = client.build_request(
         request.method,
-        upstream_target(request, service),
+        target.target,
         headers=forwarded_headers(request.headers.raw, dropped)
         + [(b"x-request-id", request_id_var.get().encode("latin-1"))],
         content=content,
@@ -71,32 +82,39 @@ async def forward(upstreams: Upstreams, service: str, request: Request, key: Key
     return response
 
 
-async def authorize(request: Request, service: str, key: KeyIdentity, owners: JobOwners
-                    ) -> bytes | None:
+async def authorize(request: Request, service: str, target: ProxyTarget, key: KeyIdentity,
+                    owners: JobOwners, limit: int) -> bytes | None:
     """Refuse a non-admin key's call on another key's job. Returns the body when the rule had
     to read it: re-encoded from what was checked, so the service cannot see another job_id
     than the one checked here (duplicate JSON keys, say)."""
-    # Decoded as the service's server will decode it, so both see the same job id.
-    path = unquote(upstream_target(request, service).split("?", 1)[0].removeprefix("/v1"))
-    found = scopes.rule_for(service, request.method, path)
+    found = scopes.rule_for(service, request.method, target.path)
     body, content = None, None
     if found is not None and found[0].reads_body:
-        body = scopes.parse_body(await read_capped(request, scopes.MAX_SCOPED_BODY))
+        body = scopes.parse_body(await read_capped(request, min(limit, scopes.MAX_SCOPED_BODY)))
         content = json.dumps(body).encode() if body is not None else b""
-    for job_id in scopes.jobs_named(service, request.method, path, dict(request.query_params),
+    for job_id in scopes.jobs_named(service, request.method, target.path,
+                                    scopes.single_valued(request.query_params.multi_items()),
                                     body):
         await owners.check(key, job_id)
     return content
 
 
-def upstream_target(request: Request, service: str) -> str:
-    """`/v1/<rest>?<query>`, from the raw (still percent-encoded) path when the server gives it."""
-    prefix = f"/v1/{service}"
+def request_target(request: Request) -> ProxyTarget:
+    """The canonical `/v1/<rest>` of `/v1/<service>/<rest>`, from the raw (still
+    percent-encoded) path: what is checked is what is sent."""
     raw_path: bytes = request.scope.get("raw_path") or request.url.path.encode()
-    path = raw_path.decode("latin-1")
-    rest = path[len(prefix):] if path.startswith(prefix) else request.url.path[len(prefix):]
-    query = request.url.query
-    return f"/v1{rest}" + (f"?{query}" if query else "")
+    return proxy_target(raw_path.decode("latin-1"), PREFIX_SEGMENTS, request.url.query)
+
+
+async def capped_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The body as it arrives, refused with a 413 once it passes `limit` (a chunked body
+    declares no length up front)."""
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        yield chunk
 
 
 def forwarded_headers(raw: list[tuple[bytes, bytes]], dropped: frozenset[str]
@@ -116,9 +134,10 @@ def has_body(request: Request) -> bool:
 
 
 async def proxy(service: str, path: str, request: Request, upstreams: UpstreamsDep,
-                key: CurrentKey, owners: JobOwnersDep) -> StreamingResponse:
+                key: CurrentKey, owners: JobOwnersDep, limits: BodyLimitsDep
+                ) -> StreamingResponse:
     """Forward to a Loom service: /v1/<service>/<rest> → <service>/v1/<rest>."""
-    return await forward(upstreams, service, request, key, owners)
+    return await forward(upstreams, service, request, key, owners, limits)
 
 
 router = APIRouter(tags=["proxy"])

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import Forbidden, InvalidInput
+from services.common.errors import BadRequest, Forbidden, InvalidInput
+from services.common.schemas import RESOURCE_ID_PATTERN
 
 # A request body is read whole only for rules that name the job inside it; those requests are
 # small (sampling, rollouts, sessions), the big ones (training data) name the job in the path.
@@ -124,6 +125,16 @@ def parse_body(raw: bytes) -> Any:
         raise InvalidInput(f"The request body is not valid JSON: {exc}") from exc
 
 
+def single_valued(items: list[tuple[str, str]]) -> dict[str, str]:
+    """The query as the rules read it. A repeated `job_id` is refused: which copy the service
+    would act on must not be a guess."""
+    job_ids = [value for name, value in items if name == "job_id"]
+    if len(job_ids) > 1:
+        raise BadRequest("The query names job_id more than once; name one job.",
+                         {"job_id": job_ids})
+    return dict(items)
+
+
 def jobs_named(service: str, method: str, path: str, query: dict[str, str], body: Any
                ) -> list[str]:
     """Every job a non-admin key's request acts on or reads (none: an open call); the caller
@@ -133,9 +144,8 @@ def jobs_named(service: str, method: str, path: str, query: dict[str, str], body
     assert found is not None
     rule, match = found
     also = rule.also_of(match, query, body) if rule.also_of is not None else None
-    if also is not None and not isinstance(also, str):
-        raise InvalidInput("job_id must be a string.")
-    return [j for j in dict.fromkeys((job, also)) if j is not None]
+    named = [_checked_id(j) for j in (job, also) if j is not None]
+    return list(dict.fromkeys(named))
 
 
 def job_named(service: str, method: str, path: str, query: dict[str, str], body: Any
@@ -151,9 +161,19 @@ def job_named(service: str, method: str, path: str, query: dict[str, str], body:
     if rule.job_of is None:
         return None
     job = rule.job_of(match, query, body)
-    if job is not None and not isinstance(job, str):
-        raise InvalidInput("job_id must be a string.")
+    if job is not None:
+        _checked_id(job)
     if job is None and rule.job_required:
         raise Forbidden(f"{method} /v1/{service}{path} without a job_id acts on state shared "
                         "by every job and is reserved to admin keys; name one of your jobs.")
+    return job
+
+
+def _checked_id(job: Any) -> str:
+    if not isinstance(job, str):
+        raise InvalidInput("job_id must be a string.")
+    if re.fullmatch(RESOURCE_ID_PATTERN, job) is None:
+        raise BadRequest(f"{job!r} is not a job id: ids are letters, digits, '.', '_' and '-', "
+                         "starting with a letter or digit, at most 128 characters.",
+                         {"job_id": job, "pattern": RESOURCE_ID_PATTERN})
     return job

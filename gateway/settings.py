@@ -36,6 +36,16 @@ class GatewaySettings(LoomSettings):
         "long because sampling and streams can be slow.",
     )
     gateway_health_timeout_s: float = Field(default=2.0, gt=0)
+    gateway_max_body_mb: int = Field(
+        default=64, ge=1,
+        description="Largest request body a job key may send through the proxy (413 beyond): "
+        "training data is its biggest call.",
+    )
+    gateway_admin_max_body_mb: int = Field(
+        default=32768, ge=1,
+        description="Largest request body an admin key may send through the proxy (weights "
+        "and blobs go up this way).",
+    )
     gateway_admin_session_secret: SecretStr | None = Field(
         default=None,
         min_length=32,

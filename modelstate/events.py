@@ -25,9 +25,10 @@ from modelstate.deps import SettingsDep, StoreDep
 from modelstate.schemas import PendingVersion, Version
 from modelstate.store import ModelStore
 from services.common.deps import app_state
+from services.common.schemas import RESOURCE_ID_PATTERN
 
 REPLAY_BATCH = 500
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+JOB_ID_PATTERN = RESOURCE_ID_PATTERN
 
 
 Announcement = Version | PendingVersion

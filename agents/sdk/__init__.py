@@ -28,6 +28,7 @@ from agents.sdk.tasks import AsyncTask
 from gateway.task_schemas import BackgroundTask
 from modelstate.schemas import Version
 from services.common.errors import (
+    BadRequest,
     Conflict,
     Forbidden,
     InvalidInput,
@@ -61,6 +62,7 @@ __all__ = [
     "AsyncSandboxSession",
     "AsyncTask",
     "BackgroundTask",
+    "BadRequest",
     "CaptureSession",
     "CapturedSegment",
     "CapturedTrajectory",

@@ -40,6 +40,7 @@ from modelstate.schemas import (
     VersionList,
 )
 from modelstate.transfer import unpack_archive
+from services.common.paths import segment
 from services.common.schemas import Operation
 from services.reward.schemas import (
     RewardFunction,
@@ -281,11 +282,12 @@ class AsyncJob:
         return VersionList.model_validate(body).versions
 
     async def version(self, ref: VersionRef = "latest") -> Version:
-        body = await self._http.get_json(f"{self._versions}/{ref}")
+        body = await self._http.get_json(f"{self._versions}/{segment(ref)}")
         return Version.model_validate(body)
 
     async def lineage(self, ref: VersionRef = "latest") -> Lineage:
-        return Lineage.model_validate(await self._http.get_json(f"{self._versions}/{ref}/lineage"))
+        body = await self._http.get_json(f"{self._versions}/{segment(ref)}/lineage")
+        return Lineage.model_validate(body)
 
     async def compare(self, a: VersionRef, b: VersionRef = "latest") -> ManifestDiff:
         body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/compare",
@@ -294,12 +296,13 @@ class AsyncJob:
 
     async def move_alias(self, name: str, number: int) -> Alias:
         response = await self._http.request(
-            "PUT", f"/v1/modelstate/jobs/{self.id}/aliases/{name}", json={"number": number})
+            "PUT", f"/v1/modelstate/jobs/{self.id}/aliases/{segment(name)}",
+            json={"number": number})
         return Alias.model_validate(response.json())
 
     async def delete_version(self, number: int) -> Version:
         """Refused (Conflict) while an alias points at it or a rollout engine serves it."""
-        response = await self._http.request("DELETE", f"{self._versions}/{number}")
+        response = await self._http.request("DELETE", f"{self._versions}/{segment(number)}")
         return Version.model_validate(response.json())
 
     async def open_sandbox(self, image: str | None = None) -> AsyncSandboxSession:
@@ -330,7 +333,7 @@ class AsyncJob:
         dest.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".tar") as archive:
             async with self._http.http.stream(
-                "GET", f"{self._versions}/{ref}/archive", params={"merge_lora": merge_lora}
+                "GET", f"{self._versions}/{segment(ref)}/archive", params={"merge_lora": merge_lora}
             ) as response:
                 if response.status_code >= 400:
                     await response.aread()

@@ -23,6 +23,13 @@ class LoomError(Exception):
         self.detail = detail
 
 
+class BadRequest(LoomError):
+    """A request the server cannot read as one unambiguous call (a malformed path, say)."""
+
+    status_code = 400
+    code = "bad_request"
+
+
 class InvalidInput(LoomError):
     status_code = 422
     code = "invalid_input"
@@ -80,7 +87,7 @@ class Unavailable(LoomError):
 
 # Every concrete error, most specific first where two share a status code.
 _ERRORS: tuple[type[LoomError], ...] = (
-    InvalidInput, Unauthorized, Forbidden, NotFound, InvalidTransition, Conflict,
+    BadRequest, InvalidInput, Unauthorized, Forbidden, NotFound, InvalidTransition, Conflict,
     PayloadTooLarge, LimitExceeded, UpstreamError, Unavailable,
 )
 _BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in (LoomError, *_ERRORS)}

@@ -8,6 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+# Job ids and the other ids that appear in paths: one pattern, so none of them can spell a path
+# of its own ('..', '/', '%').
+RESOURCE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
 
 class StrictModel(BaseModel):
     """Request bodies: unknown fields are a client mistake, so reject them."""

@@ -19,7 +19,7 @@ NOW = datetime.now(UTC).isoformat()
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
         "AdamParams", "AsyncCaptureSession", "AsyncJob", "AsyncLoomClient", "AsyncPipeline",
-        "AsyncRolloutStream", "AsyncSandboxSession", "AsyncTask", "BackgroundTask",
+        "AsyncRolloutStream", "AsyncSandboxSession", "AsyncTask", "BackgroundTask", "BadRequest",
         "CaptureSession", "CapturedSegment",
         "CapturedTrajectory", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
         "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
