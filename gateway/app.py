@@ -24,7 +24,7 @@ from gateway.weaver import routes as weaver_routes
 from gateway.weaver.service import WeaverService
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate
-from services.common.http import ServiceClient
+from services.common.service_token import service_client
 from services.common.settings import LoomSettings
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
@@ -53,8 +53,8 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.auth_cache = AuthCache(settings.gateway_auth_cache_s)
         app.state.job_owners = JobOwners(app.state.sessions)
         app.state.upstreams = Upstreams(settings)
-        app.state.trainer = ServiceClient(settings.url_of("trainer"), service="trainer")
-        rollout = ServiceClient(settings.url_of("rollout"), service="rollout")
+        app.state.trainer = service_client(settings, "trainer")
+        rollout = service_client(settings, "rollout")
         app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
                                          settings.gateway_sdk_base_models, settings.data_dir)
         app.state.weaver = WeaverService(app.state.sessions, app.state.trainer, rollout,
@@ -85,7 +85,7 @@ def create_app(settings: GatewaySettings | None = None,
     app = create_service_app("gateway", routers=[routes.router, tasks_routes.router,
                                                  proxy.router, tinker_routes.router,
                                                  weaver_routes.router],
-                             lifespan=lifespan, readiness=readiness)
+                             lifespan=lifespan, readiness=readiness, service_token=None)
     app.state.settings = settings
     install_admin(app, settings)  # /admin: pages, static files, session signer
     # Innermost (appended, not add_middleware): requests are already stamped with a request id

@@ -12,6 +12,7 @@ from services.common.errors import NotFound
 from services.common.http import CLIENT_KEEP_ALIVE_S
 from services.common.http_pool import pooled_transport
 from services.common.schemas import Health
+from services.common.service_token import service_headers
 
 
 class Upstreams:
@@ -26,8 +27,12 @@ class Upstreams:
         limits = httpx2.Limits(max_connections=200, max_keepalive_connections=200,
                                keepalive_expiry=CLIENT_KEEP_ALIVE_S)
         self.health_timeout = settings.gateway_health_timeout_s
+        # Every request the gateway sends a service (proxied, admin pages, health) carries the
+        # service token; the proxy drops any copy a client sent, so this one is the only one.
+        headers = service_headers(settings)
         self.clients = {
             name: httpx2.AsyncClient(base_url=settings.url_of(name), timeout=timeout,
+                                     headers=headers,
                                      transport=transport or pooled_transport(limits))
             for name in UPSTREAMS
         }

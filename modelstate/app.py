@@ -24,6 +24,7 @@ from modelstate.settings import ModelStateSettings
 from modelstate.store import ModelStore
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate
+from services.common.service_token import service_token
 
 ALEMBIC_DIR = Path(__file__).parent / "alembic"
 VERSION_TABLE = "alembic_version_modelstate"
@@ -66,7 +67,7 @@ def create_app(settings: ModelStateSettings | None = None) -> FastAPI:
 
     app = create_service_app(
         "modelstate", routers=[*routers, events.router], lifespan=lifespan,
-        readiness=readiness,
+        readiness=readiness, service_token=service_token(settings),
     )
     return app
 

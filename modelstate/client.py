@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx2
@@ -35,6 +36,8 @@ from modelstate.schemas import (
 from modelstate.transfer import download_archive, download_file, raise_for_status, upload_blob
 from services.common.errors import Conflict, InvalidInput, NotFound
 from services.common.http import ServiceClient
+from services.common.paths import segment
+from services.common.service_token import service_headers
 from services.common.settings import LoomSettings
 
 RECONNECT_MIN_S = 0.2
@@ -48,12 +51,21 @@ class ModelStateClient:
         *,
         transport: httpx2.AsyncBaseTransport | None = None,
         event_read_timeout_s: float = 60.0,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        self._service = ServiceClient(base_url, service="modelstate", transport=transport)
+        """`headers`: sent with every request (a service's own client passes the service
+        token's; see `from_settings`)."""
+        self._service = ServiceClient(base_url, service="modelstate", transport=transport,
+                                      headers=headers)
         # Longer than the server's heartbeat period: silence this long means a dead connection.
         self._event_timeout = httpx2.Timeout(connect=5.0, read=event_read_timeout_s,
                                              write=30.0, pool=30.0)
         self._info: StoreInfo | None = None
+
+    @classmethod
+    def from_settings(cls, settings: LoomSettings, **options: Any) -> ModelStateClient:
+        """The store at `settings.modelstate_url`, called with the service token."""
+        return cls(settings.url_of("modelstate"), headers=service_headers(settings), **options)
 
     # --- publishing --------------------------------------------------------------------------
 
@@ -134,7 +146,7 @@ class ModelStateClient:
         return Version.model_validate(await self._service.get_json(_version_url(job_id, ref)))
 
     async def list_versions(self, job_id: str) -> list[Version]:
-        body = await self._service.get_json(f"/v1/jobs/{quote(job_id, safe='')}/versions")
+        body = await self._service.get_json(f"/v1/jobs/{segment(job_id)}/versions")
         return VersionList.model_validate(body).versions
 
     async def download(self, version: Version, dest: Path) -> Path:
@@ -161,7 +173,7 @@ class ModelStateClient:
 
     async def set_retention(self, job_id: str, policy: RetentionPolicy) -> Retention:
         response = await self._service.request(
-            "PUT", f"/v1/jobs/{quote(job_id, safe='')}/retention", json=policy.model_dump())
+            "PUT", f"/v1/jobs/{segment(job_id)}/retention", json=policy.model_dump())
         return Retention.model_validate(response.json())
 
     async def collect_garbage(self) -> GcReport:
@@ -172,7 +184,7 @@ class ModelStateClient:
 
     async def set_pins(self, holder: str, versions: list[VersionKey], ttl_s: float) -> PinList:
         response = await self._service.request(
-            "PUT", f"/v1/pins/{quote(holder, safe='')}",
+            "PUT", f"/v1/pins/{segment(holder)}",
             json={"versions": [v.model_dump() for v in versions], "ttl_s": ttl_s})
         return PinList.model_validate(response.json())
 
@@ -225,14 +237,14 @@ async def local_or_download(
     """A directory holding `version`'s files: the store's own one when it is on this host
     (read in place, no copy), else a download into `cache_dir/<job>/<number>` (reused when
     already complete, resumed when a previous download was cut off). Without `client`, one is
-    made from `LOOM_MODELSTATE_URL`."""
+    made from the `LOOM_*` settings."""
     if version.local_path and matches_manifest(Path(version.local_path), version):
         return Path(version.local_path)
     dest = Path(cache_dir) / version.job_id / str(version.number)
     if matches_manifest(dest, version):
         return dest
     own_client = client is None
-    client = client or ModelStateClient(LoomSettings().url_of("modelstate"))
+    client = client or ModelStateClient.from_settings(LoomSettings())
     try:
         return await client.download(version, dest)
     finally:
@@ -261,7 +273,7 @@ def _files_of(directory: Path) -> list[tuple[str, Path]]:
 
 
 def _version_url(job_id: str, ref: int | str) -> str:
-    return f"/v1/jobs/{quote(job_id, safe='')}/versions/{quote(str(ref), safe='')}"
+    return f"/v1/jobs/{segment(job_id)}/versions/{segment(ref)}"
 
 
 @dataclass

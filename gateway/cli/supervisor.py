@@ -23,6 +23,7 @@ from types import FrameType, TracebackType
 import httpx2
 import psutil
 
+from services.common.service_token import token_environment
 from services.common.settings import SERVICES, LoomSettings
 
 
@@ -107,18 +108,20 @@ class Supervisor:
         self.stop()
 
     def environment(self) -> dict[str, str]:
-        """Every service sees the same data dir and every other service's URL."""
-        env = {**os.environ, "LOOM_DATA_DIR": str(self.settings.data_dir),
+        """Every service sees the same data dir, every other service's URL and the same
+        service token (created here, before the services start)."""
+        env = {**os.environ, "LOOM_DATA_DIR": str(self.settings.ensure_data_dir()),
                "PYTHONUNBUFFERED": "1"}
         env.update({f"LOOM_{name.upper()}_URL": self.settings.url_of(name) for name in SERVICES})
+        env.update(token_environment(self.settings))
         if self.settings.database_url:
             env["LOOM_DATABASE_URL"] = self.settings.database_url
         env.update(self.extra_env)
         return env
 
     def launch(self) -> list[RunningService]:
+        env = self.environment()  # first: it creates the data dir, private
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = self.environment()
         for spec in self.specs:
             log_path = self.log_dir / f"{spec.name}.log"
             with open(log_path, "ab") as log:

@@ -3,6 +3,8 @@ request ids and error envelope, so a reader learns the shape once."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import time
 import uuid
@@ -27,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.common.errors import InvalidInput, LoomError
 from services.common.logs import request_id_var
 from services.common.schemas import Health
+from services.common.service_token import SERVICE_TOKEN_HEADER
 
 log = logging.getLogger("loom")
 
@@ -40,15 +43,22 @@ def create_service_app(
     *,
     routers: list[APIRouter],
     lifespan: Lifespan | None = None,
+    service_token: str | None,
     readiness: ReadinessCheck | None = None,
     version: str = "0.1.0",
 ) -> FastAPI:
+    """`service_token`: what every caller must send (see `services.common.service_token`);
+    None only for the gateway, whose callers are users with API keys. Required, so that no
+    service is built open by omission."""
     app = FastAPI(title=f"Loom {service}", version=version, lifespan=lifespan)
     app.state.service = service
     app.state.readiness = readiness
     registry = CollectorRegistry()
     app.state.metrics_registry = registry
     install_error_handlers(app)
+    if service_token is not None:
+        # Innermost: a refused request is still counted and carries its request id.
+        app.add_middleware(ServiceTokenMiddleware, token=service_token)
     app.add_middleware(MetricsMiddleware, service=service, registry=registry)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(_ops_router(service, version))
@@ -162,6 +172,37 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
+
+
+class ServiceTokenMiddleware:
+    """Refuse (401) any request without the service token, before routing: no handler runs,
+    no body is read. Health, readiness and metrics stay open for probes and Prometheus.
+
+    The token is compared as SHA-256 digests with `hmac.compare_digest`: constant time, and
+    equal lengths whatever the caller sends."""
+
+    OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.digest = hashlib.sha256(token.encode()).digest()
+        self.header = SERVICE_TOKEN_HEADER.lower().encode("latin-1")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.OPEN_PATHS or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        refused = error_response(
+            401, "unauthorized",
+            f"This Loom service takes requests only with the service token in the "
+            f"{SERVICE_TOKEN_HEADER} header: set LOOM_SERVICE_TOKEN (or LOOM_SERVICE_TOKEN_FILE) "
+            f"to the same value for every Loom process, or call through the gateway.")
+        await refused(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        sent = [value for name, value in scope["headers"] if name == self.header]
+        return len(sent) == 1 and hmac.compare_digest(hashlib.sha256(sent[0]).digest(),
+                                                      self.digest)
 
 
 class MetricsMiddleware:

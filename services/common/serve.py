@@ -17,6 +17,7 @@ assert SERVER_KEEP_ALIVE_S > CLIENT_KEEP_ALIVE_S
 
 def serve(service: str, factory: Callable[[], FastAPI], settings: LoomSettings) -> None:
     configure_logging(service, settings.log_level)
+    settings.ensure_data_dir()  # before anything writes into it with a looser mode
     host, port = settings.bind_of(service)
     uvicorn.run(
         factory(),

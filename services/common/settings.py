@@ -7,10 +7,11 @@ never at import time.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _URL_HELP = "Where the service is reached; it also binds to this URL's host and port."
@@ -29,6 +30,17 @@ class LoomSettings(BaseSettings):
         "Default: a SQLite file per service under data_dir.",
     )
     log_level: str = Field(default="info", description="debug | info | warning | error")
+    service_token: SecretStr | None = Field(
+        default=None,
+        description="The credential internal services ask of every caller (header "
+        "X-Loom-Service-Token; all routes but /healthz, /readyz, /metrics). Give every "
+        "process of one Loom the same. Default: LOOM_SERVICE_TOKEN_FILE.",
+    )
+    service_token_file: Path | None = Field(
+        default=None,
+        description="A file holding the service token, created (random, 0600) if missing. "
+        "Default: data_dir/service_token.",
+    )
 
     # Where each service is reached; a service also binds to the host and port of its own URL.
     gateway_url: str = Field(default="http://127.0.0.1:8000", description=_URL_HELP)
@@ -46,8 +58,17 @@ class LoomSettings(BaseSettings):
         parts = urlsplit(self.url_of(service))
         return parts.hostname or "127.0.0.1", parts.port or 80
 
+    def ensure_data_dir(self) -> Path:
+        """The data dir, created private (0700) if missing: it holds the service token, the
+        databases and the blobs. An existing one keeps the mode its owner gave it."""
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self.data_dir
+
     def database_url_for(self, service: str) -> str:
         if self.database_url:
             return self.database_url
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{self.data_dir / f'{service}.db'}"
+        path = self.ensure_data_dir() / f"{service}.db"
+        # Created 0600 before SQLite opens it: SQLite gives its WAL and shared-memory files
+        # the database file's mode, so all three stay private.
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        return f"sqlite:///{path}"

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from services.common.app_factory import create_service_app
-from services.common.http import ServiceClient
+from services.common.service_token import service_client, service_token
 from services.reward.functions import FunctionStore
 from services.reward.routes import router
 from services.reward.scoring import Scorer
@@ -24,7 +24,7 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = WorkerPool(settings.reward_workers, initializer=warm_up)
-        sandbox = ServiceClient(settings.url_of("sandbox"), service="sandbox")
+        sandbox = service_client(settings, "sandbox")
         functions = FunctionStore(settings.data_dir / "reward-functions")
         app.state.functions = functions
         try:
@@ -40,6 +40,7 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
     async def readiness() -> dict[str, Any]:
         return {"workers": settings.reward_workers}
 
-    app = create_service_app("reward", routers=[router], lifespan=lifespan, readiness=readiness)
+    app = create_service_app("reward", routers=[router], lifespan=lifespan, readiness=readiness,
+                             service_token=service_token(settings))
     app.state.settings = settings
     return app

@@ -24,7 +24,7 @@ from services.common.base_models import resolve_base_model
 from services.common.busy import BusyClock
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.errors import Unavailable
-from services.common.http import ServiceClient
+from services.common.service_token import service_client, service_token
 from services.rollout import routes
 from services.rollout.agent_loop import AgentLoop
 from services.rollout.capture import Capture, TrajectoryStore
@@ -53,7 +53,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         model_path = await run_in_threadpool(
             resolve_base_model, settings.rollout_model, settings.data_dir)
         engine = RolloutEngine(settings, model_path, busy)
-        store = ModelStateClient(settings.url_of("modelstate"))
+        store = ModelStateClient.from_settings(settings)
 
         async def materialize(version: Version) -> Path:
             return await local_or_download(version, settings.cache_dir, client=store)
@@ -74,8 +74,8 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         app.state.openai = serving
         app.state.completions = Completions(serving)
         app.state.chat = ChatCompletions(serving)
-        sandbox = ServiceClient(settings.url_of("sandbox"), service="sandbox")
-        reward = ServiceClient(settings.url_of("reward"), service="reward")
+        sandbox = service_client(settings, "sandbox")
+        reward = service_client(settings, "reward")
         agent_loop = AgentLoop(sampler, SandboxTools(sandbox), RewardScorer(reward))
         app.state.rollouts = Rollouts(agent_loop, versions)
 
@@ -107,7 +107,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
                 "warmup_s": round(engine.warmup_seconds or 0, 1)}
 
     app = create_service_app("rollout", routers=[routes.router, openai_routes.router],
-                             lifespan=lifespan)
+                             lifespan=lifespan, service_token=service_token(settings))
     busy = BusyClock("loom_rollout_engine_busy_seconds",
                      "Seconds the engine had at least one generation in flight")
     app.state.metrics_registry.register(busy)

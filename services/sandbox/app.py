@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from services.common.app_factory import create_service_app
+from services.common.service_token import service_token
 from services.sandbox.backend import create_backend
 from services.sandbox.routes import router
 from services.sandbox.sessions import SessionManager
@@ -34,6 +35,7 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     async def readiness() -> dict[str, Any]:
         return dict(app.state.backend.describe())
 
-    app = create_service_app("sandbox", routers=[router], lifespan=lifespan, readiness=readiness)
+    app = create_service_app("sandbox", routers=[router], lifespan=lifespan, readiness=readiness,
+                             service_token=service_token(settings))
     app.state.settings = settings
     return app

@@ -13,6 +13,7 @@ from modelstate.client import ModelStateClient
 from services.common.app_factory import create_service_app
 from services.common.busy import BusyClock
 from services.common.operations import OperationQueue
+from services.common.service_token import service_token
 from services.trainer.checkpoint import ThreadPublisher
 from services.trainer.model import resolve_device
 from services.trainer.registry import ModelRegistry
@@ -35,7 +36,7 @@ def create_app(
         device = resolve_device(settings.trainer_device)
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = settings.trainer_tf32
-        client = modelstate or ModelStateClient(settings.url_of("modelstate"))
+        client = modelstate or ModelStateClient.from_settings(settings)
         queue = OperationQueue(busy=busy)
         app.state.trainer = TrainerService(
             ModelRegistry(settings.data_dir, device, settings.trainer_micro_batch_tokens),
@@ -55,7 +56,8 @@ def create_app(
             if modelstate is None:
                 await client.aclose()
 
-    app = create_service_app("trainer", routers=[router], lifespan=lifespan)
+    app = create_service_app("trainer", routers=[router], lifespan=lifespan,
+                             service_token=service_token(settings))
     busy = BusyClock("loom_trainer_busy_seconds",
                      "Seconds the trainer spent running operations (its device busy)")
     app.state.metrics_registry.register(busy)

@@ -28,6 +28,7 @@ from services.common.db import in_transaction
 from services.common.errors import LimitExceeded, LoomError, Unavailable, UpstreamError
 from services.common.http import ServiceClient
 from services.common.schemas import ErrorBody
+from services.common.service_token import service_client
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,9 @@ class _Lost(Exception):
 
 @contextlib.asynccontextmanager
 async def open_services(settings: WorkerSettings) -> AsyncIterator[Services]:
-    modelstate = ModelStateClient(settings.url_of("modelstate"))
-    rollout = ServiceClient(settings.url_of("rollout"), service="rollout")
-    reward = ServiceClient(settings.url_of("reward"), service="reward")
+    modelstate = ModelStateClient.from_settings(settings)
+    rollout = service_client(settings, "rollout")
+    reward = service_client(settings, "reward")
     try:
         yield Services(modelstate, rollout, reward)
     finally:

@@ -25,9 +25,10 @@ from services.common.http import ServiceClient
 from services.trainer.schemas import CreateModelRequest, ModelInfo, TrainingMode
 
 
-def trainer_stand_in() -> FastAPI:
+def trainer_stand_in(service_token: str | None = None) -> FastAPI:
     """Stands in for the trainer's `POST /v1/models` only (the job logic needs nothing else):
-    it accepts the real request schema and refuses a base model that does not exist."""
+    it accepts the real request schema and refuses a base model that does not exist.
+    `service_token`: what it asks of callers, as the real trainer does (None: nothing)."""
     router = APIRouter(prefix="/v1")
     created: list[CreateModelRequest] = []
 
@@ -41,7 +42,7 @@ def trainer_stand_in() -> FastAPI:
                          mode=body.mode, lora=lora, num_params=0, trainable_params=0, step=0,
                          last_version=0)
 
-    app = create_service_app("trainer", routers=[router])
+    app = create_service_app("trainer", routers=[router], service_token=service_token)
     app.state.created = created
     return app
 
@@ -102,7 +103,7 @@ class FakeTrainer:
         async def operation(op_id: str) -> dict[str, Any]:
             return self.ops[op_id]
 
-        return create_service_app("trainer", routers=[router])
+        return create_service_app("trainer", routers=[router], service_token=None)
 
 
 @dataclass(frozen=True)

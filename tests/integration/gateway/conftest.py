@@ -19,6 +19,7 @@ from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.common.app_factory import create_service_app
 from services.common.ports import free_port
+from services.common.service_token import service_token
 from tests.support.servers import serve_in_thread
 from tests.support.trainer import trainer_stand_in
 
@@ -40,8 +41,9 @@ class StreamGate:
         self.opened = threading.Event()
 
 
-def echo_service(gate: StreamGate) -> FastAPI:
-    """A small Loom-shaped service: echoes what reached it and streams server-sent events."""
+def echo_service(gate: StreamGate, token: str) -> FastAPI:
+    """A small Loom-shaped service that asks for the service `token`: echoes what reached it
+    and streams server-sent events."""
     router = APIRouter(prefix="/v1")
 
     @router.api_route("/echo/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
@@ -62,7 +64,7 @@ def echo_service(gate: StreamGate) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    return create_service_app("reward", routers=[router])
+    return create_service_app("reward", routers=[router], service_token=token)
 
 
 @dataclass
@@ -88,8 +90,12 @@ def stack(gateway_settings: GatewaySettings) -> Iterator[Stack]:
     """The gateway in front of an echo service (as reward), a trainer stand-in, and nothing
     listening for the other services."""
     gate = StreamGate()
-    trainer = trainer_stand_in()
-    with serve_in_thread(echo_service(gate)) as echo_url, serve_in_thread(trainer) as trainer_url:
+    # Both stand-ins ask for the service token, as the real services do: every call the
+    # gateway makes (proxied, admin pages, SDK-compatible APIs) must carry it.
+    token = service_token(gateway_settings)
+    trainer = trainer_stand_in(token)
+    with serve_in_thread(echo_service(gate, token)) as echo_url, \
+            serve_in_thread(trainer) as trainer_url:
         unreachable = f"http://127.0.0.1:{free_port()}"
         settings = gateway_settings.model_copy(update={
             "reward_url": echo_url, "trainer_url": trainer_url, "rollout_url": unreachable,

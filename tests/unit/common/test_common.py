@@ -60,7 +60,7 @@ def _app() -> httpx2.AsyncClient:
             raise RuntimeError("a bug")
         return body
 
-    app = create_service_app("test", routers=[router])
+    app = create_service_app("test", routers=[router], service_token=None)
     transport = httpx2.ASGITransport(app=app, raise_app_exceptions=False)
     return httpx2.AsyncClient(transport=transport, base_url="http://t")
 
