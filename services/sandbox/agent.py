@@ -8,9 +8,8 @@ stdin and answers one JSON line on stdout:
 
     request:  {"language", "code", "stdin", "timeout_s", "max_output_bytes", "overflow_bytes",
                "uid", "python", "limits": {"RLIMIT_X": [soft, hard]}, "files", "collect",
-               "max_collect_bytes", "private_mounts_mb": null | size of the private tmpfs
-               mounts, "keep_workdir": a session's files stay for its next program}
-              or {"op": "close", ...}: remove the session's workdir and exit
+               "max_collect_bytes", "keep_workdir": a session's files stay for its next program}
+              or {"op": "close"}: exit (a session's files are in the sandbox's tmpfs)
     response: {"wait_status", "reason", "stdout", "stderr", "stdout_truncated",
                "stderr_truncated", "stderr_tail", "wall_s", "cpu_s", "clean", "files",
                "start_failure": null | {"kind": "input" | "sandbox", "message"}}
@@ -19,14 +18,12 @@ stdin and answers one JSON line on stdout:
   programs (started as the unprivileged `uid`, with no capabilities) cannot signal, trace or
   replace it. `/work` and `/tmp` are the container's tmpfs; the agent empties them after each
   program.
-- process backend: a child of the service (`private_mounts_mb` set). Each program gets new
-  network and mount namespaces with a fresh tmpfs on every world-writable directory, its
-  workdir inside the private /tmp: all of it vanishes with the program. A session's workdir,
-  or one with files to collect, is a host directory the agent makes and removes.
+- process backend: the same, in a bubblewrap sandbox of the slot's (see confinement.py) with
+  the same capabilities, whose /work, /tmp and /dev/shm are tmpfs.
 
-After each program the agent kills every process of `uid` (or, without one, the program's
-process group) and reaps what it inherited as a subreaper; `clean` is false when that failed
-and the service must replace the agent. Standard library only: it runs in any image with
+After each program the agent kills every process whose real uid is `uid` (or, without one,
+the program's process group) and reaps what it inherited as a subreaper; `clean` is false when
+that failed and the service must replace the agent. Standard library only: it runs in any image with
 python3, from source passed on the command line, without site-packages.
 """
 
@@ -36,22 +33,21 @@ import ctypes
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import stat
 import sys
-import tempfile
 import time
 
 CHUNK = 65536
 TAIL_BYTES = 4096
 PIPE_GRACE_S = 1.0
-CONTAINER_WORKDIRS = ("/work", "/tmp")
+# Emptied after each program; the first is the workdir. (/dev/shm: where one is writable.)
+CONTAINER_WORKDIRS = ("/work", "/tmp", "/dev/shm")
 LAUNCHER_FD = 3  # the launcher's end of its socket to the agent
 LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 # What the forked program reads of its request; the agent keeps the rest.
-PROGRAM_KEYS = ("language", "code", "files", "limits", "uid", "private_mounts_mb")
+PROGRAM_KEYS = ("language", "code", "files", "limits", "uid")
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
@@ -116,7 +112,7 @@ class Launcher:
             os.waitpid(self.pid, 0)
 
 
-def _start(request, host_workdir, launcher):
+def _start(request, launcher):
     """A program forked by the launcher, with fresh pipes; the launcher reports its exit."""
     request_r, request_w = os.pipe()
     stdin_r, stdin_w = os.pipe()
@@ -130,7 +126,6 @@ def _start(request, host_workdir, launcher):
         for fd in theirs:
             os.close(fd)
     program = {key: request[key] for key in PROGRAM_KEYS}
-    program["host_workdir"] = host_workdir
     with contextlib.suppress(BrokenPipeError), open(request_w, "wb") as fh:
         fh.write(json.dumps(program).encode())  # a program that could not start stops reading
     return pid, stdin_w, out_r, err_r, status_r
@@ -158,10 +153,10 @@ class _Stream:
         self.tail = (self.tail + chunk)[-TAIL_BYTES:]
 
 
-def _run(request, host_workdir, launcher):
+def _run(request, launcher):
     started = time.monotonic()
     deadline = started + request["timeout_s"]
-    pid, stdin_w, out_r, err_r, status_r = _start(request, host_workdir, launcher)
+    pid, stdin_w, out_r, err_r, status_r = _start(request, launcher)
     out, err = _Stream(request["max_output_bytes"]), _Stream(request["max_output_bytes"])
     open_streams = {out_r: out, err_r: err}
     data = request["stdin"].encode()
@@ -279,18 +274,17 @@ def _kill_all_of(uid):
 
 
 def _live_processes_of(uid):
+    """By real uid: a program may set its effective uid to root's saved one, never its real."""
     found = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            if os.stat("/proc/" + name).st_uid != uid:
-                continue
-            with open("/proc/" + name + "/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
+            with open("/proc/" + name + "/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
         except OSError:
             continue
-        if state != "Z":
+        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] != "Z":
             found.add(int(name))
     return found
 
@@ -298,27 +292,38 @@ def _live_processes_of(uid):
 def _empty_container_workdirs(uid):
     def empty():
         for root in CONTAINER_WORKDIRS:
-            for name in os.listdir(root):
-                _remove(os.path.join(root, name))
+            if os.access(root, os.W_OK):
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    _empty(fd)
+                finally:
+                    os.close(fd)
 
     return _succeeds_as(uid, empty)
 
 
-def _remove(path):
-    if stat.S_ISDIR(os.lstat(path).st_mode):
-        os.chmod(path, 0o700)  # the program may have taken away its own permissions
-        for name in os.listdir(path):
-            _remove(os.path.join(path, name))
-        os.rmdir(path)
-    else:
-        os.unlink(path)
-
-
-def _remove_tree(path):
-    try:
-        _remove(path)
-    except OSError:
-        shutil.rmtree(path, ignore_errors=True)
+def _empty(dir_fd):
+    """Remove everything in the directory open as `dir_fd`, through directory descriptors and
+    names relative to them: a symbolic link is removed, never followed, whatever a program left
+    or renamed, so the clean-up cannot be pointed at anything outside."""
+    for name in os.listdir(dir_fd):
+        if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+            continue
+        # O_PATH needs no permission on the directory itself, which the program may have
+        # taken away; the descriptor's /proc link then names exactly that directory.
+        path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=dir_fd)
+        try:
+            os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=path_fd)
+        finally:
+            os.close(path_fd)
+        try:
+            _empty(fd)
+        finally:
+            os.close(fd)
+        os.rmdir(name, dir_fd=dir_fd)
 
 
 def _reap_orphans():
@@ -374,27 +379,15 @@ def _read_file(workdir, path, budget):
             os.close(fd)
 
 
-def _host_workdir(uid):
-    """The process backend's per-program workdir on the host, bound into the sandbox."""
-    workdir = tempfile.mkdtemp(prefix="loom-sandbox-")
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-    return workdir
-
-
 def main():
     launcher_source = sys.argv[1]
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a program that stops reading stdin: EPIPE
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the service
-    session_workdir = None  # an agent serving a session keeps its workdir between programs
     launcher = None
     for line in sys.stdin:
         request = json.loads(line)
-        private = bool(request["private_mounts_mb"])
         if request.get("op") == "close":
-            if session_workdir:
-                _remove_tree(session_workdir)
             break
         python = request["python"] or sys.executable
         if launcher is None or launcher.python != python:
@@ -407,21 +400,10 @@ def main():
                 _answer(_start_failure(str(exc)))
                 continue
         keep = request["keep_workdir"]
-        if private and (keep or request["collect"]):
-            workdir = session_workdir or _host_workdir(request["uid"])
-            session_workdir = workdir if keep else None
-        elif private:
-            workdir = None  # nothing outlives the program: its private /tmp is enough
-        else:
-            workdir = CONTAINER_WORKDIRS[0]
-        try:
-            response = _run(request, workdir, launcher)
-            response["files"] = _collect(request["uid"], workdir, request["collect"],
-                                         request["max_collect_bytes"])
-        finally:
-            if private and workdir and not keep:
-                _remove_tree(workdir)
-        if response["clean"] and not private and not keep:
+        response = _run(request, launcher)
+        response["files"] = _collect(request["uid"], CONTAINER_WORKDIRS[0], request["collect"],
+                                     request["max_collect_bytes"])
+        if response["clean"] and not keep:
             response["clean"] = _empty_container_workdirs(request["uid"])
         _reap_orphans()
         _answer(response)

@@ -85,10 +85,9 @@ class Agent(ABC):
         self.uses += 1
         return dict(json.loads(line))
 
-    def close(self, private_mounts_mb: int | None) -> None:
-        """Ask the agent to remove its session workdir and exit; wait until it has."""
-        self._send(json.dumps({"op": "close", "private_mounts_mb": private_mounts_mb}).encode()
-                   + b"\n")
+    def close(self) -> None:
+        """Ask the agent to exit (its session's files go with its sandbox); wait until it has."""
+        self._send(json.dumps({"op": "close"}).encode() + b"\n")
         deadline = time.monotonic() + CLOSE_WAIT_S
         with contextlib.suppress(AgentLost):  # raised at the end of its output: it has exited
             while (remaining := deadline - time.monotonic()) > 0:
@@ -147,9 +146,6 @@ class AgentBackend(ABC):
     def _interpreters(self) -> list[str | None]:
         """Interpreters to try for programs, best first (None: the agent's own)."""
         return [None]
-
-    def _private_mounts_mb(self) -> int | None:
-        return None
 
     def _lost_status(self, agent: Agent) -> ExecutionStatus:
         return ExecutionStatus.killed
@@ -248,7 +244,7 @@ class AgentBackend(ABC):
 
     async def close_session(self, agent: Agent) -> None:
         with contextlib.suppress(AgentLost, OSError):  # an agent already gone has nothing left
-            await self._call(agent.close, self._private_mounts_mb())
+            await self._call(agent.close)
         await self._call(agent.remove)
 
     # -- running a program -------------------------------------------------------------------
@@ -271,7 +267,6 @@ class AgentBackend(ABC):
             "overflow_bytes": self.settings.sandbox_output_overflow_bytes,
             "uid": agent.uid, "python": self.python,
             "limits": rlimits(request, self.settings, own_uid=agent.uid is not None),
-            "private_mounts_mb": self._private_mounts_mb(),
             "keep_workdir": keep_workdir,
         }
         started = time.monotonic()

@@ -30,10 +30,7 @@ import sys
 import types
 
 START_FAILED_EXIT = 125
-CONTAINER_WORKDIR = "/work"
-# World-writable on a usual host: the process backend gives each program its own.
-SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-PRIVATE_WORKDIR = "/tmp/work"
+WORKDIR = "/work"
 AGENT_FD = 3
 PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -42,8 +39,6 @@ PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": "/tmp", "LANG":
 PYTHON_FLAGS = ("-E", "-s")
 SCRIPTS = {"python": "main.py", "bash": "main.sh"}
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -60,32 +55,6 @@ class InputError(Exception):
 def _check(result, what):
     if result != 0:
         raise SetupError(f"{what}: {os.strerror(ctypes.get_errno())}")
-
-
-def _private_namespaces(size_mb, host_workdir, uid):
-    """New network namespace (only a loopback that is down) and mount namespace with fresh
-    tmpfs mounts; root creates them directly, other users inside a user namespace. A host
-    workdir, when there is one (a session, or files to collect afterwards), is bound in at
-    PRIVATE_WORKDIR; otherwise the workdir lives in the private /tmp and vanishes with it."""
-    if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
-        _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS),
-               "cannot isolate network and mounts (unshare)")
-    _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-    # Opened in the new namespace (a bind source must be) and before /tmp is covered.
-    workdir_fd = host_workdir and os.open(host_workdir, os.O_PATH | os.O_DIRECTORY)
-    options = f"size={size_mb}m,mode=1777".encode()
-    for directory in SHARED_WRITABLE_DIRS:
-        if os.path.isdir(directory):
-            _check(libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                              options), f"mount tmpfs on {directory}")
-    os.mkdir(PRIVATE_WORKDIR, 0o700)
-    if workdir_fd:
-        _check(libc.mount(f"/proc/self/fd/{workdir_fd}".encode(), PRIVATE_WORKDIR.encode(),
-                          None, MS_BIND, None), "bind the workdir")
-        os.close(workdir_fd)
-    elif uid is not None:
-        os.chown(PRIVATE_WORKDIR, uid, uid)
-    return PRIVATE_WORKDIR
 
 
 def _as_user(uid):
@@ -113,9 +82,7 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd, status_fd):
     # When memory runs out, the kernel kills the program, not the agent.
     with open("/proc/self/oom_score_adj", "w") as fh:
         fh.write("1000")
-    uid, size_mb = request["uid"], request["private_mounts_mb"]
-    workdir = (_private_namespaces(size_mb, request["host_workdir"], uid) if size_mb
-               else CONTAINER_WORKDIR)
+    uid = request["uid"]
     if uid is not None:
         _as_user(uid)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
@@ -123,7 +90,7 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd, status_fd):
     if not (os.access(sys.executable, os.X_OK)
             and os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)):
         raise SetupError(f"the sandbox user cannot use the interpreter {sys.executable}")
-    os.chdir(workdir)
+    os.chdir(WORKDIR)
     script = SCRIPTS[request["language"]]
     with open(script, "w", encoding="utf-8") as fh:
         fh.write(request["code"])
@@ -142,7 +109,7 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd, status_fd):
     os.closerange(status_fd + 1, 65536)
     os.set_inheritable(status_fd, False)  # closed by a successful exec, kept by a failed one
     os.environ.clear()
-    os.environ.update(PROGRAM_ENV, HOME=workdir)
+    os.environ.update(PROGRAM_ENV, HOME=WORKDIR)
     return request["language"], os.path.abspath(script)
 
 

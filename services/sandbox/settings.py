@@ -13,8 +13,8 @@ class SandboxSettings(LoomSettings):
     sandbox_backend: Literal["auto", "docker", "process"] = Field(
         default="auto",
         description="How code is isolated: `docker` (containers from a warm pool), `process` "
-        "(rlimits, namespaces, a uid per slot), or `auto`: docker when a daemon answers and "
-        "the sandbox image exists, else process.",
+        "(a bubblewrap sandbox and a control group per slot, a uid per slot: no daemon), or "
+        "`auto`: docker when a daemon answers and the sandbox image exists, else process.",
     )
     sandbox_max_concurrency: int = Field(
         default=4, ge=1, le=256, description="Executions running at once (agents: processes or "
@@ -25,18 +25,43 @@ class SandboxSettings(LoomSettings):
     )
     sandbox_python: str | None = Field(
         default=None,
-        description="Interpreter for sandboxed code. Default: the service's own Python if the "
+        description="Interpreter for sandboxed code. Default: the service's own Python (its "
+        "real path: a virtual environment's packages are not in the process sandbox) if the "
         "sandbox user can run it, else the first of /usr/local/bin/python3, /usr/bin/python3.",
     )
     sandbox_user_id_base: int | None = Field(
         default=61000,
         ge=1000,
-        description="When the service runs as root, execution slot i runs as uid/gid base+i "
+        description="When the service runs as root, execution slot i runs as uid/gid start+i "
         "(no passwd entry needed), so sandboxes cannot read the service's files or signal "
-        "each other. None: run as the service's user.",
+        "each other; process backend: each service on a host claims its own range of 2048 "
+        "uids from this base (start = base + k*2048), locked under "
+        "LOOM_SANDBOX_LOCK_DIR. None: run as the service's user.",
+    )
+    sandbox_lock_dir: str = Field(
+        default="/run/loom-sandbox",
+        description="Process backend: where services on one host lock their uid ranges (the "
+        "same directory for all of them).",
+    )
+    sandbox_bwrap: str = Field(
+        default="bwrap",
+        description="Process backend: the bubblewrap executable (Debian/Ubuntu package "
+        "`bubblewrap`); without it the service does not start.",
+    )
+    sandbox_process_memory_mb: int = Field(
+        default=2048, ge=64,
+        description="Process backend: the most `memory_mb` a request may ask for (more is a "
+        "422); the slot's control group holds the program and all its children to their "
+        "`memory_mb`, tmpfs files included.",
+    )
+    sandbox_process_cpus: float = Field(
+        default=1.0, gt=0,
+        description="Process backend: CPUs each slot's control group may use (a quota), so "
+        "busy or forking programs cannot starve the service.",
     )
     sandbox_max_processes: int = Field(
-        default=64, ge=1, description="RLIMIT_NPROC per sandbox (only enforced with a slot uid)."
+        default=64, ge=1, description="Processes per sandbox: RLIMIT_NPROC with a slot uid; "
+        "the process backend's control group also holds the whole sandbox to it."
     )
     sandbox_max_file_mb: int = Field(default=64, ge=1, description="RLIMIT_FSIZE per file.")
     sandbox_max_open_files: int = Field(default=256, ge=16, description="RLIMIT_NOFILE.")
@@ -84,6 +109,6 @@ class SandboxSettings(LoomSettings):
         description="Total size of the files one execution may return (`collect`).",
     )
     sandbox_tmp_mb: int = Field(
-        default=64, ge=1, description="Size of each sandbox's private /tmp (and, in containers, "
-        "of /work).",
+        default=64, ge=1, description="Size of each of a sandbox's tmpfs (/work, where "
+        "collected and session files live, and /tmp; /dev/shm too in the process backend).",
     )

@@ -1,7 +1,8 @@
 """Hostile programs. Each prints `ESCAPED: ...` if its attack worked; the suite checks that it
 never does, that the service stays healthy and that nothing is left behind.
 
-`@SECRET_FILE@`, `@TCP_PORT@` and `@UDP_PORT@` are filled in from the bait."""
+`@SECRET_FILE@`, `@TCP_PORT@`, `@UNIX_SOCKET@` and the rest are filled in from the bait
+(`Bait.fill`)."""
 
 from __future__ import annotations
 
@@ -320,6 +321,53 @@ try:
     os.mknod("disk", 0o600 | 0o060000, os.makedev(8, 0)); print("ESCAPED: mknod")
 except OSError:
     pass
+print("done")
+""", stdout_has="done"),
+    hostile("host_unix_sockets", """
+import socket
+for path in ("@UNIX_SOCKET@", "@POSTGRES_SOCKET@", "/var/run/docker.sock", "/run/docker.sock",
+             "/run/mysqld/mysqld.sock", "/var/run/postgresql/.s.PGSQL.5432"):
+    try:
+        socket.socket(socket.AF_UNIX).connect(path)
+        print("ESCAPED: connected to", path)
+    except OSError as exc:
+        print("blocked", path, type(exc).__name__)
+print("done")
+""", stdout_has="done"),
+    hostile("other_processes_in_proc", """
+import os
+try:
+    print("ESCAPED: a host process:", open("/proc/@HOST_PID@/cmdline", "rb").read())
+except OSError:
+    pass
+for name in os.listdir("/proc"):
+    try:
+        if b"@MARKER@" in open(f"/proc/{name}/cmdline", "rb").read():
+            print("ESCAPED: found the host process as pid", name)
+    except OSError:
+        pass
+print("sees", sum(name.isdigit() for name in os.listdir("/proc")), "processes; done")
+""", stdout_has="done"),
+    hostile("world_readable_host_files", """
+for path in @WORLD_READABLE@ + ["/etc/passwd", "/etc/hostname", "/home", "/root/.bashrc"]:
+    try:
+        print("ESCAPED: read", path, open(path).read()[:40])
+    except OSError:
+        pass
+print("done")
+""", stdout_has="done"),
+    hostile("create_a_user_namespace", """
+import ctypes, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER = 0x10000000
+if libc.unshare(CLONE_NEWUSER) == 0:
+    print("ESCAPED: unshare(CLONE_NEWUSER)")
+for command in (["unshare", "-U", "true"], ["unshare", "-Ur", "true"]):
+    try:
+        if subprocess.run(command, capture_output=True).returncode == 0:
+            print("ESCAPED:", command)
+    except OSError:
+        pass
 print("done")
 """, stdout_has="done"),
     hostile("user_namespace_then_mount", """

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import secrets
-import tempfile
 import time
 from pathlib import Path
 
@@ -15,20 +13,13 @@ import docker
 import pytest
 
 from services.sandbox.docker_backend import POOL_LABEL
-from services.sandbox.launcher import SHARED_WRITABLE_DIRS
 from services.sandbox.schemas import ExecuteResponse
 from tests.security.conftest import Bait, Sandbox
 from tests.security.hostile import PROGRAMS, Hostile
 
-ESCAPE_FILES = [Path(d) / "loom-escape" for d in SHARED_WRITABLE_DIRS] + [
-    Path(p) for p in ("/etc/loom-escape", "/usr/loom-escape", "/loom-escape", "/root/loom-escape",
-                      "/var/loom-escape", "/opt/loom-escape")]
+ESCAPE_FILES = [Path(d) / "loom-escape" for d in (
+    "/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/etc", "/usr", "/", "/root", "/var", "/opt")]
 SETTLE_S = 15.0
-
-
-def _fill(code: str, bait: Bait) -> str:
-    return (code.replace("@SECRET_FILE@", str(bait.secret_file))
-            .replace("@TCP_PORT@", str(bait.tcp_port)).replace("@UDP_PORT@", str(bait.udp_port)))
 
 
 async def _execute(sandbox: Sandbox, code: str, **options: object) -> ExecuteResponse:
@@ -40,9 +31,8 @@ async def _execute(sandbox: Sandbox, code: str, **options: object) -> ExecuteRes
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
 async def test_hostile_program_is_contained(sandbox: Sandbox, bait: Bait,
                                             program: Hostile) -> None:
-    workdirs_before = _process_workdirs()
     started = time.monotonic()
-    result = await _execute(sandbox, _fill(program.code, bait), timeout_s=program.timeout_s,
+    result = await _execute(sandbox, bait.fill(program.code), timeout_s=program.timeout_s,
                             memory_mb=program.memory_mb, max_output_bytes=65536)
     elapsed = time.monotonic() - started
 
@@ -61,29 +51,31 @@ async def test_hostile_program_is_contained(sandbox: Sandbox, bait: Bait,
     assert health.status_code == 200
     after = await _execute(sandbox, "import os; print(sorted(os.listdir('.')))")
     assert after.status.value == "ok" and after.stdout == "['main.py']\n", after
-    await _assert_nothing_left(sandbox, workdirs_before)
+    await assert_nothing_left(sandbox)
 
 
-def _processes_of(uid: int) -> list[tuple[int, str]]:
-    """(pid, state) of every process, zombies included, that belongs to `uid`."""
+def processes_of(uids: range) -> list[str]:
+    """Every process, zombies included, whose real uid is in `uids`."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and entry.stat().st_uid == uid:
-                found.append((int(entry.name), (entry / "stat").read_text().rsplit(")")[-1][1]))
+            if entry.name.isdigit():
+                fields = dict(line.split(":", 1) for line in
+                              (entry / "status").read_text().splitlines() if ":" in line)
+                uid = int(fields["Uid"].split()[0])
+                if uid in uids:
+                    found.append(f"uid {uid}: pid {entry.name} ({fields['State'].strip()})")
         except OSError:
             continue
     return found
 
 
-def _process_workdirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("loom-sandbox-*")}
-
-
-async def _assert_nothing_left(sandbox: Sandbox, workdirs_before: set[str]) -> None:
+async def assert_nothing_left(sandbox: Sandbox) -> None:
+    """No program's process is left, and nothing but the pool's agents: no extra container
+    or control group."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        leftovers = (_process_leftovers(sandbox, workdirs_before) if sandbox.backend == "process"
+        leftovers = (_process_leftovers(sandbox) if sandbox.backend == "process"
                      else await asyncio.to_thread(_docker_leftovers, sandbox))
         if not leftovers:
             return
@@ -91,13 +83,14 @@ async def _assert_nothing_left(sandbox: Sandbox, workdirs_before: set[str]) -> N
         await asyncio.sleep(0.2)
 
 
-def _process_leftovers(sandbox: Sandbox, workdirs_before: set[str]) -> list[str]:
-    found = []
-    base = sandbox.settings.sandbox_user_id_base
-    if os.geteuid() == 0 and base is not None:
-        for uid in range(base, base + sandbox.settings.sandbox_max_concurrency):
-            found += [f"uid {uid}: pid {pid} ({state})" for pid, state in _processes_of(uid)]
-    found += [f"workdir {name}" for name in _process_workdirs() - workdirs_before]
+def _process_leftovers(sandbox: Sandbox) -> list[str]:
+    backend = sandbox.app_state.backend  # type: ignore[attr-defined]
+    first, last = backend.describe()["uids"]
+    found = processes_of(range(first, last + 1))
+    slots = backend.cgroups.slot_names()
+    if len(slots) != sandbox.settings.sandbox_max_concurrency:
+        found.append(f"control groups {slots} for {sandbox.settings.sandbox_max_concurrency} "
+                     "slots")
     return found
 
 
@@ -123,7 +116,7 @@ def _docker_leftovers(sandbox: Sandbox) -> list[str]:
 
 async def test_collected_files_never_reveal_what_the_program_could_not_read(
         sandbox: Sandbox, bait: Bait) -> None:
-    code = _fill("""
+    code = bait.fill("""
 import os
 for name, target in [("to_secret", "@SECRET_FILE@"), ("to_shadow", "/etc/shadow"),
                      ("to_proc", "/proc/1/environ")]:
@@ -134,7 +127,7 @@ try:
     os.link("@SECRET_FILE@", "hardlink")
 except OSError as exc:
     print("no hard link:", exc.strerror)
-""", bait)
+""")
     collect = ["to_secret", "to_shadow", "to_proc", "nested/etc/shadow", "hardlink"]
     result = await _execute(sandbox, code, collect=collect)
     assert result.status.value == "ok", result.stderr

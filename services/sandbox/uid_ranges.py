@@ -1,0 +1,87 @@
+"""A range of uids per service instance, so two sandbox services on one host never share one.
+
+Ranges are fixed blocks from the base uid (`base + k * BLOCK`); a service holds the `flock` of
+its block's lock file, in a directory every instance on the host uses, for as long as it runs.
+The kernel drops the lock when the process ends, however it ends, so a crashed service's block
+is free again, and the next holder first kills whatever that service left running: processes
+whose *real* uid is in the block (a program can change its effective uid back and forth, never
+its real one without root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Execution slots (≤ 256) plus session slots (≤ 1024) of one instance fit in a block.
+BLOCK = 2048
+BLOCKS = 64
+SWEEP_ROUNDS = 100
+
+
+@dataclass
+class UidRange:
+    start: int
+    size: int
+    _lock_fd: int
+
+    def uid(self, slot: int) -> int:
+        if not 0 <= slot < self.size:
+            raise ValueError(f"slot {slot} is outside the uid range of {self.size}")
+        return self.start + slot
+
+    def release(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing the last descriptor drops the flock
+            self._lock_fd = -1
+
+
+def claim(lock_dir: Path, base: int) -> UidRange:
+    """The first free block at or above `base`; kills what an earlier holder left behind."""
+    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for k in range(BLOCKS):
+        start = base + k * BLOCK
+        fd = os.open(lock_dir / f"uids-{start}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+        try:
+            # flock, not fcntl locks: those are per process, and two services in one process
+            # (tests) would both get the same block.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        kill_processes_of(range(start, start + BLOCK))
+        return UidRange(start, BLOCK, fd)
+    raise RuntimeError(f"all {BLOCKS} sandbox uid ranges from {base} are held by other "
+                       f"services (locks in {lock_dir})")
+
+
+def processes_of(uids: range, proc: Path = Path("/proc")) -> set[int]:
+    """Live (non-zombie) processes on the host whose real uid is in `uids`."""
+    found = set()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            status = (entry / "status").read_text()
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if int(fields["Uid"].split()[0]) in uids and fields["State"].split()[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+def kill_processes_of(uids: range) -> None:
+    for _ in range(SWEEP_ROUNDS):
+        alive = processes_of(uids)
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    raise RuntimeError(f"processes of uids {uids.start}-{uids.stop - 1} keep appearing")
