@@ -21,12 +21,14 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
+	bash services/sandbox/ensure-bwrap.sh
 	$(BIN)/loom demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	bash docker/ensure-images.sh
 	bash tests/browser/ensure-chromium.sh
+	bash services/sandbox/ensure-bwrap.sh
 	$(BIN)/python -m pytest -ra
 
 lint: $(STAMP)
