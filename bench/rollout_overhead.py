@@ -50,6 +50,7 @@ from bench.rollout_overhead_report import (
 )
 from services.common.base_models import ensure_tiny_model
 from services.common.http import ServiceClient
+from services.common.service_token import service_client
 from services.rollout.engine import engine_args
 from services.rollout.sampling import detokenizes_in_engine, span_texts, vllm_params
 from services.rollout.schemas import SampleRequest, SampleResponse
@@ -344,7 +345,7 @@ async def timed_batches(stack: LocalStack, direct: DirectEngine, workload: Workl
                                   "frontend": (direct.process.pid, "own")}),
               "loom": CpuMeter(loom_groups), "loom, no gateway": CpuMeter(loom_groups)}
     async with AsyncLoomClient(stack.settings.gateway_url, stack.api_key) as client:
-        rollout = ServiceClient(stack.settings.url_of("rollout"), service="rollout")
+        rollout = service_client(stack.settings, "rollout")
         try:
             await loom_batch(client, workload, WARMUP_MAX_TOKENS)
             for batch in range(batches):

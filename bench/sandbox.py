@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx2
 
 from services.common.ports import free_port
+from services.common.service_token import service_headers
+from services.common.settings import LoomSettings
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "sandbox.md"
@@ -89,8 +91,10 @@ async def sandbox_service(backend: str, pool: int) -> AsyncIterator[Execute]:
            "LOOM_SANDBOX_DOCKER_POOL": f"loom-bench-{port}", "LOOM_LOG_LEVEL": "warning"}
     process = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env, cwd=REPO)
     limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
+    # The service reads its token from the same environment (or data dir) as this process.
     async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
-                                  limits=limits) as client:
+                                  limits=limits, headers=service_headers(LoomSettings())
+                                  ) as client:
         try:
             deadline = time.monotonic() + 120
             while True:

@@ -27,6 +27,8 @@ import httpx2
 
 from services.common.base_models import ensure_tiny_model
 from services.common.ports import free_port
+from services.common.service_token import service_headers
+from services.common.settings import LoomSettings
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "trainer_pass.md"
@@ -83,7 +85,8 @@ def main() -> None:
     process, url = start_trainer(work)
     timings: dict[str, list[float]] = {"two calls": [], "one call": []}
     try:
-        with httpx2.Client(base_url=url, timeout=120) as http:
+        headers = service_headers(LoomSettings(data_dir=work))  # the trainer's data dir
+        with httpx2.Client(base_url=url, timeout=120, headers=headers) as http:
             created = http.post("/v1/models", json={
                 "job_id": JOB, "base_model": str(model), "mode": "lora",
                 "lora": {"rank": 8, "alpha": 8.0}}).raise_for_status().json()

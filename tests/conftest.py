@@ -4,6 +4,7 @@ failure, never a skip."""
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,10 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("LOOM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("LOOM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHE = Path(__file__).resolve().parent.parent / ".loom-test-cache"
+# One deployment per test session: every service a test builds, whatever its data dir, asks
+# for the same service token, as the processes of one Loom do (tests of where the token comes
+# from clear this). Set before any settings are built, so subprocesses inherit it too.
+os.environ.setdefault("LOOM_SERVICE_TOKEN", secrets.token_urlsafe(32))
 
 
 def require(condition: bool, what: str) -> None:

@@ -19,6 +19,8 @@ import httpx2
 import pytest
 
 from modelstate.schemas import FileRef, PublishRequest, VersionKind
+from services.common.service_token import service_headers
+from services.common.settings import LoomSettings
 
 if TYPE_CHECKING:
     from tests.browser.conftest import AdminStack
@@ -37,7 +39,8 @@ def publish_version(stack: AdminStack, job_id: str, step: int) -> int:
     files = {"adapter_config.json": json.dumps({"r": 8, "step": step}).encode(),
              "adapter_model.safetensors": bytes([step]) * 4096}
     refs = []
-    with httpx2.Client(base_url=stack.modelstate_url, timeout=30) as modelstate:
+    with httpx2.Client(base_url=stack.modelstate_url, timeout=30,
+                       headers=service_headers(LoomSettings())) as modelstate:
         for name, data in files.items():
             digest = hashlib.sha256(data).hexdigest()
             modelstate.put(f"/v1/blobs/{digest}", content=data,

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx2
 
+from services.common.service_token import service_headers
 from services.reward.app import create_app
 from services.reward.settings import RewardSettings
 
@@ -16,7 +17,8 @@ from services.reward.settings import RewardSettings
 async def reward_client(settings: RewardSettings) -> AsyncIterator[httpx2.AsyncClient]:
     app = create_app(settings)
     async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://reward", timeout=60
+        transport=httpx2.ASGITransport(app=app), base_url="http://reward", timeout=60,
+        headers=service_headers(settings),
     ) as client:
         yield client
 

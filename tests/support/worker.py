@@ -28,6 +28,7 @@ from modelstate.app import create_app as create_modelstate
 from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
+from services.common.settings import LoomSettings
 from services.trainer.app import create_app as create_trainer
 from services.trainer.settings import TrainerSettings
 from services.worker.settings import WorkerSettings
@@ -148,7 +149,7 @@ class TaskStack:
                                   headers={"Authorization": f"Bearer {key or self.admin_key}"})
 
     def modelstate(self) -> ModelStateClient:
-        return ModelStateClient(self.modelstate_url)
+        return ModelStateClient.from_settings(LoomSettings(modelstate_url=self.modelstate_url))
 
     def worker(self, **env: str) -> Worker:
         """A worker (not started yet); `env`: extra LOOM_* variables."""

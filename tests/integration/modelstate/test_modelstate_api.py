@@ -20,6 +20,7 @@ from modelstate.client import ModelStateClient, local_or_download
 from modelstate.schemas import VersionKey, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.errors import Conflict, InvalidInput, NotFound, UpstreamError
+from services.common.service_token import service_headers
 
 
 @pytest.fixture
@@ -33,13 +34,15 @@ async def app(database_url: str, tmp_path: Path) -> AsyncIterator[FastAPI]:
 @pytest.fixture
 async def http(app: FastAPI) -> AsyncIterator[httpx2.AsyncClient]:
     transport = httpx2.ASGITransport(app=app)
-    async with httpx2.AsyncClient(transport=transport, base_url="http://modelstate") as client:
+    async with httpx2.AsyncClient(transport=transport, base_url="http://modelstate",
+                                  headers=service_headers(app.state.settings)) as client:
         yield client
 
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[ModelStateClient]:
-    client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app=app))
+    client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app=app),
+                              headers=service_headers(app.state.settings))
     yield client
     await client.aclose()
 
@@ -340,7 +343,7 @@ async def test_file_over_the_size_limit_is_413(tmp_path: Path) -> None:
     app = create_app(settings)
     transport = httpx2.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=transport, base_url="http://modelstate"
+        transport=transport, base_url="http://modelstate", headers=service_headers(settings)
     ) as http:
         assert_error(await http.put(f"/v1/blobs/{sha(b'12345')}", content=b"12345"), 413,
                      "over the limit")

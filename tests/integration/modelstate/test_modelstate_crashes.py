@@ -19,6 +19,8 @@ from typing import Any
 import httpx2
 import pytest
 
+from services.common.service_token import service_headers
+from services.common.settings import LoomSettings
 from tests.support.modelstate_process import StoreProcess
 
 PUBLISHER = textwrap.dedent("""
@@ -26,9 +28,10 @@ PUBLISHER = textwrap.dedent("""
     from pathlib import Path
     from modelstate.client import ModelStateClient
     from modelstate.schemas import VersionKind, VersionMeta
+    from services.common.settings import LoomSettings
 
     async def main(url: str, scratch: str, step: int) -> None:
-        client = ModelStateClient(url)
+        client = ModelStateClient.from_settings(LoomSettings(modelstate_url=url))
         while True:
             staged = await client.staging_dir() if step % 2 else None
             directory = staged or Path(tempfile.mkdtemp(dir=scratch))
@@ -88,8 +91,9 @@ def sha256_of(path: Path) -> str:
 
 def visible_versions(store: StoreProcess) -> list[dict[str, Any]]:
     """Every visible version is whole and its files verify."""
-    versions: list[dict[str, Any]] = httpx2.get(f"{store.url}/v1/jobs/job/versions").json()[
-        "versions"]
+    versions: list[dict[str, Any]] = httpx2.get(
+        f"{store.url}/v1/jobs/job/versions", headers=service_headers(LoomSettings())
+    ).json()["versions"]
     for version in versions:
         assert {f["path"] for f in version["files"]} == {"model.safetensors", "config.json"}
         for entry in version["files"]:
@@ -100,7 +104,8 @@ def visible_versions(store: StoreProcess) -> list[dict[str, Any]]:
 def leftovers(store: StoreProcess) -> dict[str, Any]:
     """After a collection with no grace period: what is stored beyond the visible versions."""
     versions = visible_versions(store)
-    report = httpx2.post(f"{store.url}/v1/gc", params={"grace_s": 0}, timeout=60)
+    report = httpx2.post(f"{store.url}/v1/gc", params={"grace_s": 0}, timeout=60,
+                         headers=service_headers(LoomSettings()))
     assert report.status_code == 200, report.text
     referenced = {f["sha256"] for v in versions for f in v["files"]}
     stored = {p.name for shard in (store.blob_dir / "sha256").iterdir() for p in shard.iterdir()}

@@ -16,6 +16,7 @@ from modelstate.client import ModelStateClient
 from modelstate.schemas import PendingVersion, Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.ports import free_port
+from services.common.service_token import service_headers
 from tests.support.servers import serve_in_thread
 
 RECEIVE_TIMEOUT_S = 20.0
@@ -37,7 +38,7 @@ def settings(database_url: str, tmp_path: Path) -> ModelStateSettings:
 
 @pytest.fixture
 async def client(settings: ModelStateSettings) -> AsyncIterator[ModelStateClient]:
-    client = ModelStateClient(settings.modelstate_url, event_read_timeout_s=3.0)
+    client = ModelStateClient.from_settings(settings, event_read_timeout_s=3.0)
     yield client
     await client.aclose()
 
@@ -121,7 +122,8 @@ async def test_events_endpoint_speaks_server_sent_events(
     with running_server(settings):
         version = await publish(client, tmp_path / "a", "job-a", 1)
         lines: list[str] = []
-        async with httpx2.AsyncClient(base_url=settings.modelstate_url) as http, http.stream(
+        async with httpx2.AsyncClient(base_url=settings.modelstate_url,
+                                      headers=service_headers(settings)) as http, http.stream(
             "GET", "/v1/events", headers={"Last-Event-ID": "0"}
         ) as response:
             assert response.headers["content-type"].startswith("text/event-stream")

@@ -21,6 +21,8 @@ from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.errors import UpstreamError
+from services.common.service_token import service_headers
+from services.common.settings import LoomSettings
 from tests.support.modelstate_process import StoreProcess
 
 WEIGHTS = os.urandom(3 * 2**20 + 123)
@@ -87,7 +89,8 @@ async def version(app: FastAPI, tmp_path: Path) -> Version:
     source.mkdir()
     (source / "model.safetensors").write_bytes(WEIGHTS)
     (source / "config.json").write_bytes(b"{}")
-    client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app=app))
+    client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app=app),
+                              headers=service_headers(app.state.settings))
     try:
         return await client.publish(
             VersionMeta(job_id="job-1", kind=VersionKind.full, base_model="loom/tiny"), source)
@@ -99,7 +102,8 @@ async def download(app: FastAPI, version: Version, dest: Path,
                    drop: bool = False) -> list[tuple[str | None, int]]:
     """Download `version` into `dest`; the requests for its weights file."""
     transport = DroppingTransport(app, drop)
-    client = ModelStateClient("http://modelstate", transport=transport)
+    client = ModelStateClient("http://modelstate", transport=transport,
+                              headers=service_headers(app.state.settings))
     try:
         await client.download(version, dest)
     finally:
@@ -167,7 +171,7 @@ async def test_a_large_file_crosses_in_both_directions_in_bounded_memory(tmp_pat
             out.write(piece)
     store = StoreProcess(tmp_path / "data", f"sqlite:///{tmp_path / 'm.db'}")
     store.start()
-    client = ModelStateClient(store.url)
+    client = ModelStateClient.from_settings(LoomSettings(modelstate_url=store.url))
     try:
         store_before = peak_rss_kib(store.pid)
         tracemalloc.start()

@@ -20,6 +20,8 @@ from modelstate.client import ModelStateClient
 from modelstate.schemas import VersionKind, VersionMeta
 from modelstate.settings import ModelStateSettings
 from services.common.ports import free_port
+from services.common.service_token import service_headers
+from services.common.settings import LoomSettings
 from services.rollout.app import create_app
 from services.rollout.settings import RolloutSettings
 from tests.support.adapters import lora_adapter
@@ -60,7 +62,8 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
     earlier = frozenset(child.pid for child in psutil.Process().children(recursive=True))
     started = time.perf_counter()
     async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://rollout", timeout=120
+        transport=httpx2.ASGITransport(app=app), base_url="http://rollout", timeout=120,
+        headers=service_headers(settings),
     ) as client:
         assert (await client.get("/healthz")).status_code == 200  # at once, while starting
         assert (await client.get("/readyz")).status_code == 503
@@ -90,7 +93,7 @@ def modelstate(rollout: httpx2.AsyncClient, modelstate_port: int,
 
 @pytest.fixture
 async def store(modelstate: str) -> AsyncIterator[ModelStateClient]:
-    client = ModelStateClient(modelstate)
+    client = ModelStateClient.from_settings(LoomSettings(modelstate_url=modelstate))
     yield client
     await client.aclose()
 

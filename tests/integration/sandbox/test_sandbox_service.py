@@ -13,6 +13,7 @@ import httpx2
 import pytest
 
 from services.common.ports import free_port
+from services.common.service_token import service_headers
 from services.sandbox.app import create_app
 from services.sandbox.schemas import ExecuteResponse
 from tests.support.sandboxes import BACKENDS, sandbox_settings
@@ -20,9 +21,11 @@ from tests.support.sandboxes import BACKENDS, sandbox_settings
 
 @pytest.fixture(scope="module", params=BACKENDS)
 async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx2.AsyncClient]:
-    app = create_app(sandbox_settings(request.param, sandbox_max_concurrency=2))
+    settings = sandbox_settings(request.param, sandbox_max_concurrency=2)
+    app = create_app(settings)
     async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox"
+        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox",
+        headers=service_headers(settings),
     ) as client:
         yield client
 

@@ -12,6 +12,7 @@ import docker
 import httpx2
 import pytest
 
+from services.common.service_token import service_headers
 from services.sandbox.app import create_app
 from services.sandbox.docker_backend import POOL_LABEL
 from services.sandbox.settings import SandboxSettings
@@ -27,7 +28,8 @@ async def service(request: pytest.FixtureRequest
                                 sandbox_max_sessions_per_job=2, sandbox_session_idle_s=IDLE_S)
     app = create_app(settings)
     async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox", timeout=60
+        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox", timeout=60,
+        headers=service_headers(settings),
     ) as client:
         yield client, settings
 

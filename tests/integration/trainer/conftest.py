@@ -16,15 +16,18 @@ from agents.tasks.arithmetic import EOS, make_splits
 from modelstate.app import create_app as create_modelstate_app
 from modelstate.client import ModelStateClient
 from modelstate.settings import ModelStateSettings
+from services.common.service_token import service_headers
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 
 
 @pytest.fixture
 async def modelstate_client(tmp_path: Path) -> AsyncIterator[ModelStateClient]:
-    app = create_modelstate_app(ModelStateSettings(data_dir=tmp_path / "modelstate"))
+    settings = ModelStateSettings(data_dir=tmp_path / "modelstate")
+    app = create_modelstate_app(settings)
     async with app.router.lifespan_context(app):
-        client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app))
+        client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app),
+                                  headers=service_headers(settings))
         yield client
         await client.aclose()
 
@@ -37,7 +40,8 @@ async def trainer(
     app = create_app(settings, modelstate=modelstate_client)
     async with (
         app.router.lifespan_context(app),
-        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer") as http,
+        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer",
+                           headers=service_headers(settings)) as http,
     ):
         yield TrainerHarness(http, app, str(tiny_model_dir))
 

@@ -10,6 +10,7 @@ import pytest
 from trainer_harness import JOB_LORA, TrainerHarness
 
 from modelstate.client import ModelStateClient
+from services.common.service_token import service_headers
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 
@@ -96,10 +97,12 @@ async def test_save_weights_reports_an_unreachable_store(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     client = ModelStateClient("http://127.0.0.1:9")  # the discard port: nothing listens
-    app = create_app(TrainerSettings(data_dir=tmp_path, trainer_device="cpu"), modelstate=client)
+    settings = TrainerSettings(data_dir=tmp_path, trainer_device="cpu")
+    app = create_app(settings, modelstate=client)
     async with (
         app.router.lifespan_context(app),
-        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer") as http,
+        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer",
+                           headers=service_headers(settings)) as http,
     ):
         trainer = TrainerHarness(http, app, str(tiny_model_dir))
         await trainer.create(JOB_LORA, "lora")

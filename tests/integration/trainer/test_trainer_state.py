@@ -13,6 +13,7 @@ import pytest
 from trainer_harness import TrainerHarness
 
 from modelstate.client import ModelStateClient
+from services.common.service_token import service_headers
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 
@@ -30,7 +31,8 @@ def start_trainer(tmp_path: Path, tiny_model_dir: Path,
     async def start() -> AsyncIterator[TrainerHarness]:
         app = create_app(settings, modelstate=modelstate_client)
         async with app.router.lifespan_context(app), httpx2.AsyncClient(
-                transport=httpx2.ASGITransport(app), base_url="http://trainer") as http:
+                transport=httpx2.ASGITransport(app), base_url="http://trainer",
+                headers=service_headers(settings)) as http:
             yield TrainerHarness(http, app, str(tiny_model_dir))
 
     return start

@@ -26,6 +26,12 @@ from services.common.settings import LoomSettings
 TOKEN = "t" * 32
 
 
+@pytest.fixture(autouse=True)
+def no_token_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite sets LOOM_SERVICE_TOKEN for everything else (tests/conftest.py)."""
+    monkeypatch.delenv("LOOM_SERVICE_TOKEN", raising=False)
+
+
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
