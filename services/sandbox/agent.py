@@ -12,7 +12,8 @@ stdin and answers one JSON line on stdout:
               or {"op": "close"}: exit (a session's files are in the sandbox's tmpfs)
     response: {"wait_status", "reason", "stdout", "stderr", "stdout_truncated",
                "stderr_truncated", "stderr_tail", "wall_s", "cpu_s", "clean", "files",
-               "start_failure": null | {"kind": "input" | "sandbox", "message"}}
+               "start_failure": null | {"kind": "input" | "sandbox", "message"},
+               "resetting": true when a line {"clean"} follows once /work and /tmp are empty}
 
 - docker backend: the container's command, as root with only CAP_SETUID and CAP_SETGID, so
   programs (started as the unprivileged `uid`, with no capabilities) cannot signal, trace or
@@ -292,7 +293,9 @@ def _live_processes_of(uid):
 def _empty_container_workdirs(uid):
     def empty():
         for root in CONTAINER_WORKDIRS:
-            if os.access(root, os.W_OK):
+            # As the program's uid: access() would check root's permitted capabilities, which
+            # in a container lack CAP_DAC_OVERRIDE, and skip the program's own /work.
+            if os.access(root, os.W_OK, effective_ids=True):
                 fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
                     _empty(fd)
@@ -403,10 +406,13 @@ def main():
         response = _run(request, launcher)
         response["files"] = _collect(request["uid"], CONTAINER_WORKDIRS[0], request["collect"],
                                      request["max_collect_bytes"])
-        if response["clean"] and not keep:
-            response["clean"] = _empty_container_workdirs(request["uid"])
         _reap_orphans()
+        # A container's workdirs are emptied after the answer, so a program that left very
+        # many files still gets its answer (say `timeout`) in time.
+        response["resetting"] = response["clean"] and not keep
         _answer(response)
+        if response["resetting"]:
+            _answer({"clean": _empty_container_workdirs(request["uid"])})
 
 
 def _answer(response):

@@ -3,8 +3,10 @@ time, and the translation between execute requests and the agent's protocol.
 
 A backend says how to start an agent (a local child process, or a container) by subclassing
 `AgentBackend`; the pool hands agents out, puts them back after a clean run, and replaces in the
-background any agent that died, failed its clean-up or served `max_uses` programs. The blocking
-I/O with agents runs on a thread pool sized to the pool.
+background any agent that died, failed its clean-up or served `max_uses` programs. An agent that
+fails to start is retried a few times, then left to that background refill: start-up goes on
+with the agents that did start (readiness says how many are warm and why the rest are not). The
+blocking I/O with agents runs on a thread pool sized to the pool.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,10 @@ LAUNCHER_PATH = Path(__file__).with_name("launcher.py")
 PROBE_CODE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 # Beyond a program's own timeout: the agent's pipe drain and clean-up.
 AGENT_GRACE_S = 5.0
-REPLACE_RETRY_S = 1.0
+START_ATTEMPTS = 3  # at start-up, per slot, before the slot is left to the background refill
+RETRY_S, MAX_RETRY_S = 1.0, 30.0  # back-off between failed starts of one slot
+# An agent empties its workdirs after answering; past this it is replaced instead.
+RESET_WAIT_S = 60.0
 CLOSE_WAIT_S = 10.0
 
 
@@ -43,6 +49,7 @@ class Outcome:
     response: ExecuteResponse
     lost: bool  # the agent died: a session on it is over
     clean: bool  # the agent reset everything after the program
+    resetting: bool  # the agent still empties its workdirs; a line with the result follows
 
 
 class AgentLost(Exception):
@@ -70,9 +77,21 @@ class Agent(ABC):
         self._pending = bytearray()  # agent output not yet consumed
 
     def exchange(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
         try:
             self._send(json.dumps(request).encode() + b"\n")
+        except OSError as exc:
+            raise AgentLost(str(exc) or type(exc).__name__) from exc
+        reply = self._read_line(timeout_s)
+        self.uses += 1
+        return reply
+
+    def read_reset(self, timeout_s: float) -> bool:
+        """After a `resetting` answer: whether the agent emptied its workdirs."""
+        return bool(self._read_line(timeout_s)["clean"])
+
+    def _read_line(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        try:
             while b"\n" not in self._pending:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -82,7 +101,6 @@ class Agent(ABC):
             raise AgentLost(str(exc) or type(exc).__name__) from exc
         line, _, rest = self._pending.partition(b"\n")
         self._pending = bytearray(rest)
-        self.uses += 1
         return dict(json.loads(line))
 
     def close(self) -> None:
@@ -111,13 +129,19 @@ class AgentBackend(ABC):
         self.settings = settings
         size = settings.sandbox_max_concurrency
         # One thread per agent in use, plus room for replacements being started.
-        self._threads = ThreadPoolExecutor(max_workers=2 * size + 2,
+        self.workers = 2 * size + 2
+        self._threads = ThreadPoolExecutor(max_workers=self.workers,
                                            thread_name_prefix=f"sandbox-{self.name}")
         # A warm pool per image (the process backend has one, keyed None).
         self._idle: dict[str | None, asyncio.Queue[Agent]] = {
             image: asyncio.Queue() for image in self._images()}
-        self._replacements: set[asyncio.Task[None]] = set()
+        self._warm = dict.fromkeys(self._idle, 0)  # agents of each pool: idle or running
+        # Per image, the first failed start since its pool was last full.
+        self._start_errors: dict[str | None, Exception] = {}
+        self._background: set[asyncio.Task[None]] = set()  # replacements, refills, resets
+        self._starting: set[asyncio.Future[Agent]] = set()  # see _start
         self._started = False
+        self._closed = False
         self.python: str | None = None  # None: the agent's own interpreter
         self.python_version: str | None = None
         self.replaced = 0
@@ -156,20 +180,64 @@ class AgentBackend(ABC):
     # -- the pool ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self._call(self._prepare)
-        agents = await asyncio.gather(
-            *(self._call(self._start_agent, slot, image) for image in self._idle
-              for slot in range(self.settings.sandbox_max_concurrency)),
-            return_exceptions=True)
-        for agent in agents:
-            if isinstance(agent, Agent):
-                self._idle[agent.image].put_nowait(agent)
-        self._started = True
-        failed = [a for a in agents if isinstance(a, BaseException)]
-        if failed:
+        """Fill the pools; fails only when the default pool has no agent at all (nothing could
+        serve or run the probe), with the first failed start as the cause."""
+        try:
+            await self._call(self._prepare)
+            await asyncio.gather(*(self._fill_at_start(slot, image) for image in self._idle
+                                   for slot in range(self.settings.sandbox_max_concurrency)))
+            self._started = True
+            default = next(iter(self._idle))
+            if not self._warm[default]:
+                error = self._start_errors[default]
+                raise RuntimeError(f"cannot start the {self.name} sandbox: {error}") from error
+            await self._probe()
+        except BaseException:
             await self.aclose()
-            raise RuntimeError(f"cannot start the {self.name} sandbox: {failed[0]}")
-        await self._probe()
+            raise
+
+    async def _fill_at_start(self, slot: int, image: str | None) -> None:
+        if not await self._fill(slot, image, attempts=START_ATTEMPTS):
+            self._in_background(self._fill(slot, image, attempts=None))
+
+    async def _fill(self, slot: int, image: str | None, attempts: int | None) -> bool:
+        """Start `slot`'s agent and pool it, retrying with back-off (for ever when `attempts`
+        is None); False when it gave up."""
+        delay, attempt = RETRY_S, 0
+        while True:
+            attempt += 1
+            try:
+                agent = await self._start(slot, image)
+            except Exception as exc:  # noqa: BLE001 - any failed start is retried and reported
+                self._start_errors.setdefault(image, exc)
+                # Once per slot is enough to see why; a refill that keeps failing is in readiness.
+                level = logging.WARNING if attempt <= START_ATTEMPTS else logging.DEBUG
+                log.log(level, "cannot start a %s sandbox agent (slot %d, image %s, attempt "
+                        "%d): %s", self.name, slot, image or "host", attempt, exc)
+                if attempts is not None and attempt >= attempts:
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, MAX_RETRY_S)
+                continue
+            self._warm[image] += 1
+            if self._warm[image] == self.settings.sandbox_max_concurrency:
+                self._start_errors.pop(image, None)
+            self._idle[image].put_nowait(agent)
+            return True
+
+    async def _start(self, slot: int, image: str | None) -> Agent:
+        """A new agent. The start runs on in its thread if the caller is cancelled, so it is
+        shielded and left in `_starting` for aclose to wait for and remove: closing the
+        client under a start hid the real error (issue 39) and leaked its container."""
+        future = asyncio.ensure_future(self._call(self._start_agent, slot, image))
+        self._starting.add(future)
+        try:
+            agent: Agent = await asyncio.shield(future)
+        except Exception:
+            self._starting.discard(future)
+            raise
+        self._starting.discard(future)
+        return agent
 
     async def _probe(self) -> None:
         """Pick the interpreter by running a program through the real sandbox, so a service
@@ -186,7 +254,6 @@ class AgentBackend(ABC):
                 self.python_version = result.stdout.strip()
                 return
             failures.append(f"{python}: {result.status} {result.stderr.strip()[-300:]}")
-        await self.aclose()
         raise RuntimeError(f"no interpreter works in the {self.name} sandbox: "
                            + " | ".join(failures))
 
@@ -196,13 +263,20 @@ class AgentBackend(ABC):
                 "max_concurrency": self.settings.sandbox_max_concurrency,
                 "idle": {str(image or "host"): queue.qsize()
                          for image, queue in self._idle.items()},
+                "warm": {str(image or "host"): warm for image, warm in self._warm.items()},
+                "start_errors": {str(image or "host"): str(error)
+                                 for image, error in self._start_errors.items()},
                 "replaced": self.replaced,
                 **self._extra_description()}
 
     async def execute(self, request: ExecuteRequest) -> ExecuteResponse:
         """One program on a pooled agent, which is reset (or replaced) afterwards."""
         self._check(request)
-        pool = self._idle[self._image_for(request.image)]
+        image = self._image_for(request.image)
+        if not self._warm[image] and image in self._start_errors:
+            raise Unavailable(f"no {self.name} sandbox of {image or 'the host'} has started: "
+                              f"{self._start_errors[image]}")
+        pool = self._idle[image]
         agent = await pool.get()
         try:
             outcome = await self._run_on(agent, request, keep_workdir=False)
@@ -214,9 +288,25 @@ class AgentBackend(ABC):
             raise
         if outcome.lost or not outcome.clean or agent.uses >= self.settings.sandbox_max_uses:
             self._replace(agent)
+        elif outcome.resetting:
+            self._in_background(self._pool_after_reset(agent))
         else:
             pool.put_nowait(agent)
         return outcome.response
+
+    async def _pool_after_reset(self, agent: Agent) -> None:
+        """The agent answered before emptying its workdirs, so a program that left many files
+        still gets its answer (`timeout`, say) in time; it rejoins the pool once it is empty."""
+        try:
+            clean = await self._call(agent.read_reset, RESET_WAIT_S)
+        except AgentLost as exc:
+            log.warning("%s sandbox agent (slot %d) lost in its reset: %s", self.name,
+                        agent.slot, exc)
+            clean = False
+        if clean:
+            self._idle[agent.image].put_nowait(agent)
+        else:
+            self._replace(agent)
 
     def _image_for(self, requested: str | None) -> str | None:
         images = list(self._idle)
@@ -235,8 +325,8 @@ class AgentBackend(ABC):
     async def open_session(self, number: int, image: str | None) -> Agent:
         """A dedicated agent for session `number` (0 ≤ number < sandbox_max_sessions)."""
         self._check_started()
-        return await self._call(self._start_agent, self.settings.sandbox_max_concurrency + number,
-                                self._image_for(image))
+        return await self._start(self.settings.sandbox_max_concurrency + number,
+                                 self._image_for(image))
 
     async def run_in_session(self, agent: Agent, request: ExecuteRequest) -> Outcome:
         self._check(request)
@@ -279,38 +369,47 @@ class AgentBackend(ABC):
                                    stdout_truncated=False, stderr_truncated=False,
                                    wall_s=round(time.monotonic() - started, 6), cpu_s=0.0,
                                    reason="sandbox_lost")
-            return Outcome(lost, lost=True, clean=False)
-        return Outcome(_response(reply), lost=False, clean=reply["clean"])
+            return Outcome(lost, lost=True, clean=False, resetting=False)
+        return Outcome(_response(reply), lost=False, clean=reply["clean"],
+                       resetting=reply["resetting"])
 
     async def aclose(self) -> None:
-        for task in list(self._replacements):
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._background):
             task.cancel()
-        await asyncio.gather(*self._replacements, return_exceptions=True)
+        await asyncio.gather(*self._background, return_exceptions=True)
+        # Starts under way end before the client they use is closed; their agents go too.
+        started = await asyncio.gather(*self._starting, return_exceptions=True)
+        agents = [agent for agent in started if isinstance(agent, Agent)]
         for pool in self._idle.values():
             while not pool.empty():
-                await self._call(pool.get_nowait().remove)
-        if self._started:
-            await self._call(self._teardown)
+                agents.append(pool.get_nowait())
+        await asyncio.gather(*(self._call(agent.remove) for agent in agents))
+        await self._call(self._teardown)
         self._started = False
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _replace(self, old: Agent) -> None:
         self.replaced += 1
+        self._warm[old.image] -= 1
 
         async def replace() -> None:
             await self._call(old.remove)
-            while True:
-                try:
-                    agent = await self._call(self._start_agent, old.slot, old.image)
-                    self._idle[old.image].put_nowait(agent)
-                    return
-                except Exception as exc:  # noqa: BLE001 - keep trying; the pool must refill
-                    log.error("cannot start a %s sandbox agent (retrying): %s", self.name, exc)
-                    await asyncio.sleep(REPLACE_RETRY_S)
+            await self._fill(old.slot, old.image, attempts=None)
 
-        task = asyncio.get_running_loop().create_task(replace())
-        self._replacements.add(task)
-        task.add_done_callback(self._replacements.discard)
+        self._in_background(replace())
+
+    def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        # A request ending during shutdown drops its agent: docker's teardown removes the
+        # container, and a process agent exits when its stdin closes.
+        if self._closed:
+            work.close()
+            return
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _call(self, function: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._threads, function, *args)

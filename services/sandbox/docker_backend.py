@@ -74,13 +74,10 @@ class DockerBackend(AgentBackend):
         self._client: docker.DockerClient | None = None
 
     def _prepare(self) -> None:
-        self._client = _connect(self.settings)
-        for image in self.settings.sandbox_docker_images:
-            try:
-                self._client.images.get(image)
-            except docker.errors.ImageNotFound as exc:
-                raise RuntimeError(f"the sandbox image {image} (LOOM_SANDBOX_DOCKER_IMAGES) is "
-                                   "missing: build or pull it first") from exc
+        # The default image was checked by _connect. A missing extra image costs only its own
+        # pool: its slots fail to start with docker's error, shown in readiness, and start
+        # once the image appears.
+        self._client = _connect(self.settings, pool_size=self.workers)
         self._remove_pool()
 
     def _teardown(self) -> None:
@@ -153,11 +150,14 @@ class DockerBackend(AgentBackend):
                 container.remove(force=True)
 
 
-def _connect(settings: SandboxSettings) -> docker.DockerClient:
+def _connect(settings: SandboxSettings, pool_size: int) -> docker.DockerClient:
+    """A client with a connection for each thread that may use it at once: with docker's
+    default of 10, starting a large pool discarded connections by the dozen."""
     why_not = docker_available(settings)
     if why_not:
         raise RuntimeError(f"the docker sandbox backend cannot run: {why_not}")
-    return docker.DockerClient(base_url=settings.sandbox_docker_url, timeout=60)
+    return docker.DockerClient(base_url=settings.sandbox_docker_url, timeout=60,
+                               max_pool_size=pool_size)
 
 
 def docker_available(settings: SandboxSettings) -> str | None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from services.sandbox.docker_backend import docker_available
+import docker
+from docker.models.containers import Container
+
+from services.sandbox.docker_backend import POOL_LABEL, docker_available
 from services.sandbox.settings import SandboxSettings
 from tests.conftest import require
 
@@ -22,3 +25,13 @@ def sandbox_settings(backend: str, **overrides: Any) -> SandboxSettings:
         why_not = docker_available(settings)
         require(why_not is None, f"the docker sandbox backend ({why_not})")
     return settings
+
+
+def docker_pool(settings: SandboxSettings) -> list[Container]:
+    """The containers labelled with `settings`' docker pool, whatever their state."""
+    client = docker.DockerClient(base_url=settings.sandbox_docker_url)
+    try:
+        label = f"{POOL_LABEL}={settings.sandbox_docker_pool}"
+        return list(client.containers.list(all=True, filters={"label": label}))
+    finally:
+        client.close()

@@ -13,20 +13,10 @@ import pytest
 
 from services.common.errors import InvalidInput
 from services.sandbox.backend import create_backend
-from services.sandbox.docker_backend import POOL_LABEL, DockerBackend
+from services.sandbox.docker_backend import DockerBackend
 from services.sandbox.process_backend import ProcessBackend
 from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
-from services.sandbox.settings import SandboxSettings
-from tests.support.sandboxes import sandbox_settings
-
-
-def _pool(settings: SandboxSettings) -> list[docker.models.containers.Container]:
-    client = docker.DockerClient(base_url=settings.sandbox_docker_url)
-    try:
-        label = f"{POOL_LABEL}={settings.sandbox_docker_pool}"
-        return list(client.containers.list(all=True, filters={"label": label}))
-    finally:
-        client.close()
+from tests.support.sandboxes import docker_pool, sandbox_settings
 
 
 @pytest.fixture
@@ -39,7 +29,7 @@ async def backend() -> AsyncIterator[DockerBackend]:
 
 
 async def test_containers_are_hardened(backend: DockerBackend) -> None:
-    containers = _pool(backend.settings)
+    containers = docker_pool(backend.settings)
     assert len(containers) == 2
     host = containers[0].attrs["HostConfig"]
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
@@ -58,7 +48,7 @@ print(os.getuid(), os.getgid(), status["CapEff"].strip(), status["NoNewPrivs"].s
 
 
 async def test_containers_are_reused_and_reset_between_programs(backend: DockerBackend) -> None:
-    ids = {c.id for c in _pool(backend.settings)}
+    ids = {c.id for c in docker_pool(backend.settings)}
     for round_ in range(4):
         result = await backend.execute(ExecuteRequest(code=f"""
 import os, subprocess
@@ -68,7 +58,7 @@ subprocess.Popen(['sleep', '600'], start_new_session=True)
 """))
         assert result.status is ExecutionStatus.ok, result.stderr
         assert result.stdout == "['main.py'] []\n"
-    assert {c.id for c in _pool(backend.settings)} == ids
+    assert {c.id for c in docker_pool(backend.settings)} == ids
     assert backend.describe()["replaced"] == 0
 
 
@@ -77,15 +67,15 @@ async def test_a_container_is_replaced_after_max_uses() -> None:
                                              sandbox_max_uses=2))
     await backend.start()  # the start-up probe is the first use
     try:
-        first = {c.id for c in _pool(backend.settings)}
+        first = {c.id for c in docker_pool(backend.settings)}
         for _ in range(3):
             assert (await backend.execute(ExecuteRequest(code="pass"))).status.value == "ok"
         assert backend.describe()["replaced"] >= 1
-        pool = _pool(backend.settings)
+        pool = docker_pool(backend.settings)
         assert len(pool) == 1 and pool[0].id not in first
     finally:
         await backend.aclose()
-    assert _pool(backend.settings) == []
+    assert docker_pool(backend.settings) == []
 
 
 async def test_a_container_killed_under_a_program_is_reported_and_replaced(
@@ -96,7 +86,7 @@ async def test_a_container_killed_under_a_program_is_reported_and_replaced(
     deadline = time.monotonic() + 20
     while True:
         uid = str(backend.settings.sandbox_docker_user_id)
-        busy = [c for c in _pool(backend.settings)
+        busy = [c for c in docker_pool(backend.settings)
                 if any(p[1] == uid for p in c.top(ps_args="-eo pid,uid")["Processes"] or [])]
         if busy:
             break
@@ -108,7 +98,7 @@ async def test_a_container_killed_under_a_program_is_reported_and_replaced(
     for _ in range(3):
         assert (await backend.execute(ExecuteRequest(code="print(1)"))).stdout == "1\n"
     deadline = time.monotonic() + 30
-    while len([c for c in _pool(backend.settings) if c.status == "running"]) != 2:
+    while len([c for c in docker_pool(backend.settings) if c.status == "running"]) != 2:
         assert time.monotonic() < deadline, "the pool did not recover"
         await asyncio.sleep(0.2)
 
@@ -117,15 +107,46 @@ async def test_containers_left_by_a_crashed_service_are_removed_at_start() -> No
     settings = sandbox_settings("docker", sandbox_max_concurrency=2)
     crashed = DockerBackend(settings)
     await crashed.start()
-    leftovers = {c.id for c in _pool(settings)}
+    leftovers = {c.id for c in docker_pool(settings)}
     # No aclose(): as if the service had been killed.
     successor = DockerBackend(settings)
     await successor.start()
     try:
-        current = {c.id for c in _pool(settings)}
+        current = {c.id for c in docker_pool(settings)}
         assert len(current) == 2 and not current & leftovers
     finally:
         await successor.aclose()
+
+
+# Up to 700,000 empty files, then it waits for its timeout. Emptying that many takes the agent
+# longer than its grace beyond the timeout (about 7 s on a 2-core machine); bounded so that a
+# fast machine does not fill the container's memory with inodes.
+FILE_FLOOD = """
+import os, time
+for d in range(700):
+    os.mkdir(f"d{d}")
+    for i in range(1000):
+        open(f"d{d}/{i}", "w").close()
+    print(d, flush=True)
+time.sleep(60)
+"""
+LIST_WORKDIRS = "import os; print(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))"
+
+
+async def test_a_program_leaving_very_many_files_times_out_as_timeout(
+        backend: DockerBackend) -> None:
+    """The agent answers first and empties /work after (issue 30, item 7): it used to empty it
+    first, overran its grace and the program came back `killed` (`sandbox_lost`)."""
+    ids = {c.id for c in docker_pool(backend.settings)}
+    result = await backend.execute(ExecuteRequest(code=FILE_FLOOD, timeout_s=10))
+    assert (result.status, result.reason) == (ExecutionStatus.timeout, "timeout"), result.stderr
+    assert int(result.stdout.split()[-1]) >= 100  # it did leave over 100,000 files
+    # Both containers serve again, emptied: one at once, the other once its reset is done.
+    listings = await asyncio.gather(*(backend.execute(ExecuteRequest(code=LIST_WORKDIRS))
+                                      for _ in range(2)))
+    assert [r.stdout for r in listings] == ["['main.py'] []\n"] * 2
+    assert {c.id for c in docker_pool(backend.settings)} == ids
+    assert backend.describe()["replaced"] == 0
 
 
 async def test_memory_above_the_container_limit_is_refused(backend: DockerBackend) -> None:
@@ -162,7 +183,7 @@ async def test_each_image_has_a_pool_and_requests_pick_one() -> None:
     backend = DockerBackend(settings.model_copy(update={"sandbox_docker_images": [VARIANT]}))
     await backend.start()
     try:
-        assert len(_pool(backend.settings)) == 2  # one container per image
+        assert len(docker_pool(backend.settings)) == 2  # one container per image
         default = await backend.execute(ExecuteRequest(code=READ_MARKER))
         variant = await backend.execute(ExecuteRequest(code=READ_MARKER, image=VARIANT))
         assert (default.stdout, variant.stdout) == ("default\n", "variant\n")
