@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import pytest
 
 from gateway.cli.supervisor import ServiceFailed, ServiceSpec, Supervisor, group_members
 from services.common.ports import free_port
+from services.common.service_token import SERVICE_TOKEN_HEADER
 from services.common.settings import LoomSettings
 
 
@@ -50,7 +52,8 @@ def alive(pids: set[int]) -> set[int]:
 @pytest.fixture
 def ports_env(tmp_path: Path) -> dict[str, str]:
     return {
-        **os.environ,
+        # No LOOM_SERVICE_TOKEN: `loom up` makes the token itself, as on a fresh machine.
+        **{k: v for k, v in os.environ.items() if k != "LOOM_SERVICE_TOKEN"},
         "LOOM_DATA_DIR": str(tmp_path / "data"),
         "LOOM_GATEWAY_URL": f"http://127.0.0.1:{free_port()}",
         "LOOM_MODELSTATE_URL": f"http://127.0.0.1:{free_port()}",
@@ -87,6 +90,16 @@ def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
         assert status.returncode == 1, status.stdout + status.stderr  # degraded: 4 are absent
         assert "degraded" in status.stdout and "unreachable" in status.stdout
         assert "modelstate" in status.stdout
+
+        # The token `loom up` made: private, and what the services it started ask for.
+        data = tmp_path / "data"
+        token_file = data / "service_token"
+        assert stat.S_IMODE(data.stat().st_mode) == 0o700
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        store = f"{ports_env['LOOM_MODELSTATE_URL']}/v1/store"
+        assert httpx2.get(store, timeout=10).status_code == 401
+        token = {SERVICE_TOKEN_HEADER: token_file.read_text().strip()}
+        assert httpx2.get(store, headers=token, timeout=10).status_code == 200
 
         loom.send_signal(signal.SIGTERM)
         loom.wait(timeout=60)
