@@ -46,6 +46,7 @@ def create_app(
             shard_bytes=settings.trainer_shard_mb << 20,
             checkpoint_dir=settings.trainer_checkpoint_dir,
             page_reserve_bytes=settings.trainer_page_reserve_mb << 20,
+            max_request_tokens=settings.trainer_max_request_tokens,
         )
         app.state.trainer.release_page_reserves()
         try:

@@ -30,6 +30,26 @@ class Batch:
     def num_tokens(self) -> int:
         return int((self.loss_mask > 0).sum().item())
 
+    @property
+    def padded_tokens(self) -> int:
+        return len(self.lengths) * max(self.lengths)
+
+    def rows(self, rows: list[int], extra: Tensor | None = None
+             ) -> tuple[Batch, Tensor | None]:
+        """These rows (longest first, as `micro_batches` groups them), cut to the longest;
+        `extra` ([B, T], e.g. reference logprobs) cut the same way."""
+        index = torch.tensor(rows, device=self.input_ids.device)
+        span = self.lengths[rows[0]]
+
+        def cut(tensor: Tensor | None) -> Tensor | None:
+            return None if tensor is None else tensor[index, :span]
+
+        part = Batch(input_ids=self.input_ids[index, :span],
+                     attention_mask=self.attention_mask[index, :span],
+                     loss_mask=self.loss_mask[index, :span], old_logprobs=cut(self.old_logprobs),
+                     advantages=cut(self.advantages), lengths=[self.lengths[i] for i in rows])
+        return part, cut(extra)
+
 
 def validate_data(
     data: list[Datum], vocab_size: int, max_length: int, *, needs_loss: bool

@@ -26,7 +26,7 @@ from services.trainer.batch import (
     validate_data,
 )
 from services.trainer.lora_host import LoraHost
-from services.trainer.losses import compute_loss
+from services.trainer.losses import Totals, compute_loss
 from services.trainer.page_reserve import PageReserve
 from services.trainer.schemas import (
     AdamParams,
@@ -126,16 +126,10 @@ class TrainerModel:
         batch = collate(data, self.device)
         with self.network() as network:
             network.train()
-            loss, metrics, logprobs = self._loss(network, batch, loss_config)
-            if not torch.isfinite(loss):
-                raise InvalidInput(
-                    f"The loss is {loss.item()} (check advantages and logprobs for huge or "
-                    "non-finite values); no gradients were accumulated"
-                )
-            loss.backward()
+            loss, metrics, logprobs = self._loss(network, batch, loss_config, backward=True)
         self._has_gradients = True
         return ForwardBackwardResult(
-            loss=loss.item(), num_tokens=batch.num_tokens, metrics=metrics,
+            loss=loss, num_tokens=batch.num_tokens, metrics=metrics,
             logprobs=unpad(logprobs, batch.lengths) if return_logprobs else None)
 
     def forward(self, data: list[Datum], loss_config: LossConfig | None = None
@@ -146,9 +140,9 @@ class TrainerModel:
             if loss_config is None:
                 return ForwardResult(logprobs=unpad(self._logprobs(network, batch),
                                                     batch.lengths))
-            loss, _, logprobs = self._loss(network, batch, loss_config)
+            loss, _, logprobs = self._loss(network, batch, loss_config, backward=False)
         # No token carrying loss is a loss of 0 (a mean over no tokens would be NaN).
-        value = loss.item() if batch.num_tokens else 0.0
+        value = loss if batch.num_tokens else 0.0
         return ForwardResult(logprobs=unpad(logprobs, batch.lengths), loss=value)
 
     def optim_step(self, adam: AdamParams) -> OptimStepResult:
@@ -227,36 +221,55 @@ class TrainerModel:
                 group.update(hyper)
         return self._optimizer
 
-    def _loss(self, network: torch.nn.Module, batch: Batch, config: LossConfig
-              ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def _loss(self, network: torch.nn.Module, batch: Batch, config: LossConfig, *,
+              backward: bool) -> tuple[float, dict[str, float], torch.Tensor]:
         """The loss on `batch` under `network`'s mode (train or eval), its metrics, and the
-        per-token logprobs it was computed from."""
+        per-token logprobs it was computed from, one micro-batch of rows of similar length at a
+        time. Each micro-batch's share of the loss divides by the whole batch's totals, so with
+        `backward` it is back-propagated at once and its graph freed: peak memory is one
+        micro-batch's whatever the batch's size, and the gradients add up to the batch's."""
         training = network.training
         reference = self._reference_logprobs(network, batch) if config.kl_coef > 0 else None
         network.train(training)  # the reference pass may have switched the mode
-        logprobs = self._logprobs(network, batch)
-        loss, metrics = compute_loss(config, logprobs, batch.loss_mask,
-                                     old_logprobs=batch.old_logprobs,
-                                     advantages=batch.advantages, ref_logprobs=reference)
+        totals = Totals.of(batch.loss_mask)
+        groups = micro_batches(batch.lengths, self.micro_batch_tokens)
+        # One group fails, if it does, before its backward: nothing to undo then.
+        undo = (_GradientUndo(self.params, self._has_gradients and len(groups) > 1)
+                if backward else None)
+        loss, metrics = 0.0, {}
+        logprobs = torch.zeros_like(batch.loss_mask)
+        for rows in groups:
+            part, part_reference = batch.rows(rows, reference)
+            part_logprobs = self._forward(network, part.input_ids, part.attention_mask)
+            share, shares = compute_loss(config, part_logprobs, part.loss_mask,
+                                         old_logprobs=part.old_logprobs,
+                                         advantages=part.advantages,
+                                         ref_logprobs=part_reference, totals=totals)
+            if undo is not None:
+                if not torch.isfinite(share):
+                    undo.restore()
+                    raise InvalidInput(
+                        f"The loss is {share.item()} (check advantages and logprobs for huge "
+                        "or non-finite values); no gradients were accumulated")
+                share.backward()
+                undo.touched = True
+            loss += share.item()
+            for name, value in shares.items():
+                metrics[name] = metrics.get(name, 0.0) + value
+            index = torch.tensor(rows, device=logprobs.device)
+            logprobs[index, :part_logprobs.shape[1]] = part_logprobs.detach()
         return loss, metrics, logprobs
 
     def _logprobs(self, network: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        """[B, T] logprobs, from one forward pass per micro-batch of rows of similar length.
-        The loss is still taken over the whole batch (one graph, one backward), so the result
-        is the batch's as one pass would give it, without computing on padding."""
-        groups = micro_batches(batch.lengths, self.micro_batch_tokens)
-        if len(groups) == 1:
-            return self._forward(network, batch.input_ids, batch.attention_mask)
-        width = batch.input_ids.shape[1]
-        parts = []
-        for rows in groups:
-            index = torch.tensor(rows, device=batch.input_ids.device)
-            span = batch.lengths[rows[0]]  # the group's longest row
-            logprobs = self._forward(network, batch.input_ids[index, :span],
-                                     batch.attention_mask[index, :span])
-            parts.append(torch.nn.functional.pad(logprobs, (0, width - span)))
-        order = torch.tensor([i for rows in groups for i in rows], device=batch.input_ids.device)
-        return torch.cat(parts)[torch.argsort(order)]
+        """[B, T] logprobs, from one forward pass per micro-batch of rows of similar length
+        (no graph is kept: callers run it without gradients)."""
+        logprobs = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
+        for rows in micro_batches(batch.lengths, self.micro_batch_tokens):
+            part, _ = batch.rows(rows)
+            index = torch.tensor(rows, device=logprobs.device)
+            logprobs[index, :part.input_ids.shape[1]] = self._forward(
+                network, part.input_ids, part.attention_mask)
+        return logprobs
 
     @staticmethod
     def _forward(network: torch.nn.Module, input_ids: torch.Tensor,
@@ -276,3 +289,20 @@ class TrainerModel:
                 self._frozen_reference = load_causal_lm(self.model_path, self.device).eval()
                 self._frozen_reference.requires_grad_(False)
             return self._logprobs(self._frozen_reference, batch)
+
+
+class _GradientUndo:
+    """Puts the gradients back as they were before a forward_backward whose later micro-batch
+    failed after earlier ones had added theirs. Gradients that were all None (the usual case:
+    one forward_backward per step) cost nothing to keep."""
+
+    def __init__(self, params: list[torch.nn.Parameter], has_gradients: bool) -> None:
+        self.params = params
+        self.saved = ([None if p.grad is None else p.grad.clone() for p in params]
+                      if has_gradients else [None] * len(params))
+        self.touched = False
+
+    def restore(self) -> None:
+        if self.touched:
+            for param, grad in zip(self.params, self.saved, strict=True):
+                param.grad = grad

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from services.common.errors import PayloadTooLarge
 from services.common.operations import OperationQueue
 from services.common.schemas import Operation
 from services.trainer import state_files
@@ -16,6 +17,7 @@ from services.trainer.page_reserve import DEFAULT_MAX_BYTES, PageReserve, remove
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     CreateModelRequest,
+    Datum,
     ForwardBackwardRequest,
     ForwardRequest,
     LoadStateRequest,
@@ -38,6 +40,7 @@ class TrainerService:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         checkpoint_dir: Path | None = None,
         page_reserve_bytes: int = DEFAULT_MAX_BYTES,
+        max_request_tokens: int = 1 << 21,
     ) -> None:
         self.registry = registry
         self.queue = queue
@@ -46,6 +49,7 @@ class TrainerService:
         self.shard_bytes = shard_bytes
         self.checkpoint_dir = checkpoint_dir or work_dir / "checkpoints"
         self.page_reserve_bytes = page_reserve_bytes
+        self.max_request_tokens = max_request_tokens
         self._reserves: dict[str, PageReserve] = {}
 
     def create_model(self, request: CreateModelRequest) -> tuple[ModelInfo, bool]:
@@ -58,6 +62,7 @@ class TrainerService:
 
     def forward_backward(self, model_id: str, request: ForwardBackwardRequest) -> Operation:
         model = self.registry.get(model_id)
+        self._check_size(request.data)
         model.validate(request.data, needs_loss=True)
         return self._submit(model_id, "forward_backward",
                             lambda: model.forward_backward(request.data, request.loss,
@@ -65,9 +70,20 @@ class TrainerService:
 
     def forward(self, model_id: str, request: ForwardRequest) -> Operation:
         model = self.registry.get(model_id)
+        self._check_size(request.data)
         model.validate(request.data, needs_loss=False)
         return self._submit(model_id, "forward", lambda: model.forward(request.data,
                                                                         request.loss))
+
+    def _check_size(self, data: list[Datum]) -> None:
+        padded = len(data) * max((len(d.input_ids) for d in data), default=0)
+        if padded > self.max_request_tokens:
+            raise PayloadTooLarge(
+                f"This request is {len(data)} rows padded to its longest row: {padded} tokens, "
+                f"over the trainer's limit of {self.max_request_tokens} "
+                "(LOOM_TRAINER_MAX_REQUEST_TOKENS). Send the batch in several forward_backward "
+                "calls: their gradients add up until optim_step.",
+                {"padded_tokens": padded, "limit": self.max_request_tokens})
 
     def optim_step(self, model_id: str, request: OptimStepRequest) -> Operation:
         model = self.registry.get(model_id)

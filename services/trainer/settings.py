@@ -42,6 +42,15 @@ class TrainerSettings(LoomSettings):
         f"{DEFAULT_MICRO_BATCH_TOKENS['cpu']} on CPU, {DEFAULT_MICRO_BATCH_TOKENS['cuda']} on "
         "CUDA (a GPU pass has a larger fixed cost and computes padding cheaply).",
     )
+    trainer_max_request_tokens: int = Field(
+        default=1 << 21,
+        ge=1,
+        description="Largest forward or forward_backward one request may ask for, in padded "
+        "tokens (rows x its longest row: what the trainer allocates for it); more is a 413. "
+        "Memory for the passes themselves is bounded by the micro-batch, whatever this is; "
+        "split a bigger batch into several forward_backward calls (gradients add up until "
+        "optim_step).",
+    )
     trainer_tf32: bool = Field(
         default=True,
         description="On CUDA, fp32 matrix products run on TF32 tensor cores (inputs rounded "

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from services.trainer.losses import (
+    Aggregate,
+    Totals,
     cispo,
     compute_loss,
     cross_entropy,
@@ -20,6 +22,11 @@ from services.trainer.losses import (
 from services.trainer.schemas import LossAggregation, LossConfig, LossName
 
 LN2 = math.log(2.0)
+
+
+def summed(mask: torch.Tensor) -> Aggregate:
+    """The plain token sum as the loss; metrics stay token means over `mask`."""
+    return Aggregate(LossAggregation.sum, Totals.of(mask))
 
 
 def t(rows: list[list[float]]) -> torch.Tensor:
@@ -122,8 +129,8 @@ def test_cispo_weighs_log_pi_by_the_clipped_ratio_without_its_gradient() -> None
     # ratios 2, 1/2 and 1; bounds [0.8, 1.5] clip the first two to 1.5 and 0.8
     old = t([[0.0, -1.0 - LN2, -2.0 + LN2, -0.5]])
     advantages = t([[0.0, 1.0, -2.0, 3.0]])
-    loss, metrics = cispo(new, t([[0, 1, 1, 1]]), old, advantages, 0.2, 0.5,
-                          lambda v, m: (v * m).sum())
+    mask = t([[0, 1, 1, 1]])
+    loss, metrics = cispo(new, mask, old, advantages, 0.2, 0.5, summed(mask))
     # -(1.5 * -1 * 1 + 0.8 * -2 * -2 + 1 * -0.5 * 3) = -(-1.5 + 3.2 - 1.5)
     assert loss.item() == pytest.approx(-0.2)
     assert metrics["clip_fraction"] == pytest.approx(2 / 3)
@@ -148,8 +155,8 @@ def test_dro_is_the_policy_gradient_minus_a_quadratic_penalty() -> None:
     new = t([[0.0, -1.0, -2.0]]).requires_grad_()
     old = t([[0.0, -1.5, -2.0]])  # log-ratios 0.5 and 0
     advantages = t([[0.0, 2.0, -1.0]])
-    loss, metrics = dro(new, t([[0, 1, 1]]), old, advantages, 0.4,
-                        lambda v, m: (v * m).sum())
+    mask = t([[0, 1, 1]])
+    loss, metrics = dro(new, mask, old, advantages, 0.4, summed(mask))
     # -((-1 * 2 - 0.5 * 0.4 * 0.25) + (-2 * -1 - 0))
     assert loss.item() == pytest.approx(0.05)
     assert metrics["penalty_mean"] == pytest.approx(0.05 / 2)
@@ -163,8 +170,8 @@ def test_reinforce_with_minus_a_gradient_passes_that_gradient_through() -> None:
     exactly dL/dlogprob, and the loss value -sum(A * logprob)."""
     logprobs = t([[0.0, -1.0, -2.0]]).requires_grad_()
     client_gradient = [0.0, 0.25, -3.0]
-    loss, _ = reinforce(logprobs, t([[0, 1, 1]]), -t([client_gradient]),
-                        lambda v, m: (v * m).sum())
+    mask = t([[0, 1, 1]])
+    loss, _ = reinforce(logprobs, mask, -t([client_gradient]), summed(mask))
     assert loss.item() == pytest.approx(0.25 * -1.0 + -3.0 * -2.0)
     loss.backward()
     assert logprobs.grad is not None

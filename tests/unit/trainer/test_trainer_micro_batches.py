@@ -3,6 +3,7 @@ the whole batch's whatever the grouping (the tiny model on CPU)."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.common.errors import InvalidInput
 from services.trainer.batch import micro_batches
 from services.trainer.model import TrainerModel, micro_batch_budget
 from services.trainer.registry import ModelRegistry
@@ -67,15 +69,23 @@ def model_with_budget(tiny_model_dir: Path, tmp_path: Path, mode: TrainingMode,
     return model
 
 
+CONFIGS = [
+    LossConfig(name=LossName.ppo, aggregation=LossAggregation.token_mean, kl_coef=0.1),
+    LossConfig(name=LossName.ppo, aggregation=LossAggregation.sequence_mean, kl_coef=0.1),
+    LossConfig(name=LossName.cispo, aggregation=LossAggregation.sum_normalized, normalizer=8),
+    LossConfig(name=LossName.importance_sampling, aggregation=LossAggregation.sum, tis_cap=2.0),
+    LossConfig(name=LossName.cross_entropy),
+]
+
+
 @pytest.mark.parametrize("mode", [TrainingMode.full, TrainingMode.lora])
-@pytest.mark.parametrize("aggregation", [LossAggregation.token_mean,
-                                         LossAggregation.sequence_mean])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.name.value}-{c.aggregation.value}")
 def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: Path,
-                                                mode: TrainingMode,
-                                                aggregation: LossAggregation) -> None:
+                                                mode: TrainingMode, config: LossConfig) -> None:
+    """Each micro-batch is back-propagated on its own (its share of the loss divided by the
+    whole batch's totals): loss, metrics and gradients are those of one graph over the batch."""
     torch.manual_seed(0)
     data = long_tailed_data(12)
-    config = LossConfig(name=LossName.ppo, aggregation=aggregation, kl_coef=0.1)
     one_pass = model_with_budget(tiny_model_dir, tmp_path, mode, 10_000)
     split = model_with_budget(tiny_model_dir, tmp_path, mode, 70)
     expected = one_pass.forward_backward(data, config, return_logprobs=True)
@@ -90,6 +100,32 @@ def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: 
                                  strict=True):
         assert a.grad is not None and b.grad is not None, name
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("earlier_gradients", [False, True])
+def test_a_failing_later_micro_batch_leaves_the_gradients_as_they_were(
+        tiny_model_dir: Path, tmp_path: Path, earlier_gradients: bool) -> None:
+    """Earlier micro-batches have added their gradients when a later one's loss is not finite:
+    the call fails as a whole and takes them back."""
+    model = model_with_budget(tiny_model_dir, tmp_path, TrainingMode.full, 70)
+    config = LossConfig(name=LossName.importance_sampling)
+    data = long_tailed_data(12)
+    if earlier_gradients:
+        model.forward_backward(data, config)
+    before = {name: None if p.grad is None else p.grad.clone()
+              for name, p in model.named_trainable()}
+    # The shortest rows run last (longest first); one of them has an infinite advantage.
+    shortest = min(range(len(data)), key=lambda i: len(data[i].input_ids))
+    bad = data[shortest]
+    data[shortest] = bad.model_copy(update={"advantages": [a * math.inf for a in bad.advantages]})
+    with pytest.raises(InvalidInput, match="no gradients were accumulated"):
+        model.forward_backward(data, config)
+    for name, param in model.named_trainable():
+        if before[name] is None:
+            assert param.grad is None, name
+        else:
+            assert param.grad is not None
+            torch.testing.assert_close(param.grad, before[name], rtol=0, atol=0, msg=name)
 
 
 def test_forward_without_gradients_is_split_too(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from modelstate.client import ModelStateClient
-from services.common.errors import Conflict, NotFound
+from services.common.errors import Conflict, NotFound, PayloadTooLarge
 from services.common.operations import OperationQueue
 from services.trainer.checkpoint import ThreadPublisher
 from services.trainer.registry import ModelRegistry
@@ -80,3 +80,20 @@ async def test_operations_of_a_model_run_in_submission_order(
         assert earlier.finished_at is not None and later.started_at is not None
         assert earlier.finished_at <= later.started_at
     assert service.model_info("j1").step == 3
+
+
+async def test_a_request_past_the_token_limit_is_refused_naming_the_setting(
+    service: TrainerService, tiny_model_dir: Path
+) -> None:
+    service.create_model(spec(tiny_model_dir))
+    service.max_request_tokens = 100
+    # 4 rows padded to the longest (30): 120 tokens, though only 57 are real.
+    data = [Datum(input_ids=[5] * n, loss_mask=[1.0] * n) for n in (30, 9, 9, 9)]
+    for submit in (lambda: service.forward_backward("j1", ForwardBackwardRequest(data=data)),
+                   lambda: service.forward("j1", ForwardRequest(data=data))):
+        with pytest.raises(PayloadTooLarge, match="LOOM_TRAINER_MAX_REQUEST_TOKENS") as refused:
+            submit()
+        assert refused.value.detail == {"padded_tokens": 120, "limit": 100}
+    accepted = service.forward_backward("j1", ForwardBackwardRequest(data=data[1:]))
+    done = await service.operation(accepted.id, wait=60)
+    assert done.status == "succeeded", done.error
