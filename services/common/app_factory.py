@@ -189,8 +189,12 @@ class ServiceTokenMiddleware:
         self.header = SERVICE_TOKEN_HEADER.lower().encode("latin-1")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.OPEN_PATHS or self._allowed(scope):
+        if scope["type"] == "lifespan" or scope["path"] in self.OPEN_PATHS \
+                or self._allowed(scope):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # none today; one added later is guarded too
+            await send({"type": "websocket.close", "code": 1008})
             return
         refused = error_response(
             401, "unauthorized",

@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx2
 import pytest
 from fastapi import APIRouter
+from starlette.types import Message, Receive, Scope, Send
 
 from services.common import service_token as tokens
-from services.common.app_factory import create_service_app
+from services.common.app_factory import ServiceTokenMiddleware, create_service_app
 from services.common.service_token import (
     SERVICE_TOKEN_HEADER,
     ServiceTokenError,
@@ -193,3 +194,23 @@ async def test_the_token_lets_a_request_through_and_probes_need_none() -> None:
             assert (await client.get(path)).status_code == 200, path
         assert (await client.get("/healthz/")).status_code == 401  # exact paths only
         assert (await client.get("/docs")).status_code == 401
+
+
+async def test_a_websocket_without_the_token_is_closed_before_the_app_sees_it() -> None:
+    reached, sent = [], []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(scope["type"])
+
+    async def receive() -> Message:
+        return {"type": "websocket.connect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    guard = ServiceTokenMiddleware(app, TOKEN)
+    await guard({"type": "websocket", "path": "/v1/live", "headers": []}, receive, send)
+    assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
+    header = (SERVICE_TOKEN_HEADER.lower().encode(), TOKEN.encode())
+    await guard({"type": "websocket", "path": "/v1/live", "headers": [header]}, receive, send)
+    assert reached == ["websocket"]
