@@ -114,15 +114,19 @@ class ProcessBackend(AgentBackend):
         base = self.settings.sandbox_user_id_base
         if self._as_root and base is not None:
             self._uids = claim(Path(self.settings.sandbox_lock_dir), base)
-        if self._as_root:
-            instance = f"uids-{self._uids.start}" if self._uids else f"pid-{os.getpid()}"
-            try:
-                self.cgroups = Cgroups(instance)
-                self.cgroups.remove_all()  # what a crashed holder of the range left
-            except (OSError, RuntimeError) as exc:
-                self._release_uids()
-                raise RuntimeError(f"the process sandbox cannot limit memory, processes and "
-                                   f"CPU with control groups: {exc}") from exc
+        if not self._as_root:
+            log.warning("the process sandbox runs as uid %d, not root: programs share that uid "
+                        "and have no control group (rlimits only); run the service as root "
+                        "or use the docker backend", os.geteuid())
+            return
+        instance = f"uids-{self._uids.start}" if self._uids else f"pid-{os.getpid()}"
+        try:
+            self.cgroups = Cgroups(instance)
+            self.cgroups.remove_all()  # what a crashed holder of the range left
+        except (OSError, RuntimeError) as exc:
+            self._release_uids()
+            raise RuntimeError(f"the process sandbox cannot limit memory, processes and CPU "
+                               f"with control groups: {exc}") from exc
 
     def _teardown(self) -> None:
         """Every agent has been removed; remove the instance's groups and free its uids."""
