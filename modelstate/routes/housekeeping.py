@@ -46,10 +46,14 @@ async def set_retention(collector: CollectorDep, job_id: JobPath,
     return await run_in_threadpool(collector.set_retention, job_id, body)
 
 
+MAX_GRACE_S = 10 * 365 * 24 * 3600
+
+
 @router.post("/gc", response_model=GcReport)
 async def collect_garbage(
     collector: CollectorDep,
-    grace_s: Annotated[float | None, Query(ge=0, description="Override the grace period.")]
-    = None,
+    # At most ten years: a longer one would overflow the datetime it is subtracted from.
+    grace_s: Annotated[float | None, Query(ge=0, le=MAX_GRACE_S,
+                                           description="Override the grace period.")] = None,
 ) -> GcReport:
     return await run_in_threadpool(collector.collect, grace_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -98,8 +99,20 @@ def _ops_router(service: str, version: str) -> APIRouter:
 
 
 def error_response(status_code: int, code: str, message: str, detail: Any = None) -> JSONResponse:
-    body = {"error": {"code": code, "message": message, "detail": detail}}
+    body = {"error": {"code": code, "message": message, "detail": json_safe(detail)}}
     return JSONResponse(body, status_code=status_code)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with NaN and the infinities spelled as strings: an error often echoes the bad
+    input, and JSON has no such numbers (rendering them would turn a 4xx into a 500)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def validation_error(exc: RequestValidationError) -> InvalidInput:

@@ -259,6 +259,7 @@ async def test_delete_pins_retention_and_gc_over_http(
         ("GET", "/v1/jobs/job-1/versions/7/lineage", None, 404, "no version 7"),
         ("GET", "/v1/jobs/job-1/versions/1/archive?merge_lora=maybe", None, 422, "merge_lora"),
         ("POST", "/v1/gc?grace_s=-1", None, 422, "grace_s"),
+        ("POST", "/v1/gc?grace_s=1e17", None, 422, "grace_s"),
         ("PUT", "/v1/pins/rollout@h:1", {"versions": [], "ttl_s": 0}, 422, "ttl_s"),
         ("PUT", "/v1/pins/rollout@h:1",
          {"versions": [{"job_id": "job-1", "number": 1}] * 1025}, 422, "versions"),

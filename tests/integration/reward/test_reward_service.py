@@ -86,3 +86,13 @@ async def test_bad_requests_get_a_clear_422(client: httpx2.AsyncClient, body: di
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["code"] == "invalid_input" and message in error["message"]
+
+
+async def test_a_rejected_non_finite_number_is_a_422_that_spells_it(
+        client: httpx2.AsyncClient) -> None:
+    """Python's JSON reads NaN and Infinity; an error that echoes them must still render."""
+    response = await client.post("/v1/score", content=(
+        b'{"verifier": "regex", "params": {"pattern": NaN, "flags": -Infinity}, '
+        b'"items": [{"response": "x"}]}'), headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert "nan" in response.text.lower()
