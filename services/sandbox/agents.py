@@ -210,8 +210,9 @@ class AgentBackend(ABC):
                 agent = await self._start(slot, image)
             except Exception as exc:  # noqa: BLE001 - any failed start is retried and reported
                 self._start_errors.setdefault(image, exc)
-                # Once per slot is enough to see why; a refill that keeps failing is in readiness.
-                level = logging.WARNING if attempt <= START_ATTEMPTS else logging.DEBUG
+                # Once per slot and round of tries is enough to see why (a missing image fails
+                # every slot); readiness shows a refill that keeps failing.
+                level = logging.WARNING if attempt == 1 else logging.DEBUG
                 log.log(level, "cannot start a %s sandbox agent (slot %d, image %s, attempt "
                         "%d): %s", self.name, slot, image or "host", attempt, exc)
                 if attempts is not None and attempt >= attempts:
