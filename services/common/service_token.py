@@ -5,8 +5,9 @@ have checked the user already: the gateway checks API keys and job scopes, then 
 process that could open a TCP connection to a service port (another user on the host, a
 container on the compose network) could skip the gateway. The token closes that door: every
 route but `/healthz`, `/readyz` and `/metrics` wants it (`ServiceTokenMiddleware` in
-`services.common.app_factory`), and every Loom caller sends it because the clients here are the
-only way Loom builds a service client.
+`services.common.app_factory`), and every Loom caller sends it: `service_headers` is the one
+place the header is made, used by `service_client`, `ModelStateClient.from_settings` and the
+gateway's upstream clients.
 
 The header is `X-Loom-Service-Token`, not `Authorization`: the gateway takes users' keys in
 `Authorization`/`X-API-Key` and must never forward them, and one header per credential keeps

@@ -14,6 +14,7 @@ import pytest
 
 from services.common.ports import free_port
 from services.common.service_token import service_headers
+from services.common.settings import LoomSettings
 from services.sandbox.app import create_app
 from services.sandbox.schemas import ExecuteResponse
 from tests.support.sandboxes import BACKENDS, sandbox_settings
@@ -82,7 +83,8 @@ def test_service_runs_as_a_module() -> None:
         while True:
             try:
                 response = httpx2.post(f"http://127.0.0.1:{port}/v1/execute",
-                                       json={"code": "print('up')"}, timeout=30)
+                                       json={"code": "print('up')"}, timeout=30,
+                                       headers=service_headers(LoomSettings()))
                 break
             except httpx2.TransportError:
                 assert process.poll() is None, process.stderr.read().decode()[-2000:]
