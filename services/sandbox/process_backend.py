@@ -28,7 +28,7 @@ from typing import Any
 from services.common.errors import InvalidInput
 from services.sandbox import seccomp
 from services.sandbox.agents import Agent, AgentBackend, AgentLost, Outcome, agent_command
-from services.sandbox.cgroups import Cgroups, SlotCgroup, join_command
+from services.sandbox.cgroups import CgroupError, Cgroups, SlotCgroup, join_command
 from services.sandbox.confinement import (
     bwrap_command,
     bwrap_version,
@@ -88,7 +88,10 @@ class LocalAgent(Agent):
         if self.process.stdout is not None:
             self.process.stdout.close()
         if self.cgroup is not None:
-            self.cgroup.remove()
+            try:
+                self.cgroup.remove()
+            except CgroupError as exc:  # the service's teardown sweeps the groups again
+                log.warning("sandbox slot %d: %s", self.slot, exc)
 
 
 class ProcessBackend(AgentBackend):

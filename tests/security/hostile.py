@@ -349,7 +349,7 @@ for name in os.listdir("/proc"):
 print("sees", sum(name.isdigit() for name in os.listdir("/proc")), "processes; done")
 """, stdout_has="done"),
     hostile("world_readable_host_files", """
-for path in @WORLD_READABLE@ + ["/etc/passwd", "/etc/hostname", "/home", "/root/.bashrc"]:
+for path in @WORLD_READABLE@:  # in the project, /var/tmp and the host's /tmp
     try:
         print("ESCAPED: read", path, open(path).read()[:40])
     except OSError:

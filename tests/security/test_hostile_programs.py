@@ -85,10 +85,10 @@ async def assert_nothing_left(sandbox: Sandbox) -> None:
 
 def _process_leftovers(sandbox: Sandbox) -> list[str]:
     backend = sandbox.app_state.backend  # type: ignore[attr-defined]
-    first, last = backend.describe()["uids"]
-    found = processes_of(range(first, last + 1))
-    slots = backend.cgroups.slot_names()
-    if len(slots) != sandbox.settings.sandbox_max_concurrency:
+    uids = backend.describe()["uids"]  # None: not root, programs run as the service's uid
+    found = processes_of(range(uids[0], uids[1] + 1)) if uids else []
+    slots = backend.cgroups.slot_names() if backend.cgroups else []
+    if backend.cgroups and len(slots) != sandbox.settings.sandbox_max_concurrency:
         found.append(f"control groups {slots} for {sandbox.settings.sandbox_max_concurrency} "
                      "slots")
     return found

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from services.sandbox.schemas import ExecuteResponse
 from services.sandbox.schemas import ExecutionStatus as S
@@ -47,6 +48,7 @@ def _uids(state: object) -> range:
     return range(first, last + 1)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="uid ranges and control groups need root")
 async def test_two_services_side_by_side_do_not_disturb_each_other() -> None:
     settings = [sandbox_settings("process", sandbox_max_concurrency=2) for _ in range(2)]
     assert settings[0].sandbox_user_id_base == settings[1].sandbox_user_id_base
