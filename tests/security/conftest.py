@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from services.common.service_token import SERVICE_TOKEN_HEADER, service_token
+from services.common.service_token import service_headers
 from services.sandbox.app import create_app
 from services.sandbox.settings import SandboxSettings
 from tests.conftest import CACHE
@@ -144,9 +144,8 @@ async def running_sandbox(settings: SandboxSettings
                           ) -> AsyncIterator[tuple[httpx2.AsyncClient, object]]:
     """A sandbox service app and a client of it that sends the service token."""
     app = create_app(settings)
-    headers = {SERVICE_TOKEN_HEADER: service_token(settings)}
     async with app.router.lifespan_context(app), httpx2.AsyncClient(
         transport=httpx2.ASGITransport(app=app), base_url="http://sandbox", timeout=60,
-        headers=headers,
+        headers=service_headers(settings),
     ) as client:
         yield client, app.state
