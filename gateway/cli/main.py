@@ -38,6 +38,7 @@ from gateway.cli.supervisor import (
 )
 from gateway.cli.versions import versions_app
 from gateway.schemas import StackHealth
+from services.common.service_token import ServiceTokenError
 
 app = typer.Typer(help="Loom: a control plane for RL post-training of LLMs.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -52,8 +53,12 @@ def _start(supervisor: Supervisor) -> None:
     with Progress(SpinnerColumn(), TextColumn("{task.description:<11}"),
                   TextColumn("{task.fields[state]}"), TimeElapsedColumn(),
                   console=console) as progress:
+        try:
+            launched = supervisor.launch()
+        except ServiceTokenError as exc:  # a token set too short, a data dir not writable
+            fail(str(exc))
         tasks = {s.name: progress.add_task(s.name, total=1, state="starting")
-                 for s in supervisor.launch()}
+                 for s in launched}
 
         def on_change(service: RunningService) -> None:
             progress.update(tasks[service.name], completed=1, state=service.state)

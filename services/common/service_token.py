@@ -74,9 +74,9 @@ def token_environment(settings: LoomSettings) -> dict[str, str]:
 
     The file's path, not the token, when there is one: a service's environment may reach the
     programs it starts (a sandbox's), and a path names nothing they can read."""
+    token = service_token(settings)  # checked, and created now rather than by racing children
     if settings.service_token is not None:
-        return {"LOOM_SERVICE_TOKEN": settings.service_token.get_secret_value()}
-    service_token(settings)  # create it now, before the children race to
+        return {"LOOM_SERVICE_TOKEN": token}
     return {"LOOM_SERVICE_TOKEN_FILE": str(token_file(settings))}
 
 

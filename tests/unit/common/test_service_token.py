@@ -123,6 +123,8 @@ def test_children_are_handed_the_file_not_the_token(tmp_path: Path) -> None:
     assert env == {"LOOM_SERVICE_TOKEN_FILE": str(tmp_path / "service_token")}
     assert (tmp_path / "service_token").exists()  # made before any child starts
     assert token_environment(LoomSettings(service_token=TOKEN)) == {"LOOM_SERVICE_TOKEN": TOKEN}
+    with pytest.raises(ServiceTokenError):  # refused before any child starts with it
+        token_environment(LoomSettings(service_token="short"))
 
 
 def test_data_dir_and_database_files_are_private(tmp_path: Path) -> None:
