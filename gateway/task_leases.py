@@ -47,6 +47,7 @@ def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: flo
         return Claim(ClaimAction.skip, status=status.value)
     move_task(row, TaskStatus.running, now)
     row.attempts += 1
+    row.error = None  # the previous attempt's (or wait's): not this attempt's
     session.flush()
     return Claim(ClaimAction.run, attempt=row.attempts, status=status.value)
 
@@ -92,6 +93,26 @@ def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskSta
     row.error = error.model_dump() if error is not None else None
     session.flush()
     return True
+
+
+def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody, *,
+                 give_up: bool) -> bool:
+    """A queued task waiting for services to come back: say why (`error`), or, `give_up`,
+    fail it with that. False, and nothing written, unless the task is still queued (a cancel
+    meanwhile ends the wait)."""
+    row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
+    if row is None or row.status != TaskStatus.queued.value:
+        return False
+    if give_up:
+        move_task(row, TaskStatus.failed, now)
+    row.error = error.model_dump()
+    session.flush()
+    return True
+
+
+def progress_of(session: Session, task_id: str) -> dict[str, Any] | None:
+    row = session.get(BackgroundTaskRow, task_id)
+    return None if row is None else row.progress
 
 
 def requeue_abandoned(session: Session, now: datetime, stale_after_s: float

@@ -34,6 +34,7 @@ from gateway.cli.supervisor import (
     RunningService,
     ServiceFailed,
     Supervisor,
+    supervised_state,
     terminate_on_sigterm,
 )
 from gateway.cli.versions import versions_app
@@ -109,16 +110,32 @@ def up(
                     f"{key_file.read_text().strip()}\n\nAlso in {key_file} (mode 0600), which "
                     "`loom status` and `loom demo` read. Delete it in production.",
                     title="bootstrap admin API key (shown once)"))
-            console.print("Stack is up. Ctrl-C stops it.")
-            while (exited := supervisor.first_exited()) is None:
-                time.sleep(1)
-            err_console.print(Panel(Text(exited.log_tail() or "(empty log)"),
-                                    title=f"{exited.log_path} (tail)"))
-            fail(f"{exited.name} exited with code {exited.process.returncode}; stopping the "
-                 "stack.")
+            console.print("Stack is up. Ctrl-C stops it; a service that dies is restarted.")
+            _keep_up(supervisor)
         except KeyboardInterrupt:
             console.print("Stopping the stack...")
     console.print("Stopped.")
+
+
+def _keep_up(supervisor: Supervisor) -> None:
+    """Restart what dies, saying so, until Ctrl-C or a service that keeps dying."""
+    with httpx2.Client(timeout=2.0) as http:
+        while True:
+            try:
+                changed = supervisor.supervise(http)
+            except ServiceFailed as failure:
+                err_console.print(Panel(Text(failure.service.log_tail() or "(empty log)"),
+                                        title=f"{failure.service.log_path} (tail)"))
+                fail(f"{failure}.")
+            for service in changed:
+                if service.state == "waiting":
+                    err_console.print(Text(
+                        f"{service.name} exited with code {service.last_exit}; restarting "
+                        f"(log: {service.log_path})", style="yellow"))
+                elif service.state == "ready":
+                    console.print(f"{service.name} is ready again (restart "
+                                  f"{service.restarts}).")
+            time.sleep(1)
 
 
 def fetch_health(url: str, api_key: str) -> StackHealth:
@@ -151,14 +168,16 @@ def status(
         health = fetch_health(url, api_key_for(api_key, settings))
     except (httpx2.TransportError, RuntimeError) as exc:
         fail(f"Gateway at {url}: {exc}")
+    supervised = supervised_state(settings)  # restarts, when `loom up` runs the stack here
     table = Table(title=f"Loom at {url}: {health.status}")
-    for column in ("service", "status", "version", "detail"):
+    for column in ("service", "status", "version", "restarts", "detail"):
         table.add_column(column)
     for name, service in health.services.items():
         color = "green" if service.status in ("ready", "ok") else "red"
         detail = ", ".join(f"{k}={v}" for k, v in service.detail.items())
+        restarts = str(supervised.get(name, {}).get("restarts", "")) if supervised else ""
         table.add_row(name, f"[{color}]{service.status}[/{color}]", service.version,
-                      detail[:120])
+                      restarts, escape(detail[:120]))
     console.print(table)
     if health.status != "ok":
         raise typer.Exit(1)

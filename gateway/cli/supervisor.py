@@ -3,13 +3,18 @@
 Each service runs in its own session, so its process group holds every process it spawns
 (vLLM's EngineCore and workers included). Stopping signals the groups, not just the leaders:
 SIGTERM, a grace period, then SIGKILL for whatever is left, so nothing outlives the supervisor
-when it stops normally. (If the supervisor itself is SIGKILLed, its services keep running:
+when it stops normally. A service that dies once the stack is up is started again
+(`supervise`), after a backoff that doubles with each death in a row, until it dies too often
+(MAX_DEATHS within DEATH_WINDOW_S): then the stack stops, as a crash loop would otherwise
+hide. Each service's state and restarts are written to <data_dir>/run/supervisor.json, which
+`loom status` shows. (If the supervisor itself is SIGKILLed, its services keep running:
 they are in their own sessions by design, so a Ctrl-C aimed at the terminal reaches only us.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -55,14 +60,25 @@ STACK: tuple[ServiceSpec, ...] = (
 )
 
 
+# A death after start-up waits this long before the restart, doubled per death in a row.
+RESTART_BACKOFF_S = 1.0
+MAX_RESTART_BACKOFF_S = 30.0
+MAX_DEATHS, DEATH_WINDOW_S = 5, 600.0
+
+
 @dataclass
 class RunningService:
     spec: ServiceSpec
     url: str
     log_path: Path
     process: subprocess.Popen[bytes]
-    state: str = "starting"  # starting → ready → stopped | exited (died on its own)
+    # starting → ready → stopped | exited (died on its own) → waiting (to restart) → starting
+    state: str = "starting"
     started_at: float = field(default_factory=time.monotonic)
+    restarts: int = 0
+    deaths: list[float] = field(default_factory=list)  # when it died (monotonic), recent ones
+    restart_at: float = 0.0
+    last_exit: int | None = None
 
     @property
     def name(self) -> str:
@@ -99,6 +115,7 @@ class Supervisor:
         self.extra_env = dict(extra_env or {})
         self.services: list[RunningService] = []
         self.log_dir = settings.data_dir / "logs"
+        self._env: dict[str, str] = {}
 
     def __enter__(self) -> Supervisor:
         return self
@@ -120,20 +137,91 @@ class Supervisor:
         return env
 
     def launch(self) -> list[RunningService]:
-        env = self.environment()  # first: it creates the data dir, private
+        self._env = self.environment()  # first: it creates the data dir, private
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for spec in self.specs:
             log_path = self.log_dir / f"{spec.name}.log"
-            with open(log_path, "ab") as log:
-                log.write(f"\n--- loom: starting {spec.name} at {time.ctime()} ---\n".encode())
-                log.flush()
-                process = subprocess.Popen(
-                    spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                )
             url = self.settings.url_of(spec.name) if spec.http else ""
-            self.services.append(RunningService(spec, url, log_path, process))
+            self.services.append(RunningService(spec, url, log_path,
+                                                self._spawn(spec, log_path)))
+        self._write_state()
         return self.services
+
+    def _spawn(self, spec: ServiceSpec, log_path: Path, why: str = "starting"
+               ) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as log:
+            log.write(f"\n--- loom: {why} {spec.name} at {time.ctime()} ---\n".encode())
+            log.flush()
+            return subprocess.Popen(
+                spec.argv, env=self._env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def supervise(self, http: httpx2.Client) -> list[RunningService]:
+        """One round of keeping the stack up, for `loom up`'s loop: a service that died is
+        started again after its backoff; one starting again is watched until ready (or dead
+        again). Returns the services whose state changed. Raises `ServiceFailed` for a service
+        that died MAX_DEATHS times within DEATH_WINDOW_S."""
+        now = time.monotonic()
+        changed = []
+        for service in self.services:
+            before = service.state
+            if service.state in ("ready", "starting") and service.process.poll() is not None:
+                self._died(service, now, f"exited with code {service.process.returncode}")
+            elif service.state == "starting" and now - service.started_at > \
+                    service.spec.startup_timeout_s:
+                _signal_group(service.pid, signal.SIGKILL)
+                service.process.wait()
+                self._died(service, now, "was not ready in time after a restart")
+            elif service.state == "starting" and self._answers(service, http):
+                service.state = "ready"
+            elif service.state == "waiting" and now >= service.restart_at:
+                service.process = self._spawn(service.spec, service.log_path, "restarting")
+                service.state, service.started_at = "starting", now
+                service.restarts += 1
+            if service.state != before:
+                changed.append(service)
+        if changed:
+            self._write_state()
+        return changed
+
+    def _died(self, service: RunningService, now: float, reason: str) -> None:
+        service.last_exit = service.process.returncode
+        _signal_group(service.pid, signal.SIGKILL)  # what it spawned (vLLM's engine) goes too
+        service.deaths = [t for t in service.deaths if now - t < DEATH_WINDOW_S] + [now]
+        if len(service.deaths) >= MAX_DEATHS:
+            service.state = "exited"
+            self._write_state()
+            raise ServiceFailed(service, f"{reason}; it died {len(service.deaths)} times in "
+                                f"{DEATH_WINDOW_S / 60:.0f} minutes, so the stack stops")
+        backoff = min(MAX_RESTART_BACKOFF_S,
+                      RESTART_BACKOFF_S * 2 ** (len(service.deaths) - 1))
+        service.state, service.restart_at = "waiting", now + backoff
+        with open(service.log_path, "ab") as log:
+            log.write(f"\n--- loom: {service.name} {reason}; restarting in {backoff:.0f} s "
+                      "---\n".encode())
+
+    def _answers(self, service: RunningService, http: httpx2.Client) -> bool:
+        if not service.spec.http:
+            return self._wrote_ready_file(service)
+        with contextlib.suppress(httpx2.TransportError):
+            return http.get(f"{service.url}/readyz").status_code == 200
+        return False
+
+    @property
+    def state_file(self) -> Path:
+        return self.settings.data_dir / "run" / "supervisor.json"
+
+    def _write_state(self) -> None:
+        """What `loom status` shows of the supervised processes (atomic: a reader never sees
+        half of it)."""
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        state = {s.name: {"state": s.state, "pid": s.pid, "restarts": s.restarts,
+                          "last_exit": s.last_exit, "log": str(s.log_path)}
+                 for s in self.services}
+        partial = self.state_file.with_suffix(".tmp")
+        partial.write_text(json.dumps(state, indent=1))
+        partial.replace(self.state_file)
 
     def wait_ready(self, on_change: Callable[[RunningService], None] | None = None,
                    poll_s: float = 0.5) -> None:
@@ -155,13 +243,8 @@ class Supervisor:
         limit = service.spec.startup_timeout_s
         if time.monotonic() - service.started_at > limit:
             raise ServiceFailed(service, f"was not ready after {limit:.0f} s")
-        if not service.spec.http:
-            if self._wrote_ready_file(service):
-                service.state = "ready"
-            return
-        with contextlib.suppress(httpx2.TransportError):
-            if http.get(f"{service.url}/readyz").status_code == 200:
-                service.state = "ready"
+        if self._answers(service, http):
+            service.state = "ready"
 
     def _wrote_ready_file(self, service: RunningService) -> bool:
         try:
@@ -174,15 +257,8 @@ class Supervisor:
               ) -> list[RunningService]:
         self.launch()
         self.wait_ready(on_change)
+        self._write_state()
         return self.services
-
-    def first_exited(self) -> RunningService | None:
-        """A service that died on its own since start-up, if any."""
-        for service in self.services:
-            if service.state == "ready" and service.process.poll() is not None:
-                service.state = "exited"
-                return service
-        return None
 
     def stop(self) -> None:
         """SIGTERM to every process group, a grace period, then SIGKILL; reap the leaders."""
@@ -199,6 +275,17 @@ class Supervisor:
                 service.process.wait(timeout=5)
             if service.state != "exited":
                 service.state = "stopped"
+        if self.services:
+            self._write_state()
+
+
+def supervised_state(settings: LoomSettings) -> dict[str, dict[str, object]]:
+    """What a `loom up` over this data dir last wrote of its services ({} if none ran)."""
+    try:
+        state = json.loads((settings.data_dir / "run" / "supervisor.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def terminate_on_sigterm() -> None:

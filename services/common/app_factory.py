@@ -23,11 +23,11 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.errors import InvalidInput, LoomError
+from services.common.errors import InvalidInput, LoomError, Unavailable
 from services.common.logs import request_id_var
 from services.common.schemas import Health
 from services.common.service_token import SERVICE_TOKEN_HEADER
@@ -150,6 +150,15 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning("value refused by the database: %s", reason)
         return error_response(422, "invalid_input",
                               f"The request holds a value the database cannot store: {reason}.")
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database_down(_request: Request, exc: Exception) -> JSONResponse:
+        # The database is unreachable or dropped the connection (a restart, a failover): an
+        # outage, not a bug. The transaction rolled back; the pool reconnects on a later call.
+        log.warning("database unavailable: %s", str(exc).splitlines()[0][:300])
+        return error_response(503, Unavailable.code, "The database is unavailable (restarting "
+                              "or unreachable); nothing was written. Try again shortly.")
 
     @app.exception_handler(Exception)
     async def _unhandled(_request: Request, exc: Exception) -> JSONResponse:

@@ -3,25 +3,41 @@ run its logic while a heartbeat keeps the claim alive (and notices a cancel), re
 outcome. Plain asyncio and data functions, no Celery: `tasks.py` adapts it.
 
 Faults follow the shared taxonomy: a user fault (a service's 4xx: bad version, unknown
-verifier, ...) fails the task with that message; an upstream outage (unreachable, 5xx, busy)
-queues it again after a backoff, a bounded number of times; anything else is a bug, logged and
-failed as an internal error."""
+verifier, ...) fails the task with that message; anything else that is not an outage is a bug,
+logged and failed as an internal error. An outage (unreachable, 5xx, busy) queues the task
+again, and what happens next depends on the stack's readiness (`readiness.py`):
+- services not ready (restarting, a vLLM engine starting): the task waits for exactly those,
+  without claiming it or counting a retry, for as long as LOOM_WORKER_OUTAGE_WINDOW_S, and
+  says so on its row;
+- every service ready, yet the attempt failed: a strike, tried again after a backoff, up to
+  LOOM_WORKER_MAX_RETRIES strikes in a row. An attempt that made progress (a managed run that
+  recorded a checkpoint) clears the strikes, so a long run survives any number of outages.
+The message carries this state (`Outage`) from one delivery to the next."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes.run import RunStopped
 from gateway.models import utcnow
-from gateway.task_leases import ClaimAction, claim_task, finish_attempt, heartbeat
+from gateway.task_leases import (
+    ClaimAction,
+    claim_task,
+    finish_attempt,
+    heartbeat,
+    note_waiting,
+    progress_of,
+)
 from gateway.task_schemas import TaskStatus
 from modelstate.client import ModelStateClient
 from services.common.db import in_transaction
@@ -29,13 +45,17 @@ from services.common.errors import LimitExceeded, LoomError, Unavailable, Upstre
 from services.common.http import ServiceClient
 from services.common.schemas import ErrorBody
 from services.common.service_token import service_client
+from services.worker.readiness import Readiness, stack_readiness
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRYABLE = (Unavailable, UpstreamError, LimitExceeded)
+# The database dropped a connection or is restarting: an outage too, never a bug of the task's.
+DATABASE_DOWN = (OperationalError, InterfaceError)
 MAX_BACKOFF_S = 300.0
+WAIT_POLL_S = 2.0  # how often a waiting task looks at the services again
 
 
 @dataclass
@@ -61,12 +81,24 @@ class Done:
 Work = Callable[[Services, int], Awaitable[Done]]
 
 
+class Outage(BaseModel):
+    """What a task's message carries between deliveries: `strikes`, attempts in a row that
+    failed while every service was ready; `waiting_for`, the services it waits for, since
+    `since` (wall-clock seconds)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    strikes: int = 0
+    waiting_for: tuple[str, ...] = ()
+    since: float | None = None
+
+
 @dataclass(frozen=True)
 class Redeliver:
-    """Send the message again after `after_s`; `counts`: as a retry after an outage."""
+    """Send the message again after `after_s`, carrying `outage`."""
 
     after_s: float
-    counts: bool
+    outage: Outage
 
 
 class _Lost(Exception):
@@ -86,9 +118,16 @@ async def open_services(settings: WorkerSettings) -> AsyncIterator[Services]:
 
 
 async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session],
-                       task_id: str, retries: int, work: Work) -> Redeliver | None:
-    """Handle one delivery; `retries`: outage retries this message already had. Returns
-    when (if ever) the message must come again."""
+                       task_id: str, outage: Outage, work: Work, needs: tuple[str, ...],
+                       readiness: Readiness | None = None) -> Redeliver | None:
+    """Handle one delivery, `outage` being what the message carried; `needs`: the services
+    the work calls (the ones an outage waits for). Returns when (if ever) the message must
+    come again."""
+    readiness = readiness or stack_readiness(settings)
+    if outage.waiting_for:
+        still = await readiness(outage.waiting_for)
+        if still:
+            return await _wait(settings, sessions, task_id, outage, still)
     claim = await in_transaction(sessions, lambda s: claim_task(s, task_id, utcnow(),
                                                      settings.stale_after_s))
     if claim.action is ClaimAction.skip:
@@ -96,8 +135,9 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
         return None
     if claim.action is ClaimAction.wait:
         log.info("task %s is running elsewhere: looking again in %.1f s", task_id, claim.wait_s)
-        return Redeliver(claim.wait_s + 0.5, counts=False)
+        return Redeliver(claim.wait_s + 0.5, outage)
     attempt = claim.attempt
+    progress = await in_transaction(sessions, lambda s: progress_of(s, task_id))
     log.info("task %s: attempt %d", task_id, attempt)
 
     def end(status: TaskStatus, error: ErrorBody) -> Awaitable[bool]:
@@ -116,13 +156,27 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
         if exc.cancel_task:
             await end(TaskStatus.cancelled, ErrorBody(code="cancelled", message=str(exc)))
         return None
-    except RETRYABLE as exc:
-        if retries < settings.worker_max_retries:
-            delay = min(MAX_BACKOFF_S, settings.worker_retry_backoff_s * 2**retries)
-            log.warning("task %s: %s; trying again in %.1f s", task_id, exc.message, delay)
-            await end(TaskStatus.queued, _error(exc))
-            return Redeliver(delay, counts=True)
-        await end(TaskStatus.failed, _error(exc, f"gave up after {retries} retries: "))
+    except (*RETRYABLE, *DATABASE_DOWN) as caught:
+        exc = caught if isinstance(caught, LoomError) else Unavailable(
+            f"The database is unavailable: {str(caught).splitlines()[0][:300]}")
+        progressed = await in_transaction(sessions, lambda s: progress_of(s, task_id)) != progress
+        strikes = 0 if progressed else outage.strikes
+        unready = await readiness(needs)
+        if unready:
+            log.warning("task %s: %s; waiting for %s", task_id, exc.message, ", ".join(unready))
+            await end(TaskStatus.queued, _waiting_error(exc, unready))
+            return Redeliver(WAIT_POLL_S, Outage(strikes=strikes,
+                                                      waiting_for=tuple(unready),
+                                                      since=time.time()))
+        if strikes >= settings.worker_max_retries:
+            await end(TaskStatus.failed, _error(
+                exc, f"gave up after {strikes} retries without progress, every service "
+                "ready: "))
+            return None
+        delay = min(MAX_BACKOFF_S, settings.worker_retry_backoff_s * 2**strikes)
+        log.warning("task %s: %s; trying again in %.1f s", task_id, exc.message, delay)
+        await end(TaskStatus.queued, _error(exc))
+        return Redeliver(delay, Outage(strikes=strikes + 1))
     except LoomError as exc:
         await end(TaskStatus.failed, _error(exc))
     except Exception as exc:
@@ -142,6 +196,28 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
     return None
 
 
+async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], task_id: str,
+                outage: Outage, unready: dict[str, str]) -> Redeliver | None:
+    """Services the task waits for are still not ready: say so on its row and look again
+    soon, or fail it once they have been gone for the whole outage window."""
+    since = outage.since if outage.since is not None else time.time()
+    waited = time.time() - since
+    give_up = waited > settings.worker_outage_window_s
+    what = "; ".join(f"{name}: {why}" for name, why in unready.items())
+    error = ErrorBody(code=Unavailable.code, detail={"waiting_for": unready,
+                                                     "waited_s": round(waited, 1)},
+                      message=(f"Gave up: services not ready for {waited:.0f} s "
+                               f"(LOOM_WORKER_OUTAGE_WINDOW_S={settings.worker_outage_window_s:g})"
+                               f": {what}" if give_up else f"Waiting for services: {what}"))
+    if not await in_transaction(sessions, lambda s: note_waiting(s, task_id, utcnow(), error,
+                                                                 give_up=give_up)):
+        return None  # cancelled or taken up meanwhile: this message has nothing left to do
+    if give_up:
+        return None
+    return Redeliver(WAIT_POLL_S, Outage(strikes=outage.strikes, waiting_for=tuple(unready),
+                                         since=since))
+
+
 async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt: int,
                           every_s: float, work: Awaitable[T]) -> T:
     """Await `work`, refreshing the claim every `every_s`; cancel it once the claim is lost."""
@@ -155,6 +231,12 @@ async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await running
             raise _Lost
+
+
+def _waiting_error(exc: LoomError, unready: dict[str, str]) -> ErrorBody:
+    what = "; ".join(f"{name}: {why}" for name, why in unready.items())
+    return ErrorBody(code=exc.code, message=f"{exc.message} (waiting for services: {what})",
+                     detail={"waiting_for": unready, "error": exc.detail})
 
 
 def _error(exc: LoomError, prefix: str = "") -> ErrorBody:

@@ -50,12 +50,19 @@ class WorkerSettings(LoomSettings):
     )
     worker_max_retries: int = Field(
         default=5, ge=0,
-        description="Times a task is tried again after an upstream outage (a service "
-        "unreachable or failing); a user fault (4xx) fails it at once.",
+        description="Attempts in a row a task may lose to an upstream error while every "
+        "service is ready (a 5xx that is not an outage); progress (a managed run's "
+        "checkpoint) starts the count again. A user fault (4xx) fails it at once.",
     )
     worker_retry_backoff_s: float = Field(
         default=2.0, gt=0,
         description="First wait before such a retry; doubled each time, at most 5 minutes.",
+    )
+    worker_outage_window_s: float = Field(
+        default=900.0, gt=0,
+        description="How long a task waits for services that are not ready (restarting, an "
+        "engine starting) before it fails; waiting counts no retry and holds no worker. Long "
+        "enough for a vLLM start on a GPU node.",
     )
     worker_gc_interval_s: float = Field(
         default=0.0, ge=0,

@@ -5,6 +5,7 @@ logic functions (`gc`, `evaluate`, `export`, a managed run's `recipe`), through
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from typing import TYPE_CHECKING, Any, cast
@@ -21,18 +22,30 @@ from services.worker.evaluate import metric_points
 from services.worker.export import export_merged
 from services.worker.gc import collect
 from services.worker.recipes import Attempt, complete_job, run_attempt
-from services.worker.runner import Done, Services, Work, run_delivery
+from services.worker.runner import (
+    DATABASE_DOWN,
+    WAIT_POLL_S,
+    Done,
+    Outage,
+    Redeliver,
+    Services,
+    Work,
+    run_delivery,
+)
 from services.worker.schemas import EvaluateParams, ExportParams, GcParams, RecipeParams, TaskKind
 
 if TYPE_CHECKING:
     from services.worker.app import LoomCelery
+
+log = logging.getLogger(__name__)
 
 TASK_NAMES: dict[TaskKind, str] = {kind: f"loom.{kind.value}" for kind in TaskKind}
 SCHEDULED_GC = "loom.scheduled_gc"
 
 
 def register(app: LoomCelery) -> None:
-    # max_retries=None: Celery does not count; the runner bounds retries after outages.
+    # max_retries=None: Celery does not count; the runner bounds retries after outages and
+    # carries its count in the message (`outage`).
     options: dict[str, Any] = {"bind": True, "acks_late": True, "reject_on_worker_lost": True,
                                "max_retries": None}
     app.task(name=TASK_NAMES[TaskKind.gc], **options)(gc)
@@ -42,15 +55,16 @@ def register(app: LoomCelery) -> None:
     app.task(name=SCHEDULED_GC, **options)(scheduled_gc)
 
 
-def gc(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any]) -> None:
+def gc(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
+       outage: dict[str, Any] | None = None) -> None:
     async def work(services: Services, _attempt: int) -> Done:
         return Done(await collect(services.modelstate, job_id, GcParams.model_validate(params)))
 
-    _deliver(task, task_id, job_id, work)
+    _deliver(task, task_id, job_id, work, outage, needs=("modelstate",))
 
 
 def evaluate(task: CeleryTask, task_id: str, job_id: str | None,
-             params: dict[str, Any]) -> None:
+             params: dict[str, Any], outage: dict[str, Any] | None = None) -> None:
     async def work(services: Services, _attempt: int) -> Done:
         job = _job(job_id)
         result = await run_evaluation(services.modelstate, services.rollout, services.reward,
@@ -58,20 +72,22 @@ def evaluate(task: CeleryTask, task_id: str, job_id: str | None,
         points = metric_points(result)
         return Done(result, record=lambda session: log_metrics(session, job, points))
 
-    _deliver(task, task_id, job_id, work)
+    _deliver(task, task_id, job_id, work, outage, needs=("modelstate", "rollout", "reward"))
 
 
-def export(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any]) -> None:
+def export(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
+           outage: dict[str, Any] | None = None) -> None:
     exports_dir = _app(task).loom_settings.data_dir / "exports"
 
     async def work(services: Services, _attempt: int) -> Done:
         return Done(await export_merged(services.modelstate, _job(job_id),
                                         ExportParams.model_validate(params), exports_dir))
 
-    _deliver(task, task_id, job_id, work)
+    _deliver(task, task_id, job_id, work, outage, needs=("modelstate",))
 
 
-def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any]) -> None:
+def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
+           outage: dict[str, Any] | None = None) -> None:
     """A managed run: the recipe runs in a thread (blocking SDK calls) while the runner's
     heartbeat keeps the claim; losing the claim sets `stop`, which the recipe obeys at its
     next checkpoint."""
@@ -89,30 +105,38 @@ def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str,
             raise
         return Done(result, record=lambda session: complete_job(session, run.job_id))
 
-    _deliver(task, task_id, job_id, work)
+    # A recipe calls the gateway, which calls the rest (a sandbox only some recipes use).
+    _deliver(task, task_id, job_id, work, outage,
+             needs=("gateway", "trainer", "rollout", "reward", "modelstate"))
 
 
-def scheduled_gc(task: CeleryTask) -> None:
+def scheduled_gc(task: CeleryTask, outage: dict[str, Any] | None = None) -> None:
     """Celery beat's store-wide collection, recorded as a `gc` task without a job; its id
     derives from the message id, so a redelivered message finds the same task."""
     task_id = f"task_{uuid.UUID(str(task.request.id)).hex}"
     with transaction(_app(task).sessions) as session:
         ensure_task(session, task_id, TaskKind.gc, None, GcParams().model_dump(mode="json"))
-    gc(task, task_id, None, {})
+    gc(task, task_id, None, {}, outage)
 
 
-def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work) -> None:
+def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work,
+             outage: dict[str, Any] | None, *, needs: tuple[str, ...]) -> None:
     app = _app(task)
     request_id_var.set(task_id)  # the delivery's log lines name the task and its job
     job_id_var.set(job_id or "-")
-    again = asyncio.run(run_delivery(app.loom_settings, app.sessions, task_id,
-                                     task.request.retries, work))
+    carried = Outage.model_validate(outage or {})
+    try:
+        again = asyncio.run(run_delivery(app.loom_settings, app.sessions, task_id, carried, work,
+                                         needs))
+    except DATABASE_DOWN as exc:  # the task's row could not even be read or written
+        log.warning("task %s: database unavailable (%s); trying again in %.0f s", task_id,
+                    str(exc).splitlines()[0][:200], WAIT_POLL_S)
+        again = Redeliver(WAIT_POLL_S, carried)
     if again is None:
         return
-    if again.counts:
-        raise task.retry(countdown=again.after_s)
-    # Not a retry (another worker holds the task): the same message later, same retry count.
-    task.signature_from_request(countdown=again.after_s).apply_async()
+    # A new message with the outage's state; this one is acknowledged when we return.
+    kwargs = {**task.request.kwargs, "outage": again.outage.model_dump(mode="json")}
+    task.signature_from_request(kwargs=kwargs, countdown=again.after_s).apply_async()
 
 
 def _app(task: CeleryTask) -> LoomCelery:

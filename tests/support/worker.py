@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,15 @@ class TaskStack:
         self.workers.append(worker)
         return worker
 
+    @contextlib.contextmanager
+    def modelstate_at(self, port: int) -> Iterator[str]:
+        """Another modelstate over the same database and blobs, served at `port`: the store
+        coming back where a worker expects it."""
+        app = create_modelstate(ModelStateSettings(
+            data_dir=self.data_dir, database_url=self.database_url, modelstate_gc_interval_s=0))
+        with serve_in_thread(app, port=port) as url:
+            yield url
+
     async def create_job(self, http: httpx2.AsyncClient) -> str:
         response = await http.post("/v1/jobs", json={"base_model": str(self.base_model)})
         assert response.status_code == 201, response.text
@@ -174,14 +183,16 @@ class TaskStack:
             await client.aclose()
 
 
-async def wait_for_task(http: httpx2.AsyncClient, task_id: str, statuses: set[str],
+async def wait_for_task(http: httpx2.AsyncClient, task_id: str,
+                        until: set[str] | Callable[[dict[str, Any]], bool],
                         timeout_s: float = 60.0) -> dict[str, Any]:
+    """The task once its status is one of `until`, or once `until(task)` holds."""
     deadline = time.monotonic() + timeout_s
     while True:
         response = await http.get(f"/v1/tasks/{task_id}")
         assert response.status_code == 200, response.text
         task: dict[str, Any] = response.json()
-        if task["status"] in statuses:
+        if until(task) if callable(until) else task["status"] in until:
             return task
         if time.monotonic() > deadline:
             raise AssertionError(f"task {task_id} still {task['status']}: {task}")

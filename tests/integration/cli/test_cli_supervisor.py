@@ -17,7 +17,14 @@ import httpx2
 import psutil
 import pytest
 
-from gateway.cli.supervisor import ServiceFailed, ServiceSpec, Supervisor, group_members
+from gateway.cli import supervisor as supervisor_module
+from gateway.cli.supervisor import (
+    ServiceFailed,
+    ServiceSpec,
+    Supervisor,
+    group_members,
+    supervised_state,
+)
 from services.common.ports import free_port
 from services.common.service_token import SERVICE_TOKEN_HEADER
 from services.common.settings import LoomSettings
@@ -166,3 +173,66 @@ def test_start_up_death_shows_its_log_and_stops_the_rest(tmp_path: Path) -> None
     assert "exited with code 3" in str(failure.value)
     assert "bad config: no sandbox" in failure.value.service.log_tail()
     assert all(group_members(s.pid) == [] for s in supervisor.services)
+
+
+# Answers /readyz on LOOM_REWARD_URL's port; with an argument, exits with code 7 after that
+# many seconds.
+READY_SERVICE = textwrap.dedent("""
+    import http.server, os, sys, threading
+    from urllib.parse import urlsplit
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+        def log_message(self, *args):
+            pass
+    if len(sys.argv) > 1:
+        threading.Timer(float(sys.argv[1]), lambda: os._exit(7)).start()
+    port = urlsplit(os.environ["LOOM_REWARD_URL"]).port
+    server = http.server.HTTPServer(("127.0.0.1", port), Ready)
+    server.allow_reuse_address = True
+    server.serve_forever()
+""")
+
+
+def supervise_until(supervisor: Supervisor, state: str, timeout: float) -> None:
+    with httpx2.Client(timeout=1) as http:
+        wait_until(lambda: supervisor.supervise(http) is not None
+                   and supervisor.services[0].state == state, timeout, state)
+
+
+def test_a_service_that_dies_is_restarted_and_status_shows_it(tmp_path: Path) -> None:
+    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}")
+    spec = ServiceSpec("reward", (sys.executable, "-c", READY_SERVICE), 30)
+    with Supervisor(settings, [spec], grace_s=1.0) as supervisor:
+        (service,) = supervisor.start()
+        first_pid = service.pid
+        os.killpg(first_pid, signal.SIGKILL)
+        supervise_until(supervisor, "waiting", 10)
+        assert "restarting in 1 s" in service.log_tail()
+        supervise_until(supervisor, "ready", 30)
+        assert service.pid != first_pid and service.restarts == 1
+        assert service.last_exit == -signal.SIGKILL
+        assert answers(f"{settings.reward_url}/readyz")
+        recorded = supervised_state(settings)["reward"]
+        assert (recorded["state"], recorded["restarts"], recorded["pid"]) == (
+            "ready", 1, service.pid)
+    assert supervised_state(settings)["reward"]["state"] == "stopped"
+    assert group_members(service.pid) == []
+
+
+def test_a_service_that_keeps_dying_stops_the_stack(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor_module, "RESTART_BACKOFF_S", 0.1)
+    monkeypatch.setattr(supervisor_module, "MAX_DEATHS", 3)
+    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}")
+    spec = ServiceSpec("reward", (sys.executable, "-c", READY_SERVICE, "1.0"), 30)
+    with Supervisor(settings, [spec], grace_s=1.0) as supervisor:
+        supervisor.start()
+        with pytest.raises(ServiceFailed) as failure, httpx2.Client(timeout=1) as http:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                supervisor.supervise(http)
+                time.sleep(0.1)
+    assert "exited with code 7; it died 3 times" in str(failure.value)
+    assert failure.value.service.restarts == 2
+    assert supervised_state(settings)["reward"]["state"] == "exited"

@@ -119,22 +119,44 @@ async def test_user_faults_fail_at_once_and_a_failed_task_can_be_retried(
             assert response.json()["error"]["code"] == "invalid_transition"
 
 
-async def test_an_upstream_outage_is_retried_with_backoff_then_fails(stack: TaskStack) -> None:
+async def test_a_task_waits_out_an_outage_without_attempts_then_fails_past_the_window(
+        stack: TaskStack) -> None:
     unreachable = f"http://127.0.0.1:{free_port()}"
-    worker = stack.worker(LOOM_MODELSTATE_URL=unreachable, LOOM_WORKER_MAX_RETRIES="2")
+    worker = stack.worker(LOOM_MODELSTATE_URL=unreachable, LOOM_WORKER_OUTAGE_WINDOW_S="4")
     worker.start()
     async with stack.client() as http:
         job = await stack.create_job(http)
         submitted = await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})
         task = await wait_for_task(http, submitted.json()["id"], DONE)
-        assert (task["status"], task["attempts"]) == ("failed", 3)
+        # One attempt met the outage; the waits after it claimed nothing.
+        assert (task["status"], task["attempts"]) == ("failed", 1)
         assert task["error"]["code"] == "unavailable"
-        assert task["error"]["message"].startswith("gave up after 2 retries: modelstate")
+        assert task["error"]["message"].startswith("Gave up: services not ready for"), task
+        assert "modelstate: unreachable" in task["error"]["message"]
         worker.stop()
         stack.worker().start()  # the store is reachable again
         assert (await http.post(f"/v1/tasks/{task['id']}/retry")).status_code == 202
         task = await wait_for_task(http, task["id"], DONE)
-        assert (task["status"], task["attempts"]) == ("succeeded", 4)
+        assert (task["status"], task["attempts"]) == ("succeeded", 2)
+
+
+async def test_a_task_resumes_when_its_service_comes_back(stack: TaskStack) -> None:
+    """The store is down when the task starts and comes back within the outage window: the
+    task waits for it (saying so) and then succeeds, with no manual retry."""
+    port = free_port()
+    worker = stack.worker(LOOM_MODELSTATE_URL=f"http://127.0.0.1:{port}")
+    worker.start()
+    async with stack.client() as http:
+        job = await stack.create_job(http)
+        submitted = await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})
+        waiting = await wait_for_task(
+            http, submitted.json()["id"],
+            lambda t: t["status"] == "queued" and t["error"] is not None
+            and t["error"]["message"].startswith("Waiting for services: modelstate"))
+        assert waiting["attempts"] == 1
+        with stack.modelstate_at(port):
+            task = await wait_for_task(http, waiting["id"], DONE, timeout_s=60)
+        assert (task["status"], task["attempts"]) == ("succeeded", 2), task
 
 
 async def test_cancel_a_queued_and_a_running_task(stack: TaskStack) -> None:

@@ -5,12 +5,14 @@ takeover of a lost worker's task, and recovery of lost ones."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RunStopped
@@ -23,17 +25,20 @@ from gateway.task_leases import (
     ClaimAction,
     claim_task,
     finish_attempt,
+    record_progress,
     requeue_abandoned,
     unsent_tasks,
 )
 from gateway.task_schemas import GcTaskCreate, TaskStatus
 from gateway.tasks import cancel_task, insert_task
-from services.common.db import make_sessionmaker, transaction
+from services.common.db import in_transaction, make_sessionmaker, transaction
 from services.common.errors import InvalidInput, UpstreamError
-from services.worker.runner import Done, Redeliver, Services, run_delivery
+from services.worker.readiness import Readiness
+from services.worker.runner import WAIT_POLL_S, Done, Outage, Redeliver, Services, run_delivery
 from services.worker.settings import WorkerSettings
 from tests.conftest import migrated_engine
 
+NEEDS = ("rollout", "trainer")
 ADMIN = KeyIdentity(id="key_admin", name="admin", admin=True)
 
 
@@ -83,7 +88,7 @@ async def test_success_records_the_result_and_the_extra_rows_in_one_transaction(
         points = [MetricPoint(step=3, name="eval/heldout/accuracy", value=0.5)]
         return Done(Result(value=7), record=lambda s: log_metrics(s, job_id, points))
 
-    assert await run_delivery(settings, sessions, task_id, 0, work) is None
+    assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS) is None
     done = row(sessions, task_id)
     assert (done.status, done.result, done.error, done.attempts) == ("succeeded", {"value": 7},
                                                                       None, 1)
@@ -92,7 +97,7 @@ async def test_success_records_the_result_and_the_extra_rows_in_one_transaction(
     assert (series.name, series.steps, series.values) == ("eval/heldout/accuracy", [3], [0.5])
 
     # The same message again (redelivery, duplicate send): nothing runs, nothing changes.
-    assert await run_delivery(settings, sessions, task_id, 0, work) is None
+    assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS) is None
     again = row(sessions, task_id)
     assert (calls, again.attempts, again.finished_at) == (1, 1, done.finished_at)
 
@@ -106,28 +111,125 @@ async def test_a_user_fault_fails_at_once_and_a_bug_is_an_internal_error(
         async def work(_services: Services, _attempt: int, exc: Exception = exc) -> Done:
             raise exc
 
-        assert await run_delivery(settings, sessions, task_id, 0, work) is None
+        assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS) is None
         failed = row(sessions, task_id)
         assert (failed.status, failed.error["code"]) == ("failed", code)  # type: ignore[index]
 
 
-async def test_an_outage_is_retried_with_backoff_then_given_up(
+def services_ready(unready: dict[str, str] | None = None) -> Readiness:
+    """A stack whose not-ready services are `unready` (changed by the test as it goes)."""
+    state = unready if unready is not None else {}
+
+    async def probe(names: tuple[str, ...]) -> dict[str, str]:
+        return {name: why for name, why in state.items() if name in names}
+
+    return probe
+
+
+async def test_failures_with_every_service_ready_are_strikes_then_given_up(
         sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
     task_id = new_task(sessions)
+    ready = services_ready()
 
     async def work(_services: Services, _attempt: int) -> Done:
         raise UpstreamError("rollout: engine crashed")
 
-    assert await run_delivery(settings, sessions, task_id, 0, work) == Redeliver(1.0, True)
+    first = await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS, ready)
+    assert first == Redeliver(1.0, Outage(strikes=1))
     waiting = row(sessions, task_id)
     assert (waiting.status, waiting.error["message"]) == (  # type: ignore[index]
         "queued", "rollout: engine crashed")
-    assert await run_delivery(settings, sessions, task_id, 1, work) == Redeliver(2.0, True)
-    assert await run_delivery(settings, sessions, task_id, 2, work) is None
+    second = await run_delivery(settings, sessions, task_id, first.outage, work, NEEDS, ready)
+    assert second == Redeliver(2.0, Outage(strikes=2))
+    assert await run_delivery(settings, sessions, task_id, second.outage, work, NEEDS,
+                              ready) is None
     failed = row(sessions, task_id)
     assert (failed.status, failed.attempts) == ("failed", 3)
     assert failed.error["message"] == (  # type: ignore[index]
-        "gave up after 2 retries: rollout: engine crashed")
+        "gave up after 2 retries without progress, every service ready: rollout: engine "
+        "crashed")
+
+
+async def test_a_task_waits_for_services_that_are_not_ready_without_counting_or_claiming(
+        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
+    task_id = new_task(sessions)
+    unready = {"rollout": "starting"}
+    stack = services_ready(unready)
+    outcomes = [UpstreamError("rollout: engine is still starting"), None]
+
+    async def work(_services: Services, _attempt: int) -> Done:
+        failure = outcomes.pop(0)
+        if failure is not None:
+            raise failure
+        return Done(Result(value=1))
+
+    again = await run_delivery(settings, sessions, task_id, Outage(strikes=1), work, NEEDS,
+                               stack)
+    assert again is not None and again.after_s == WAIT_POLL_S
+    assert (again.outage.strikes, again.outage.waiting_for) == (1, ("rollout",))
+    message = row(sessions, task_id).error["message"]  # type: ignore[index]
+    assert "waiting for services: rollout: starting" in message
+    for _ in range(3):  # still starting: no attempt is made, the row says why
+        again = await run_delivery(settings, sessions, task_id, again.outage, work, NEEDS,
+                                   stack)
+        assert again is not None and again.outage.waiting_for == ("rollout",)
+        waiting = row(sessions, task_id)
+        assert (waiting.status, waiting.attempts) == ("queued", 1)
+        assert waiting.error == {  # type: ignore[comparison-overlap]
+            "code": "unavailable", "message": "Waiting for services: rollout: starting",
+            "detail": waiting.error["detail"]}  # type: ignore[index]
+    unready.clear()
+    assert await run_delivery(settings, sessions, task_id, again.outage, work, NEEDS,
+                              stack) is None
+    done = row(sessions, task_id)
+    assert (done.status, done.attempts, done.result) == ("succeeded", 2, {"value": 1})
+
+
+async def test_a_wait_longer_than_the_outage_window_fails_the_task(
+        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
+    task_id = new_task(sessions)
+    outage = Outage(waiting_for=("trainer",), since=time.time() - 1000)
+
+    async def work(_services: Services, _attempt: int) -> Done:
+        raise AssertionError("never runs while the trainer is down")
+
+    stack = services_ready({"trainer": "unreachable at http://127.0.0.1:8004"})
+    assert await run_delivery(settings.model_copy(update={"worker_outage_window_s": 900}),
+                              sessions, task_id, outage, work, NEEDS, stack) is None
+    failed = row(sessions, task_id)
+    assert (failed.status, failed.attempts) == ("failed", 0)
+    assert failed.error["message"].startswith(  # type: ignore[index]
+        "Gave up: services not ready for 1000 s (LOOM_WORKER_OUTAGE_WINDOW_S=900): trainer")
+
+
+async def test_progress_clears_the_strikes(sessions: sessionmaker[Session],
+                                           settings: WorkerSettings) -> None:
+    task_id = new_task(sessions)
+
+    async def work(_services: Services, attempt: int) -> Done:
+        await in_transaction(sessions, lambda s: record_progress(s, task_id, attempt,
+                                                                 {"step": attempt}))
+        raise UpstreamError("modelstate: restarting")
+
+    again = await run_delivery(settings, sessions, task_id, Outage(strikes=2), work, NEEDS,
+                               services_ready())
+    assert again == Redeliver(1.0, Outage(strikes=1))  # would have been given up at 2
+    assert row(sessions, task_id).status == "queued"
+
+
+async def test_a_cancel_ends_the_wait(sessions: sessionmaker[Session],
+                                      settings: WorkerSettings) -> None:
+    task_id = new_task(sessions)
+    with transaction(sessions) as session:
+        cancel_task(session, task_id, ADMIN)
+
+    async def work(_services: Services, _attempt: int) -> Done:
+        raise AssertionError("a cancelled task never runs")
+
+    outage = Outage(waiting_for=("rollout",), since=time.time())
+    stack = services_ready({"rollout": "starting"})
+    assert await run_delivery(settings, sessions, task_id, outage, work, NEEDS, stack) is None
+    assert row(sessions, task_id).status == "cancelled"
 
 
 async def test_cancel_stops_a_running_task_at_its_next_heartbeat(
@@ -144,7 +246,8 @@ async def test_cancel_stops_a_running_task_at_its_next_heartbeat(
             raise
         return Done(Result(value=1))
 
-    delivery = asyncio.create_task(run_delivery(settings, sessions, task_id, 0, work))
+    delivery = asyncio.create_task(run_delivery(settings, sessions, task_id, Outage(), work,
+                                                NEEDS))
     await started.wait()
     with transaction(sessions) as session:
         assert cancel_task(session, task_id, ADMIN).status is TaskStatus.cancelled
@@ -165,8 +268,10 @@ async def test_a_lost_workers_task_waits_then_is_taken_over_and_recovered(
     async def work(_services: Services, _attempt: int) -> Done:
         return Done(Result(value=2))
 
-    again = await run_delivery(settings, sessions, task_id, 0, work)  # heartbeat still fresh
-    assert again is not None and not again.counts and 0 < again.after_s <= 0.7
+    # The heartbeat is still fresh: look again later, the message's state unchanged.
+    again = await run_delivery(settings, sessions, task_id, Outage(strikes=1), work, NEEDS)
+    assert again is not None and again.outage == Outage(strikes=1)
+    assert 0 < again.after_s <= 0.7
     later = now + timedelta(seconds=settings.stale_after_s + 0.1)
     with transaction(sessions) as session:
         takeover = claim_task(session, task_id, later, settings.stale_after_s)
@@ -183,7 +288,7 @@ async def test_a_lost_workers_task_waits_then_is_taken_over_and_recovered(
     requeued = row(sessions, task_id)
     assert (requeued.status, requeued.error["code"]) == (  # type: ignore[index]
         "queued", "worker_lost")
-    assert await run_delivery(settings, sessions, task_id, 0, work) is None
+    assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS) is None
     assert (row(sessions, task_id).status, row(sessions, task_id).attempts) == ("succeeded", 3)
 
 
@@ -197,9 +302,25 @@ async def test_a_run_stopped_by_its_job_cancels_the_task_and_one_that_lost_it_wr
             assert attempt == 1
             raise RunStopped("Job was cancelled.", cancel_task=cancel)
 
-        assert await run_delivery(settings, sessions, task_id, 0, work) is None
+        assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS) is None
         stopped = row(sessions, task_id)
         assert (stopped.status, stopped.result) == (status.value, None)
         if cancel_task_too:
             assert stopped.error == {"code": "cancelled", "message": "Job was cancelled.",
                                      "detail": None}
+
+
+async def test_a_dropped_database_connection_is_an_outage_not_a_bug(
+        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
+    task_id = new_task(sessions)
+
+    async def work(_services: Services, _attempt: int) -> Done:
+        raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+    again = await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS,
+                               services_ready())
+    assert again == Redeliver(1.0, Outage(strikes=1))
+    queued = row(sessions, task_id)
+    assert queued.status == "queued" and queued.error is not None
+    assert queued.error["code"] == "unavailable"
+    assert queued.error["message"].startswith("The database is unavailable")
