@@ -99,4 +99,5 @@ def _grpo(run: RecipeRun, train: list[Encoded], validation: list[Encoded],
 
 
 ARITH_GRPO = Recipe(name="arith_grpo", config=ArithConfig, run=run_arith,
-                    description="The demo: two-digit addition, SFT warm-up then GRPO.")
+                    description="The demo: two-digit addition, SFT warm-up then GRPO.",
+                    services=("trainer", "modelstate", "rollout", "reward"))

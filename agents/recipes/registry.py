@@ -34,6 +34,9 @@ class Recipe(Generic[C]):
     config: type[C]
     run: Callable[[RecipeRun, C], dict[str, Any]]
     description: str
+    # The services its loop calls through the gateway: after an outage, a run waits for these
+    # to be ready again (and for no other).
+    services: tuple[str, ...] = ("trainer", "modelstate")
 
     def parse_config(self, raw: dict[str, Any]) -> C:
         try:

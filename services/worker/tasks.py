@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task as CeleryTask
 
+from agents.recipes import load_recipe
 from gateway.job_logs import log_metrics
 from gateway.tasks import ensure_task
 from services.common.db import transaction
@@ -105,9 +106,7 @@ def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str,
             raise
         return Done(result, record=lambda session: complete_job(session, run.job_id))
 
-    # A recipe calls the gateway, which calls the rest (a sandbox only some recipes use).
-    _deliver(task, task_id, job_id, work, outage,
-             needs=("gateway", "trainer", "rollout", "reward", "modelstate"))
+    _deliver(task, task_id, job_id, work, outage, needs=("gateway", *_recipe_services(run_params)))
 
 
 def scheduled_gc(task: CeleryTask, outage: dict[str, Any] | None = None) -> None:
@@ -137,6 +136,15 @@ def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work,
     # A new message with the outage's state; this one is acknowledged when we return.
     kwargs = {**task.request.kwargs, "outage": again.outage.model_dump(mode="json")}
     task.signature_from_request(kwargs=kwargs, countdown=again.after_s).apply_async()
+
+
+def _recipe_services(params: RecipeParams) -> tuple[str, ...]:
+    """What the recipe calls through the gateway; none for an unknown recipe, whose attempt
+    fails with that anyway."""
+    try:
+        return load_recipe(params.recipe).services
+    except InvalidInput:
+        return ()
 
 
 def _app(task: CeleryTask) -> LoomCelery:
