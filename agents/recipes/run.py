@@ -36,10 +36,13 @@ class RecipeRun:
     def __init__(self, loom: LoomClient, job: Job, *, run_id: str,
                  resumed: RunProgress | None,
                  record: Callable[[RunProgress], None],
-                 between_steps: Callable[[], None]) -> None:
+                 between_steps: Callable[[], None], series: str | None = None) -> None:
+        """`run_id` names this attempt's checkpoints; `series` groups the run's checkpoints
+        across attempts, so the trainer keeps only its newest few."""
         self.loom = loom
         self.job = job
         self.run_id = run_id
+        self.series = series
         self.last = resumed  # the newest checkpoint: the resumed one, then each new one
         self._record = record
         self._between_steps = between_steps
@@ -72,7 +75,7 @@ class RecipeRun:
         if self.last is not None and step <= self.last.step:
             raise ValueError(f"checkpoint step {step} is not after step {self.last.step}")
         name = f"{self.run_id}-step-{step}"
-        self.job.save_state(name).result()
+        self.job.save_state(name, series=self.series).result()
         progress = RunProgress(step=step, checkpoint=name, state=state or {},
                                publish=PublishOptions(aliases=list(aliases),
                                                       metrics=metrics or {}))

@@ -236,11 +236,13 @@ class AsyncJob:
         still does); then `load_state` a checkpoint to resume."""
         return ModelInfo.model_validate(await self._http.post_json(f"/v1/jobs/{self.id}/model"))
 
-    async def save_state(self, name: str) -> OperationFuture[StateCheckpoint]:
+    async def save_state(self, name: str, *, series: str | None = None
+                         ) -> OperationFuture[StateCheckpoint]:
         """Checkpoint weights, optimizer moments and step (names are never reused); resume
-        with `load_state`, also on a restarted trainer."""
-        return await self._submit("save_state", SaveStateRequest(name=name).model_dump(),
-                                  StateCheckpoint)
+        with `load_state`, also on a restarted trainer. A checkpoint of a `series` makes the
+        series' older ones beyond the trainer's keep count go; others stay until deleted."""
+        request = SaveStateRequest(name=name, series=series)
+        return await self._submit("save_state", request.model_dump(), StateCheckpoint)
 
     async def load_state(self, name: str) -> OperationFuture[StateCheckpoint]:
         return await self._submit("load_state", LoadStateRequest(name=name).model_dump(),
@@ -249,6 +251,11 @@ class AsyncJob:
     async def checkpoints(self) -> list[StateCheckpoint]:
         body = await self._http.get_json(f"/v1/trainer/models/{self.id}/checkpoints")
         return CheckpointList.model_validate(body).checkpoints
+
+    async def delete_checkpoint(self, name: str) -> StateCheckpoint:
+        response = await self._http.request(
+            "DELETE", f"/v1/trainer/models/{self.id}/checkpoints/{segment(name)}")
+        return StateCheckpoint.model_validate(response.json())
 
     # --- background tasks ------------------------------------------------------------------
 

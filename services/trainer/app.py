@@ -47,6 +47,7 @@ def create_app(
             checkpoint_dir=settings.trainer_checkpoint_dir,
             page_reserve_bytes=settings.trainer_page_reserve_mb << 20,
             max_request_tokens=settings.trainer_max_request_tokens,
+            keep_series_checkpoints=settings.trainer_keep_series_checkpoints,
         )
         app.state.trainer.release_page_reserves()
         try:

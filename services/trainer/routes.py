@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Response, status
+from typing import Annotated
 
-from services.common.schemas import Operation
+from fastapi import APIRouter, Path, Query, Response, status
+
+from services.common.schemas import RESOURCE_ID_PATTERN, Operation
 from services.trainer.deps import ServiceDep
 from services.trainer.schemas import (
     CheckpointList,
@@ -16,6 +18,7 @@ from services.trainer.schemas import (
     OptimStepRequest,
     SaveStateRequest,
     SaveWeightsRequest,
+    StateCheckpoint,
 )
 
 router = APIRouter(prefix="/v1", tags=["trainer"])
@@ -81,6 +84,15 @@ async def load_state(model_id: str, body: LoadStateRequest, service: ServiceDep)
 @router.get("/models/{model_id}/checkpoints", response_model=CheckpointList)
 async def list_checkpoints(model_id: str, service: ServiceDep) -> CheckpointList:
     return CheckpointList(checkpoints=service.checkpoints(model_id))
+
+
+@router.delete("/models/{model_id}/checkpoints/{name}", response_model=StateCheckpoint)
+async def delete_checkpoint(
+    model_id: str, service: ServiceDep,
+    name: Annotated[str, Path(pattern=RESOURCE_ID_PATTERN)],
+) -> StateCheckpoint:
+    """Deleted at once; a managed run's older checkpoints go by themselves."""
+    return service.delete_checkpoint(model_id, name)
 
 
 @router.get("/operations/{op_id}", response_model=Operation)

@@ -9,7 +9,7 @@ from typing import Annotated, Self
 from pydantic import Field, model_validator
 
 from modelstate.schemas import AliasName, JobId
-from services.common.schemas import LenientModel, StrictModel
+from services.common.schemas import RESOURCE_ID_PATTERN, LenientModel, StrictModel
 
 
 class TrainingMode(StrEnum):
@@ -225,7 +225,7 @@ class ForwardResult(LenientModel):
     loss: float | None = Field(default=None, description="When a loss was given.")
 
 
-CheckpointName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+CheckpointName = Annotated[str, Field(pattern=RESOURCE_ID_PATTERN,
                                       description="Unique per job; a name is never reused.")]
 
 
@@ -234,6 +234,10 @@ class SaveStateRequest(StrictModel):
     from later; gradients accumulated since the last optim_step are not part of it."""
 
     name: CheckpointName
+    series: CheckpointName | None = Field(
+        default=None, description="A series of checkpoints this one belongs to (a managed "
+        "run's): the trainer keeps the newest LOOM_TRAINER_KEEP_SERIES_CHECKPOINTS of a series "
+        "and deletes older ones as new ones land. None: kept until deleted.")
 
 
 class LoadStateRequest(StrictModel):
@@ -255,6 +259,7 @@ class StateCheckpoint(LenientModel):
     has_optimizer: bool
     bytes: int
     created_at: datetime
+    series: str | None = None
 
 
 class CheckpointList(LenientModel):

@@ -41,6 +41,7 @@ class TrainerService:
         checkpoint_dir: Path | None = None,
         page_reserve_bytes: int = DEFAULT_MAX_BYTES,
         max_request_tokens: int = 1 << 21,
+        keep_series_checkpoints: int = 2,
     ) -> None:
         self.registry = registry
         self.queue = queue
@@ -50,6 +51,7 @@ class TrainerService:
         self.checkpoint_dir = checkpoint_dir or work_dir / "checkpoints"
         self.page_reserve_bytes = page_reserve_bytes
         self.max_request_tokens = max_request_tokens
+        self.keep_series_checkpoints = keep_series_checkpoints
         self._reserves: dict[str, PageReserve] = {}
 
     def create_model(self, request: CreateModelRequest) -> tuple[ModelInfo, bool]:
@@ -110,7 +112,13 @@ class TrainerService:
     def save_state(self, model_id: str, request: SaveStateRequest) -> Operation:
         model = self.registry.get(model_id)
         return self._submit(model_id, "save_state", lambda: state_files.save_state(
-            model, self.checkpoint_dir, request.name))
+            model, self.checkpoint_dir, request.name, request.series,
+            self.keep_series_checkpoints))
+
+    def delete_checkpoint(self, model_id: str, name: str) -> StateCheckpoint:
+        """At once, not queued: a checkpoint is immutable, and a load of it already queued
+        fails cleanly (404) once it is gone."""
+        return state_files.delete_state(self.checkpoint_dir, model_id, name)
 
     def load_state(self, model_id: str, request: LoadStateRequest) -> Operation:
         model = self.registry.get(model_id)

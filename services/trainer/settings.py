@@ -51,6 +51,13 @@ class TrainerSettings(LoomSettings):
         "split a bigger batch into several forward_backward calls (gradients add up until "
         "optim_step).",
     )
+    trainer_keep_series_checkpoints: int = Field(
+        default=2, ge=2,
+        description="Checkpoints kept per series (a managed run saves one each few steps): "
+        "older ones are deleted as new ones land. At least 2, so the one a resume may still "
+        "point to is never the one deleted. Checkpoints saved without a series stay until "
+        "deleted (DELETE /v1/models/{id}/checkpoints/{name}).",
+    )
     trainer_tf32: bool = Field(
         default=True,
         description="On CUDA, fp32 matrix products run on TF32 tensor cores (inputs rounded "

@@ -6,6 +6,10 @@ name), `optimizer.pt` (AdamW's moments, once a step was taken) and `state.json` 
 published version, the model spec it came from). A checkpoint is written into a temporary
 directory, synced, then renamed into place: a reader sees a whole checkpoint or none. Names
 are never reused, so a checkpoint never changes once it exists.
+
+A checkpoint of a series (a managed run's) makes the older ones of its series beyond the
+newest `keep` go; the rest stay until deleted. A deletion renames the directory out of sight
+first, so a reader never finds half a checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from services.trainer.schemas import StateCheckpoint, TrainingMode
 WEIGHTS, OPTIMIZER, STATE = "trainable.safetensors", "optimizer.pt", "state.json"
 
 
-def save_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
+def save_state(model: TrainerModel, root: Path, name: str, series: str | None = None,
+               keep: int = 2) -> StateCheckpoint:
     job_dir = root / model.spec.job_id
     final = job_dir / name
     if final.exists():
@@ -44,7 +49,7 @@ def save_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
             torch.save(optimizer, work / OPTIMIZER)
         state = {"job_id": model.spec.job_id, "name": name, "step": model.step,
                  "last_version": model.last_version, "has_optimizer": optimizer is not None,
-                 "created_at": datetime.now(UTC).isoformat(),
+                 "created_at": datetime.now(UTC).isoformat(), "series": series,
                  "spec": model.spec.model_dump(mode="json")}
         (work / STATE).write_text(json.dumps(state, indent=2))
         for path in work.iterdir():
@@ -54,7 +59,20 @@ def save_state(model: TrainerModel, root: Path, name: str) -> StateCheckpoint:
         fsync_path(job_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if series is not None:
+        same = [c for c in list_states(root, model.spec.job_id) if c.series == series]
+        for old in same[:-keep]:
+            delete_state(root, model.spec.job_id, old.name)
     return describe(final)
+
+
+def delete_state(root: Path, job_id: str, name: str) -> StateCheckpoint:
+    directory = root / job_id / name
+    checkpoint = describe(directory)  # 404 when there is none
+    hidden = directory.with_name(f".tmp-deleting-{name}-{uuid.uuid4().hex}")
+    directory.rename(hidden)
+    shutil.rmtree(hidden, ignore_errors=True)
+    return checkpoint
 
 
 def load_state(model: TrainerModel, root: Path, name: str, job_id: str | None = None,
@@ -90,7 +108,7 @@ def list_states(root: Path, job_id: str) -> list[StateCheckpoint]:
     if not job_dir.is_dir():
         return []
     found = [describe(d) for d in job_dir.iterdir() if d.is_dir() and not d.name.startswith(".")]
-    return sorted(found, key=lambda c: c.created_at)
+    return sorted(found, key=lambda c: (c.created_at, c.step))
 
 
 def describe(directory: Path) -> StateCheckpoint:
@@ -103,4 +121,5 @@ def describe(directory: Path) -> StateCheckpoint:
     return StateCheckpoint(job_id=state["job_id"], name=state["name"], step=state["step"],
                            last_version=state["last_version"],
                            has_optimizer=state["has_optimizer"], bytes=size,
-                           created_at=datetime.fromisoformat(state["created_at"]))
+                           created_at=datetime.fromisoformat(state["created_at"]),
+                           series=state.get("series"))

@@ -57,6 +57,7 @@ def run_attempt(attempt: Attempt, params: RecipeParams, stop: threading.Event) -
         with LoomClient(attempt.gateway_url, secret) as loom:
             run = RecipeRun(loom, loom.get_job(attempt.job_id),
                             run_id=f"{attempt.task_id}-a{attempt.attempt}", resumed=resumed,
+                            series=attempt.task_id,
                             record=lambda progress: _record(attempt, progress),
                             between_steps=lambda: _stop_point(attempt, stop))
             if resumed is not None:

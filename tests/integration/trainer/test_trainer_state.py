@@ -139,3 +139,21 @@ async def test_a_load_without_the_optimizer_resets_its_moments_and_other_jobs_ma
         unknown = await trainer.http.post("/v1/models/job_dst/load_state",
                                           json={"name": "s", "job_id": "job_nope"})
         assert unknown.status_code == 404 and "job_nope" in unknown.json()["error"]["message"]
+
+
+async def test_a_series_keeps_its_newest_checkpoints_over_http(start_trainer: Start) -> None:
+    async with start_trainer() as trainer:
+        await trainer.create("job_series", "lora")
+        await trainer.run("job_series", "save_state", {"name": "mine"})
+        for step in range(1, 5):
+            await trainer.run("job_series", "save_state",
+                              {"name": f"run-step-{step}", "series": "run"})
+        listed = (await trainer.http.get("/v1/models/job_series/checkpoints")).json()
+        assert [c["name"] for c in listed["checkpoints"]] == ["mine", "run-step-3",
+                                                               "run-step-4"]
+        deleted = await trainer.http.delete("/v1/models/job_series/checkpoints/mine")
+        assert deleted.status_code == 200 and deleted.json()["name"] == "mine"
+        gone = await trainer.http.delete("/v1/models/job_series/checkpoints/mine")
+        assert gone.status_code == 404
+        bad = await trainer.http.delete("/v1/models/job_series/checkpoints/..x")
+        assert bad.status_code == 422

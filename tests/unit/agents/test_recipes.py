@@ -36,8 +36,8 @@ class RecordingJob:
     def ensure_model(self) -> None:
         self.calls.append("ensure_model")
 
-    def save_state(self, name: str) -> Done:
-        self.calls.append(f"save_state {name}")
+    def save_state(self, name: str, series: str | None = None) -> Done:
+        self.calls.append(f"save_state {name} series={series}")
         return Done(None)
 
     def load_state(self, name: str) -> Done:
@@ -61,7 +61,7 @@ def make_run(job: RecordingJob, resumed: RunProgress | None = None,
 
     run = RecipeRun(cast(LoomClient, None), cast(Job, job), run_id="task_1-a2",
                     resumed=resumed, record=record or default_record,
-                    between_steps=lambda: job.calls.append("between"))
+                    between_steps=lambda: job.calls.append("between"), series="task_1")
     return run, recorded
 
 
@@ -70,7 +70,8 @@ def test_a_checkpoint_saves_then_records_then_publishes_then_stops_if_asked() ->
     run, recorded = make_run(job)
     assert (run.start_step, run.state) == (1, {})
     version = run.checkpoint(2, {"loss": 0.5}, aliases=["best"], metrics={"loss": 0.5})
-    assert job.calls == ["save_state task_1-a2-step-2", "record 2", "save_weights", "between"]
+    assert job.calls == ["save_state task_1-a2-step-2 series=task_1", "record 2", "save_weights",
+                         "between"]
     assert version.number == 1
     assert recorded == [RunProgress(step=2, checkpoint="task_1-a2-step-2", state={"loss": 0.5},
                                     publish=PublishOptions(aliases=["best"],

@@ -1,0 +1,40 @@
+"""Trainer checkpoints of a series (a managed run's) keep only the newest few; the others stay
+until deleted; a deleted one is gone at once and a load of it is a clear 404."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.common.errors import NotFound
+from services.trainer import state_files
+from services.trainer.registry import ModelRegistry
+from services.trainer.schemas import CreateModelRequest, TrainingMode
+
+
+def test_a_series_keeps_its_newest_checkpoints_and_named_ones_stay(tiny_model_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path / "data", torch.device("cpu"))
+    model, _ = registry.create(CreateModelRequest(job_id="j1", base_model=str(tiny_model_dir),
+                                                  mode=TrainingMode.lora))
+    root = tmp_path / "checkpoints"
+    state_files.save_state(model, root, "before-run")  # a named one: no series
+    for step in range(1, 6):
+        model.step = step
+        state_files.save_state(model, root, f"task_1-a1-step-{step}", series="task_1", keep=2)
+        state_files.save_state(model, root, f"task_2-a1-step-{step}", series="task_2", keep=3)
+    names = [c.name for c in state_files.list_states(root, "j1")]
+    assert names == ["before-run", "task_2-a1-step-3", "task_1-a1-step-4", "task_2-a1-step-4",
+                     "task_1-a1-step-5", "task_2-a1-step-5"]  # oldest first
+    assert sorted(p.name for p in (root / "j1").iterdir()) == sorted(names)  # nothing left over
+
+    deleted = state_files.delete_state(root, "j1", "before-run")
+    assert (deleted.name, deleted.series) == ("before-run", None)
+    with pytest.raises(NotFound, match="No checkpoint 'before-run'"):
+        state_files.load_state(model, root, "before-run")
+    with pytest.raises(NotFound):
+        state_files.delete_state(root, "j1", "before-run")
+    kept = state_files.load_state(model, root, "task_1-a1-step-4")
+    assert (kept.step, kept.series) == (4, "task_1")
