@@ -1,7 +1,8 @@
 """Base model names → what engines load. Nothing is fetched from a hub at run time here, so
 names map to local directories: `loom/tiny` is generated on first use under the data dir; an
-existing directory is used as is; anything else is passed through (a hub name, for machines
-that have it cached)."""
+existing directory is used as is; anything else is a hub name: its cached snapshot when there
+is one, else passed through to be downloaded, unless the hub is off (HF_HUB_OFFLINE=1), where
+it is refused at once (the hub client would otherwise retry for most of a minute)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,24 @@ def resolve_base_model(name: str, data_dir: Path) -> str:
         return str(path.resolve())
     if name.startswith(("/", ".", "~")):
         raise InvalidInput(f"Base model directory {name!r} does not exist")
+    return _hub_model(name)
+
+
+def _hub_model(name: str) -> str:
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except HFValidationError as exc:
+        raise InvalidInput(f"{name!r} is neither a model directory nor a hub model name: "
+                           f"{exc}") from exc
+    except LocalEntryNotFoundError:
+        if constants.HF_HUB_OFFLINE:
+            raise InvalidInput(
+                f"Hub model {name!r} is not in the local cache ({constants.HF_HUB_CACHE}) and "
+                "the hub is off (HF_HUB_OFFLINE=1): download it first, or give a model "
+                "directory.") from None
     return name
 
 
