@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agents.algorithms.algorithm import Algorithm
+from agents.sdk._futures import OperationFuture
 from agents.sdk.job import AsyncJob
 from services.common.errors import NotFound
 from services.rollout.schemas import RolloutGroup, RolloutTask, SamplingParams
-from services.trainer.schemas import AdamParams, Datum
+from services.trainer.schemas import AdamParams, Datum, ForwardBackwardResult
 
 
 @dataclass
@@ -188,10 +189,7 @@ class AsyncPipeline:
         result.failed_groups = self._failed - failed_before
         result.abandoned_stale = self._abandoned - abandoned_before
         began = time.perf_counter()
-        passes = []
-        for _ in range(self.epochs):  # queued at once: the trainer runs them in order
-            passes.append(await self.job.forward_backward(kept, self.algorithm.loss))
-            await self.job.optim_step(self.adam)
+        passes = await self._train(kept)
         trained = passes[0]  # the loss and metrics of the data as sampled
         result.mean_reward = sum(rewards) / len(rewards) if rewards else 0.0
         saved = await self.job.save_weights(metrics={"reward": result.mean_reward})
@@ -200,6 +198,26 @@ class AsyncPipeline:
         result.train_s = time.perf_counter() - began
         result.loss, result.metrics = loss.loss, loss.metrics
         return result
+
+    async def _train(self, data: list[Datum]) -> list[OperationFuture[ForwardBackwardResult]]:
+        """`epochs` passes over the step's batch, each followed by an optimizer step, queued
+        at once (the trainer runs them in order). With truncated IS the later passes clip
+        against the policy before the first update (decoupled PPO): the first pass returns its
+        logprobs, which the others carry as `proximal_logprobs`."""
+        loss = self.algorithm.loss
+        passes = []
+        if self.epochs > 1 and loss.tis_cap is not None:
+            first = await self.job.forward_backward(data, loss, return_logprobs=True)
+            await self.job.optim_step(self.adam)
+            proximal = (await first).logprobs
+            assert proximal is not None
+            data = [datum.model_copy(update={"proximal_logprobs": row})
+                    for datum, row in zip(data, proximal, strict=True)]
+            passes.append(first)
+        while len(passes) < self.epochs:
+            passes.append(await self.job.forward_backward(data, loss))
+            await self.job.optim_step(self.adam)
+        return passes
 
     async def _next_group(self) -> RolloutGroup | None:
         """The next finished group, asking for more first if the step's budget allows."""

@@ -25,6 +25,7 @@ class Batch:
     old_logprobs: Tensor | None
     advantages: Tensor | None
     lengths: list[int]
+    proximal_logprobs: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -47,7 +48,8 @@ class Batch:
         part = Batch(input_ids=self.input_ids[index, :span],
                      attention_mask=self.attention_mask[index, :span],
                      loss_mask=self.loss_mask[index, :span], old_logprobs=cut(self.old_logprobs),
-                     advantages=cut(self.advantages), lengths=[self.lengths[i] for i in rows])
+                     advantages=cut(self.advantages), lengths=[self.lengths[i] for i in rows],
+                     proximal_logprobs=cut(self.proximal_logprobs))
         return part, cut(extra)
 
 
@@ -98,6 +100,7 @@ def collate(data: list[Datum], device: torch.device) -> Batch:
         old_logprobs=optional([d.logprobs for d in data]),
         advantages=optional([d.advantages for d in data]),
         lengths=lengths,
+        proximal_logprobs=optional([d.proximal_logprobs for d in data]),
     )
 
 

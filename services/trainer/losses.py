@@ -117,9 +117,12 @@ def ppo(
     clip_low: float,
     clip_high: float,
     aggregate: Aggregate | None = None,
+    dual_clip: float | None = None,
 ) -> LossOutput:
     """-mean(min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)). An upper bound
     above the lower one ("clip-higher", DAPO) leaves low-probability tokens room to grow.
+    `dual_clip` c (dual-clip PPO): where A < 0 the term is at least c * A, so a stale token
+    with a huge ratio cannot blow the loss up.
 
     clip_fraction: the share of (weighted) tokens whose clipped term is the smaller one, i.e.
     whose gradient the clip switched off."""
@@ -127,12 +130,16 @@ def ppo(
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -aggregate(torch.minimum(unclipped, clipped), mask)
-    clip_fraction = aggregate.token_mean((clipped < unclipped).to(mask.dtype), mask)
-    return loss, {
-        "clip_fraction": clip_fraction.item(),
-        "ratio_mean": aggregate.token_mean(ratio, mask).item(),
-    }
+    objective = torch.minimum(unclipped, clipped)
+    metrics = {"clip_fraction": aggregate.token_mean((clipped < unclipped).to(mask.dtype),
+                                                     mask).item(),
+               "ratio_mean": aggregate.token_mean(ratio, mask).item()}
+    if dual_clip is not None:
+        floor = dual_clip * advantages
+        capped = (advantages < 0) & (objective < floor)
+        objective = torch.where(capped, floor, objective)
+        metrics["dual_clip_fraction"] = aggregate.token_mean(capped.to(mask.dtype), mask).item()
+    return -aggregate(objective, mask), metrics
 
 
 def cispo(
@@ -182,21 +189,27 @@ def reinforce(logprobs: Tensor, mask: Tensor, advantages: Tensor,
     return -aggregate(logprobs * advantages, mask), {}
 
 
+def k3(logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per token, the k3 estimator of KL(policy || reference): exp(ref - new) - (ref - new) - 1,
+    which is unbiased, never negative, and low-variance for samples drawn from the policy."""
+    log_ratio = _log_ratio(ref_logprobs, logprobs, mask)
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
 def kl_to_reference(logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor,
                     aggregate: Aggregate | None = None) -> Tensor:
-    """The k3 estimator of KL(policy || reference): exp(ref - new) - (ref - new) - 1, which is
-    unbiased, never negative, and low-variance for samples drawn from the policy."""
-    log_ratio = _log_ratio(ref_logprobs, logprobs, mask)
+    """The token mean of `k3`: the KL as a metric reports it."""
     aggregate = aggregate or whole_batch_mean(mask)
-    return aggregate.token_mean(torch.exp(log_ratio) - log_ratio - 1.0, mask)
+    return aggregate.token_mean(k3(logprobs, mask, ref_logprobs), mask)
 
 
 def truncated_is_weights(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
                          cap: float, aggregate: Aggregate | None = None
                          ) -> tuple[Tensor, dict[str, float]]:
-    """min(pi_trainer / pi_sampler, cap) per token, without gradient: corrects samples that an
-    older version (or a sampler whose numerics differ from the trainer's) produced, and the cap
-    bounds the variance a rare token could add."""
+    """min(pi / pi_sampler, cap) per token, without gradient (`logprobs`: the trainer's
+    proximal policy): corrects samples that an older version (or a sampler whose numerics
+    differ from the trainer's) produced, and the cap bounds the variance a rare token could
+    add."""
     raw = torch.exp(_log_ratio(logprobs.detach(), sampler_logprobs, mask))
     weights = raw.clamp(max=cap)
     aggregate = aggregate or whole_batch_mean(mask)
@@ -212,7 +225,8 @@ def policy_loss(config: LossConfig, logprobs: Tensor, mask: Tensor, old_logprobs
     if config.name == LossName.importance_sampling:
         return importance_sampling(logprobs, mask, old_logprobs, advantages, aggregate)
     if config.name == LossName.ppo:
-        return ppo(logprobs, mask, old_logprobs, advantages, clip_low, clip_high, aggregate)
+        return ppo(logprobs, mask, old_logprobs, advantages, clip_low, clip_high, aggregate,
+                   config.clip_ratio_c)
     if config.name == LossName.cispo:
         return cispo(logprobs, mask, old_logprobs, advantages, clip_low, clip_high, aggregate)
     if config.name == LossName.dro:
@@ -228,12 +242,15 @@ def compute_loss(
     old_logprobs: Tensor | None = None,
     advantages: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
+    proximal_logprobs: Tensor | None = None,
     totals: Totals | None = None,
 ) -> LossOutput:
     """The configured loss, plus kl_coef * KL when a reference is given and kl_coef > 0.
 
     With `tis_cap`, `old_logprobs` are the sampler's: the advantages are weighted by the
-    truncated ratio to them, and the policy ratio is taken against the current weights.
+    truncated ratio of the proximal policy to them, and the policy ratio (with its clip) is
+    taken against the proximal policy: `proximal_logprobs` (a later pass on the same batch
+    gives those of the weights before its first update), else the current weights.
 
     `totals`: the whole batch's, when these tensors are one of its micro-batches (the loss and
     metrics returned are then this micro-batch's shares); None: these tensors are the batch."""
@@ -249,16 +266,20 @@ def compute_loss(
         if old_logprobs is None:
             raise ValueError(f"loss {config.name.value!r} needs old_logprobs")
         if config.tis_cap is not None:
-            weights, metrics = truncated_is_weights(logprobs, old_logprobs, mask, config.tis_cap,
-                                                    aggregate)
-            advantages, old_logprobs = advantages * weights, logprobs.detach()
+            proximal = (logprobs.detach() if proximal_logprobs is None
+                        else proximal_logprobs)
+            weights, metrics = truncated_is_weights(proximal, old_logprobs, mask,
+                                                    config.tis_cap, aggregate)
+            advantages, old_logprobs = advantages * weights, proximal
         loss, policy_metrics = policy_loss(config, logprobs, mask, old_logprobs, advantages,
                                            aggregate)
         metrics = {**metrics, **policy_metrics}
     if config.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")
-        kl = kl_to_reference(logprobs, mask, ref_logprobs, aggregate)
-        metrics = {**metrics, "policy_loss": loss.item(), "kl": kl.item()}
-        loss = loss + config.kl_coef * kl
+        terms = k3(logprobs, mask, ref_logprobs)
+        metrics = {**metrics, "policy_loss": loss.item(),
+                   "kl": aggregate.token_mean(terms, mask).item()}
+        # Aggregated like the policy loss, so kl_coef weighs the same whatever the aggregation.
+        loss = loss + config.kl_coef * aggregate(terms, mask)
     return loss, metrics

@@ -244,7 +244,9 @@ class TrainerModel:
             share, shares = compute_loss(config, part_logprobs, part.loss_mask,
                                          old_logprobs=part.old_logprobs,
                                          advantages=part.advantages,
-                                         ref_logprobs=part_reference, totals=totals)
+                                         ref_logprobs=part_reference,
+                                         proximal_logprobs=part.proximal_logprobs,
+                                         totals=totals)
             if undo is not None:
                 if not torch.isfinite(share):
                     undo.restore()

@@ -55,11 +55,16 @@ class Datum(StrictModel):
     logprobs: list[float] | None = Field(
         default=None, description="Log-probabilities the sampler gave each token (IS/PPO)."
     )
+    proximal_logprobs: list[float] | None = Field(
+        default=None, description="With tis_cap: the trainer's logprobs under the weights "
+        "before this batch's first update (what the first of several passes on one batch "
+        "returns, return_logprobs). The clip is taken against them, the truncated weight is "
+        "min(pi_proximal / pi_sampler, tis_cap). None: the current weights (a first pass).")
 
     @model_validator(mode="after")
     def _same_lengths(self) -> Self:
         n = len(self.input_ids)
-        for name in ("loss_mask", "advantages", "logprobs"):
+        for name in ("loss_mask", "advantages", "logprobs", "proximal_logprobs"):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise ValueError(f"{name} has {len(values)} entries; input_ids has {n}")
@@ -110,6 +115,10 @@ class LossConfig(StrictModel):
     clip_high: float | None = Field(
         default=None, ge=0, le=10, description="ppo, cispo: ratio <= 1 + clip_high (default "
         "0.28 for ppo; 3.0 for cispo)")
+    clip_ratio_c: float | None = Field(
+        default=None, gt=1, description="ppo: dual clip. Where the advantage is negative, a "
+        "token's term is at least clip_ratio_c * A (3.0 is verl's value), so a stale token "
+        "with a huge ratio cannot blow the loss up. None: no dual clip.")
     dro_beta: float = Field(default=0.05, gt=0, description="dro: weight of the quadratic "
                             "penalty 1/2 * dro_beta * log(pi / pi_sampler)^2")
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of KL to the reference model")
@@ -118,10 +127,11 @@ class LossConfig(StrictModel):
         default=None, ge=1, description="sum_normalized: the constant, e.g. the generation "
         "budget in tokens per sequence")
     tis_cap: float | None = Field(
-        default=None, gt=0, description="Truncated importance sampling for stale samples: "
-        "weight each token by min(pi_trainer / pi_sampler, tis_cap), the ratio taken against "
-        "the current weights (no gradient) and the sampler's logprobs; the policy ratio is "
-        "then taken against the current weights")
+        default=None, gt=0, description="Truncated importance sampling for stale samples "
+        "(decoupled PPO): weight each token by min(pi_proximal / pi_sampler, tis_cap), "
+        "pi_proximal being the trainer's policy before this batch's updates (a datum's "
+        "proximal_logprobs, else the current weights, without gradient); the policy ratio, "
+        "and its clip, are then taken against pi_proximal")
 
     @model_validator(mode="after")
     def _normalizer_when_needed(self) -> Self:
@@ -131,6 +141,8 @@ class LossConfig(StrictModel):
         if self.tis_cap is not None and "logprobs" not in LOSS_INPUTS[self.name]:
             raise ValueError(f"tis_cap corrects a ratio to the sampler's logprobs, which "
                              f"{self.name.value} does not use")
+        if self.clip_ratio_c is not None and self.name != LossName.ppo:
+            raise ValueError(f"clip_ratio_c is ppo's dual clip, not {self.name.value}'s")
         if (self.clip_low, self.clip_high) != (None, None) and self.name not in DEFAULT_CLIPS:
             raise ValueError(f"clip_low and clip_high apply to {' and '.join(DEFAULT_CLIPS)}, "
                              f"not {self.name.value}")

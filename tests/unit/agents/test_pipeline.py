@@ -67,6 +67,7 @@ class ScriptedJob:
     train_s: float = 0.01  # each forward_backward
     log: list[tuple[Any, ...]] = field(default_factory=list)
     trained_groups: list[int] = field(default_factory=list)
+    passes: list[list[Any]] = field(default_factory=list)  # the data of each forward_backward
 
     async def version(self, ref: str) -> Any:
         assert ref == "latest" and self.current == 0, "only asked before the first step"
@@ -77,13 +78,17 @@ class ScriptedJob:
             raise InvalidInput("Unknown environment 'chess'")
         return Stream(self, tasks, options["group_size"])
 
-    async def forward_backward(self, data: list[Any], loss: Any) -> Any:
+    async def forward_backward(self, data: list[Any], loss: Any,
+                               return_logprobs: bool = False) -> Any:
         self.training = True
         self.trained_groups.append(len(data))
+        self.passes.append(data)
+        logprobs = [[-0.25 * i for i in range(len(d.input_ids))] for d in data]
 
         async def done() -> ForwardBackwardResult:
             await asyncio.sleep(self.train_s)  # lets in-flight rollouts make progress meanwhile
-            return ForwardBackwardResult(loss=0.5, num_tokens=len(data), metrics={})
+            return ForwardBackwardResult(loss=0.5, num_tokens=len(data), metrics={},
+                                         logprobs=logprobs if return_logprobs else None)
 
         return asyncio.ensure_future(done())
 
@@ -242,6 +247,20 @@ async def test_epochs_make_several_passes_over_each_batch() -> None:
     assert [e for e in job.log if e[0] not in ("sample", "delivered")] == [
         ("optim_step",)] * 3 + [("published", 1)] + [("optim_step",)] * 3 + [("published", 2)]
     assert [r.loss for r in results] == [0.5, 0.5]
+
+
+async def test_later_passes_clip_against_the_first_passs_policy_under_truncated_is() -> None:
+    job = ScriptedJob()
+    await run(job, 1, tasks=tasks(20), mode="sync", epochs=3, algorithm=grpo(tis_cap=2.0))
+    first, *later = job.passes
+    assert all(d.proximal_logprobs is None for d in first)
+    for data in later:  # what the first pass returned, row for row
+        assert [d.proximal_logprobs for d in data] == [
+            [-0.25 * i for i in range(len(d.input_ids))] for d in data]
+        assert [d.logprobs for d in data] == [d.logprobs for d in first]  # still the sampler's
+    plain = ScriptedJob()
+    await run(plain, 1, tasks=tasks(20), mode="sync", epochs=3)
+    assert all(d.proximal_logprobs is None for data in plain.passes for d in data)
 
 
 @pytest.mark.parametrize("options", [{"mode": "later"}, {"groups_per_step": 0},

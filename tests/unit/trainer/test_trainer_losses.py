@@ -225,8 +225,9 @@ def test_truncated_importance_sampling_weights_and_gradient() -> None:
     assert new.grad[0].tolist() == pytest.approx([0.0, -0.75, 0.5])  # -w * A / 2, w constant
 
 
-def test_truncated_importance_sampling_under_ppo_never_clips() -> None:
-    """The ratio is taken against the current weights (1), so only the TIS weight acts."""
+def test_truncated_importance_sampling_under_ppo_on_a_first_pass() -> None:
+    """A first pass: the proximal policy is the current weights, so the ratio is 1 and only the
+    TIS weight acts."""
     new = t([[0.0, -1.0]])
     sampler = t([[0.0, -1.0 - 3.0]])  # ratio e^3, far outside the clip range
     config = LossConfig(name=LossName.ppo, tis_cap=2.0)
@@ -235,6 +236,59 @@ def test_truncated_importance_sampling_under_ppo_never_clips() -> None:
     assert loss.item() == pytest.approx(-2.0)
     assert metrics["clip_fraction"] == 0.0
     assert metrics["tis_truncated_fraction"] == 1.0
+
+
+def test_a_later_pass_clips_against_the_proximal_policy_under_truncated_is() -> None:
+    """The issue's case: a second pass on a token whose ratio to the policy before the first
+    update is 1.65, with a positive advantage: the clip (1.28) switches its gradient off; the
+    TIS weight is the proximal policy's ratio to the sampler, truncated."""
+    proximal = t([[0.0, -1.0, -1.0]])
+    new = (proximal + t([[0.0, math.log(1.65), math.log(1.1)]])).requires_grad_()
+    sampler = t([[0.0, -1.0 - LN2, -1.0]])  # proximal / sampler: 2 (truncated to 1.5), 1
+    advantages = t([[0.0, 1.0, 1.0]])
+    config = LossConfig(name=LossName.ppo, tis_cap=1.5)
+    loss, metrics = compute_loss(config, new, t([[0, 1, 1]]), old_logprobs=sampler,
+                                 advantages=advantages, proximal_logprobs=proximal)
+    # -(min(1.65, 1.28) * 1.5 * 1 + 1.1 * 1 * 1) / 2
+    assert loss.item() == pytest.approx(-(1.28 * 1.5 + 1.1) / 2)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+    assert metrics["tis_weight_mean"] == pytest.approx(1.25)
+    loss.backward()
+    assert new.grad is not None  # clipped: no gradient; else -w * ratio * A / 2
+    assert new.grad[0].tolist() == pytest.approx([0.0, 0.0, -1.1 / 2])
+
+
+def test_dual_clip_bounds_a_negative_advantage_tokens_term() -> None:
+    new = t([[0.0, 0.0, 0.0]]).requires_grad_()
+    old = t([[0.0, -math.log(10.0), -math.log(1.1)]])  # ratios 10 and 1.1
+    advantages = t([[0.0, -1.0, -1.0]])
+    config = LossConfig(name=LossName.ppo, clip_ratio_c=3.0)
+    loss, metrics = compute_loss(config, new, t([[0, 1, 1]]), old_logprobs=old,
+                                 advantages=advantages)
+    # ratio 10: min(-10, -1.28) = -10, floored at 3 * -1 = -3; ratio 1.1: -1.1
+    assert loss.item() == pytest.approx((3.0 + 1.1) / 2)
+    assert metrics["dual_clip_fraction"] == pytest.approx(0.5)
+    loss.backward()
+    assert new.grad is not None
+    assert new.grad[0].tolist() == pytest.approx([0.0, 0.0, 1.1 / 2])
+    without, _ = compute_loss(LossConfig(name=LossName.ppo), new, t([[0, 1, 1]]),
+                              old_logprobs=old, advantages=advantages)
+    assert without.item() == pytest.approx((10.0 + 1.1) / 2)
+    with pytest.raises(ValueError, match="dual clip"):
+        LossConfig(name=LossName.cispo, clip_ratio_c=3.0)
+
+
+def test_the_kl_term_is_aggregated_like_the_policy_loss() -> None:
+    new = t([[0.0, -1.0, -2.0]])
+    ref = t([[0.0, -1.5, -1.0]])
+    mask = t([[0, 1, 1]])
+    k3 = [math.exp(r - n) - (r - n) - 1 for r, n in ((-1.5, -1.0), (-1.0, -2.0))]
+    for aggregation, scale in ((LossAggregation.sum, 1.0), (LossAggregation.token_mean, 0.5)):
+        config = LossConfig(aggregation=aggregation, kl_coef=0.1)
+        loss, metrics = compute_loss(config, new, mask, ref_logprobs=ref)
+        policy = 3.0 * scale  # cross-entropy: -(-1 - 2)
+        assert loss.item() == pytest.approx(policy + 0.1 * sum(k3) * scale)
+        assert metrics["kl"] == pytest.approx(sum(k3) / 2)  # the metric stays a token mean
 
 
 def test_options_a_loss_does_not_read_are_refused() -> None:
