@@ -2,7 +2,8 @@
 
 Each prompt is sampled `G` times; a completion's advantage is its reward relative to its
 group's:
-- GRPO: (r - mean) / (std + eps);
+- GRPO: (r - mean) / (std + eps), std the sample standard deviation (n - 1, as TRL and verl;
+  `std="population"` divides by n, a learning rate √(G / (G - 1)) larger);
 - Dr. GRPO: r - mean (dividing by the std favours too-easy and too-hard prompts);
 - RLOO: r minus the mean of the *other* G - 1 rewards, an unbiased baseline.
 DAPO keeps GRPO's advantages but drops zero-variance groups (`has_signal`) and shapes the
@@ -13,26 +14,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 Advantages = Callable[[Sequence[float]], list[float]]
 
 
 def group_advantages(
-    rewards: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6,
+    std: Literal["sample", "population"] = "sample",
 ) -> list[float]:
-    """Advantages of one group of rewards: (r - mean) / (std + eps), or r - mean (Dr.GRPO)."""
+    """Advantages of one group of rewards: (r - mean) / (std + eps), or r - mean (Dr.GRPO).
+    A group of one has no spread to compare with: advantage 0."""
     if not rewards:
         return []
     mean = sum(rewards) / len(rewards)
     centered = [r - mean for r in rewards]
     if not normalize_std:
         return centered
-    std = math.sqrt(sum(c * c for c in centered) / len(centered))
-    return [c / (std + eps) for c in centered]
+    dof = len(centered) - (1 if std == "sample" else 0)
+    if dof <= 0:
+        return [0.0] * len(centered)
+    spread = math.sqrt(sum(c * c for c in centered) / dof)
+    return [c / (spread + eps) for c in centered]
 
 
-def grpo_advantages(rewards: Sequence[float]) -> list[float]:
-    return group_advantages(rewards)
+Std = Literal["sample", "population"]
+
+
+def grpo_advantages(rewards: Sequence[float], std: Std = "sample") -> list[float]:
+    return group_advantages(rewards, std=std)
+
 
 
 def dr_grpo_advantages(rewards: Sequence[float]) -> list[float]:

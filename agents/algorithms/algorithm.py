@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from agents.algorithms.advantages import (
     Advantages,
+    Std,
     dr_grpo_advantages,
     grpo_advantages,
     has_signal,
@@ -27,10 +29,17 @@ from services.trainer.schemas import Datum, LossAggregation, LossConfig, LossNam
 
 @dataclass(frozen=True)
 class OverlongShaping:
-    """DAPO: responses longer than `max_tokens - buffer` model tokens lose up to 1 reward."""
+    """DAPO: a response longer than `max_tokens - buffer` tokens loses up to 1 reward. The
+    budget is per model turn (`max_tokens` is what each turn may generate): a multi-turn
+    episode is shaped by its longest turn, never by the sum of its turns."""
 
     max_tokens: int
     buffer: int
+
+    def penalty(self, trajectory: Trajectory) -> float:
+        turns = [t.end - t.start for t in trajectory.turns if t.kind == "model"]
+        return min((overlong_penalty(n, self.max_tokens, self.buffer) for n in turns),
+                   default=0.0)
 
 
 @dataclass
@@ -59,9 +68,7 @@ class Algorithm:
         rewards = [t.reward or 0.0 for t in trajectories]
         if self.overlong is None:
             return rewards
-        return [r + overlong_penalty(sum(t.loss_mask), self.overlong.max_tokens,
-                                     self.overlong.buffer)
-                for r, t in zip(rewards, trajectories, strict=True)]
+        return [r + self.overlong.penalty(t) for r, t in zip(rewards, trajectories, strict=True)]
 
     def batch(self, groups: Sequence[RolloutGroup]) -> TrainingBatch:
         batch = TrainingBatch(data=[])
@@ -72,7 +79,9 @@ class Algorithm:
                 continue
             rewards = self.shaped_rewards(group.trajectories)
             batch.rewards.extend(rewards)
-            if not has_signal(rewards):
+            # Dynamic sampling looks at what the verifier said (DAPO filters on accuracy); the
+            # shaped reward is what the advantages are made of.
+            if not has_signal([t.reward or 0.0 for t in group.trajectories]):
                 batch.zero_variance += 1
                 if self.filter_zero_variance:
                     continue
@@ -82,10 +91,12 @@ class Algorithm:
         return batch
 
 
-def grpo(*, clip: float = 0.2, kl_coef: float = 0.0, tis_cap: float | None = None) -> Algorithm:
-    """GRPO as published: std-normalised advantages, symmetric clip, each sequence's token
+def grpo(*, clip: float = 0.2, kl_coef: float = 0.0, tis_cap: float | None = None,
+         std: Std = "sample") -> Algorithm:
+    """GRPO as published: std-normalised advantages (`std`: the group's sample standard
+    deviation, as TRL and verl, or its population one), symmetric clip, each sequence's token
     mean averaged over sequences."""
-    return Algorithm("grpo", grpo_advantages, LossConfig(
+    return Algorithm("grpo", partial(grpo_advantages, std=std), LossConfig(
         name=LossName.ppo, clip_low=clip, clip_high=clip, kl_coef=kl_coef, tis_cap=tis_cap,
         aggregation=LossAggregation.sequence_mean))
 
@@ -98,11 +109,12 @@ def dr_grpo(*, max_tokens: int, clip: float = 0.2, tis_cap: float | None = None)
 
 
 def dapo(*, max_tokens: int, overlong_buffer: int = 0, clip_low: float = 0.2,
-         clip_high: float = 0.28, tis_cap: float | None = None) -> Algorithm:
+         clip_high: float = 0.28, tis_cap: float | None = None, std: Std = "sample"
+         ) -> Algorithm:
     """DAPO: clip-higher, token-level mean, dynamic sampling (zero-variance groups dropped;
     over-sample to keep the batch full) and over-long reward shaping."""
     overlong = OverlongShaping(max_tokens, overlong_buffer) if overlong_buffer else None
-    return Algorithm("dapo", grpo_advantages, LossConfig(
+    return Algorithm("dapo", partial(grpo_advantages, std=std), LossConfig(
         name=LossName.ppo, clip_low=clip_low, clip_high=clip_high, tis_cap=tis_cap,
         aggregation=LossAggregation.token_mean), filter_zero_variance=True, overlong=overlong)
 

@@ -16,14 +16,18 @@ from agents.algorithms import (
     sft_datum,
     trajectory_datum,
 )
-from services.rollout.schemas import RolloutGroup, Sample, Trajectory
+from services.rollout.schemas import RolloutGroup, Sample, Trajectory, TurnInfo
 from services.trainer.schemas import LossAggregation
 
 
 def test_grpo_advantages_match_hand_computation() -> None:
-    # rewards 1, 0, 0, 1: mean 0.5, population std 0.5 → ±1
+    # rewards 1, 0, 0, 1: mean 0.5, sample std sqrt(1/3) (TRL, verl); population std 0.5
     adv = group_advantages([1.0, 0.0, 0.0, 1.0], eps=0.0)
-    assert adv == [1.0, -1.0, -1.0, 1.0]
+    assert adv == pytest.approx([0.5 / math.sqrt(1 / 3), -0.5 / math.sqrt(1 / 3),
+                                 -0.5 / math.sqrt(1 / 3), 0.5 / math.sqrt(1 / 3)])
+    population = group_advantages([1.0, 0.0, 0.0, 1.0], eps=0.0, std="population")
+    assert population == [1.0, -1.0, -1.0, 1.0]
+    assert group_advantages([1.0], eps=0.0) == [0.0]  # one sample: no spread, no signal
 
 
 def test_dr_grpo_only_centres() -> None:
@@ -31,9 +35,9 @@ def test_dr_grpo_only_centres() -> None:
 
 
 def test_grpo_uneven_group() -> None:
-    # rewards 1, 0, 0: mean 1/3, std sqrt(2/9)
+    # rewards 1, 0, 0: mean 1/3, sample std sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3)
     adv = group_advantages([1.0, 0.0, 0.0], eps=0.0)
-    std = math.sqrt(2 / 9)
+    std = math.sqrt(1 / 3)
     assert adv == pytest.approx([(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std])
     assert sum(adv) == pytest.approx(0.0)
 
@@ -82,10 +86,22 @@ def trajectory(reward: float | None, model_tokens: int = 2) -> Trajectory:
     # prompt [1, 2]; one model turn, a tool turn of 2 tokens, then the rest of the model's
     token_ids = [10, 11, 20, 21, *range(30, 30 + model_tokens - 2)]
     mask = [1, 1, 0, 0, *[1] * (model_tokens - 2)]
+    turns = [TurnInfo(kind="model", start=0, end=2, text=""),
+             TurnInfo(kind="env", start=2, end=4, text="")]
+    if model_tokens > 2:
+        turns.append(TurnInfo(kind="model", start=4, end=len(token_ids), text=""))
     return Trajectory(
         task_index=0, sample_index=0, prompt_token_ids=[1, 2], token_ids=token_ids,
-        logprobs=[-0.5 if m else 0.0 for m in mask], loss_mask=mask, turns=[],
+        logprobs=[-0.5 if m else 0.0 for m in mask], loss_mask=mask, turns=turns,
         stop_reason="done", response="", reward=reward)
+
+
+def one_turn(reward: float, tokens: int) -> Trajectory:
+    return Trajectory(
+        task_index=0, sample_index=0, prompt_token_ids=[1, 2], token_ids=[10] * tokens,
+        logprobs=[-0.5] * tokens, loss_mask=[1] * tokens,
+        turns=[TurnInfo(kind="model", start=0, end=tokens, text="")], stop_reason="done",
+        response="", reward=reward)
 
 
 def group(*rewards: float | None, model_tokens: int = 2) -> RolloutGroup:
@@ -116,15 +132,28 @@ def test_grpo_keeps_zero_variance_groups_with_zero_advantage() -> None:
 
 
 def test_dapo_overlong_shaping_changes_the_advantages() -> None:
-    # max 4 model tokens, buffer 2: 3 tokens cost 0.5 of reward, 2 tokens nothing
+    # max 4 model tokens a turn, buffer 2: a 3-token turn costs 0.5 of reward, 2 tokens nothing
     algo = dapo(max_tokens=4, overlong_buffer=2)
     batch = algo.batch([RolloutGroup(task_index=0, task_id=None, trajectories=[
-        trajectory(1.0, model_tokens=3), trajectory(1.0, model_tokens=2)])])
+        one_turn(1.0, 3), one_turn(1.0, 2)])])
     assert batch.rewards == [0.5, 1.0]
-    first, second = batch.data
+    assert batch.kept == 0 and batch.zero_variance == 1  # both were right: no signal (DAPO)
+    mixed = algo.batch([RolloutGroup(task_index=0, task_id=None, trajectories=[
+        one_turn(1.0, 3), one_turn(1.0, 2), one_turn(0.0, 2)])])
+    first, second, _ = mixed.data
     assert first.advantages is not None and second.advantages is not None
-    assert max(first.advantages) == 0.0 and min(first.advantages) < 0  # the longer one loses
-    assert max(second.advantages) > 0
+    # shaped 0.5, 1.0, 0.0: the long right answer sits at the mean, the short one above it
+    assert max(first.advantages) == 0.0 and max(second.advantages) > 0
+
+
+def test_overlong_shaping_is_per_turn_in_a_multi_turn_episode() -> None:
+    """Two model turns of 2 tokens around a tool turn: 4 model tokens in all, each turn
+    within its budget of 2 + buffer. Summed over the episode it would have cost 1.0."""
+    algo = dapo(max_tokens=4, overlong_buffer=2)
+    episode = trajectory(1.0, model_tokens=4)
+    assert sum(episode.loss_mask) == 4
+    assert algo.shaped_rewards([episode]) == [1.0]
+    assert algo.shaped_rewards([one_turn(1.0, 5)]) == [0.0]  # one turn over the budget
 
 
 def test_recipes_pick_matching_losses() -> None:
