@@ -215,6 +215,11 @@ class AsyncJob:
         request = ForwardRequest(data=list(data), loss=loss)
         return await self._submit("forward", request.model_dump(mode="json"), ForwardResult)
 
+    async def reset_optimizer(self) -> OperationFuture[ModelInfo]:
+        """A new phase (RL after SFT): AdamW's moments and unapplied gradients are dropped,
+        in order with the calls before and after it."""
+        return await self._submit("reset_optimizer", {}, ModelInfo)
+
     async def optim_step(self, adam: AdamParams | None = None) -> OperationFuture[OptimStepResult]:
         request = OptimStepRequest(adam=adam or AdamParams())
         return await self._submit("optim_step", request.model_dump(mode="json"), OptimStepResult)

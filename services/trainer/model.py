@@ -164,6 +164,15 @@ class TrainerModel:
         self.step += 1
         return OptimStepResult(step=self.step, grad_norm=grad_norm.item(), lr=adam.lr)
 
+    def reset_optimizer(self) -> ModelInfo:
+        """A fresh AdamW at the next step (no moments), pending gradients dropped; the step
+        count goes on."""
+        self._optimizer = None
+        for param in self.params:
+            param.grad = None
+        self._has_gradients = False
+        return self.info()
+
     def save(self, directory: Path, shard_bytes: int, reserve: PageReserve | None = None) -> None:
         """A Hugging Face model directory (full, in shards of at most `shard_bytes`) or a PEFT
         adapter directory (LoRA); weight files over `reserve`'s where it has them."""

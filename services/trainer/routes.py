@@ -59,6 +59,14 @@ async def optim_step(model_id: str, body: OptimStepRequest, service: ServiceDep)
     return service.optim_step(model_id, body)
 
 
+@router.post("/models/{model_id}/reset_optimizer", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Operation)
+async def reset_optimizer(model_id: str, service: ServiceDep) -> Operation:
+    """Forget AdamW's moments and any gradients not yet applied (queued in order): a new
+    phase (RL after SFT) starts without the previous phase's momentum."""
+    return service.reset_optimizer(model_id)
+
+
 @router.post("/models/{model_id}/save_weights", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
 async def save_weights(model_id: str, body: SaveWeightsRequest,

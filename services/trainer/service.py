@@ -91,6 +91,10 @@ class TrainerService:
         model = self.registry.get(model_id)
         return self._submit(model_id, "optim_step", lambda: model.optim_step(request.adam))
 
+    def reset_optimizer(self, model_id: str) -> Operation:
+        model = self.registry.get(model_id)
+        return self._submit(model_id, "reset_optimizer", model.reset_optimizer)
+
     def save_weights(self, model_id: str, request: SaveWeightsRequest) -> Operation:
         model = self.registry.get(model_id)
         reserve = self._reserves.get(model_id)

@@ -157,3 +157,26 @@ async def test_a_series_keeps_its_newest_checkpoints_over_http(start_trainer: St
         assert gone.status_code == 404
         bad = await trainer.http.delete("/v1/models/job_series/checkpoints/..x")
         assert bad.status_code == 422
+
+
+async def test_reset_optimizer_starts_a_phase_without_the_last_ones_moments(
+        start_trainer: Start, arithmetic_data: list[dict[str, Any]]) -> None:
+    """After a reset, a step moves the weights as a first step of a fresh AdamW would: the
+    same as a model that never trained from the same weights (its moments empty)."""
+    data = arithmetic_data[:4]
+    async with start_trainer() as trainer:
+        for job in ("job_phases", "job_fresh"):
+            await trainer.create(job, "lora")
+        await steps(trainer, "job_phases", data, 3)
+        await trainer.run("job_phases", "save_state", {"name": "after-sft"})
+        await trainer.run("job_fresh", "load_state",
+                          {"name": "after-sft", "job_id": "job_phases", "optimizer": False})
+        await trainer.run("job_phases", "forward_backward", {"data": data})
+        info = await trainer.run("job_phases", "reset_optimizer", {})
+        assert info["step"] == 3
+        # the pending gradients went with the moments: an optim_step now has none to apply
+        refused = await trainer.submit("job_phases", "optim_step", ADAM)
+        assert (await trainer.wait(refused["id"]))["status"] == "failed"
+        phases = await steps(trainer, "job_phases", data, 2)
+        fresh = await steps(trainer, "job_fresh", data, 2)
+        assert phases == pytest.approx(fresh, rel=1e-5)
