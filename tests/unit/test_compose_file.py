@@ -47,6 +47,20 @@ def test_only_the_gateway_is_published_and_every_loom_service_waits_for_its_imag
     assert len(images) == len(set(images))
 
 
+def test_every_loom_service_reads_the_service_token_the_one_shot_makes() -> None:
+    services = load("docker-compose.yml")["services"]
+    token_file = "/run/secrets/loom/service_token"
+    for name in LOOM_SERVICES:
+        spec = services[name]
+        assert spec["environment"]["LOOM_SERVICE_TOKEN_FILE"] == token_file, name
+        assert "service-token:/run/secrets/loom:ro" in spec["volumes"], name
+        assert "LOOM_SERVICE_TOKEN" not in spec["environment"], name
+    # The image's data dir (/data, owned by its non-root user) is the volume it is made in.
+    maker = services["loom"]
+    assert maker["volumes"] == ["service-token:/data"]
+    assert "services.common.service_token import main" in maker["command"][-1]
+
+
 @pytest.mark.parametrize("service", sorted(LOOM_SERVICES))
 def test_each_service_image_adds_a_healthcheck_and_command_to_the_shared_image(
         service: str) -> None:
