@@ -89,7 +89,7 @@ async def test_save_and_load_reach_the_trainer_in_seq_order(stand: Stand) -> Non
     assert await result(tinker, saved) == {"path": path, "type": "save_weights"}
     assert await result(tinker, loaded) == {"path": path, "model_id": model_id,
                                             "type": "load_weights"}
-    assert fake.calls == [(job, "save_state", {"name": "first"}),
+    assert fake.calls == [(job, "save_state", {"name": "first", "series": None}),
                           (job, "load_state", {"name": "first", "job_id": None,
                                                "optimizer": False})]
     # A resent seq_id (the SDK's retry) is the same request, not a second save.
