@@ -23,6 +23,8 @@ ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "cpu")
 TOP = "loom-sandbox"
 CPU_PERIOD_US = 100_000
+# The kernel's weight of one plain task (cpu.shares in v1, cpu.weight in v2, its maximum).
+TASK_SHARES, TASK_WEIGHT, MAX_WEIGHT = 1024, 100, 10_000
 KILL_WAIT_S = 5.0
 
 
@@ -145,7 +147,7 @@ class SlotCgroupV1(SlotCgroup):
 class Cgroups:
     """The service instance's control groups: `<hierarchy>/loom-sandbox/<instance>/slot-N`."""
 
-    def __init__(self, instance: str, root: Path = ROOT) -> None:
+    def __init__(self, instance: str, slots: int, root: Path = ROOT) -> None:
         self.version, bases = _hierarchies(root)
         self.instances = [base / TOP / instance for base in bases]
         if self.version == 2:
@@ -154,6 +156,17 @@ class Cgroups:
                 # Children may only use the controllers their parent hands down.
                 _write(directory / "cgroup.subtree_control",
                        " ".join(f"+{c}" for c in CONTROLLERS))
+        # A group competes for CPU with its siblings as one task would: left at the default,
+        # all the sandboxes together would weigh one task against the host's others. Weighed
+        # as their slots, they get what as many plain processes would; each slot's quota
+        # still caps what one program tree can take.
+        cpu = self.instances[0] if self.version == 2 else self.instances[CONTROLLERS.index("cpu")]
+        for directory in (cpu.parent, cpu):
+            directory.mkdir(parents=True, exist_ok=True)
+            if self.version == 2:
+                _write(directory / "cpu.weight", min(MAX_WEIGHT, TASK_WEIGHT * slots))
+            else:
+                _write(directory / "cpu.shares", TASK_SHARES * slots)
 
     def slot(self, slot: int) -> SlotCgroup:
         directories = [instance / f"slot-{slot}" for instance in self.instances]

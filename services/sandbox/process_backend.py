@@ -124,7 +124,7 @@ class ProcessBackend(AgentBackend):
             return
         instance = f"uids-{self._uids.start}" if self._uids else f"pid-{os.getpid()}"
         try:
-            self.cgroups = Cgroups(instance)
+            self.cgroups = Cgroups(instance, self.settings.sandbox_max_concurrency)
             self.cgroups.remove_all()  # what a crashed holder of the range left
         except (OSError, RuntimeError) as exc:
             self._release_uids()

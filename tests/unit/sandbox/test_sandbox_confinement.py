@@ -41,10 +41,10 @@ def test_uid_ranges_are_disjoint_while_held_and_free_once_released(tmp_path: Pat
 def test_control_groups_name_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu memory io\n")
     with pytest.raises(CgroupError, match=r"lacks the controllers \['pids'\]"):
-        Cgroups("test", root=tmp_path)
+        Cgroups("test", 1, root=tmp_path)
     (tmp_path / "cgroup.controllers").unlink()
     with pytest.raises(CgroupError, match="no cgroup v1 hierarchy at .*memory"):
-        Cgroups("test", root=tmp_path)
+        Cgroups("test", 1, root=tmp_path)
 
 
 @pytest.mark.skipif(not seccomp.supported(), reason="no filter for this architecture")
