@@ -152,19 +152,23 @@ class AsyncJob:
     ) -> list[SampleResponse]:
         """Sample every prompt concurrently (the engine batches them); results in order.
 
-        An alias such as "latest" is resolved once, so the whole batch uses one version."""
-        if isinstance(version, str) and prompts:
-            first = await self.sample(prompts[0], n=n, params=params, version=version)
-            version = first.version
-            rest = await self.sample_many(prompts[1:], n=n, params=params, version=version)
-            return [first, *rest]
+        An alias such as "latest" is resolved once, so the whole batch uses one version. A
+        seed (`params.seed`) gives each prompt a seed of its own, derived from it and the
+        prompt's index: the same call again draws the same samples, and no two prompts share
+        their noise."""
+        base = params or SamplingParams()
+        if not prompts:
+            return []
+        first = await self.sample(prompts[0], n=n, params=base.derived(0), version=version)
         limit = asyncio.Semaphore(MAX_CONCURRENT_SAMPLES)
 
-        async def one(prompt: str | Sequence[int]) -> SampleResponse:
+        async def one(index: int, prompt: str | Sequence[int]) -> SampleResponse:
             async with limit:
-                return await self.sample(prompt, n=n, params=params, version=version)
+                return await self.sample(prompt, n=n, params=base.derived(index),
+                                         version=first.version)
 
-        return list(await asyncio.gather(*(one(p) for p in prompts)))
+        rest = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts) if i > 0))
+        return [first, *rest]
 
     async def rollouts(
         self,

@@ -124,6 +124,7 @@ class AsyncPipeline:
         self.groups_per_step = groups_per_step
         self.group_size = group_size
         self.params = params or SamplingParams()
+        self._request_numbers = itertools.count()  # a seed of its own per request
         self.staleness = max_staleness if mode == "async" else 0
         self.drops_late = staleness_bound == "trained" or mode == "sync"  # sync: never late
         self.oversample = oversample
@@ -205,6 +206,9 @@ class AsyncPipeline:
         against the policy before the first update (decoupled PPO): the first pass returns its
         logprobs, which the others carry as `proximal_logprobs`."""
         loss = self.algorithm.loss
+        if "temperature" not in loss.model_fields_set and self.params.temperature > 0:
+            # The trainer's policy at the temperature the groups were sampled at.
+            loss = loss.model_copy(update={"temperature": self.params.temperature})
         passes = []
         if self.epochs > 1 and loss.tis_cap is not None:
             first = await self.job.forward_backward(data, loss, return_logprobs=True)
@@ -259,8 +263,9 @@ class AsyncPipeline:
     async def _sample(self, tasks: list[RolloutTask | dict[str, Any]]) -> None:
         delivered = 0
         try:
+            params = self.params.derived(next(self._request_numbers))
             stream = await self.job.rollouts(tasks, env=self.env, group_size=self.group_size,
-                                             params=self.params, **self.rollout_options)
+                                             params=params, **self.rollout_options)
             async for group in stream:
                 delivered += 1
                 self._groups.put(group)

@@ -30,9 +30,8 @@ from services.rollout.schemas import (
     Trajectory,
     TurnInfo,
     VersionRef,
+    derive_seed,
 )
-
-SEED_STRIDE = 1009  # seeds of a request's trajectories and turns stay distinct
 
 
 @dataclass(frozen=True)
@@ -289,6 +288,4 @@ def joined(parts: list[Sample]) -> Sample:
 
 
 def _seed(seed: int | None, task_index: int, sample_index: int, turn: int) -> int | None:
-    if seed is None:
-        return None
-    return (seed + SEED_STRIDE * (SEED_STRIDE * task_index + sample_index) + turn) % (2**31)
+    return None if seed is None else derive_seed(seed, task_index, sample_index, turn)

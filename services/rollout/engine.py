@@ -234,6 +234,9 @@ def engine_args(settings: RolloutSettings, model_path: str) -> AsyncEngineArgs:
         enforce_eager=settings.rollout_enforce_eager,
         max_model_len=settings.rollout_max_model_len,
         seed=settings.rollout_seed,
+        # The logprob of each sampled token under the distribution it was drawn from (after
+        # temperature and top-p/top-k), not under the raw logits: what trainers take a ratio to.
+        logprobs_mode="processed_logprobs",
         disable_log_stats=True,
         worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
         **_lora(settings),

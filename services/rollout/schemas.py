@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any, Literal, Self
 
@@ -25,6 +26,20 @@ class SamplingParams(StrictModel):
     stop: list[str] = Field(default=[], max_length=16)
     stop_token_ids: list[int] = Field(default=[], max_length=16)
     seed: int | None = None
+
+    def derived(self, *keys: int) -> SamplingParams:
+        """These options with a seed of their own for `keys` (a prompt's index, a step): one
+        request seed gives every prompt and step different noise. Hashed over the whole seed
+        range rather than added: vLLM seeds a request's n samples seed, seed + 1, ..., so
+        nearby seeds would share samples."""
+        if self.seed is None:
+            return self
+        return self.model_copy(update={"seed": derive_seed(self.seed, *keys)})
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    digest = hashlib.blake2b(repr((seed, *keys)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") % (2**31)
 
 
 class SampleRequest(StrictModel):

@@ -238,7 +238,9 @@ class TrainerModel:
         `backward` it is back-propagated at once and its graph freed: peak memory is one
         micro-batch's whatever the batch's size, and the gradients add up to the batch's."""
         training = network.training
-        reference = self._reference_logprobs(network, batch) if config.kl_coef > 0 else None
+        temperature = config.temperature
+        reference = (self._reference_logprobs(network, batch, temperature)
+                     if config.kl_coef > 0 else None)
         network.train(training)  # the reference pass may have switched the mode
         totals = Totals.of(batch.loss_mask)
         groups = micro_batches(batch.lengths, self.micro_batch_tokens)
@@ -249,7 +251,8 @@ class TrainerModel:
         logprobs = torch.zeros_like(batch.loss_mask)
         for rows in groups:
             part, part_reference = batch.rows(rows, reference)
-            part_logprobs = self._forward(network, part.input_ids, part.attention_mask)
+            part_logprobs = self._forward(network, part.input_ids, part.attention_mask,
+                                          temperature)
             share, shares = compute_loss(config, part_logprobs, part.loss_mask,
                                          old_logprobs=part.old_logprobs,
                                          advantages=part.advantages,
@@ -271,7 +274,8 @@ class TrainerModel:
             logprobs[index, :part_logprobs.shape[1]] = part_logprobs.detach()
         return loss, metrics, logprobs
 
-    def _logprobs(self, network: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    def _logprobs(self, network: torch.nn.Module, batch: Batch, temperature: float = 1.0
+                  ) -> torch.Tensor:
         """[B, T] logprobs, from one forward pass per micro-batch of rows of similar length
         (no graph is kept: callers run it without gradients)."""
         logprobs = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
@@ -279,27 +283,29 @@ class TrainerModel:
             part, _ = batch.rows(rows)
             index = torch.tensor(rows, device=logprobs.device)
             logprobs[index, :part.input_ids.shape[1]] = self._forward(
-                network, part.input_ids, part.attention_mask)
+                network, part.input_ids, part.attention_mask, temperature)
         return logprobs
 
     @staticmethod
     def _forward(network: torch.nn.Module, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor) -> torch.Tensor:
+                 attention_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         output = network(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        return token_logprobs(output.logits, input_ids)
+        logits = output.logits if temperature == 1.0 else output.logits / temperature
+        return token_logprobs(logits, input_ids)
 
-    def _reference_logprobs(self, network: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    def _reference_logprobs(self, network: torch.nn.Module, batch: Batch,
+                            temperature: float) -> torch.Tensor:
         """Logprobs under the base model: LoRA turns its adapter off; full training keeps a
         frozen copy of the base, loaded from disk on first use (the live weights have moved)."""
         with torch.no_grad():
             if isinstance(network, peft.PeftModel):
                 network.eval()
                 with network.disable_adapter():
-                    return self._logprobs(network, batch)
+                    return self._logprobs(network, batch, temperature)
             if self._frozen_reference is None:
                 self._frozen_reference = load_causal_lm(self.model_path, self.device).eval()
                 self._frozen_reference.requires_grad_(False)
-            return self._logprobs(self._frozen_reference, batch)
+            return self._logprobs(self._frozen_reference, batch, temperature)
 
 
 class _GradientUndo:

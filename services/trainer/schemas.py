@@ -122,6 +122,11 @@ class LossConfig(StrictModel):
     dro_beta: float = Field(default=0.05, gt=0, description="dro: weight of the quadratic "
                             "penalty 1/2 * dro_beta * log(pi / pi_sampler)^2")
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of KL to the reference model")
+    temperature: float = Field(
+        default=1.0, gt=0, le=10, description="The temperature the data was sampled at: the "
+        "trainer divides the logits by it, so the policy whose ratio to the sampler's "
+        "logprobs is taken (those of the distribution really sampled from) is the same "
+        "distribution. Top-p/top-k truncation is not replayed: tis_cap corrects what remains.")
     aggregation: LossAggregation = LossAggregation.token_mean
     normalizer: int | None = Field(
         default=None, ge=1, description="sum_normalized: the constant, e.g. the generation "

@@ -144,3 +144,18 @@ def test_forward_without_gradients_is_split_too(tiny_model_dir: Path, tmp_path: 
 def test_budget_defaults_by_device_and_a_setting_wins(device: str, setting: int | None,
                                                       budget: int) -> None:
     assert micro_batch_budget(torch.device(device), setting) == budget
+
+
+def test_the_loss_takes_logprobs_at_the_sampling_temperature(tiny_model_dir: Path,
+                                                              tmp_path: Path) -> None:
+    model = model_with_budget(tiny_model_dir, tmp_path, TrainingMode.full, 70)
+    data = long_tailed_data(3, seed=2)
+    got = model.forward(data, LossConfig(name=LossName.cross_entropy, temperature=0.5))
+    with model.network() as network, torch.no_grad():
+        for datum, row in zip(data, got.logprobs, strict=True):
+            ids = torch.tensor([datum.input_ids])
+            logits = network(input_ids=ids, use_cache=False).logits[0, :-1] / 0.5
+            want = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+            assert row[1:] == pytest.approx(want.tolist(), abs=1e-4)
+    plain = model.forward(data, LossConfig(name=LossName.cross_entropy))
+    assert plain.logprobs[0][1:] != pytest.approx(got.logprobs[0][1:], abs=1e-3)
