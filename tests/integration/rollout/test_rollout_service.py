@@ -378,7 +378,9 @@ async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
 
     response, _ = await asyncio.gather(rollout.post("/v1/rollouts", json=body),
                                        publish_mid_generation())
-    events = [json.loads(line) for line in response.text.splitlines()]
+    # NDJSON lines end at "\n" only: sampled text may hold U+2028 or U+0085, which
+    # str.splitlines() would also split at.
+    events = [json.loads(line) for line in response.text.split("\n") if line]
     (group,) = [e["group"] for e in events if e["type"] == "group"]
     interrupted = 0
     for trajectory in group["trajectories"]:
