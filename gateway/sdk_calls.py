@@ -5,6 +5,7 @@ twice (an SDK's retry after a lost answer) is one call; samples come from rollou
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from gateway.keys import KeyIdentity
 from services.common.errors import (
     Forbidden,
     InvalidInput,
+    LoomError,
     NotFound,
     error_from_envelope,
     invalid_options,
@@ -103,10 +105,13 @@ class TrainerCalls:
 @dataclass
 class CallOrder:
     """One training model's calls, numbered by its SDK from 1 without gaps. `next_seq` 0:
-    not known (a model the gateway found again after a restart), the first call sets it."""
+    not known (a model the gateway found again after a restart), the first call sets it.
+    Every number is used up whatever happens to its call: submitted, failed on submission,
+    or refused before it (`skip`), so one refused call never stalls the calls after it."""
 
     next_seq: int = 1
     submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> call id
+    skipped: set[int] = field(default_factory=set)  # refused, not yet reached
     turn: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def place(self, futures: Futures, seq_id: int | None,
@@ -114,7 +119,8 @@ class CallOrder:
                     result: Callable[[Any], Awaitable[Payload]]) -> str:
         """Submit to the trainer when it is `seq_id`'s turn (None: at once, in arrival order)
         and return the call id whose result `result(submitted)` gives. A resent seq_id gets
-        the first submission's call id."""
+        the first submission's call id. `submit` raising (a refused call) uses the number up
+        too, and its error is the caller's."""
         async with self.turn:
             if seq_id is None:
                 return futures.submit(result(await submit()))
@@ -131,11 +137,58 @@ class CallOrder:
             try:
                 submitted = await submit()
             finally:
-                self.next_seq = max(self.next_seq, seq_id + 1)
-                self.turn.notify_all()
+                self._used(seq_id)
             call_id = futures.submit(result(submitted))
             self.submitted[seq_id] = call_id
             return call_id
+
+    async def skip(self, seq_id: int | None) -> None:
+        """`seq_id`'s call was refused before it could take its turn: its number is used up
+        (at once, or when the calls before it have had theirs)."""
+        if seq_id is None:
+            return
+        async with self.turn:
+            if seq_id in self.submitted or 0 < seq_id < self.next_seq:
+                return
+            if self.next_seq == 0 or self.next_seq == seq_id:
+                self._used(seq_id)
+            else:
+                self.skipped.add(seq_id)
+
+    def _used(self, seq_id: int) -> None:
+        self.next_seq = max(self.next_seq, seq_id + 1)
+        while self.next_seq in self.skipped:
+            self.skipped.discard(self.next_seq)
+            self.next_seq += 1
+        self.turn.notify_all()
+
+
+Numbering = Callable[..., tuple[str | None, int | None]]
+CallT = TypeVar("CallT", bound=Callable[..., Awaitable[Any]])
+
+
+def numbered(numbering: Numbering) -> Callable[[CallT], CallT]:
+    """Marks a service method as a numbered training call: when it is refused (any Loom
+    error, before or at its turn), the model's number for it is used up, so the SDK's next
+    call proceeds at once. `numbering(*args)` gives the model's key in `self.models` and the
+    seq_id from the method's arguments, given as the method was called (None where they
+    cannot be read)."""
+
+    def wrap(method: CallT) -> CallT:
+        @functools.wraps(method)
+        async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await method(self, *args, **kwargs)
+            except LoomError:
+                model_id, seq_id = numbering(*args, **kwargs)
+                model = self.models.get(model_id) if model_id is not None else None
+                if model is not None:
+                    await model.calls.skip(seq_id)
+                raise
+
+        return call  # type: ignore[return-value]
+
+    return wrap
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from gateway.tinker import schemas
 from gateway.tinker.futures import PENDING, failure, retrieve
 from gateway.tinker.service import TinkerService
 from services.common.deps import app_state
-from services.common.errors import InvalidInput
+from services.common.errors import InvalidInput, NotFound
 
 # Every route is async: the service's state and futures live on the event loop.
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -22,6 +22,7 @@ RETRIEVE_WAIT_S = 25.0
 PROTOBUF = "application/x-protobuf"
 # The SDK's own chunks stay under 5 MB; this leaves room without letting a body exhaust memory.
 MAX_FORWARD_BACKWARD_BYTES = 64 << 20
+UNSERVED_BODY_BYTES = 1 << 20  # read only for its model_id and seq_id
 
 
 @router.post("/client/config")
@@ -154,11 +155,20 @@ async def retrieve_future(body: schemas.RetrieveFuture, tinker: TinkerDep,
 
 
 @router.post("/{call}")
-async def unsupported(call: str, tinker: TinkerDep, _key: CurrentKey) -> dict[str, Any]:
+async def unsupported(call: str, request: Request, tinker: TinkerDep, _key: CurrentKey
+                      ) -> dict[str, Any]:
     """Calls Loom does not serve yet fail as the SDK expects a failed call to (its own
-    error shape, category `user`), never hang."""
+    error shape, category `user`), never hang; a numbered one uses its number up, so the
+    model's next call proceeds."""
+    await tinker.skip_call(await read_capped(request, UNSERVED_BODY_BYTES))
 
     async def refuse() -> Any:
         return failure(InvalidInput(f"Loom does not serve the Tinker call {call!r} yet."))
 
     return {"request_id": tinker.futures.submit(refuse())}
+
+
+@router.get("/{call:path}")
+async def unsupported_get(call: str, _key: CurrentKey) -> None:
+    raise NotFound(f"Loom does not serve the Tinker call GET /api/v1/{call} yet.",
+                   {"call": call})

@@ -6,6 +6,7 @@ numbers them (from 1, no gaps), so the trainer's own per-model ordering keeps th
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from gateway.sdk_calls import (
     TrainingPass,
     check_top_k,
     find_owned,
+    numbered,
     optim_step_request,
     sample,
     user_input,
@@ -136,6 +138,7 @@ class TinkerService:
                 "model_data": {"model_name": model.base_model, "arch": None,
                                "tokenizer_id": model.tokenizer_id}}
 
+    @numbered(lambda body, _owner: wire.numbering(body))
     async def forward_backward(self, body: bytes, owner: KeyIdentity) -> dict[str, Any]:
         request = wire.ForwardBackwardRequest()
         try:
@@ -163,6 +166,7 @@ class TinkerService:
 
         return await self._in_order(model, request.seq_id, submit, result)
 
+    @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def optim_step(self, body: schemas.OptimStep, owner: KeyIdentity) -> dict[str, Any]:
         model = self.model(body.model_id, owner)
         step = optim_step_request(body.adam_params)
@@ -176,6 +180,7 @@ class TinkerService:
 
         return await self._in_order(model, body.seq_id, submit, result)
 
+    @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def save_for_sampler(self, body: schemas.SaveForSampler, owner: KeyIdentity
                                ) -> dict[str, Any]:
         model = self.model(body.model_id, owner)
@@ -203,6 +208,7 @@ class TinkerService:
 
     # --- training state ---------------------------------------------------------------
 
+    @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def save_state(self, body: schemas.SaveState, owner: KeyIdentity) -> dict[str, Any]:
         model = self.model(body.model_id, owner)
 
@@ -223,6 +229,7 @@ class TinkerService:
 
         return await self._in_order(model, body.seq_id, submit, result)
 
+    @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def load_state(self, body: schemas.LoadState, owner: KeyIdentity) -> dict[str, Any]:
         if body.model_id is not None and body.seq_id is not None:
             return await self._load_into(body, body.model_id, body.seq_id, owner)
@@ -381,6 +388,20 @@ class TinkerService:
         return {"request_id": self.futures.submit(run()), "sample_sequence_ids": ids}
 
     # --- plumbing ---------------------------------------------------------------------
+
+    async def skip_call(self, body: bytes) -> None:
+        """A call Loom does not serve: if its JSON body numbers a call of a model of ours,
+        that number is used up."""
+        try:
+            fields = json.loads(body) if body else None
+        except ValueError:
+            return
+        if not isinstance(fields, dict):
+            return
+        model = self.models.get(str(fields.get("model_id")))
+        seq_id = fields.get("seq_id")
+        if model is not None and isinstance(seq_id, int):
+            await model.calls.skip(seq_id)
 
     async def _in_order(self, model: TrainingModel, seq_id: int, submit: Any, result: Any
                         ) -> dict[str, Any]:

@@ -102,6 +102,16 @@ ForwardBackwardOutput = _CLASSES["ForwardBackwardOutput"]
 SampleResponse = _CLASSES["SampleResponse"]
 
 
+def numbering(body: bytes) -> tuple[str | None, int | None]:
+    """The model id and seq_id of a ForwardBackwardRequest body (None where unreadable)."""
+    request = ForwardBackwardRequest()
+    try:
+        request.ParseFromString(body)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends: nothing to number
+        return None, None
+    return request.model_id or None, request.seq_id
+
+
 def tensor_values(tensor: Any) -> np.ndarray:
     """A dense wire tensor as a flat numpy array (sparse ones are refused by the caller)."""
     return np.frombuffer(tensor.dense, dtype=NUMPY_DTYPES[tensor.dtype or FLOAT32])

@@ -28,6 +28,7 @@ from gateway.sdk_calls import (
     TrainingPass,
     check_top_k,
     find_owned,
+    numbered,
     optim_step_request,
     sample,
     user_input,
@@ -233,6 +234,7 @@ class WeaverService:
                     s, model.id, JobStatus.completed, owner))
         return {"model_id": model_id, "trainer": "terminated", "inference": "terminated"}
 
+    @numbered(lambda model_id, body, *_, **__: (model_id, body.payload.seq_id))
     async def forward(self, model_id: str, body: schemas.PassBody, owner: KeyIdentity,
                       backward: bool) -> str:
         payload = body.payload
@@ -261,6 +263,7 @@ class WeaverService:
 
         return await model.calls.place(self.futures, payload.seq_id, submit, result)
 
+    @numbered(lambda model_id, body, _owner: (model_id, body.payload.seq_id))
     async def optim_step(self, model_id: str, body: schemas.OptimBody, owner: KeyIdentity
                          ) -> str:
         payload = body.payload
@@ -277,6 +280,7 @@ class WeaverService:
 
         return await model.calls.place(self.futures, payload.seq_id, submit, result)
 
+    @numbered(lambda model_id, body, _owner: (model_id, body.seq_id))
     async def export_sampler(self, model_id: str, body: schemas.ExportSampler,
                              owner: KeyIdentity) -> str:
         model = await self.live_model(model_id, owner)

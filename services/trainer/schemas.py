@@ -191,7 +191,8 @@ class ForwardBackwardResult(LenientModel):
 
 
 class AdamParams(StrictModel):
-    lr: float = Field(default=1e-4, gt=0, le=1)
+    # 0 is a step that moves nothing (warm-up schedules start there); Adam's moments update.
+    lr: float = Field(default=1e-4, ge=0, le=1)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.95, ge=0, lt=1)
     eps: float = Field(default=1e-8, gt=0)

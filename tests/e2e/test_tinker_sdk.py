@@ -177,3 +177,12 @@ def test_bad_tinker_requests_get_clear_client_errors(stack: tuple[str, str, Path
         response = httpx2.post(f"{api}/{call}", headers=auth, timeout=60, **body)
         assert response.status_code == status, (call, response.text[:300])
         assert words in response.json()["error"]["message"], (call, response.text[:300])
+
+
+def test_a_refused_call_leaves_the_clients_next_calls_free(
+        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    """Before, the refused call's seq_id was never used, and every later call on the model
+    failed after waiting 60 s for it: here they succeed (an lr=0 warm-up step included)."""
+    (seen,) = run(tinker_python, "refused.py", stack)
+    assert seen["refused"] is not None and "no_such_option" in seen["refused"], seen
+    assert "grad_norm:mean" in seen["warm_up_lr0"]
