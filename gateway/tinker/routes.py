@@ -120,9 +120,9 @@ async def list_checkpoints(model_id: str, tinker: TinkerDep, key: CurrentKey) ->
 
 
 @router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
-async def delete_checkpoint(model_id: str, checkpoint_id: str, _key: CurrentKey) -> None:
-    raise InvalidInput(f"Loom keeps checkpoints: deleting {checkpoint_id!r} of {model_id!r} "
-                       "is not served.")
+async def delete_checkpoint(model_id: str, checkpoint_id: str, tinker: TinkerDep,
+                            key: CurrentKey) -> None:
+    await tinker.delete_checkpoint(model_id, checkpoint_id, key)
 
 
 @router.post("/create_sampling_session")

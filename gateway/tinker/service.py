@@ -324,6 +324,19 @@ class TinkerService:
         return {"checkpoints": [entry for _, entry in sorted(found, key=lambda f: f[0])],
                 "cursor": None}
 
+    async def delete_checkpoint(self, model_id: str, checkpoint_id: str, owner: KeyIdentity
+                                ) -> None:
+        """A training checkpoint goes from the trainer's disk; sampler weights saved by name
+        are forgotten (their version stays in the store, under its retention)."""
+        run = await self.training_run(model_id, owner)
+        path = checkpoints.parse_path(f"{checkpoints.SCHEME}{model_id}/{checkpoint_id}")
+        if path.kind == checkpoints.SAMPLER_WEIGHTS:
+            if self.sampler_paths.pop(str(path), None) is None:
+                raise NotFound(f"No sampler weights {str(path)!r}.")
+            return
+        name = checkpoints.checkpoint_name(path.name)
+        await self.trainer.request("DELETE", f"/v1/models/{run.job_id}/checkpoints/{name}")
+
     async def weights_info(self, tinker_path: str, owner: KeyIdentity) -> dict[str, Any]:
         path = checkpoints.parse_path(tinker_path)
         run = await self.training_run(path.model_id, owner)

@@ -143,6 +143,7 @@ def test_saved_state_loads_back_with_and_without_the_optimizer_and_seeds_new_cli
     assert seen["listed"] == [["weights/after-3", "training", path],
                               ["sampler_weights/final", "sampler", seen["sampler_path"]]]
     assert seen["info"] == {"base_model": "loom/tiny", "lora_rank": 8}
+    assert seen["after_delete"] == ["weights/after-3", "sampler_weights/final"]
     url, key, _ = stack
     jobs = httpx2.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
     loaded_from = [j["config"].get("tinker_loaded_from") for j in jobs["jobs"]]

@@ -63,6 +63,12 @@ fresh = service.create_training_client_from_state(saved.path).result()
 step(fresh)
 fresh_stepped = logprobs(fresh)
 
+# The cookbook's rolling checkpoints: one more, deleted, and gone from the list.
+doomed = training.save_state("rolling").result().path
+rest.delete_checkpoint_from_tinker_path(doomed).result()
+after_delete = [c.checkpoint_id for c in rest.list_checkpoints(training.model_id).result()
+                .checkpoints]
+
 print(json.dumps({
     "path": saved.path, "model_id": training.model_id, "sampler_path": sampler_path,
     "at_save": at_save, "one_step_on": one_step_on, "moved": moved, "reused": reused,
@@ -73,6 +79,6 @@ print(json.dumps({
     "info": {"base_model": info.base_model, "lora_rank": info.lora_rank},
     "resumed_model_id": resumed.model_id, "resumed_rank": resumed.get_info().lora_rank,
     "resumed_at_load": resumed_at_load, "resumed_stepped": resumed_stepped,
-    "fresh_stepped": fresh_stepped,
+    "fresh_stepped": fresh_stepped, "after_delete": after_delete,
 }), flush=True)
 service.close("success").result()
