@@ -47,31 +47,46 @@ def loom_batch(data: list[TinkerDatum], loss_fn: str, config: dict[str, float]
         return [policy_datum(d, loss, i) for i, d in enumerate(data)], loss
     weights = [per_token(d, "weights", i, default=1.0) for i, d in enumerate(data)]
     if any((w < 0).any() for w in weights):
-        return [client_loss_datum(sequence(d, i), (-w).tolist())
+        return [client_loss_datum(sequence(d, i, w == 0), (-w).tolist())
                 for i, (d, w) in enumerate(zip(data, weights, strict=True))], CLIENT_LOSS
-    return [Datum(input_ids=sequence(d, i), loss_mask=[0.0, *w])
+    return [Datum(input_ids=sequence(d, i, w == 0), loss_mask=[0.0, *w])
             for i, (d, w) in enumerate(zip(data, weights, strict=True))], loss
 
 
-def sequence(datum: TinkerDatum, index: int) -> list[int]:
+def sequence(datum: TinkerDatum, index: int, inert: np.ndarray) -> list[int]:
     """Tinker: input t[0..T-1], targets t[1..T] (position i predicts target i). Loom: one
-    sequence t[0..T], position i predicting token i, so every per-token list shifts by one."""
+    sequence t[0..T], position i predicting token i, so every per-token list shifts by one.
+    A target that is not the next input token is accepted where it carries no loss (`inert`:
+    the cookbook pads prompt positions with target 0 and weight 0); Loom then predicts the
+    input there, which changes nothing since the position weighs 0."""
     targets = datum.inputs.get("target_tokens")
     n = len(datum.tokens)
     if targets is None or len(targets) != n or n == 0:
         raise InvalidInput(f"data[{index}]: target_tokens must have one entry per input token "
                            f"({n}).")
-    if not np.array_equal(targets[:-1], datum.tokens[1:]):
-        raise InvalidInput(f"data[{index}]: target_tokens must be the input shifted by one "
-                           "(input[1:] + [next token]); other targets are not supported.")
+    wrong = np.flatnonzero((targets[:-1] != datum.tokens[1:]) & ~inert[:-1])
+    if wrong.size:
+        at = int(wrong[0])
+        raise InvalidInput(
+            f"data[{index}]: target_tokens[{at}] is {int(targets[at])}, not the next input "
+            f"token {int(datum.tokens[at + 1])}: Loom trains on the input shifted by one, and "
+            "takes another target only where its weight (or advantage) is 0.",
+            {"index": index, "position": at})
     return [int(t) for t in datum.tokens] + [int(targets[-1])]
 
 
 def policy_datum(datum: TinkerDatum, loss: LossConfig, index: int) -> Datum:
-    """Tinker's policy losses weigh every target alike (no `weights`)."""
-    inputs = {name: [0.0, *per_token(datum, name, index)] for name in LOSS_INPUTS[loss.name]}
-    return Datum(input_ids=sequence(datum, index),
-                 loss_mask=[0.0] + [1.0] * len(datum.tokens), **inputs)
+    """Tinker's policy losses weigh every target alike (no `weights`), except that a target
+    with advantage 0 carries no gradient: one that is not the next input token (padding) is
+    masked out."""
+    inputs = {name: per_token(datum, name, index) for name in LOSS_INPUTS[loss.name]}
+    inert = inputs["advantages"] == 0 if "advantages" in inputs else np.zeros(
+        len(datum.tokens), dtype=bool)
+    ids = sequence(datum, index, inert)
+    padded = np.append(np.asarray(ids[1:-1]) != datum.inputs["target_tokens"][:-1], False)
+    mask = np.where(padded, 0.0, 1.0)
+    return Datum(input_ids=ids, loss_mask=[0.0, *mask.tolist()],
+                 **{name: [0.0, *values.tolist()] for name, values in inputs.items()})
 
 
 def per_token(datum: TinkerDatum, name: str, index: int, default: float | None = None

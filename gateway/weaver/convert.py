@@ -70,10 +70,19 @@ def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int
                            f"token ({n}).")
     targets = targets.astype(np.int64)
     scored = targets != IGNORED
-    if (targets[:-1][scored[:-1]] != tokens[1:][scored[:-1]]).any():
-        raise InvalidInput(f"data[{index}]: target_tokens must be the input shifted by one "
-                           "(input[1:] + [next token], -100 where no loss); other targets are "
-                           "not served.")
+    weighed = scored.copy()  # a target with weight (or loss_mask) 0 carries no loss either
+    for name in ("weights", "loss_mask"):
+        given = per_target(raw, name, index, n)
+        if given is not None:
+            weighed &= given != 0
+    wrong = np.flatnonzero((targets[:-1] != tokens[1:]) & weighed[:-1])
+    if wrong.size:
+        at = int(wrong[0])
+        raise InvalidInput(
+            f"data[{index}]: target_tokens[{at}] is {int(targets[at])}, not the next input "
+            f"token {int(tokens[at + 1])}: Loom trains on the input shifted by one, and takes "
+            "another target only where it carries no loss (-100, or weight 0).",
+            {"index": index, "position": at})
     ids = [int(t) for t in tokens] + ([int(targets[-1])] if scored[-1] else [])
     if len(ids) < 2:
         raise InvalidInput(f"data[{index}]: needs at least one target after the first token.")
@@ -122,7 +131,9 @@ def per_target(raw: schemas.Datum, name: str, index: int, n: int) -> np.ndarray 
 
 def outputs(batch: TrainingBatch, logprobs: list[list[float]], loss: float | None
             ) -> dict[str, Any]:
-    """One logprob per target (0.0 where -100), as the SDK's loss_fn_outputs."""
+    """One logprob per target (0.0 where -100), as the SDK's loss_fn_outputs: at the top
+    level, as the SDK's own parser reads them, and under `result`, where the official
+    examples read them (`result["result"]["loss_fn_outputs"]`)."""
     per_datum = []
     for row, targets, datum_id in zip(logprobs, batch.targets, batch.datum_ids, strict=True):
         values = np.zeros(len(targets))
@@ -134,8 +145,9 @@ def outputs(batch: TrainingBatch, logprobs: list[list[float]], loss: float | Non
             output["datum_id"] = datum_id
         per_datum.append(output)
     metrics = {} if loss is None else {"loss:sum": loss}
-    return {"loss_fn_output_type": "TensorData", "loss_fn_outputs": per_datum,
+    body = {"loss_fn_output_type": "TensorData", "loss_fn_outputs": per_datum,
             "metrics": metrics}
+    return {**body, "result": body}
 
 
 def sampling_params(spec: schemas.SamplingSpec) -> SamplingParams:

@@ -43,6 +43,7 @@ def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
     # loss:sum is the sum of -logprob over the scored targets; -100 targets score 0.0
     last = steps[-1]
     assert len(last["logprobs"]) == 7 and last["logprobs"][:2] == [0.0, 0.0]
+    assert all(step["wrapped"] == step["logprobs"] for step in steps)
     assert last["loss"] == pytest.approx(-sum(last["logprobs"]), rel=0.05, abs=0.05)
     # Greedy samples of the new sampler, both alike, scored by the new sampler and by the
     # trained model alike: the sampler serves the trained weights.

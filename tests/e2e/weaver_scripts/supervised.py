@@ -22,7 +22,9 @@ with ServiceClient(name="weaver supervised") as service:
         training.log_metrics({"train/loss": result["metrics"]["loss:sum"]}, step=step)
         print(json.dumps({"step": step, "loss": result["metrics"]["loss:sum"],
                           "grad_norm": optimized["metrics"]["grad_norm:mean"],
-                          "logprobs": result["loss_fn_outputs"][0]["logprobs"]["data"]}),
+                          "logprobs": result["loss_fn_outputs"][0]["logprobs"]["data"],
+                          # where the official examples read it
+                          "wrapped": result["result"]["loss_fn_outputs"][0]["logprobs"]["data"]}),
               flush=True)
     sampler = training.save_weights_and_get_sampling_client()
     after = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=2,

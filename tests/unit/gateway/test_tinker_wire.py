@@ -69,6 +69,23 @@ def test_targets_that_are_not_the_shifted_input_are_refused(targets: list[int]) 
         loom_batch([parsed(request([5, 6, 7], targets))], "cross_entropy", {})
 
 
+def test_padded_targets_with_no_loss_are_taken_and_others_are_named() -> None:
+    """The cookbook pads prompt positions with target 0 and weight (or advantage) 0."""
+    padded = parsed(request([5, 6, 7, 8], [0, 0, 8, 9], weights=[0.0, 0.0, 1.0, 1.0]))
+    (converted,), _ = loom_batch([padded], "cross_entropy", {})
+    assert converted.input_ids == [5, 6, 7, 8, 9]
+    assert converted.loss_mask == [0.0, 0.0, 0.0, 1.0, 1.0]
+    policy = parsed(request([5, 6, 7], [0, 7, 8], logprobs=[0.0, -0.5, -0.5],
+                            advantages=[0.0, 1.0, 1.0]))
+    (converted,), _ = loom_batch([policy], "importance_sampling", {})
+    assert converted.loss_mask == [0.0, 0.0, 1.0, 1.0]
+    carrying = parsed(request([5, 6, 7, 8], [0, 0, 8, 9], weights=[0.0, 1.0, 1.0, 1.0]))
+    with pytest.raises(InvalidInput, match=r"target_tokens\[1\] is 0, not the next input "
+                                           r"token 7") as refused:
+        loom_batch([carrying], "cross_entropy", {})
+    assert refused.value.detail == {"index": 0, "position": 1}
+
+
 def test_outputs_round_trip_as_the_sdk_decodes_them() -> None:
     out = wire.ForwardBackwardOutput()
     out.ParseFromString(wire.forward_backward_output([[-1.0, -2.0], [-3.0]], {"loss:sum": 6.0}))
