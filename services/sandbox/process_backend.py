@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import InvalidInput
+from services.common.errors import InvalidInput, Unavailable
 from services.sandbox import seccomp
 from services.sandbox.agents import Agent, AgentBackend, AgentLost, Outcome, agent_command
 from services.sandbox.cgroups import CgroupError, Cgroups, SlotCgroup, join_command
@@ -193,7 +193,11 @@ class ProcessBackend(AgentBackend):
         cgroup = agent.cgroup
         if cgroup is None:
             return await super()._run_on(agent, request, keep_workdir)
-        cgroup.set_memory(self._memory_limit(request.memory_mb))  # written only on a change
+        try:
+            cgroup.set_memory(self._memory_limit(request.memory_mb))  # written only on a change
+        except OSError as exc:  # e.g. EBUSY: the slot holds more than the new limit
+            raise Unavailable(f"cannot set the sandbox's memory limit to {request.memory_mb} "
+                              f"MiB: {exc.strerror}") from exc
         oom_kills = cgroup.oom_kills()
         outcome = await super()._run_on(agent, request, keep_workdir)
         if (outcome.response.status is ExecutionStatus.killed
