@@ -27,12 +27,17 @@ from services.common.errors import Conflict, InvalidInput, LoomError, NotFound
 from services.rollout.engine import BASE_WEIGHTS_LABEL
 from services.rollout.lora_slots import LoraEngine, LoraSlots
 from services.rollout.schemas import LoadedVersion, ResidentVersions, VersionRef
+from services.rollout.weights_check import (
+    WEIGHTS_SUFFIX,
+    TensorSpecs,
+    check_loadable,
+    tensor_specs,
+)
 from services.rollout.weights_gate import WeightsGate
 
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
-WEIGHTS_SUFFIX = ".safetensors"  # what `reload_weights` reads
 # Versions published this long before the subscription started are history, not news.
 PRELOAD_CLOCK_SKEW = timedelta(seconds=30)
 
@@ -130,6 +135,7 @@ class Versions:
         self._full_by_label: dict[str, Target] = {}
         self._newest: dict[str, int] = {}  # per job, the newest version announced
         self._announced = asyncio.Condition()
+        self._served: TensorSpecs | None = None  # the base model's tensors, once read
 
     # --- resolution ---------------------------------------------------------------------
 
@@ -218,6 +224,8 @@ class Versions:
         log.info("full weights now %s", target.weights)
 
     async def _reload(self, path: str, label: str) -> None:
+        if path != self.base_path and (served := self._served_tensors()) is not None:
+            check_loadable(path, served, f"The weights of {label}")  # before any is touched
         self._full = None  # unknown until the reload succeeds
         self._preloaded = None
         async with self.loras.lock:
@@ -247,6 +255,16 @@ class Versions:
             self._preloaded = Preloaded(files)
 
         return await self.gate.swap_if_idle(label, load)
+
+    def _served_tensors(self) -> TensorSpecs | None:
+        """The base model's tensors, read once; None where its files cannot be read here (a
+        hub name): versions are then loaded unchecked."""
+        if self._served is None:
+            try:
+                self._served = tensor_specs(self.base_path)
+            except (InvalidInput, OSError):
+                self._served = {}
+        return self._served or None
 
     def resident(self) -> ResidentVersions:
         loras = [name.rsplit("@", 1) for name in self.loras.resident]
