@@ -147,11 +147,14 @@ class SlotCgroupV1(SlotCgroup):
 class Cgroups:
     """The service instance's control groups: `<hierarchy>/loom-sandbox/<instance>/slot-N`."""
 
-    def __init__(self, instance: str, slots: int, root: Path = ROOT) -> None:
-        self.version, bases = _hierarchies(root)
-        self.instances = [base / TOP / instance for base in bases]
+    def __init__(self, instance: str, root: Path = ROOT) -> None:
+        self.version, self._bases = _hierarchies(root)
+        self.instances = [base / TOP / instance for base in self._bases]
+
+    def create(self, slots: int) -> None:
+        """The instance's own groups, ready for `slots` slots' groups below them."""
         if self.version == 2:
-            for directory in (bases[0], bases[0] / TOP, self.instances[0]):
+            for directory in (self._bases[0], self._bases[0] / TOP, self.instances[0]):
                 directory.mkdir(exist_ok=True)
                 # Children may only use the controllers their parent hands down.
                 _write(directory / "cgroup.subtree_control",

@@ -38,7 +38,7 @@ from services.sandbox.confinement import (
 from services.sandbox.outcome import MIB
 from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
 from services.sandbox.settings import SandboxSettings
-from services.sandbox.uid_ranges import UidRange, claim
+from services.sandbox.uid_ranges import UidRange, claim, sweep_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,12 @@ class ProcessBackend(AgentBackend):
             return
         instance = f"uids-{self._uids.start}" if self._uids else f"pid-{os.getpid()}"
         try:
-            self.cgroups = Cgroups(instance, self.settings.sandbox_max_concurrency)
+            self.cgroups = Cgroups(instance)
             self.cgroups.remove_all()  # what a crashed holder of the range left
+            self.cgroups.create(self.settings.sandbox_max_concurrency)
+            if self._uids:  # and what other killed services left in theirs
+                sweep_abandoned(Path(self.settings.sandbox_lock_dir),
+                                lambda start: Cgroups(f"uids-{start}").remove_all())
         except (OSError, RuntimeError) as exc:
             self._release_uids()
             raise RuntimeError(f"the process sandbox cannot limit memory, processes and CPU "

@@ -15,6 +15,7 @@ import fcntl
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,23 @@ def claim(lock_dir: Path, base: int) -> UidRange:
         return UidRange(start, BLOCK, fd)
     raise RuntimeError(f"all {BLOCKS} sandbox uid ranges from {base} are held by other "
                        f"services (locks in {lock_dir})")
+
+
+def sweep_abandoned(lock_dir: Path, clean: Callable[[int], None]) -> None:
+    """Clean every block whose lock file no service holds (a service that was killed): its
+    processes are killed and `clean(start)` removes the rest, under the block's lock so no
+    service claims it meanwhile."""
+    for path in lock_dir.glob("uids-*.lock"):
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            start = int(path.stem.removeprefix("uids-"))
+            kill_processes_of(range(start, start + BLOCK))
+            clean(start)
+        except BlockingIOError:
+            continue  # held: a running service's block (this one's included)
+        finally:
+            os.close(fd)
 
 
 def processes_of(uids: range, proc: Path = Path("/proc")) -> set[int]:

@@ -13,7 +13,7 @@ from services.sandbox import seccomp
 from services.sandbox.cgroups import CgroupError, Cgroups
 from services.sandbox.process_backend import ProcessBackend
 from services.sandbox.settings import SandboxSettings
-from services.sandbox.uid_ranges import BLOCK, claim
+from services.sandbox.uid_ranges import BLOCK, claim, sweep_abandoned
 
 
 async def test_without_bubblewrap_the_service_does_not_start_and_says_how_to_get_it(
@@ -38,13 +38,22 @@ def test_uid_ranges_are_disjoint_while_held_and_free_once_released(tmp_path: Pat
         held.release()
 
 
+def test_only_blocks_no_service_holds_are_swept(tmp_path: Path) -> None:
+    held = claim(tmp_path, 70000)
+    claim(tmp_path, 70000).release()  # a service that ended: its lock file stays, unheld
+    cleaned: list[int] = []
+    sweep_abandoned(tmp_path, cleaned.append)
+    assert cleaned == [70000 + BLOCK]
+    held.release()
+
+
 def test_control_groups_name_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu memory io\n")
     with pytest.raises(CgroupError, match=r"lacks the controllers \['pids'\]"):
-        Cgroups("test", 1, root=tmp_path)
+        Cgroups("test", root=tmp_path)
     (tmp_path / "cgroup.controllers").unlink()
     with pytest.raises(CgroupError, match="no cgroup v1 hierarchy at .*memory"):
-        Cgroups("test", 1, root=tmp_path)
+        Cgroups("test", root=tmp_path)
 
 
 @pytest.mark.skipif(not seccomp.supported(), reason="no filter for this architecture")
