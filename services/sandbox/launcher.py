@@ -2,10 +2,11 @@
 
 Starting Python costs about 10 ms of CPU, most of a trivial program's price, so the agent keeps
 one interpreter per slot already started (with the flags and `site` a program gets) and forks
-it for every program: the fork sets the program up (its own session, isolation, uid, rlimits,
-files, pipes) and then runs the code in place, or `exec`s bash. The launcher never sees a
-program's code, input or output: the forked child reads its request from a pipe of its own, so
-the memory every later program inherits holds nothing of an earlier one.
+it for every program: the fork sets the program up (its own session, uid, rlimits, files,
+pipes; the sandbox around it is the backend's) and then runs the code in place, or `exec`s
+bash. The launcher never sees a program's code, input or output: the forked child reads its
+request from a pipe of its own, so the memory every later program inherits holds nothing of an
+earlier one.
 
 Started by the agent as root, from source on the command line:
     python -E -s -c <this source>      fd 3: a SOCK_SEQPACKET socket to the agent
