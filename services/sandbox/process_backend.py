@@ -116,7 +116,8 @@ class ProcessBackend(AgentBackend):
                                f"{seccomp.machine()} architecture: use the docker backend")
         base = self.settings.sandbox_user_id_base
         if self._as_root and base is not None:
-            self._uids = claim(Path(self.settings.sandbox_lock_dir), base)
+            self._uids = claim(Path(self.settings.sandbox_lock_dir), base,
+                               avoid=frozenset({self.settings.sandbox_docker_user_id}))
         if not self._as_root:
             log.warning("the process sandbox runs as uid %d, not root: programs share that uid "
                         "and have no control group (rlimits only); run the service as root "

@@ -42,11 +42,15 @@ class UidRange:
             self._lock_fd = -1
 
 
-def claim(lock_dir: Path, base: int) -> UidRange:
-    """The first free block at or above `base`; kills what an earlier holder left behind."""
+def claim(lock_dir: Path, base: int, avoid: frozenset[int] = frozenset()) -> UidRange:
+    """The first free block at or above `base` that holds none of the uids in `avoid` (the
+    docker backend's program uid: a claim kills whatever runs under the block's uids); kills
+    what an earlier holder left behind."""
     lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     for k in range(BLOCKS):
         start = base + k * BLOCK
+        if any(start <= uid < start + BLOCK for uid in avoid):
+            continue
         fd = os.open(lock_dir / f"uids-{start}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                      0o600)
         try:

@@ -38,6 +38,16 @@ def test_uid_ranges_are_disjoint_while_held_and_free_once_released(tmp_path: Pat
         held.release()
 
 
+def test_a_range_never_holds_the_docker_backends_program_uid(tmp_path: Path) -> None:
+    """A claim kills whatever runs under its uids: the docker sandbox's programs run as
+    LOOM_SANDBOX_DOCKER_USER_ID on the host (65432, in the third block from 61000)."""
+    held = [claim(tmp_path, 61000, avoid=frozenset({65432})) for _ in range(3)]
+    assert [r.start for r in held] == [61000, 61000 + BLOCK, 61000 + 3 * BLOCK]
+    assert all(not r.start <= 65432 < r.start + BLOCK for r in held)
+    for r in held:
+        r.release()
+
+
 def test_only_blocks_no_service_holds_are_swept(tmp_path: Path) -> None:
     held = claim(tmp_path, 70000)
     claim(tmp_path, 70000).release()  # a service that ended: its lock file stays, unheld
