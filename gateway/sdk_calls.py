@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 from pydantic import ValidationError
 
 from gateway.futures import Futures, Payload
@@ -189,6 +190,21 @@ def numbered(numbering: Numbering) -> Callable[[CallT], CallT]:
         return call  # type: ignore[return-value]
 
     return wrap
+
+
+def check_shifted_targets(tokens: np.ndarray, targets: np.ndarray, carries_loss: np.ndarray,
+                          index: int) -> None:
+    """Loom trains a sequence on its input shifted by one: both SDKs' `target_tokens` must be
+    `tokens[1:]` (then the next token) wherever a target carries loss; elsewhere (padding:
+    weight 0, advantage 0, -100) any target is taken. A 4xx names the first that is not."""
+    wrong = np.flatnonzero((targets[:-1] != tokens[1:]) & carries_loss[:-1])
+    if wrong.size:
+        at = int(wrong[0])
+        raise InvalidInput(
+            f"data[{index}]: target_tokens[{at}] is {int(targets[at])}, not the next input "
+            f"token {int(tokens[at + 1])}: Loom trains on the input shifted by one, and takes "
+            "another target only where it carries no loss (weight or advantage 0, or -100).",
+            {"index": index, "position": at})
 
 
 @contextmanager

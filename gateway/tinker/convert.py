@@ -7,7 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from gateway.sdk_calls import CLIENT_LOSS, builtin_loss, client_loss_datum
+from gateway.sdk_calls import (
+    CLIENT_LOSS,
+    builtin_loss,
+    check_shifted_targets,
+    client_loss_datum,
+)
 from gateway.tinker import schemas, wire
 from services.common.errors import InvalidInput
 from services.rollout.schemas import SamplingParams
@@ -64,14 +69,7 @@ def sequence(datum: TinkerDatum, index: int, inert: np.ndarray) -> list[int]:
     if targets is None or len(targets) != n or n == 0:
         raise InvalidInput(f"data[{index}]: target_tokens must have one entry per input token "
                            f"({n}).")
-    wrong = np.flatnonzero((targets[:-1] != datum.tokens[1:]) & ~inert[:-1])
-    if wrong.size:
-        at = int(wrong[0])
-        raise InvalidInput(
-            f"data[{index}]: target_tokens[{at}] is {int(targets[at])}, not the next input "
-            f"token {int(datum.tokens[at + 1])}: Loom trains on the input shifted by one, and "
-            "takes another target only where its weight (or advantage) is 0.",
-            {"index": index, "position": at})
+    check_shifted_targets(datum.tokens, targets, ~inert, index)
     return [int(t) for t in datum.tokens] + [int(targets[-1])]
 
 

@@ -14,7 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from gateway.sdk_calls import CLIENT_LOSS, builtin_loss, client_loss_datum
+from gateway.sdk_calls import (
+    CLIENT_LOSS,
+    builtin_loss,
+    check_shifted_targets,
+    client_loss_datum,
+)
 from gateway.weaver import schemas
 from services.common.errors import InvalidInput
 from services.rollout.schemas import SampleResponse, SamplingParams
@@ -75,14 +80,7 @@ def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int
         given = per_target(raw, name, index, n)
         if given is not None:
             weighed &= given != 0
-    wrong = np.flatnonzero((targets[:-1] != tokens[1:]) & weighed[:-1])
-    if wrong.size:
-        at = int(wrong[0])
-        raise InvalidInput(
-            f"data[{index}]: target_tokens[{at}] is {int(targets[at])}, not the next input "
-            f"token {int(tokens[at + 1])}: Loom trains on the input shifted by one, and takes "
-            "another target only where it carries no loss (-100, or weight 0).",
-            {"index": index, "position": at})
+    check_shifted_targets(tokens, targets, weighed, index)
     ids = [int(t) for t in tokens] + ([int(targets[-1])] if scored[-1] else [])
     if len(ids) < 2:
         raise InvalidInput(f"data[{index}]: needs at least one target after the first token.")
