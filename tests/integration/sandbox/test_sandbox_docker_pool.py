@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import docker.errors
 import httpx2
@@ -49,15 +51,22 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agents, "RETRY_S", 0.05)
 
 
+@asynccontextmanager
+async def serving(settings: SandboxSettings) -> AsyncIterator[httpx2.AsyncClient]:
+    """The service's app through its start-up and shut-down, and a client of it."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url="http://sandbox",
+            headers=service_headers(settings)) as client:
+        yield client
+
+
 async def test_a_pool_of_32_starts_and_stops_ten_times_in_a_row(
         caplog: pytest.LogCaptureFixture) -> None:
     settings = sandbox_settings("docker", sandbox_max_concurrency=32)
     image = settings.sandbox_docker_image
     for _ in range(10):
-        app = create_app(settings)
-        async with app.router.lifespan_context(app), httpx2.AsyncClient(
-                transport=httpx2.ASGITransport(app=app), base_url="http://sandbox",
-                headers=service_headers(settings)) as client:
+        async with serving(settings) as client:
             ready = await client.get("/readyz")
             assert ready.status_code == 200
             detail = ready.json()["detail"]
@@ -74,10 +83,7 @@ async def test_an_image_that_cannot_start_costs_its_own_pool_only(
         caplog: pytest.LogCaptureFixture) -> None:
     settings = sandbox_settings("docker", sandbox_max_concurrency=2,
                                 sandbox_docker_images=[MISSING_IMAGE])
-    app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app=app), base_url="http://sandbox",
-            headers=service_headers(settings)) as client:
+    async with serving(settings) as client:
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         detail = ready.json()["detail"]
