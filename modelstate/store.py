@@ -224,13 +224,17 @@ class ModelStore:
                    files: list[FileRef]) -> Version:
         """Publishing a step again is a retry when nothing differs; the aliases it asks for
         move to the existing version."""
-        stored = {(f.path, f.sha256) for f in row.files}
-        if stored != {(f.path, f.sha256) for f in files} or row.kind != meta.kind.value:
+        stored = {f.path: f.sha256 for f in row.files}
+        offered = {f.path: f.sha256 for f in files}
+        if stored != offered or row.kind != meta.kind.value:
+            differ = sorted(p for p in stored.keys() | offered.keys()
+                            if stored.get(p) != offered.get(p))
             raise Conflict(
                 f"Job {meta.job_id!r} already has version {row.number} for step {meta.step} "
-                "with different files; a step is published once. Publish the new weights "
-                "under a new step (or without one).",
-                {"number": row.number, "step": meta.step},
+                f"with different files ({', '.join(differ[:5]) or 'another kind'}); a step "
+                "is published once. Publish the new weights under a new step (or without "
+                "one).",
+                {"number": row.number, "step": meta.step, "files": differ},
             )
         for name in meta.aliases:
             _point_alias(session, meta.job_id, name, row.number)

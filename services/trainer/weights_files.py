@@ -69,6 +69,12 @@ def write_adapter(model: peft.PeftModel, directory: Path, adapter: str = "defaul
     # on (the directory the base was loaded from).
     config = copy.copy(model.peft_config[adapter])
     config.inference_mode = True
+    # peft keeps target_modules (and friends) as sets, which JSON writes in the iteration
+    # order of the process's string hashes: the same adapter saved by a restarted trainer
+    # must be the same bytes, or republishing its step after a crash is a conflict.
+    for name, value in vars(config).items():
+        if isinstance(value, set):
+            setattr(config, name, sorted(value))
     config.base_model_name_or_path = (config.base_model_name_or_path
                                       or model.base_model.model.name_or_path)
     config.save_pretrained(str(directory))

@@ -4,6 +4,9 @@ transformers and peft, with tied embeddings saved once."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import peft
@@ -104,3 +107,33 @@ def test_tokenizer_files_are_written_the_same_every_time(
     written = AutoTokenizer.from_pretrained(tmp_path / "second")
     original = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert written("12+34=46")["input_ids"] == original("12+34=46")["input_ids"]
+
+
+ADAPTER_CONFIG_OF_A_PROCESS = """
+import hashlib, sys, tempfile
+from pathlib import Path
+import torch
+from services.trainer.registry import ModelRegistry
+from services.trainer.schemas import CreateModelRequest
+work = Path(tempfile.mkdtemp())
+registry = ModelRegistry(work, torch.device("cpu"))
+model, _ = registry.create(CreateModelRequest(job_id="j", base_model=sys.argv[1], mode="lora"))
+(work / "out").mkdir()
+model.save(work / "out", 1 << 20)
+print((work / "out" / "adapter_config.json").read_text())
+"""
+
+
+def test_an_adapter_is_the_same_bytes_in_every_process(tiny_model_dir: Path) -> None:
+    """A trainer restarted after a crash republishes a checkpoint's step: the same adapter
+    must be the same files, whatever order the process's string hashes put peft's sets in
+    (they differed between processes, and the republish was a conflict)."""
+    root = Path(__file__).resolve().parents[3]
+    configs = {
+        subprocess.run([sys.executable, "-c", ADAPTER_CONFIG_OF_A_PROCESS, str(tiny_model_dir)],
+                       check=True, capture_output=True, text=True, cwd=root,
+                       env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+        for seed in (1, 2, 3, 4)}
+    assert len(configs) == 1, configs
+    targets = json.loads(configs.pop())["target_modules"]
+    assert len(targets) > 1 and targets == sorted(targets)
