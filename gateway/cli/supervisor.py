@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -277,6 +278,38 @@ class Supervisor:
                 service.state = "stopped"
         if self.services:
             self._write_state()
+
+
+class SupervisionThread:
+    """`supervise` rounds from a thread, for a stack run inside a test or a bench (`loom up`
+    runs them in its main loop). A `ServiceFailed` ends them and is kept in `error`."""
+
+    def __init__(self, supervisor: Supervisor, every_s: float = 0.2) -> None:
+        self.supervisor = supervisor
+        self.every_s = every_s
+        self.error: ServiceFailed | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervise", daemon=True)
+
+    def __enter__(self) -> SupervisionThread:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def service(self, name: str) -> RunningService:
+        return next(s for s in self.supervisor.services if s.name == name)
+
+    def _run(self) -> None:
+        with httpx2.Client(timeout=1.0) as http:
+            while not self._stop.wait(self.every_s):
+                try:
+                    self.supervisor.supervise(http)
+                except ServiceFailed as failure:
+                    self.error = failure
+                    return
 
 
 def supervised_state(settings: LoomSettings) -> dict[str, dict[str, object]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from gateway.cli.supervisor import STACK, Supervisor
+from gateway.cli.supervisor import STACK, SupervisionThread, Supervisor
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 from tests.conftest import PG_ADMIN_URL, port_open, require
@@ -33,39 +32,8 @@ KILLS = {60: "trainer", 120: "modelstate", 180: "worker"}  # at progress step ->
 DATA = [{"input_ids": list(range(3, 3 + 24)), "loss_mask": [0] * 4 + [1] * 20}] * 4
 
 
-class Supervised:
-    """A stack under the supervisor, kept up by a thread that runs its `supervise` rounds."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx2.Client(timeout=1) as http:
-            while not self.stop.is_set():
-                try:
-                    self.supervisor.supervise(http)
-                except BaseException as exc:  # noqa: BLE001 - reported by the test
-                    self.error = exc
-                    return
-                time.sleep(0.2)
-
-    def kill(self, name: str) -> float:
-        service = next(s for s in self.supervisor.services if s.name == name)
-        os.killpg(service.pid, signal.SIGKILL)
-        return time.monotonic()
-
-    def restarts(self, name: str) -> int:
-        return next(s.restarts for s in self.supervisor.services if s.name == name)
-
-    def ready(self, name: str) -> bool:
-        return next(s.state for s in self.supervisor.services if s.name == name) == "ready"
-
-
 @pytest.fixture
-def supervised(tmp_path: Path) -> Iterator[tuple[Supervised, LoomSettings]]:
+def supervised(tmp_path: Path) -> Iterator[tuple[SupervisionThread, LoomSettings]]:
     require(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432")
     require(port_open("127.0.0.1", 6379), "Redis on 127.0.0.1:6379")
     from services.common.db import scratch_database
@@ -80,13 +48,8 @@ def supervised(tmp_path: Path) -> Iterator[tuple[Supervised, LoomSettings]]:
         specs = [spec for spec in STACK if spec.name in USED]
         with Supervisor(settings, specs, grace_s=5.0, extra_env=env) as supervisor:
             supervisor.start()
-            kept = Supervised(supervisor)
-            kept.thread.start()
-            try:
+            with SupervisionThread(supervisor) as kept:
                 yield kept, settings
-            finally:
-                kept.stop.set()
-                kept.thread.join(timeout=10)
         _delete_keys(f"{queue}*")
 
 
@@ -100,7 +63,7 @@ def _delete_keys(pattern: str) -> None:
 
 
 def test_a_managed_run_finishes_through_a_kill_of_each_service(
-        supervised: tuple[Supervised, LoomSettings]) -> None:
+        supervised: tuple[SupervisionThread, LoomSettings]) -> None:
     stack, settings = supervised
     key = (settings.data_dir / "admin_key").read_text().strip()
     with httpx2.Client(base_url=settings.gateway_url, timeout=30,
@@ -123,9 +86,10 @@ def test_a_managed_run_finishes_through_a_kill_of_each_service(
                 break
             step = (seen.get("progress") or {}).get("step", 0)
             for at in sorted(pending):
-                if step >= at and all(stack.ready(name) for name in USED):
+                if step >= at and all(stack.service(name).state == "ready" for name in USED):
                     name = pending.pop(at)
-                    killed_at[name] = stack.kill(name)
+                    os.killpg(stack.service(name).pid, signal.SIGKILL)
+                    killed_at[name] = time.monotonic()
             time.sleep(0.2)
         assert seen.get("status") == "succeeded", (str(seen.get("error")), seen.get("attempts"),
                                                    seen.get("progress"), killed_at)
@@ -137,4 +101,4 @@ def test_a_managed_run_finishes_through_a_kill_of_each_service(
             range(1, len(steps) + 1))
         assert http.get(f"/v1/jobs/{job['id']}").json()["status"] == "completed"
     for name in KILLS.values():
-        assert stack.restarts(name) == 1, name
+        assert stack.service(name).restarts == 1, name
