@@ -37,10 +37,10 @@ class Batch:
 
     def rows(self, rows: list[int], extra: Tensor | None = None
              ) -> tuple[Batch, Tensor | None]:
-        """These rows (longest first, as `micro_batches` groups them), cut to the longest;
-        `extra` ([B, T], e.g. reference logprobs) cut the same way."""
+        """These rows, cut to the longest of them; `extra` ([B, T], e.g. reference logprobs)
+        cut the same way."""
         index = torch.tensor(rows, device=self.input_ids.device)
-        span = self.lengths[rows[0]]
+        span = max(self.lengths[i] for i in rows)
 
         def cut(tensor: Tensor | None) -> Tensor | None:
             return None if tensor is None else tensor[index, :span]

@@ -243,7 +243,7 @@ class TrainerModel:
                      if config.kl_coef > 0 else None)
         network.train(training)  # the reference pass may have switched the mode
         totals = Totals.of(batch.loss_mask)
-        groups = micro_batches(batch.lengths, self.micro_batch_tokens)
+        groups = self._groups(batch)
         # One group fails, if it does, before its backward: nothing to undo then.
         undo = (_GradientUndo(self.params, self._has_gradients and len(groups) > 1)
                 if backward else None)
@@ -279,12 +279,19 @@ class TrainerModel:
         """[B, T] logprobs, from one forward pass per micro-batch of rows of similar length
         (no graph is kept: callers run it without gradients)."""
         logprobs = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
-        for rows in micro_batches(batch.lengths, self.micro_batch_tokens):
+        for rows in self._groups(batch):
             part, _ = batch.rows(rows)
             index = torch.tensor(rows, device=logprobs.device)
             logprobs[index, :part.input_ids.shape[1]] = self._forward(
                 network, part.input_ids, part.attention_mask, temperature)
         return logprobs
+
+    def _groups(self, batch: Batch) -> list[list[int]]:
+        """The micro-batches' rows; a batch that fits in one keeps its own row order, so its
+        loss is summed exactly as one pass over the batch sums it (bit for bit: a reordered
+        sum differs in the last bits, which a long training run amplifies)."""
+        groups = micro_batches(batch.lengths, self.micro_batch_tokens)
+        return groups if len(groups) > 1 else [list(range(len(batch.lengths)))]
 
     @staticmethod
     def _forward(network: torch.nn.Module, input_ids: torch.Tensor,
