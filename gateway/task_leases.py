@@ -105,9 +105,26 @@ def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody
         return False
     if give_up:
         move_task(row, TaskStatus.failed, now)
+    else:
+        row.heartbeat_at = now  # the wait's message is alive (`lost_waits`)
     row.error = error.model_dump()
     session.flush()
     return True
+
+
+def lost_waits(session: Session, now: datetime, stale_after_s: float
+               ) -> list[BackgroundTaskRow]:
+    """Tasks waiting for services whose wait stopped being noted `stale_after_s` ago: the
+    worker holding their next message died (a broker without redelivery, such as the
+    filesystem one, loses it). The caller sends them again once this commits."""
+    cutoff = now - timedelta(seconds=stale_after_s)
+    rows = list(session.scalars(select(BackgroundTaskRow).where(
+        BackgroundTaskRow.status == TaskStatus.queued.value,
+        BackgroundTaskRow.heartbeat_at < cutoff).with_for_update(skip_locked=True)))
+    for row in rows:
+        row.heartbeat_at = None
+    session.flush()
+    return rows
 
 
 def progress_of(session: Session, task_id: str) -> dict[str, Any] | None:

@@ -164,7 +164,10 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
         unready = await readiness(needs)
         if unready:
             log.warning("task %s: %s; waiting for %s", task_id, exc.message, ", ".join(unready))
-            await end(TaskStatus.queued, _waiting_error(exc, unready))
+            waiting = _waiting_error(exc, unready)
+            await end(TaskStatus.queued, waiting)
+            await in_transaction(sessions, lambda s: note_waiting(s, task_id, utcnow(), waiting,
+                                                                  give_up=False))
             return Redeliver(WAIT_POLL_S, Outage(strikes=strikes,
                                                       waiting_for=tuple(unready),
                                                       since=time.time()))

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from gateway.app import ALEMBIC_DIR, VERSION_TABLE
 from gateway.models import utcnow
-from gateway.task_leases import requeue_abandoned, unsent_tasks
+from gateway.task_leases import lost_waits, requeue_abandoned, unsent_tasks
 from gateway.workers import forget, mark_alive
 from services.common.db import make_engine, make_sessionmaker, transaction
 from services.worker.app import LoomCelery, send
@@ -71,13 +71,15 @@ def own_transaction(app: LoomCelery) -> Iterator[Session]:
 
 def sweep_once(app: LoomCelery, worker_id: str, *, unsent_too: bool) -> list[str]:
     """Report this worker alive, then queue again and send the tasks whose worker was lost
-    (`requeue_abandoned`) and, with `unsent_too`, those queued long enough that their
-    message may be lost (`unsent_tasks`). One transaction for both."""
+    (`requeue_abandoned`), those whose wait for services went silent (`lost_waits`) and,
+    with `unsent_too`, those queued long enough that their message may be lost
+    (`unsent_tasks`). One transaction for all."""
     settings = app.loom_settings
     with own_transaction(app) as session:
         now = utcnow()
         mark_alive(session, worker_id, os.getpid(), now)
         rows = requeue_abandoned(session, now, settings.stale_after_s)
+        rows += lost_waits(session, now, settings.stale_after_s)
         if unsent_too:
             rows += unsent_tasks(session, now, settings.stale_after_s)
         lost = {row.id: (TaskKind(row.kind), row.job_id, row.params) for row in rows}

@@ -25,6 +25,7 @@ from gateway.task_leases import (
     ClaimAction,
     claim_task,
     finish_attempt,
+    lost_waits,
     record_progress,
     requeue_abandoned,
     unsent_tasks,
@@ -324,3 +325,27 @@ async def test_a_dropped_database_connection_is_an_outage_not_a_bug(
     assert queued.status == "queued" and queued.error is not None
     assert queued.error["code"] == "unavailable"
     assert queued.error["message"].startswith("The database is unavailable")
+
+
+async def test_a_wait_whose_message_died_with_its_worker_is_sent_again(
+        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
+    """A broker without redelivery (the filesystem one) loses the next message of a task that
+    waits when the worker holding it dies: the sweep finds the wait gone silent."""
+    task_id = new_task(sessions)
+
+    async def work(_services: Services, _attempt: int) -> Done:
+        raise UpstreamError("modelstate: restarting")
+
+    stack = services_ready({"modelstate": "unreachable"})
+    again = await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS + (
+        "modelstate",), stack)
+    assert again is not None and again.outage.waiting_for == ("modelstate",)
+    noted = row(sessions, task_id).heartbeat_at
+    assert noted is not None
+    with transaction(sessions) as session:  # still being noted: nothing to send
+        assert lost_waits(session, utcnow(), settings.stale_after_s) == []
+    later = utcnow() + timedelta(seconds=settings.stale_after_s + 1)
+    with transaction(sessions) as session:  # its worker died: nobody notes it any more
+        assert [r.id for r in lost_waits(session, later, settings.stale_after_s)] == [task_id]
+    with transaction(sessions) as session:  # sent once
+        assert lost_waits(session, later, settings.stale_after_s) == []
