@@ -81,8 +81,9 @@ def main() -> None:
         f"checkpointing every {EVERY} steps; each service SIGKILLed in turn while the run goes "
         "on. *Ready*: from the kill to the restarted service's `/readyz` (the supervisor waits "
         "1 s before a restart). *Next checkpoint*: from the kill to the run's next recorded "
-        "checkpoint; services the run does not call (reward, sandbox, rollout) only show its "
-        "normal pace. This 2-core machine was shared while it ran.",
+        "checkpoint, looked for once the service is ready again: for services the run does "
+        "not call (reward, sandbox, rollout) it goes on meanwhile, so that column repeats the "
+        "first. This 2-core machine was shared while it ran.",
         "",
         f"Baseline, nothing killed: a checkpoint every {interval:.2f} s (median of 5).",
         "",
