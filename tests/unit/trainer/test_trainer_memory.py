@@ -14,7 +14,7 @@ ROW_TOKENS = 128
 BUDGET = 16 * ROW_TOKENS  # one micro-batch: 16 rows
 
 MEASURE = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 import torch
 from services.trainer.registry import ModelRegistry
@@ -32,7 +32,11 @@ def batch(rows):
 peaks = []
 for rows in map(int, batches.split(",")):
     model.forward_backward(batch(rows), config)
-    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the forked parent (the
+    # test runner, over a GB in a full run), while VmHWM is this process's own.
+    status = Path("/proc/self/status").read_text()
+    hwm = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    peaks.append(int(hwm.split()[1]) / 1024)
 print(json.dumps(peaks))
 """
 
