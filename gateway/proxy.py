@@ -21,7 +21,7 @@ from gateway.deps import BodyLimitsDep, CurrentKey, JobOwnersDep, UpstreamsDep
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
 from gateway.proxy_target import ProxyTarget, proxy_target
-from gateway.request_body import BodyLimits, body_too_large, read_capped
+from gateway.request_body import BodyLimits, body_too_large, capped_stream, read_capped
 from gateway.upstreams import Upstreams
 from services.common.errors import Unavailable, UpstreamError
 from services.common.logs import request_id_var
@@ -104,17 +104,6 @@ def request_target(request: Request) -> ProxyTarget:
     percent-encoded) path: what is checked is what is sent."""
     raw_path: bytes = request.scope.get("raw_path") or request.url.path.encode()
     return proxy_target(raw_path.decode("latin-1"), PREFIX_SEGMENTS, request.url.query)
-
-
-async def capped_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
-    """The body as it arrives, refused with a 413 once it passes `limit` (a chunked body
-    declares no length up front)."""
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise body_too_large(limit)
-        yield chunk
 
 
 def forwarded_headers(raw: list[tuple[bytes, bytes]], dropped: frozenset[str]

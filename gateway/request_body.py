@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -32,12 +33,17 @@ def body_too_large(limit: int, hint: str = "") -> PayloadTooLarge:
                            f"{hint}.", {"limit_bytes": limit})
 
 
-async def read_capped(request: Request, limit: int, hint: str = "") -> bytes:
-    """The whole body, or a 413 as soon as it passes `limit` (never all of it in memory)."""
-    chunks, size = [], 0
+async def capped_stream(request: Request, limit: int, hint: str = "") -> AsyncIterator[bytes]:
+    """The body as it arrives, refused with a 413 as soon as it passes `limit` (a chunked body
+    declares no length up front)."""
+    size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise body_too_large(limit, hint)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        yield chunk
+
+
+async def read_capped(request: Request, limit: int, hint: str = "") -> bytes:
+    """The whole body, or a 413 as soon as it passes `limit` (never all of it in memory)."""
+    return b"".join([chunk async for chunk in capped_stream(request, limit, hint)])

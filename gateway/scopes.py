@@ -144,8 +144,9 @@ def jobs_named(service: str, method: str, path: str, query: dict[str, str], body
     assert found is not None
     rule, match = found
     also = rule.also_of(match, query, body) if rule.also_of is not None else None
-    named = [_checked_id(j) for j in (job, also) if j is not None]
-    return list(dict.fromkeys(named))
+    if also is not None:
+        _checked_id(also)
+    return list(dict.fromkeys(j for j in (job, also) if j is not None))
 
 
 def job_named(service: str, method: str, path: str, query: dict[str, str], body: Any

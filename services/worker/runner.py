@@ -165,9 +165,13 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
         if unready:
             log.warning("task %s: %s; waiting for %s", task_id, exc.message, ", ".join(unready))
             waiting = _waiting_error(exc, unready)
-            await end(TaskStatus.queued, waiting)
-            await in_transaction(sessions, lambda s: note_waiting(s, task_id, utcnow(), waiting,
-                                                                  give_up=False))
+
+            def queue_and_note(session: Session) -> bool:  # one transaction for both
+                return finish_attempt(session, task_id, attempt, TaskStatus.queued, utcnow(),
+                                      error=waiting) and note_waiting(
+                    session, task_id, utcnow(), waiting, give_up=False)
+
+            await in_transaction(sessions, queue_and_note)
             return Redeliver(WAIT_POLL_S, Outage(strikes=strikes,
                                                       waiting_for=tuple(unready),
                                                       since=time.time()))
@@ -206,7 +210,7 @@ async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], task_
     since = outage.since if outage.since is not None else time.time()
     waited = time.time() - since
     give_up = waited > settings.worker_outage_window_s
-    what = "; ".join(f"{name}: {why}" for name, why in unready.items())
+    what = _listed(unready)
     error = ErrorBody(code=Unavailable.code, detail={"waiting_for": unready,
                                                      "waited_s": round(waited, 1)},
                       message=(f"Gave up: services not ready for {waited:.0f} s "
@@ -236,9 +240,13 @@ async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt
             raise _Lost
 
 
+def _listed(unready: dict[str, str]) -> str:
+    return "; ".join(f"{name}: {why}" for name, why in unready.items())
+
+
 def _waiting_error(exc: LoomError, unready: dict[str, str]) -> ErrorBody:
-    what = "; ".join(f"{name}: {why}" for name, why in unready.items())
-    return ErrorBody(code=exc.code, message=f"{exc.message} (waiting for services: {what})",
+    return ErrorBody(code=exc.code,
+                     message=f"{exc.message} (waiting for services: {_listed(unready)})",
                      detail={"waiting_for": unready, "error": exc.detail})
 
 
