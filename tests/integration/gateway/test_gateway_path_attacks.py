@@ -122,6 +122,8 @@ TARGETS = [
     ("PUT", "modelstate", "pins/holder", '{"versions": []}'),
     ("GET", "trainer", f"models/{THEIRS}/checkpoints", ""),
     ("POST", "trainer", f"models/{THEIRS}/save_state", '{"name": "c"}'),
+    ("POST", "trainer", f"models/{THEIRS}/reset_optimizer", ""),
+    ("DELETE", "trainer", f"models/{THEIRS}/checkpoints/c", ""),
     ("POST", "trainer", "models", f'{{"job_id": "x", "base_model": "{THEIRS}"}}'),
     ("POST", "sandbox", "sessions", f'{{"job_id": "{THEIRS}"}}'),
     ("PUT", "reward", "functions/f", f'{{"job_id": "{THEIRS}", "code": "x"}}'),
