@@ -109,6 +109,7 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
 
         best = ScoredVersion(sft.version, sft.accuracy)
         job.move_alias("best", best.version)
+        job.reset_optimizer().result()  # RL is a new phase: SFT's AdamW moments stay behind
         curve, final_version = _grpo(loom, job, train, validation, best, config, rng)
         after = evaluate(loom, job, held_out, config, best.version)
         final = evaluate(loom, job, held_out, config, final_version)
