@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Response, status
 from services.common.schemas import RESOURCE_ID_PATTERN, Operation
 from services.trainer.deps import ServiceDep
 from services.trainer.schemas import (
+    CheckpointExpiry,
     CheckpointList,
     CreateModelRequest,
     ForwardBackwardRequest,
@@ -101,6 +102,15 @@ async def delete_checkpoint(
 ) -> StateCheckpoint:
     """Deleted at once; a managed run's older checkpoints go by themselves."""
     return service.delete_checkpoint(model_id, name)
+
+
+@router.put("/models/{model_id}/checkpoints/{name}/expiry", response_model=StateCheckpoint)
+async def set_checkpoint_expiry(
+    model_id: str, service: ServiceDep, body: CheckpointExpiry,
+    name: Annotated[str, Path(pattern=RESOURCE_ID_PATTERN)],
+) -> StateCheckpoint:
+    """When the checkpoint expires (None: never); an expired one is gone."""
+    return service.set_checkpoint_expiry(model_id, name, body)
 
 
 @router.get("/operations/{op_id}", response_model=Operation)

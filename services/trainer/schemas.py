@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Self
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from modelstate.schemas import AliasName, JobId
 from services.common.schemas import RESOURCE_ID_PATTERN, LenientModel, StrictModel
@@ -256,6 +256,13 @@ class SaveStateRequest(StrictModel):
         default=None, description="A series of checkpoints this one belongs to (a managed "
         "run's): the trainer keeps the newest LOOM_TRAINER_KEEP_SERIES_CHECKPOINTS of a series "
         "and deletes older ones as new ones land. None: kept until deleted.")
+    expires_at: AwareDatetime | None = Field(
+        default=None, description="When the checkpoint expires: from then on it is neither "
+        "listed nor loadable, and its files go. None: it never expires.")
+
+
+class CheckpointExpiry(StrictModel):
+    expires_at: AwareDatetime | None = Field(description="A new expiry; None: never expires.")
 
 
 class LoadStateRequest(StrictModel):
@@ -278,6 +285,7 @@ class StateCheckpoint(LenientModel):
     bytes: int
     created_at: datetime
     series: str | None = None
+    expires_at: datetime | None = None
 
 
 class CheckpointList(LenientModel):

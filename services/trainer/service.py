@@ -16,6 +16,7 @@ from services.trainer.checkpoint import ThreadPublisher, save_weights
 from services.trainer.page_reserve import DEFAULT_MAX_BYTES, PageReserve, remove_leftovers
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
+    CheckpointExpiry,
     CreateModelRequest,
     Datum,
     ForwardBackwardRequest,
@@ -117,12 +118,16 @@ class TrainerService:
         model = self.registry.get(model_id)
         return self._submit(model_id, "save_state", lambda: state_files.save_state(
             model, self.checkpoint_dir, request.name, request.series,
-            self.keep_series_checkpoints))
+            self.keep_series_checkpoints, request.expires_at))
 
     def delete_checkpoint(self, model_id: str, name: str) -> StateCheckpoint:
         """At once, not queued: a checkpoint is immutable, and a load of it already queued
         fails cleanly (404) once it is gone."""
         return state_files.delete_state(self.checkpoint_dir, model_id, name)
+
+    def set_checkpoint_expiry(self, model_id: str, name: str, request: CheckpointExpiry
+                              ) -> StateCheckpoint:
+        return state_files.set_expiry(self.checkpoint_dir, model_id, name, request.expires_at)
 
     def load_state(self, model_id: str, request: LoadStateRequest) -> Operation:
         model = self.registry.get(model_id)

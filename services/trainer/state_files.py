@@ -8,8 +8,11 @@ directory, synced, then renamed into place: a reader sees a whole checkpoint or 
 are never reused, so a checkpoint never changes once it exists.
 
 A checkpoint of a series (a managed run's) makes the older ones of its series beyond the
-newest `keep` go; the rest stay until deleted. A deletion renames the directory out of sight
-first, so a reader never finds half a checkpoint.
+newest `keep` go; the rest stay until deleted or, when they have one, until their expiry
+(`expires_at`, the one thing of a checkpoint that may change): from then on an expired
+checkpoint is neither listed nor loadable, and its files go when the job's checkpoints are
+next listed or any checkpoint is saved. A deletion renames the directory out of sight first,
+so a reader never finds half a checkpoint.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,7 +37,8 @@ WEIGHTS, OPTIMIZER, STATE = "trainable.safetensors", "optimizer.pt", "state.json
 
 
 def save_state(model: TrainerModel, root: Path, name: str, series: str | None = None,
-               keep: int = 2) -> StateCheckpoint:
+               keep: int = 2, expires_at: datetime | None = None) -> StateCheckpoint:
+    drop_expired(root)
     job_dir = root / model.spec.job_id
     final = job_dir / name
     if final.exists():
@@ -50,6 +56,7 @@ def save_state(model: TrainerModel, root: Path, name: str, series: str | None = 
         state = {"job_id": model.spec.job_id, "name": name, "step": model.step,
                  "last_version": model.last_version, "has_optimizer": optimizer is not None,
                  "created_at": datetime.now(UTC).isoformat(), "series": series,
+                 "expires_at": None if expires_at is None else expires_at.isoformat(),
                  "spec": model.spec.model_dump(mode="json")}
         (work / STATE).write_text(json.dumps(state, indent=2))
         for path in work.iterdir():
@@ -69,10 +76,43 @@ def save_state(model: TrainerModel, root: Path, name: str, series: str | None = 
 def delete_state(root: Path, job_id: str, name: str) -> StateCheckpoint:
     directory = root / job_id / name
     checkpoint = describe(directory)  # 404 when there is none
-    hidden = directory.with_name(f".tmp-deleting-{name}-{uuid.uuid4().hex}")
+    _remove(directory)
+    return checkpoint
+
+
+def _remove(directory: Path) -> None:
+    hidden = directory.with_name(f".tmp-deleting-{directory.name}-{uuid.uuid4().hex}")
     directory.rename(hidden)
     shutil.rmtree(hidden, ignore_errors=True)
-    return checkpoint
+
+
+def set_expiry(root: Path, job_id: str, name: str, expires_at: datetime | None
+               ) -> StateCheckpoint:
+    """A new expiry (None: never), its state file replaced whole."""
+    directory = root / job_id / name
+    checkpoint = describe(directory)  # 404 when there is none, or it expired
+    state = json.loads((directory / STATE).read_text())
+    state["expires_at"] = None if expires_at is None else expires_at.isoformat()
+    work = directory / f".{STATE}.{uuid.uuid4().hex}"
+    work.write_text(json.dumps(state, indent=2))
+    fsync_path(work)
+    work.rename(directory / STATE)
+    fsync_path(directory)
+    return checkpoint.model_copy(update={"expires_at": expires_at})
+
+
+def drop_expired(root: Path, job_id: str | None = None) -> None:
+    """Remove the expired checkpoints of `job_id` (of every job when None)."""
+    job_dirs = [root / job_id] if job_id is not None else (
+        list(root.iterdir()) if root.is_dir() else [])
+    for job_dir in job_dirs:
+        if not job_dir.is_dir():
+            continue
+        for directory in job_dir.iterdir():
+            if directory.is_dir() and not directory.name.startswith(".") and _expired(
+                    _read_state(directory)):
+                with suppress(FileNotFoundError):  # removed by another caller meanwhile
+                    _remove(directory)
 
 
 def load_state(model: TrainerModel, root: Path, name: str, job_id: str | None = None,
@@ -104,22 +144,45 @@ def load_state(model: TrainerModel, root: Path, name: str, job_id: str | None = 
 
 
 def list_states(root: Path, job_id: str) -> list[StateCheckpoint]:
+    drop_expired(root, job_id)
     job_dir = root / job_id
     if not job_dir.is_dir():
         return []
-    found = [describe(d) for d in job_dir.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    found = []
+    for directory in job_dir.iterdir():
+        if directory.is_dir() and not directory.name.startswith("."):
+            with suppress(NotFound):  # expired or deleted since
+                found.append(describe(directory))
     return sorted(found, key=lambda c: (c.created_at, c.step))
 
 
 def describe(directory: Path) -> StateCheckpoint:
-    try:
-        state = json.loads((directory / STATE).read_text())
-    except FileNotFoundError:
-        raise NotFound(f"No checkpoint {directory.name!r} for job {directory.parent.name} "
-                       "(list them with GET /v1/models/{id}/checkpoints).") from None
+    state = _read_state(directory)
+    if state is None or _expired(state):
+        raise NotFound(f"No checkpoint {directory.name!r} for job {directory.parent.name}"
+                       f"{' (it expired)' if state else ''} (list them with "
+                       "GET /v1/models/{id}/checkpoints).")
     size = sum(p.stat().st_size for p in directory.iterdir())
     return StateCheckpoint(job_id=state["job_id"], name=state["name"], step=state["step"],
                            last_version=state["last_version"],
                            has_optimizer=state["has_optimizer"], bytes=size,
                            created_at=datetime.fromisoformat(state["created_at"]),
-                           series=state.get("series"))
+                           series=state.get("series"),
+                           expires_at=_expiry(state))
+
+
+def _read_state(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / STATE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _expiry(state: dict[str, Any]) -> datetime | None:
+    expires_at = state.get("expires_at")
+    return None if expires_at is None else datetime.fromisoformat(expires_at)
+
+
+def _expired(state: dict[str, Any] | None) -> bool:
+    expires_at = None if state is None else _expiry(state)
+    return expires_at is not None and expires_at <= datetime.now(UTC)

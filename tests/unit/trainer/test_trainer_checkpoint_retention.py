@@ -3,6 +3,7 @@ until deleted; a deleted one is gone at once and a load of it is a clear 404."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,33 @@ def test_a_series_keeps_its_newest_checkpoints_and_named_ones_stay(tiny_model_di
         state_files.delete_state(root, "j1", "before-run")
     kept = state_files.load_state(model, root, "task_1-a1-step-4")
     assert (kept.step, kept.series) == (4, "task_1")
+
+
+def test_an_expired_checkpoint_is_neither_listed_nor_loadable_and_its_files_go(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path / "data", torch.device("cpu"))
+    model, _ = registry.create(CreateModelRequest(job_id="j1", base_model=str(tiny_model_dir),
+                                                  mode=TrainingMode.lora))
+    root = tmp_path / "checkpoints"
+    now = datetime.now(UTC)
+    state_files.save_state(model, root, "kept")
+    state_files.save_state(model, root, "later", expires_at=now + timedelta(hours=1))
+    state_files.save_state(model, root, "soon", expires_at=now + timedelta(hours=1))
+    listed = {c.name: c.expires_at for c in state_files.list_states(root, "j1")}
+    assert listed == {"kept": None, "later": now + timedelta(hours=1),
+                      "soon": now + timedelta(hours=1)}
+    # A new expiry, in the past: gone at once; a cleared one never expires.
+    state_files.set_expiry(root, "j1", "soon", now - timedelta(seconds=1))
+    assert state_files.set_expiry(root, "j1", "later", None).expires_at is None
+    with pytest.raises(NotFound, match="it expired"):
+        state_files.load_state(model, root, "soon")
+    assert [c.name for c in state_files.list_states(root, "j1")] == ["kept", "later"]
+    assert sorted(p.name for p in (root / "j1").iterdir()) == ["kept", "later"]
+    with pytest.raises(NotFound):
+        state_files.set_expiry(root, "j1", "soon", None)
+    # Any job's save sweeps every job's expired checkpoints.
+    state_files.set_expiry(root, "j1", "kept", now - timedelta(seconds=1))
+    other, _ = registry.create(CreateModelRequest(job_id="j2", base_model=str(tiny_model_dir),
+                                                  mode=TrainingMode.lora))
+    state_files.save_state(other, root, "first")
+    assert sorted(p.name for p in (root / "j1").iterdir()) == ["later"]
