@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,6 +15,7 @@ from gateway import proxy, routes, tasks_routes
 from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.jobs import JobOwners
+from gateway.models import ALEMBIC_DIR, VERSION_TABLE
 from gateway.settings import GatewaySettings
 from gateway.tinker import routes as tinker_routes
 from gateway.tinker.service import TinkerService
@@ -28,9 +28,6 @@ from services.common.service_token import service_client
 from services.common.settings import LoomSettings
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
-
-ALEMBIC_DIR = Path(__file__).resolve().parent / "alembic"
-VERSION_TABLE = "alembic_version_gateway"
 
 
 def create_app(settings: GatewaySettings | None = None,

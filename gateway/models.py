@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -26,6 +27,10 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.common.db import SampledText
+
+# Where the gateway's migration history lives and its version table (the worker checks it too).
+ALEMBIC_DIR = Path(__file__).resolve().parent / "alembic"
+VERSION_TABLE = "alembic_version_gateway"
 
 
 def utcnow() -> datetime:

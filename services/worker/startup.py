@@ -19,8 +19,7 @@ from celery import signals
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gateway.app import ALEMBIC_DIR, VERSION_TABLE
-from gateway.models import utcnow
+from gateway.models import ALEMBIC_DIR, VERSION_TABLE, utcnow
 from gateway.task_leases import lost_waits, requeue_abandoned, unsent_tasks
 from gateway.workers import forget, mark_alive
 from services.common.db import make_engine, make_sessionmaker, transaction

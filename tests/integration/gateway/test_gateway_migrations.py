@@ -5,8 +5,7 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from gateway.app import ALEMBIC_DIR, VERSION_TABLE
-from gateway.models import Base
+from gateway.models import ALEMBIC_DIR, VERSION_TABLE, Base
 from services.common.db import make_engine, migrate
 
 

@@ -16,10 +16,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RunStopped
-from gateway.app import ALEMBIC_DIR, VERSION_TABLE
 from gateway.job_logs import log_metrics, metric_series
 from gateway.keys import KeyIdentity
-from gateway.models import BackgroundTaskRow, JobRow, utcnow
+from gateway.models import ALEMBIC_DIR, VERSION_TABLE, BackgroundTaskRow, JobRow, utcnow
 from gateway.schemas import MetricPoint
 from gateway.task_leases import (
     ClaimAction,
