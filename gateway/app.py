@@ -11,7 +11,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 
-from gateway import proxy, routes, tasks_routes
+from gateway import proxy, replica_routes, routes, tasks_routes
 from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.jobs import JobOwners
@@ -22,9 +22,9 @@ from gateway.tinker.service import TinkerService
 from gateway.upstreams import Upstreams
 from gateway.weaver import routes as weaver_routes
 from gateway.weaver.service import WeaverService
-from services.common.app_factory import create_service_app
+from services.common.app_factory import create_service_app, token_digest
 from services.common.db import make_engine, make_sessionmaker, migrate
-from services.common.service_token import service_client
+from services.common.service_token import service_client, service_token
 from services.common.settings import LoomSettings
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
@@ -50,6 +50,8 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.auth_cache = AuthCache(settings.gateway_auth_cache_s)
         app.state.job_owners = JobOwners(app.state.sessions)
         app.state.upstreams = Upstreams(settings)
+        app.state.replicas = app.state.upstreams.replicas
+        app.state.service_digest = token_digest(service_token(settings))
         app.state.trainer = service_client(settings, "trainer")
         rollout = service_client(settings, "rollout")
         app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
@@ -76,12 +78,13 @@ def create_app(settings: GatewaySettings | None = None,
         await run_in_threadpool(ping)
         return {"database": "ok"}
 
-    # Our routes first: /v1/jobs, /v1/keys, /v1/tasks and /v1/health win over the
-    # /v1/{service} proxy. Routes are matched in order, so the proxy (every sample call) comes
-    # before the SDK-compatible APIs and the admin pages, whose paths it cannot match anyway.
+    # Our routes first: /v1/jobs, /v1/keys, /v1/tasks, /v1/health and /v1/rollout/replicas win
+    # over the /v1/{service} proxy. Routes are matched in order, so the proxy (every sample
+    # call) comes before the SDK-compatible APIs and the admin pages, whose paths it cannot
+    # match anyway.
     app = create_service_app("gateway", routers=[routes.router, tasks_routes.router,
-                                                 proxy.router, tinker_routes.router,
-                                                 weaver_routes.router],
+                                                 replica_routes.router, proxy.router,
+                                                 tinker_routes.router, weaver_routes.router],
                              lifespan=lifespan, readiness=readiness, service_token=None)
     app.state.settings = settings
     install_admin(app, settings)  # /admin: pages, static files, session signer

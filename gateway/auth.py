@@ -38,6 +38,9 @@ PUBLIC_PREFIXES = ("/docs", "/redoc")
 # The web admin authenticates with its own session cookie (gateway/admin/session.py), so the
 # API-key middleware lets it through and its routes check the cookie themselves.
 ADMIN_PREFIX = "/admin"
+# Routes Loom's services call (a rollout replica's heartbeat) check the service token
+# themselves (`gateway.deps.service_caller`): a service holds no API key.
+INTERNAL_PREFIX = "/v1/internal/"
 MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
                "(Weaver SDK: WEAVER_API_KEY=<key>). `loom up` prints the admin key once and "
                "writes it to <data_dir>/admin_key.")
@@ -60,7 +63,7 @@ def presented_secret(headers: dict[bytes, bytes]) -> str | None:
 
 
 def is_public(path: str) -> bool:
-    return (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+    return (path in PUBLIC_PATHS or path.startswith((*PUBLIC_PREFIXES, INTERNAL_PREFIX))
             or path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"))
 
 

@@ -12,13 +12,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.auth import AuthCache
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
+from gateway.replicas import ReplicaRegistry
 from gateway.request_body import BodyLimits
 from gateway.settings import GatewaySettings
 from gateway.upstreams import Upstreams
+from services.common.app_factory import presents_token
 from services.common.db import transaction
 from services.common.deps import app_state
 from services.common.errors import Forbidden, Unauthorized
 from services.common.http import ServiceClient
+from services.common.service_token import SERVICE_TOKEN_HEADER
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -40,6 +43,14 @@ async def admin_key(key: Annotated[KeyIdentity, Depends(current_key)]) -> KeyIde
     return key
 
 
+async def service_caller(request: Request) -> None:
+    """Routes Loom's own services call (under `/v1/internal/`, which the API-key middleware
+    lets through) ask the service token instead of a key."""
+    if not presents_token(request.scope["headers"], request.app.state.service_digest):
+        raise Unauthorized(f"This endpoint is for Loom's services: send the service token in "
+                           f"the {SERVICE_TOKEN_HEADER} header.")
+
+
 async def body_limits(request: Request) -> BodyLimits:
     return BodyLimits.from_settings(request.app.state.settings)
 
@@ -51,6 +62,8 @@ SessionsDep = Annotated[sessionmaker[Session], Depends(app_state("sessions"))]
 SettingsDep = Annotated[GatewaySettings, Depends(app_state("settings"))]
 AuthCacheDep = Annotated[AuthCache, Depends(app_state("auth_cache"))]
 UpstreamsDep = Annotated[Upstreams, Depends(app_state("upstreams"))]
+ReplicasDep = Annotated[ReplicaRegistry, Depends(app_state("replicas"))]
+ServiceCaller = Annotated[None, Depends(service_caller)]
 JobOwnersDep = Annotated[JobOwners, Depends(app_state("job_owners"))]
 TrainerDep = Annotated[ServiceClient, Depends(app_state("trainer"))]
 CeleryDep = Annotated[Celery, Depends(app_state("celery"))]  # sends background tasks

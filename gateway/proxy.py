@@ -9,7 +9,8 @@ non-admin key reaches only its own jobs (`gateway.scopes`).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
 from fastapi import APIRouter, Request
@@ -21,11 +22,16 @@ from gateway.deps import BodyLimitsDep, CurrentKey, JobOwnersDep, UpstreamsDep
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
 from gateway.proxy_target import ProxyTarget, proxy_target
+from gateway.replica_proxy import Sent, send, send_routed
 from gateway.request_body import BodyLimits, body_too_large, capped_stream, read_capped
 from gateway.upstreams import Upstreams
-from services.common.errors import Unavailable, UpstreamError
 from services.common.logs import request_id_var
+from services.common.schemas import ErrorBody, ErrorEnvelope
 from services.common.service_token import SERVICE_TOKEN_HEADER
+from services.rollout.schemas import RolloutEvent
+
+log = logging.getLogger(__name__)
+ROLLOUT = "rollout"  # routed over its replicas (`gateway.replica_proxy`)
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -44,7 +50,7 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 async def forward(upstreams: Upstreams, service: str, request: Request, key: KeyIdentity,
                   owners: JobOwners, limits: BodyLimits) -> StreamingResponse:
-    client = upstreams.client(service)
+    client = upstreams.client(service)  # an unknown service is a 404 before anything is read
     target = request_target(request)
     limit = limits.for_key(key)
     declared = request.headers.get("content-length", "")
@@ -57,29 +63,59 @@ async def forward(upstreams: Upstreams, service: str, request: Request, key: Key
         checked = await authorize(request, service, target, key, owners, limit)
         if checked is not None:  # the body was read to find its job: send what was checked
             content, dropped = checked, NOT_FORWARDED | {"content-length"}
-    upstream_request = client.build_request(
-        request.method,
-        target.target,
-        headers=forwarded_headers(request.headers.raw, dropped)
-        + [(b"x-request-id", request_id_var.get().encode("latin-1"))],
-        content=content,
-    )
-    try:
-        upstream = await client.send(upstream_request, stream=True)
-    except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-        raise Unavailable(
-            f"The {service} service is unreachable at {client.base_url}: {exc!r}",
-            {"service": service},
-        ) from exc
-    except httpx2.TransportError as exc:
-        raise UpstreamError(f"The {service} service failed to answer: {exc!r}",
-                            {"service": service}) from exc
-    response = StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
-                                 background=BackgroundTask(upstream.aclose))
+    headers = forwarded_headers(request.headers.raw, dropped) + [
+        (b"x-request-id", request_id_var.get().encode("latin-1"))]
+    if service == ROLLOUT:
+        sent = await send_routed(upstreams.replicas, request, target, headers, content)
+    else:
+        upstream = await send(client, service, client.build_request(
+            request.method, target.target, headers=headers, content=content))
+        sent = Sent(upstream, upstream.aclose)
+    upstream = sent.response
+    response = StreamingResponse(guarded(upstream, service, sent.release),
+                                 status_code=upstream.status_code,
+                                 background=BackgroundTask(sent.release))
     # Raw bytes go back unchanged (still compressed if they were), so the upstream's own
     # Content-Length and Content-Encoding stay valid.
     response.raw_headers = forwarded_headers(upstream.headers.raw, NOT_RETURNED)
     return response
+
+
+async def guarded(upstream: httpx2.Response, service: str,
+                  release: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+    """The upstream's bytes. A stream of events (SSE, NDJSON) broken mid-way ends with an error
+    event of its own kind, never silently; other bodies are cut short (the client sees a
+    truncated response)."""
+    last = b"\n"
+    try:
+        async for chunk in upstream.aiter_raw():
+            last = chunk[-1:] or last
+            yield chunk
+    except httpx2.TransportError as exc:
+        event = broken_stream_event(upstream.headers, service, exc)
+        if event is None:
+            raise
+        log.warning("the %s stream broke mid-way: %r", service, exc)
+        yield (b"" if last == b"\n" else b"\n\n") + event
+    finally:
+        await release()
+
+
+def broken_stream_event(headers: httpx2.Headers, service: str, exc: Exception) -> bytes | None:
+    """The closing error of a broken event stream, in the stream's own format; None for a body
+    that is not an uncompressed event stream."""
+    if headers.get("content-encoding"):
+        return None
+    media = headers.get("content-type", "").partition(";")[0].strip()
+    error = ErrorBody(code="upstream_error", message=f"The {service} service's stream broke "
+                      f"before it finished ({exc!r}): what came before is complete; retry for "
+                      "the rest.", detail={"service": service})
+    if media == "text/event-stream":
+        envelope = ErrorEnvelope(error=error).model_dump_json()
+        return f"data: {envelope}\n\ndata: [DONE]\n\n".encode()
+    if media == "application/x-ndjson":
+        return RolloutEvent(type="error", error=error).model_dump_json().encode() + b"\n"
+    return None
 
 
 async def authorize(request: Request, service: str, target: ProxyTarget, key: KeyIdentity,

@@ -36,6 +36,11 @@ class GatewaySettings(LoomSettings):
         "long because sampling and streams can be slow.",
     )
     gateway_health_timeout_s: float = Field(default=2.0, gt=0)
+    gateway_replica_missed_heartbeats: float = Field(
+        default=3.0, ge=1,
+        description="A rollout replica silent for this many of its heartbeat intervals leaves "
+        "the routing table (its next heartbeat adds it back).",
+    )
     gateway_max_body_mb: int = Field(
         default=64, ge=1,
         description="Largest request body a job key may send through the proxy (413 beyond): "

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx2
 
+from gateway.replicas import ReplicaRegistry
 from gateway.schemas import StackHealth
 from gateway.settings import UPSTREAMS, GatewaySettings
 from services.common.errors import NotFound
@@ -30,12 +31,16 @@ class Upstreams:
         # Every request the gateway sends a service (proxied, admin pages, health) carries the
         # service token; the proxy drops any copy a client sent, so this one is the only one.
         headers = service_headers(settings)
-        self.clients = {
-            name: httpx2.AsyncClient(base_url=settings.url_of(name), timeout=timeout,
-                                     headers=headers,
-                                     transport=transport or pooled_transport(limits))
-            for name in UPSTREAMS
-        }
+
+        def make_client(url: str) -> httpx2.AsyncClient:
+            return httpx2.AsyncClient(base_url=url, timeout=timeout, headers=headers,
+                                      transport=transport or pooled_transport(limits))
+
+        self.clients = {name: make_client(settings.url_of(name)) for name in UPSTREAMS}
+        # Rollout calls go to its replicas; the configured URL is the static one.
+        self.replicas = ReplicaRegistry(
+            settings.url_of("rollout"), make_client,
+            missed_heartbeats=settings.gateway_replica_missed_heartbeats)
 
     def client(self, service: str) -> httpx2.AsyncClient:
         client = self.clients.get(service)
@@ -73,3 +78,4 @@ class Upstreams:
     async def aclose(self) -> None:
         for client in self.clients.values():
             await client.aclose()
+        await self.replicas.aclose()

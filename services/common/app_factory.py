@@ -207,8 +207,7 @@ class ServiceTokenMiddleware:
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self.digest = hashlib.sha256(token.encode()).digest()
-        self.header = SERVICE_TOKEN_HEADER.lower().encode("latin-1")
+        self.digest = token_digest(token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or scope["path"] in self.OPEN_PATHS \
@@ -226,9 +225,18 @@ class ServiceTokenMiddleware:
         await refused(scope, receive, send)
 
     def _allowed(self, scope: Scope) -> bool:
-        sent = [value for name, value in scope["headers"] if name == self.header]
-        return len(sent) == 1 and hmac.compare_digest(hashlib.sha256(sent[0]).digest(),
-                                                      self.digest)
+        return presents_token(scope["headers"], self.digest)
+
+
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def presents_token(headers: list[tuple[bytes, bytes]], digest: bytes) -> bool:
+    """Whether raw ASGI `headers` carry exactly one service token, and the one of `digest`."""
+    name = SERVICE_TOKEN_HEADER.lower().encode("latin-1")
+    sent = [value for key, value in headers if key == name]
+    return len(sent) == 1 and hmac.compare_digest(hashlib.sha256(sent[0]).digest(), digest)
 
 
 class MetricsMiddleware:

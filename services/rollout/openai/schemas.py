@@ -4,6 +4,7 @@ Requests are strict, as OpenAI's own API rejects unknown arguments."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
@@ -12,6 +13,15 @@ from services.common.schemas import LenientModel, StrictModel
 
 FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 MAX_TOKENS = 32768  # as Loom's own SamplingParams allows
+JOB_MODEL = re.compile(r"^(?P<job>[A-Za-z0-9][A-Za-z0-9._-]*)(?:@(?P<ref>[A-Za-z0-9_.-]+))?$")
+BASE_ALIAS = "base"
+
+
+def job_model(model: str) -> tuple[str, str | None] | None:
+    """`<job_id>` or `<job_id>@<number or alias>` as (job, ref or None); None for another
+    spelling (a base model's name, say). The gateway routes by it too."""
+    match = JOB_MODEL.match(model)
+    return None if match is None else (match["job"], match["ref"])
 
 
 class StreamOptions(StrictModel):

@@ -4,7 +4,6 @@ run on that version (whole or streamed), usage and the `loom` extension."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,7 +14,15 @@ from services.common.errors import LoomError, NotFound
 from services.common.schemas import ErrorBody, ErrorEnvelope, LenientModel
 from services.rollout.capture import Capture, Recording
 from services.rollout.chat_format import ChatFormat
-from services.rollout.openai.schemas import LoomChoice, LoomInfo, ModelCard, ModelList, Usage
+from services.rollout.openai.schemas import (
+    BASE_ALIAS,
+    LoomChoice,
+    LoomInfo,
+    ModelCard,
+    ModelList,
+    Usage,
+    job_model,
+)
 from services.rollout.sampling import (
     Sampler,
     check_weights,
@@ -31,8 +38,6 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.outputs import CompletionOutput, RequestOutput
 
-JOB_MODEL = re.compile(r"^(?P<job>[A-Za-z0-9][A-Za-z0-9._-]*)(?:@(?P<ref>[A-Za-z0-9_.-]+))?$")
-BASE_ALIAS = "base"
 
 
 @dataclass
@@ -117,13 +122,13 @@ class OpenAIServing:
         `<job_id>@<number or alias>` → that version."""
         if model in (self.base_model, BASE_ALIAS):
             return None, 0
-        match = JOB_MODEL.match(model)
-        if match is None:
+        parsed = job_model(model)
+        if parsed is None:
             raise NotFound(
                 f"Unknown model {model!r}: use {self.base_model!r} (or {BASE_ALIAS!r}), "
                 "'<job_id>' for a job's latest version, or '<job_id>@<version>'."
             )
-        return match["job"], match["ref"] or LATEST
+        return parsed[0], parsed[1] or LATEST
 
     async def prepare(self, model: str, prompts: list[list[int]], params: vllm.SamplingParams,
                       kind: str, recording: Recording | None = None) -> Prepared:

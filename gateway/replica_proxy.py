@@ -1,0 +1,92 @@
+"""Sending a proxied rollout call to a replica: picked by `gateway.routing`, retried on the
+next one when it cannot be reached (nothing started there), and counted while it runs so that
+least-outstanding-work sees this gateway's own load at once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx2
+from fastapi import Request
+
+from gateway import routing
+from gateway.proxy_target import ProxyTarget
+from gateway.replicas import Replica, ReplicaRegistry
+from services.common.errors import Unavailable, UpstreamError
+
+log = logging.getLogger(__name__)
+Content = bytes | AsyncIterator[bytes] | None
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass
+class Sent:
+    """An upstream response and what releases it (once, however often called)."""
+
+    response: httpx2.Response
+    release: Callable[[], Awaitable[None]]
+
+
+async def send(client: httpx2.AsyncClient, service: str, request: httpx2.Request
+               ) -> httpx2.Response:
+    """Send, streaming the answer. A connection that could not be made is `Unavailable` (the
+    service never saw the request); a failure after that is an `UpstreamError`."""
+    try:
+        return await client.send(request, stream=True)
+    except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+        raise Unavailable(f"The {service} service is unreachable at {client.base_url}: {exc!r}",
+                          {"service": service}) from exc
+    except httpx2.TransportError as exc:
+        raise UpstreamError(f"The {service} service failed to answer: {exc!r}",
+                            {"service": service}) from exc
+
+
+async def send_routed(registry: ReplicaRegistry, request: Request, target: ProxyTarget,
+                      headers: Headers, content: Content) -> Sent:
+    candidates = registry.candidates()
+    if not candidates:
+        raise Unavailable("No rollout replica is registered, and no LOOM_ROLLOUT_URL is "
+                          "configured.", {"service": "rollout"})
+    if len(candidates) > 1 and isinstance(content, AsyncIterator) \
+            and routing.reads_body(request.method, target.segments):
+        # Read (capped already) so routing can see the version, and a retry can resend it.
+        content = b"".join([chunk async for chunk in content])
+    body = content if isinstance(content, bytes) else None
+    key = routing.route_key(target.segments, body, request.headers.get(routing.AFFINITY_HEADER))
+    ordered = routing.order(candidates, key, registry.newest, registry.next_turn())
+    if isinstance(content, AsyncIterator):  # a body streamed through can be sent only once
+        ordered = ordered[:1]
+    for attempt, replica in enumerate(ordered, start=1):
+        try:
+            return await _send_to(replica, request, target, headers, content)
+        except Unavailable:
+            registry.set_aside(replica)
+            if attempt == len(ordered):
+                raise
+            log.warning("rollout replica %s (%s) unreachable; retrying on another",
+                        replica.id, replica.url)
+    raise AssertionError("unreachable: `ordered` is never empty")
+
+
+async def _send_to(replica: Replica, request: Request, target: ProxyTarget, headers: Headers,
+                   content: Content) -> Sent:
+    replica.in_flight += 1
+    replica.routed += 1
+    released = False
+
+    async def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            replica.in_flight -= 1
+            await response.aclose()
+
+    try:
+        response = await send(replica.client, "rollout", replica.client.build_request(
+            request.method, target.target, headers=headers, content=content))
+    except BaseException:
+        replica.in_flight -= 1
+        raise
+    return Sent(response, release)

@@ -1,0 +1,38 @@
+"""Rollout replicas: the routing table (admins) and the heartbeat replicas send (service
+token). Routes parse, call, return; the registry is `gateway.replicas`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
+
+from gateway.deps import AdminKey, ReplicasDep, ServiceCaller
+from gateway.schemas import ReplicaList, ReplicaPublic
+from services.common.errors import NotFound
+from services.rollout.schemas import ReplicaHeartbeat
+
+router = APIRouter(prefix="/v1", tags=["replicas"])
+ReplicaId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
+
+
+@router.get("/rollout/replicas", response_model=ReplicaList)
+async def list_replicas(_admin: AdminKey, replicas: ReplicasDep) -> ReplicaList:
+    return ReplicaList(replicas=replicas.public())
+
+
+@router.put("/internal/replicas/{replica_id}", response_model=ReplicaPublic)
+async def heartbeat(replica_id: ReplicaId, body: ReplicaHeartbeat, _caller: ServiceCaller,
+                    replicas: ReplicasDep) -> ReplicaPublic:
+    """A replica's registration and heartbeat, one call."""
+    return replicas.heartbeat(replica_id, body).public(replicas.clock())
+
+
+@router.delete("/internal/replicas/{replica_id}", status_code=204)
+async def leave(replica_id: ReplicaId, _caller: ServiceCaller, replicas: ReplicasDep
+                ) -> Response:
+    """A replica going away on purpose: no new request is routed to it."""
+    if not replicas.leave(replica_id):
+        raise NotFound(f"No rollout replica {replica_id!r} is registered.",
+                       {"replica_id": replica_id})
+    return Response(status_code=204)
