@@ -1,4 +1,4 @@
-"""Wire models of the gateway's own API: jobs, API keys, aggregated health."""
+"""Wire models of the gateway's own API: jobs, API keys, aggregated health, rollout replicas."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from services.common.schemas import Health, LenientModel, StrictModel
+from services.rollout.schemas import LoadedVersion
 from services.trainer.schemas import LoraConfig, TrainingMode
 
 
@@ -146,3 +147,27 @@ class ApiKeyList(LenientModel):
 class StackHealth(LenientModel):
     status: str
     services: dict[str, Health]
+
+
+class ReplicaPublic(LenientModel):
+    """A rollout replica as the gateway routes to it."""
+
+    id: str
+    url: str
+    static: bool = Field(description="The configured LOOM_ROLLOUT_URL, serving while no "
+                         "replica has registered")
+    ready: bool
+    set_aside: bool = Field(description="A connection failed since its last heartbeat: no "
+                            "request goes to it until the next one")
+    versions: list[LoadedVersion]
+    requests_in_flight: int = Field(description="As the replica last reported")
+    tokens_in_flight: int
+    gateway_in_flight: int = Field(description="This gateway's requests open on it")
+    routed: int = Field(description="Requests this gateway sent it")
+    failures: int = Field(description="Connections that failed")
+    heartbeat_s: float
+    last_heartbeat_s_ago: float | None
+
+
+class ReplicaList(LenientModel):
+    replicas: list[ReplicaPublic]

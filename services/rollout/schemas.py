@@ -278,3 +278,21 @@ class CapturedTrajectory(LenientModel):
     calls: list[CapturedCall]
     segments: list[CapturedSegment] = Field(
         description="One per branch: calls that do not extend each other start a new one")
+
+
+# --- replicas: each rollout replica announces itself to the gateway --------------------------
+
+class ReplicaHeartbeat(StrictModel):
+    """What a rollout replica tells the gateway at every heartbeat
+    (`PUT /v1/internal/replicas/{replica_id}`, service token): the gateway routes by it."""
+
+    url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://",
+                     description="Where the gateway reaches the replica")
+    ready: bool = Field(description="Its engine is started and warmed up")
+    versions: list[LoadedVersion] = Field(default=[], max_length=4096,
+                                          description="Versions resident in its engine")
+    requests_in_flight: int = Field(default=0, ge=0)
+    tokens_in_flight: int = Field(default=0, ge=0,
+                                  description="Prompt tokens plus token budgets of those requests")
+    heartbeat_s: float = Field(gt=0, le=3600, description="Its interval: a replica silent for "
+                               "a few intervals leaves the routing table")
