@@ -11,10 +11,13 @@
   stay busy. Groups are asked for as places free up, not step by step, so a step's slowest
   group never holds back the next step's. A group sampled more than `max_staleness`
   versions before the one being trained is dropped (counted in `StepResult.dropped_stale`);
-  set the algorithm's `tis_cap` to correct the staleness that remains. A request whose groups
-  can no longer be trained (its version fell that far behind while they ran: long
-  generations) is cancelled as soon as a step publishes, so the engine samples groups that
-  can be (`StepResult.abandoned_stale`). Long generations are the ones that fall behind, so
+  set the algorithm's `tis_cap` to correct the staleness that remains. A group that can no
+  longer be trained (the version it started on fell that far behind while it ran: long
+  generations) is cancelled by the rollout service as soon as the job publishes the version
+  that makes it so (the request's `max_staleness`), so the engine samples groups that can be
+  (`StepResult.abandoned_stale`). Each group is judged by the version it started on, not by
+  the one current when its request was made: groups still waiting for a slot start on the
+  newest version and are kept. Long generations are the ones that fall behind, so
   this bound trains on fewer long samples than were drawn; `staleness_bound="started"` bounds
   only how far ahead groups start (AReaL's admission control) and trains every group that
   finishes, however late (`StepResult.max_staleness` says how late; set `tis_cap`); `sync`
@@ -45,7 +48,7 @@ from agents.algorithms.algorithm import Algorithm
 from agents.sdk._futures import OperationFuture
 from agents.sdk.job import AsyncJob
 from services.common.errors import NotFound
-from services.rollout.schemas import RolloutGroup, RolloutTask, SamplingParams
+from services.rollout.schemas import STALE_GROUP, RolloutGroup, RolloutTask, SamplingParams
 from services.trainer.schemas import AdamParams, Datum, ForwardBackwardResult
 
 
@@ -131,10 +134,12 @@ class AsyncPipeline:
         self.epochs = epochs
         self.adam = adam or AdamParams()
         self.rollout_options = rollout_options
+        if self.drops_late and rollout_options.get("version_refresh") != "turn":
+            # The service cancels each group that could only be dropped (refresh 'turn' moves
+            # a group's turns on: it has no one version to judge it by).
+            self.rollout_options = {**rollout_options, "max_staleness": self.staleness}
         self._groups = FinishedGroups()
-        # Each request, with the version published when it was made (its groups sample on it
-        # or a later one).
-        self._requests: dict[asyncio.Task[None], int] = {}
+        self._requests: set[asyncio.Task[None]] = set()
         self._published = 0
         self._outstanding = 0  # groups asked for and not yet taken by a step
         self._need = 0  # groups the step being assembled still needs
@@ -152,8 +157,6 @@ class AsyncPipeline:
                 if result is None:
                     return
                 self._published = result.version
-                if self.drops_late:
-                    self._abandon_stale()
                 yield result
         finally:
             for request in self._requests:
@@ -250,34 +253,32 @@ class AsyncPipeline:
         if tasks:
             self._outstanding += len(tasks)
             request = asyncio.create_task(self._sample(tasks))
-            self._requests[request] = self._published
-            request.add_done_callback(self._requests.pop)
-
-    def _abandon_stale(self) -> None:
-        """Cancel the requests sampling on a version more than `max_staleness` behind the one
-        just published: a group of theirs could only be dropped (the newest only grows)."""
-        for request, published in list(self._requests.items()):
-            if self._published - published > self.staleness:
-                request.cancel()
+            self._requests.add(request)
+            request.add_done_callback(self._requests.discard)
 
     async def _sample(self, tasks: list[RolloutTask | dict[str, Any]]) -> None:
-        delivered = 0
+        settled = 0  # groups delivered or ended (failed, cancelled as stale)
         try:
             params = self.params.derived(next(self._request_numbers))
             stream = await self.job.rollouts(tasks, env=self.env, group_size=self.group_size,
                                              params=params, **self.rollout_options)
-            async for group in stream:
-                delivered += 1
-                self._groups.put(group)
-            self._failed += len(stream.errors)
-        except asyncio.CancelledError:
-            self._abandoned += len(tasks) - delivered
-            raise
+            async for event in stream.events():
+                if event.group is not None:
+                    settled += 1
+                    self._groups.put(event.group)
+                elif event.error is not None:
+                    settled += 1
+                    if event.error.code == STALE_GROUP:
+                        self._abandoned += 1
+                    else:
+                        self._failed += 1
+                    self._outstanding -= 1
+                    self._groups.put(None)  # wakes the consumer to ask for a replacement
         except Exception as exc:  # e.g. a refused request: the consumer raises it
             self._error = exc
         finally:
-            self._outstanding -= len(tasks) - delivered
-            self._groups.put(None)  # wakes a consumer waiting on a group that failed
+            self._outstanding -= len(tasks) - settled
+            self._groups.put(None)  # wakes a consumer waiting on groups that never came
 
     async def _latest(self) -> int:
         try:

@@ -42,17 +42,23 @@ class AsyncRolloutStream:
         return self._groups()
 
     async def _groups(self) -> AsyncIterator[RolloutGroup]:
+        async for event in self.events():
+            if event.group is not None:
+                yield event.group
+
+    async def events(self) -> AsyncIterator[RolloutEvent]:
+        """Every event as it arrives: groups, errors (each group that failed, as soon as it
+        did) and the summary; errors and summary are also kept on the stream."""
         try:
             async for line in self._response.aiter_lines():
                 if not line.strip():
                     continue
                 event = RolloutEvent.model_validate_json(line)
-                if event.group is not None:
-                    yield event.group
-                elif event.error is not None:
+                if event.error is not None:
                     self.errors.append(event.error)
                 elif event.summary is not None:
                     self.summary = event.summary
+                yield event
         finally:
             await self._response.aclose()
 

@@ -60,12 +60,21 @@ class GroupVersion:
         self.ref = ref
         self._resolve = resolve
         self._pinned: asyncio.Future[int] | None = None
+        self._starting = asyncio.Event()
 
     async def get(self) -> VersionRef:
         if self._resolve is None:
             return self.ref
         if self._pinned is None:
             self._pinned = asyncio.ensure_future(self._resolve())
+            self._starting.set()
+        return await asyncio.shield(self._pinned)
+
+    async def started(self) -> int:
+        """The version the group started on, once its first episode has started (a group
+        that waits for a slot has none yet). Refresh 'turn' pins none: never returns."""
+        await self._starting.wait()
+        assert self._pinned is not None
         return await asyncio.shield(self._pinned)
 
 

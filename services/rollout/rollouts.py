@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -17,12 +18,14 @@ from services.common.errors import InvalidInput, LoomError, invalid_options
 from services.common.schemas import ErrorBody
 from services.rollout.agent_loop import AgentLoop, GroupVersion, Plan
 from services.rollout.schemas import (
+    STALE_GROUP,
     RenderRequest,
     RenderResponse,
     RolloutEvent,
     RolloutGroup,
     RolloutRequest,
     RolloutSummary,
+    Trajectory,
 )
 from services.rollout.versions import LATEST, Versions
 
@@ -49,6 +52,11 @@ class Rollouts:
         if request.version_refresh == "partial" and request.job_id is None:
             raise InvalidInput("version_refresh 'partial' needs a job_id: the base model has no "
                                "newer versions to continue on.")
+        if request.max_staleness is not None and (
+                request.job_id is None or request.version_refresh == "turn"):
+            raise InvalidInput("max_staleness needs a job_id and version_refresh 'group' or "
+                               "'partial': a group must start on one version of a job that "
+                               "publishes newer ones.")
         engine = self.loop.sampler.engine
         context = engine.max_model_len
         if request.max_total_tokens is not None and request.max_total_tokens > context:
@@ -98,8 +106,9 @@ class Rollouts:
             version = GroupVersion(request.version, None if request.version_refresh == "turn"
                                    else lambda: self._number(request, first))
             try:
-                trajectories = await self.loop.run_group(plan, task_index, version,
-                                                         lambda: slots)
+                trajectories = await self._unless_stale(
+                    request, version, self.loop.run_group(plan, task_index, version,
+                                                          lambda: slots))
                 events.put_nowait(RolloutEvent(type="group", group=RolloutGroup(
                     task_index=task_index, task_id=request.tasks[task_index].id,
                     trajectories=trajectories)))
@@ -132,6 +141,37 @@ class Rollouts:
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _unless_stale(self, request: RolloutRequest, version: GroupVersion,
+                            group: Coroutine[Any, Any, list[Trajectory]]) -> list[Trajectory]:
+        """The group's trajectories, unless the job publishes more than `max_staleness`
+        versions after the one the group started on first: then it is cancelled (`Stale`)."""
+        if request.max_staleness is None:
+            return await group
+        assert request.job_id is not None
+        running = asyncio.ensure_future(group)
+        outdated = asyncio.ensure_future(self._outdated(request.job_id, version,
+                                                        request.max_staleness))
+        try:
+            done, _ = await asyncio.wait([running, outdated],
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            outdated.cancel()  # nothing if it finished
+            running.cancel()
+        if running in done:
+            return running.result()
+        await asyncio.wait([running])  # its cancellation, done
+        started, newest = outdated.result()
+        raise Stale(f"Cancelled: the group started on version {started} and the job has "
+                    f"published version {newest}, more than max_staleness "
+                    f"({request.max_staleness}) after it.")
+
+    async def _outdated(self, job_id: str, version: GroupVersion, max_staleness: int
+                        ) -> tuple[int, int]:
+        """Once the group has started, wait for a version of the job more than
+        `max_staleness` after the one it started on: (started, newest)."""
+        started = await version.started()
+        return started, await self.versions.newer_than(job_id, started + max_staleness)
+
     async def _number(self, request: RolloutRequest, first: int) -> int:
         """The version a group starts on. A job's `latest` is the newer of what the request
         resolved to when it arrived (asked of modelstate: it sees a publish that returned just
@@ -140,6 +180,13 @@ class Rollouts:
         if request.job_id is not None and request.version == LATEST:
             return max(first, self.versions.newest(request.job_id))
         return (await self.versions.resolve(request.job_id, request.version)).number
+
+
+class Stale(LoomError):
+    """A group cancelled by the request's `max_staleness`: its trainer would drop it."""
+
+    status_code = 409
+    code = STALE_GROUP
 
 
 def _error(code: str, message: str, task_index: int) -> RolloutEvent:

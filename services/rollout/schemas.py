@@ -168,6 +168,12 @@ class RolloutRequest(StrictModel):
     schedule: Literal["fifo", "longest_prompt_first"] = Field(
         default="fifo", description="Order groups start in; longest_prompt_first starts the "
         "slowest first so short groups fill in and finish early (SortedRL)")
+    max_staleness: int | None = Field(
+        default=None, ge=0, description="Cancel a group once its job has published more than "
+        "this many versions after the one the group started on (an error event, code "
+        "'stale'): a trainer bounding staleness would drop it. Each group on its own: groups "
+        "still waiting for a slot start on the newest version. Needs a job_id and refresh "
+        "'group' or 'partial'")
 
 
 class TurnInfo(LenientModel):
@@ -222,6 +228,9 @@ class RolloutSummary(LenientModel):
     model_tokens: int
     env_tokens: int
     wall_s: float
+
+
+STALE_GROUP = "stale"  # the error code of a group cancelled by `max_staleness`
 
 
 class RolloutEvent(LenientModel):

@@ -13,7 +13,8 @@ import pytest
 from agents.algorithms import dapo, grpo
 from agents.sdk.pipeline import AsyncPipeline, FinishedGroups, group_version
 from services.common.errors import InvalidInput, NotFound
-from services.rollout.schemas import RolloutGroup, Trajectory, TurnInfo
+from services.common.schemas import ErrorBody
+from services.rollout.schemas import RolloutEvent, RolloutGroup, Trajectory, TurnInfo
 from services.trainer.schemas import ForwardBackwardResult, SaveWeightsResult
 
 
@@ -27,27 +28,20 @@ def trajectory(task: dict[str, Any], i: int, version: int) -> Trajectory:
 
 @dataclass
 class Stream:
+    """The rollout service as the pipeline sees it: each group starts on the job's latest
+    version (a task's `starts_on` makes it wait for that version first: a group queued for a
+    slot) and, with `max_staleness`, is cancelled once the job has published more than that
+    many versions after it (a 'stale' error)."""
+
     job: ScriptedJob
     tasks: list[dict[str, Any]]
     group_size: int
+    max_staleness: int | None = None
     errors: list[Any] = field(default_factory=list)
 
-    def __aiter__(self) -> Any:
-        return self._groups()
-
-    async def _groups(self) -> Any:
-        """Groups in the order they finish (a task's `delay` makes it slow)."""
-        async def sample(task: dict[str, Any]) -> RolloutGroup:
-            version = self.job.current
-            self.job.in_flight += 1
-            self.job.log.append(("sample", version, self.job.training, self.job.in_flight))
-            await asyncio.sleep(task.get("delay", 0.001))
-            self.job.in_flight -= 1
-            self.job.log.append(("delivered", task.get("id")))
-            return RolloutGroup(task_index=0, task_id=task.get("id"), trajectories=[
-                trajectory(task, i, version) for i in range(self.group_size)])
-
-        running = [asyncio.ensure_future(sample(task)) for task in self.tasks]
+    async def events(self) -> Any:
+        """Groups (or errors) in the order they finish (a task's `delay` makes it slow)."""
+        running = [asyncio.ensure_future(self._group(task)) for task in self.tasks]
         try:
             for finished in asyncio.as_completed(running):
                 yield await finished
@@ -56,6 +50,37 @@ class Stream:
             for group in running:
                 group.cancel()
             raise
+
+    async def _group(self, task: dict[str, Any]) -> RolloutEvent:
+        await self.job.published_at_least(task.get("starts_on", 0))
+        version = self.job.current
+        self.job.in_flight += 1
+        self.job.log.append(("sample", version, self.job.training, self.job.in_flight))
+        try:
+            if not await self._sampled_within_staleness(version, task.get("delay", 0.001)):
+                self.job.log.append(("stale", task.get("id")))
+                return RolloutEvent(type="error", error=ErrorBody(
+                    code="stale", message="stale", detail={"task_index": 0}))
+        finally:
+            self.job.in_flight -= 1
+        self.job.log.append(("delivered", task.get("id")))
+        return RolloutEvent(type="group", group=RolloutGroup(
+            task_index=0, task_id=task.get("id"),
+            trajectories=[trajectory(task, i, version) for i in range(self.group_size)]))
+
+    async def _sampled_within_staleness(self, version: int, delay: float) -> bool:
+        sampling = asyncio.ensure_future(asyncio.sleep(delay))
+        if self.max_staleness is None:
+            await sampling
+            return True
+        outdated = asyncio.ensure_future(
+            self.job.published_at_least(version + self.max_staleness + 1))
+        try:
+            await asyncio.wait([sampling, outdated], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sampling.cancel()
+            outdated.cancel()
+        return not outdated.done() or outdated.cancelled()
 
 
 @dataclass
@@ -68,6 +93,8 @@ class ScriptedJob:
     log: list[tuple[Any, ...]] = field(default_factory=list)
     trained_groups: list[int] = field(default_factory=list)
     passes: list[list[Any]] = field(default_factory=list)  # the data of each forward_backward
+    rollout_options: list[dict[str, Any]] = field(default_factory=list)
+    published: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def version(self, ref: str) -> Any:
         assert ref == "latest" and self.current == 0, "only asked before the first step"
@@ -76,7 +103,12 @@ class ScriptedJob:
     async def rollouts(self, tasks: list[dict[str, Any]], **options: Any) -> Stream:
         if self.refuse:
             raise InvalidInput("Unknown environment 'chess'")
-        return Stream(self, tasks, options["group_size"])
+        self.rollout_options.append(options)
+        return Stream(self, tasks, options["group_size"], options.get("max_staleness"))
+
+    async def published_at_least(self, number: int) -> None:
+        async with self.published:
+            await self.published.wait_for(lambda: self.current >= number)
 
     async def forward_backward(self, data: list[Any], loss: Any,
                                return_logprobs: bool = False) -> Any:
@@ -99,7 +131,9 @@ class ScriptedJob:
     async def save_weights(self, metrics: dict[str, float]) -> Any:
         async def saved() -> SaveWeightsResult:
             await asyncio.sleep(0.01)
-            self.current += 1
+            async with self.published:
+                self.current += 1
+                self.published.notify_all()
             self.training = False
             self.log.append(("published", self.current))
             return SaveWeightsResult(job_id="j", number=self.current, kind="full",
@@ -151,18 +185,46 @@ async def test_slow_groups_do_not_hold_back_the_next_steps() -> None:
     assert job.log.index(("published", 3)) < min(slow_done, default=len(job.log))
 
 
-async def test_requests_that_fell_too_far_behind_are_cancelled_and_replaced() -> None:
+async def test_groups_that_fell_too_far_behind_are_cancelled_and_replaced() -> None:
     """A group still sampling on version 0 when version 2 is published could only be dropped
-    (staleness 1): its request is cancelled then, and the steps go on with other groups."""
+    (staleness 1): the service cancels it then (the pipeline asks it to, with its
+    max_staleness), and the steps go on with other groups."""
     job = ScriptedJob()
     slow = {**tasks(1)[0], "id": "slow", "delay": 30}
     results = await run(job, 4, tasks=[slow, *tasks(40)], mode="async", max_staleness=1)
     assert [r.groups for r in results] == [2, 2, 2, 2]
-    assert [r.abandoned_stale for r in results] == [0, 0, 1, 0]  # counted by the next step
-    (cancelled,) = [e for e in job.log if e[0] == "cancelled"]
-    assert "slow" in cancelled[1] and ("delivered", "slow") not in job.log
-    assert job.log.index(("published", 2)) < job.log.index(cancelled) < job.log.index(
+    assert {o.get("max_staleness") for o in job.rollout_options} == {1}
+    assert sum(r.abandoned_stale for r in results) == 1
+    assert sum(r.failed_groups for r in results) == 0
+    assert ("delivered", "slow") not in job.log
+    assert job.log.index(("published", 2)) < job.log.index(("stale", "slow")) < job.log.index(
         ("published", 3))
+
+
+async def test_a_requests_groups_that_start_later_are_not_cancelled_with_its_stale_ones(
+        ) -> None:
+    """The first request holds a slow group, started on version 0, and a group that waits
+    for a slot until version 2 is out. Version 2 makes the slow one stale; the waiting one
+    starts on 2 and is trained: staleness is each group's, by the version it started on, not
+    the version current when its request was made (which cancelled both)."""
+    job = ScriptedJob()
+    slow = {**tasks(1)[0], "id": "slow", "delay": 30}
+    queued = {**tasks(1)[0], "id": "queued", "starts_on": 2}
+    results = await run(job, 4, tasks=[slow, queued, *tasks(40)], mode="async",
+                        max_staleness=1)
+    assert ("stale", "slow") in job.log and ("delivered", "queued") in job.log
+    assert not [e for e in job.log if e[0] == "cancelled" and "queued" in e[1]]
+    assert sum(r.abandoned_stale for r in results) == 1
+    assert max(r.max_staleness for r in results) <= 1
+
+
+async def test_a_bound_on_starts_does_not_ask_the_service_to_cancel() -> None:
+    """staleness_bound="started" trains late groups; refresh 'turn' moves a group's turns on
+    to newer versions (no one version to judge it by): neither asks for cancellation."""
+    for options in ({"staleness_bound": "started"}, {"version_refresh": "turn"}):
+        job = ScriptedJob()
+        await run(job, 2, tasks=tasks(20), mode="async", **options)
+        assert all("max_staleness" not in o for o in job.rollout_options)
 
 
 async def test_a_bound_on_starts_trains_late_groups_instead() -> None:

@@ -4,6 +4,7 @@ template are the tiny model's own."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Callable
@@ -153,9 +154,20 @@ class FakeVersions:
     def __init__(self) -> None:
         self.resolved = 0
         self.announced = 0  # the newest version modelstate's events announced
+        self._announcements = asyncio.Condition()
 
     def newest(self, job_id: str) -> int:
         return self.announced
+
+    async def announce(self, number: int) -> None:
+        async with self._announcements:
+            self.announced = number
+            self._announcements.notify_all()
+
+    async def newer_than(self, job_id: str, number: int) -> int:
+        async with self._announcements:
+            await self._announcements.wait_for(lambda: self.announced > number)
+            return self.announced
 
     async def resolve(self, job_id: str | None, ref: Any) -> Any:
         self.resolved += 1
@@ -371,6 +383,67 @@ async def test_partial_rollouts_on_weights_swapped_under_a_turn_keep_one_request
     assert [r.version for r in sampler.requests] == [3, 7]  # the next turn: the newest
 
 
+@dataclass
+class HeldSampler(ScriptedSampler):
+    """Generations whose context holds `held` wait until `release` is set."""
+
+    held: str = ""
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def sample(self, request: SampleRequest) -> SampleResponse:
+        response = await super().sample(request)
+        assert request.prompt_token_ids is not None
+        if self.held in self.engine.tokenizer.decode(request.prompt_token_ids):
+            await self.release.wait()
+        return response
+
+
+async def test_max_staleness_cancels_each_group_by_the_version_it_started_on(
+        tokenizer: Any) -> None:
+    """One group runs at a time (concurrency = group size), max_staleness 1. The first group
+    starts on version 3 and its generations are held: version 4 leaves it be, version 5
+    cancels it (a 'stale' error). The second group, which waited for the slot, starts on 5
+    and is delivered; judged by the version current when the request came (3), it would
+    have been cancelled with the first."""
+    sampler = HeldSampler(FakeEngine(tokenizer), tool_then_answer, held="12*34")
+    versions = FakeVersions()
+    rollouts = Rollouts(AgentLoop(sampler, FakeTools(), ExactScorer()),  # type: ignore[arg-type]
+                        versions)  # type: ignore[arg-type]
+    body = request(job_id="job_1", max_staleness=1, concurrency=2)
+    running = asyncio.ensure_future(run(rollouts, body))
+    while len(sampler.requests) < 2:  # both episodes of the first group are generating
+        await asyncio.sleep(0)
+    await versions.announce(4)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not running.done() and len(sampler.requests) == 2
+    await versions.announce(5)
+    stale, delivered, summary = await running
+    assert stale.error is not None and stale.error.code == "stale"
+    assert stale.error.detail == {"task_index": 0}
+    assert "started on version 3" in stale.error.message
+    assert "published version 5" in stale.error.message
+    assert delivered.group is not None and delivered.group.task_index == 1
+    assert {v for t in delivered.group.trajectories for v in t.versions} == {5}
+    assert summary.summary is not None and summary.summary.groups == 1
+    assert not sampler.release.is_set()  # the first group never finished
+
+
+async def test_without_max_staleness_a_group_outlives_newer_versions(tokenizer: Any) -> None:
+    sampler = HeldSampler(FakeEngine(tokenizer), tool_then_answer, held="12*34")
+    versions = FakeVersions()
+    rollouts = Rollouts(AgentLoop(sampler, FakeTools(), ExactScorer()),  # type: ignore[arg-type]
+                        versions)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(run(rollouts, request(job_id="job_1", concurrency=2)))
+    while not sampler.requests:
+        await asyncio.sleep(0)
+    await versions.announce(9)
+    sampler.release.set()
+    events = await running
+    assert [e.type for e in events] == ["group", "group", "summary"]
+    assert events[0].group is not None and events[0].group.task_index == 0
+
+
 async def test_partial_rollouts_need_a_job(tokenizer: Any) -> None:
     rollouts, *_ = make(tokenizer, tool_then_answer)
     with pytest.raises(InvalidInput, match="needs a job_id"):
@@ -407,6 +480,9 @@ async def test_single_turn_raw_prompt(tokenizer: Any) -> None:
     ({"env": "arithmetic", "env_params": {},
       "tasks": [{"prompt": [{"role": "user", "content": "1+1="}]}]},
      "tasks\\[0\\]: the arithmetic environment takes text prompts"),
+    ({"max_staleness": 1}, "max_staleness needs a job_id"),
+    ({"max_staleness": 1, "job_id": "job_1", "version_refresh": "turn"},
+     "max_staleness needs a job_id and version_refresh 'group' or 'partial'"),
 ])
 async def test_bad_requests_are_refused_before_anything_runs(
         tokenizer: Any, overrides: dict[str, Any], message: str) -> None:
