@@ -93,7 +93,9 @@ class ReplicaRegistry:
                 id=replica_id, url=url, client=self._client(url))
         replica.ready = beat.ready
         replica.reported = beat.versions
-        replica.versions = frozenset((v.job_id, v.number) for v in beat.versions)
+        # Version 0 of any job is the base model.
+        replica.versions = frozenset((v.job_id if v.number else None, v.number)
+                                     for v in beat.versions)
         replica.requests_in_flight = beat.requests_in_flight
         replica.tokens_in_flight = beat.tokens_in_flight
         replica.heartbeat_s = beat.heartbeat_s

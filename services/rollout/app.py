@@ -27,6 +27,7 @@ from services.common.errors import Unavailable
 from services.common.service_token import service_client, service_token
 from services.rollout import routes
 from services.rollout.agent_loop import AgentLoop
+from services.rollout.announce import Announcer
 from services.rollout.capture import Capture, TrajectoryStore
 from services.rollout.engine import RolloutEngine
 from services.rollout.openai import routes as openai_routes
@@ -37,6 +38,7 @@ from services.rollout.peers import RewardScorer, SandboxTools
 from services.rollout.pins import PinKeeper, holder_name
 from services.rollout.rollouts import Rollouts
 from services.rollout.sampling import Sampler
+from services.rollout.schemas import ReplicaHeartbeat
 from services.rollout.settings import RolloutSettings
 from services.rollout.versions import Versions
 
@@ -80,6 +82,21 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         app.state.rollouts = Rollouts(agent_loop, versions)
 
         keeper = PinKeeper(store, holder_name(settings.url_of("rollout")), versions.pinned_keys)
+        gateway = service_client(settings, "gateway", retries=0)  # the next beat is the retry
+
+        def heartbeat() -> ReplicaHeartbeat:
+            resident = versions.resident()
+            return ReplicaHeartbeat(
+                url=settings.url_of("rollout"), ready=engine.ready,
+                versions=[*([resident.full] if resident.full else []), *resident.loras],
+                requests_in_flight=engine.requests_in_flight,
+                tokens_in_flight=engine.tokens_in_flight,
+                heartbeat_s=settings.rollout_heartbeat_s)
+
+        announcer = Announcer(gateway, settings.replica_id, settings.rollout_heartbeat_s,
+                              heartbeat)
+        announcing = asyncio.create_task(announcer.run(), name="rollout-announce") \
+            if settings.rollout_announce else None
 
         async def run() -> None:
             await engine.start()
@@ -91,12 +108,18 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if announcing is not None:
+                announcing.cancel()
+                await announcer.leave()  # before the engine stops: no new request comes
             task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            for running in (task, announcing):
+                if running is not None:
+                    with contextlib.suppress(BaseException):
+                        await running
             engine.shutdown()
             database.dispose()
-            await asyncio.gather(store.aclose(), sandbox.aclose(), reward.aclose())
+            await asyncio.gather(store.aclose(), sandbox.aclose(), reward.aclose(),
+                                 gateway.aclose())
 
     async def readiness() -> dict[str, Any]:
         engine: RolloutEngine = app.state.engine

@@ -41,6 +41,8 @@ class RolloutEngine:
         self.warmup_seconds: float | None = None
         self.startup_seconds: float | None = None
         self._weights_label = BASE_WEIGHTS_LABEL
+        self.requests_in_flight = 0  # the load a replica reports to the gateway
+        self.tokens_in_flight = 0  # their prompt tokens plus token budgets
 
     @property
     def llm(self) -> AsyncLLM:
@@ -115,6 +117,11 @@ class RolloutEngine:
             self._abort_on(interrupt, request_id))
         prompt = {"prompt_token_ids": prompt_token_ids,
                   "cache_salt": self._cache_salt(movable)}
+        # The work it may still take: prompt plus every sample's token budget.
+        tokens = len(prompt_token_ids) + (getattr(params, "max_tokens", 0) or 0) * getattr(
+            params, "n", 1)
+        self.requests_in_flight += 1
+        self.tokens_in_flight += tokens
         try:
             with self.busy.busy():
                 async for output in self.llm.generate(
@@ -122,6 +129,8 @@ class RolloutEngine:
                 ):
                     yield output
         finally:
+            self.requests_in_flight -= 1
+            self.tokens_in_flight -= tokens
             if watcher is not None:
                 watcher.cancel()
 
@@ -238,6 +247,9 @@ def engine_args(settings: RolloutSettings, model_path: str) -> AsyncEngineArgs:
         # temperature and top-p/top-k), not under the raw logits: what trainers take a ratio to.
         logprobs_mode="processed_logprobs",
         disable_log_stats=True,
+        tensor_parallel_size=settings.rollout_tensor_parallel_size,
+        data_parallel_size=settings.rollout_data_parallel_size,
+        gpu_memory_utilization=settings.rollout_gpu_memory_utilization,
         worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
         **_lora(settings),
         **_cpu_scheduling(settings.rollout_max_model_len),

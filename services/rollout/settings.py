@@ -51,7 +51,31 @@ class RolloutSettings(LoomSettings):
         "Default: <data_dir>/rollout-cache."
     )
     rollout_seed: int = 0
+    rollout_tensor_parallel_size: int = Field(
+        default=1, ge=1, description="GPUs one engine shards each layer over (vLLM's tensor "
+        "parallelism, inside one node).")
+    rollout_data_parallel_size: int = Field(
+        default=1, ge=1, description="Engine copies inside this replica (vLLM's data "
+        "parallelism); replicas on other hosts are separate rollout processes.")
+    rollout_gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="Share of each GPU's memory vLLM may take "
+        "(weights, activations, KV cache); unused on CPU (see rollout_kv_cache_gib).")
+    rollout_announce: bool = Field(
+        default=True, description="Register with the gateway (LOOM_GATEWAY_URL) and heartbeat, "
+        "so it routes to this replica by its versions and load.")
+    rollout_heartbeat_s: float = Field(
+        default=2.0, gt=0, le=60, description="Heartbeat interval; the gateway drops a replica "
+        "after LOOM_GATEWAY_REPLICA_MISSED_HEARTBEATS of them.")
+    rollout_replica_id: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+        description="This replica's name in the gateway's table. Default: host:port of "
+        "LOOM_ROLLOUT_URL, which is also the URL it announces.")
 
     @property
     def cache_dir(self) -> Path:
         return self.rollout_cache_dir or self.data_dir / "rollout-cache"
+
+    @property
+    def replica_id(self) -> str:
+        host, port = self.bind_of("rollout")
+        return self.rollout_replica_id or f"{host}:{port}"
