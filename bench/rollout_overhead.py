@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import psutil
 
 from agents.sdk import AsyncLoomClient
-from agents.tasks.arithmetic import corpus
 from bench._stack import LocalStack, local_stack, pin_threads
 from bench.rollout_overhead_report import (
     WARMUP_MAX_TOKENS,
@@ -51,6 +50,7 @@ from bench.rollout_overhead_report import (
 from services.common.base_models import ensure_tiny_model
 from services.common.http import ServiceClient
 from services.common.service_token import service_client
+from services.common.tiny_model import corpus
 from services.rollout.engine import engine_args
 from services.rollout.sampling import detokenizes_in_engine, span_texts, vllm_params
 from services.rollout.schemas import SampleRequest, SampleResponse

@@ -26,8 +26,9 @@ from rich.table import Table
 from agents.algorithms import group_advantages, has_signal, rl_datum, sft_datum
 from agents.examples.console import console, progress_bar
 from agents.sdk import AdamParams, Job, LoomClient, LossConfig, SamplingParams, ScoreItem
-from agents.tasks.arithmetic import EOS, Problem, Splits, make_splits
+from agents.tasks.arithmetic import Problem, Splits, make_splits
 from services.common.schemas import StrictModel
+from services.common.tiny_model import EOS
 
 
 class ArithConfig(StrictModel):

@@ -52,7 +52,7 @@ from agents.sdk import (
     StepResult,
     Trajectory,
 )
-from agents.tasks.arithmetic import EOS
+from services.common.tiny_model import EOS
 
 ENV = "python_tool"
 # Rendering is one request per conversation; a few in flight hide the round trips.

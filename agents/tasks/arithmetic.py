@@ -1,6 +1,7 @@
 """Synthetic arithmetic: `a+b=` → the sum. Deterministic train, validation and held-out splits.
 
-The demo's task and the corpus the tiny model's tokenizer is trained on.
+The demo's task; the tiny model's tokenizer is trained on its problems with their answers
+(`services.common.tiny_model.corpus`).
 """
 
 from __future__ import annotations
@@ -9,17 +10,13 @@ import random
 from dataclasses import dataclass
 from typing import NamedTuple
 
-EOS = "<|endoftext|>"
+from services.common.tiny_model import arithmetic_pairs
 
 
 @dataclass(frozen=True)
 class Problem:
     prompt: str
     answer: str
-
-
-def _all_pairs(max_operand: int) -> list[tuple[int, int]]:
-    return [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
 
 
 class Splits(NamedTuple):
@@ -32,13 +29,8 @@ def make_splits(
     max_operand: int = 99, held_out: int = 200, validation: int = 200, seed: int = 0
 ) -> Splits:
     """All `a+b=` problems up to `max_operand`, shuffled, split three ways without overlap."""
-    pairs = _all_pairs(max_operand)
+    pairs = arithmetic_pairs(max_operand)
     random.Random(seed).shuffle(pairs)
     problems = [Problem(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in pairs]
     cut = held_out + validation
     return Splits(problems[cut:], problems[held_out:cut], problems[:held_out])
-
-
-def corpus(max_operand: int = 99) -> list[str]:
-    """Text the tokenizer learns from: every problem with its answer."""
-    return [f"{a}+{b}={a + b}{EOS}" for a, b in _all_pairs(max_operand)]

@@ -186,7 +186,7 @@ def status(
 @model_app.command("tiny")
 def model_tiny(directory: Annotated[Path, typer.Argument(help="Output directory.")]) -> None:
     """Build the deterministic tiny model (Qwen2-style, random init) as a Hugging Face dir."""
-    from modelstate.tiny import build_tiny_model
+    from services.common.tiny_model import build_tiny_model
 
     path = build_tiny_model(directory)
     console.print(f"Tiny model written to {path}")

@@ -10,6 +10,7 @@ import fcntl
 from pathlib import Path
 
 from services.common.errors import InvalidInput
+from services.common.tiny_model import build_tiny_model, is_tiny_model
 
 TINY_MODEL = "loom/tiny"
 
@@ -47,8 +48,6 @@ def _hub_model(name: str) -> str:
 
 def ensure_tiny_model(directory: Path) -> Path:
     """Build the tiny model once, even when several services ask at the same moment."""
-    from modelstate.tiny import build_tiny_model, is_tiny_model
-
     directory.parent.mkdir(parents=True, exist_ok=True)
     with open(directory.parent / ".tiny.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gateway.cli.main import app
-from modelstate.tiny import is_tiny_model
+from services.common.tiny_model import is_tiny_model
 
 
 def test_loom_model_tiny(tmp_path: Path) -> None:

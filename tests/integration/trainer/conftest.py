@@ -12,11 +12,12 @@ import pytest
 from trainer_harness import TrainerHarness
 from transformers import AutoTokenizer
 
-from agents.tasks.arithmetic import EOS, make_splits
+from agents.tasks.arithmetic import make_splits
 from modelstate.app import create_app as create_modelstate_app
 from modelstate.client import ModelStateClient
 from modelstate.settings import ModelStateSettings
 from services.common.service_token import service_headers
+from services.common.tiny_model import EOS
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 

@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 
 from agents.envs.python_tool import PYTHON_TOOL
 from agents.envs.tool_calls import format_tool_call
-from modelstate.tiny import build_tokenizer
 from services.common.errors import InvalidInput, Unavailable
+from services.common.tiny_model import build_tokenizer
 from services.reward.schemas import ItemScore, ScoreItem, ScoreResponse
 from services.rollout.agent_loop import AgentLoop
 from services.rollout.rollouts import Rollouts

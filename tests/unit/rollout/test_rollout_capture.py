@@ -14,9 +14,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine
 
-from modelstate.tiny import build_tokenizer
 from services.common.db import make_sessionmaker
 from services.common.errors import InvalidInput, NotFound
+from services.common.tiny_model import build_tokenizer
 from services.rollout.app import ALEMBIC_DIR, VERSION_TABLE
 from services.rollout.capture import NewCall, Recording, TrajectoryStore
 from services.rollout.capture.models import Base

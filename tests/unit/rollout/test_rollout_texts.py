@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 from vllm.outputs import CompletionOutput
 
-from modelstate.tiny import build_tokenizer
+from services.common.tiny_model import build_tokenizer
 from services.rollout.sampling import detokenizes_in_engine, span_texts, vllm_params
 from services.rollout.schemas import SamplingParams
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from modelstate.tiny import (
+from services.common.tiny_model import (
     MODEL_SIZES,
     TINY_CONFIG,
     build_random_model,

@@ -1,6 +1,8 @@
 """The deterministic tiny model tests and the demo use: a small Qwen2-style causal LM with a
-random init and a byte-level BPE tokenizer trained on the task corpus, saved as a normal
-Hugging Face directory (so vLLM, transformers and peft load it like any other model).
+random init and a byte-level BPE tokenizer trained on its corpus (every `a+b=` sum the demo's
+arithmetic task asks, `agents/tasks/arithmetic.py`), saved as a normal Hugging Face directory
+(so vLLM, transformers and peft load it like any other model). Part of the service kit: every
+service resolves `loom/tiny` (`base_models`), so the model and its corpus sit below them all.
 
 `build_random_model` writes the same kind of model in any shape; `MODEL_SIZES` names the
 shapes the benchmarks use (about 1 MB, 100 MB and 1 GB of float32 weights).
@@ -12,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agents.tasks.arithmetic import EOS, corpus
+EOS = "<|endoftext|>"
 
 TINY_CONFIG = {
     "hidden_size": 128,
@@ -54,6 +56,16 @@ CHAT_TEMPLATE = (
 # Bumped whenever the recipe changes what is written, so cached copies are rebuilt.
 RECIPE_VERSION = 3
 RECIPE_FILE = "loom-tiny-recipe.json"
+
+
+def arithmetic_pairs(max_operand: int = 99) -> list[tuple[int, int]]:
+    """Every operand pair of the arithmetic task, in a fixed order."""
+    return [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+
+
+def corpus(max_operand: int = 99) -> list[str]:
+    """Text the tokenizer learns from: every problem with its answer."""
+    return [f"{a}+{b}={a + b}{EOS}" for a, b in arithmetic_pairs(max_operand)]
 
 
 def build_tokenizer(out_dir: Path) -> int:
