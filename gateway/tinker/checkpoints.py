@@ -10,8 +10,7 @@ found in the gateway's memory, or after a gateway restart by the job it was made
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -21,6 +20,7 @@ from gateway.jobs import visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import JobRow
 from gateway.schemas import JobStatus
+from gateway.tinker import schemas
 from services.common.errors import InvalidInput
 from services.trainer.schemas import LoraConfig, SaveStateRequest, StateCheckpoint
 
@@ -104,13 +104,20 @@ def job_name(model_id: str) -> str:
     return f"tinker {model_id}"
 
 
-def training_checkpoint(model_id: str, state: StateCheckpoint) -> dict[str, Any]:
+def training_checkpoint(model_id: str, state: StateCheckpoint) -> schemas.Checkpoint:
     path = TinkerPath(model_id, WEIGHTS, state.name)
-    return checkpoint(path, state.created_at, state.bytes)
+    return checkpoint(path, state.created_at, state.bytes, state.expires_at)
 
 
-def checkpoint(path: TinkerPath, time: datetime, size: int | None = None) -> dict[str, Any]:
+def checkpoint(path: TinkerPath, time: datetime, size: int | None = None,
+               expires_at: datetime | None = None) -> schemas.Checkpoint:
     """One entry of Tinker's checkpoint list."""
-    return {"checkpoint_id": path.checkpoint_id, "checkpoint_type": KINDS[path.kind],
-            "time": time.isoformat(), "tinker_path": str(path), "size_bytes": size,
-            "public": False, "user_metadata": None, "expires_at": None}
+    return schemas.Checkpoint(checkpoint_id=path.checkpoint_id,
+                              checkpoint_type=KINDS[path.kind],  # type: ignore[arg-type]
+                              time=time, tinker_path=str(path), size_bytes=size,
+                              expires_at=expires_at)
+
+
+def expiry(ttl_seconds: int | None) -> datetime | None:
+    """When a checkpoint saved now with this TTL expires (None: never)."""
+    return None if ttl_seconds is None else datetime.now(UTC) + timedelta(seconds=ttl_seconds)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 
 from gateway.deps import CurrentKey
 from gateway.request_body import read_capped
-from gateway.tinker import schemas
+from gateway.sdk_params import Limit, Offset
+from gateway.tinker import runs, schemas
 from gateway.tinker.futures import PENDING, failure, retrieve
 from gateway.tinker.service import TinkerService
 from services.common.deps import app_state
@@ -23,6 +24,8 @@ PROTOBUF = "application/x-protobuf"
 # The SDK's own chunks stay under 5 MB; this leaves room without letting a body exhaust memory.
 MAX_FORWARD_BACKWARD_BYTES = 64 << 20
 UNSERVED_BODY_BYTES = 1 << 20  # read only for its model_id and seq_id
+# Loom has no shared runs: what a key may access is what it owns (an admin key sees all).
+AccessScope = Annotated[Literal["owned", "accessible"], Query()]
 
 
 @router.post("/client/config")
@@ -64,7 +67,7 @@ async def finish_session(session_id: str, tinker: TinkerDep, key: CurrentKey) ->
 @router.post("/create_model")
 async def create_model(body: schemas.CreateModel, tinker: TinkerDep, key: CurrentKey
                  ) -> dict[str, Any]:
-    return tinker.create_model(body, key)
+    return await tinker.create_model(body, key)
 
 
 @router.post("/get_info")
@@ -111,24 +114,74 @@ async def load_weights(body: schemas.LoadState, tinker: TinkerDep, key: CurrentK
 @router.post("/weights_info")
 async def weights_info(body: schemas.WeightsInfo, tinker: TinkerDep, key: CurrentKey
                        ) -> dict[str, Any]:
-    return await tinker.weights_info(body.tinker_path, key)
+    return await runs.weights_info(tinker, body.tinker_path, key)
+
+
+@router.get("/get_server_capabilities")
+async def server_capabilities(tinker: TinkerDep, _key: CurrentKey
+                              ) -> schemas.ServerCapabilities:
+    """The base models Loom serves (trainable and sampleable) and those only named in
+    LOOM_GATEWAY_SDK_BASE_MODELS for another base."""
+    return await runs.capabilities(tinker)
+
+
+@router.get("/training_runs")
+async def list_training_runs(tinker: TinkerDep, key: CurrentKey, limit: Limit = 20,
+                             offset: Offset = 0, access_scope: AccessScope = "owned",
+                             project_id: str | None = None) -> schemas.TrainingRuns:
+    runs.check_scope(project_id)
+    return await runs.training_runs(tinker, key, limit, offset)
+
+
+@router.get("/training_runs/{model_id}")
+async def get_training_run(model_id: str, tinker: TinkerDep, key: CurrentKey,
+                           access_scope: AccessScope = "owned") -> schemas.TrainingRun:
+    return await runs.training_run(tinker, model_id, key)
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
-async def list_checkpoints(model_id: str, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
-    return await tinker.list_checkpoints(model_id, key)
+async def list_checkpoints(model_id: str, tinker: TinkerDep, key: CurrentKey
+                           ) -> schemas.CheckpointsList:
+    return await runs.list_checkpoints(tinker, model_id, key)
+
+
+@router.get("/checkpoints")
+async def list_user_checkpoints(tinker: TinkerDep, key: CurrentKey, limit: Limit = 100,
+                                offset: Offset = 0) -> schemas.CheckpointsList:
+    return await runs.user_checkpoints(tinker, key, limit, offset)
+
+
+@router.put("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/ttl",
+            status_code=status.HTTP_204_NO_CONTENT)
+async def set_checkpoint_ttl(model_id: str, checkpoint_id: str, body: schemas.CheckpointTtl,
+                             tinker: TinkerDep, key: CurrentKey) -> None:
+    await runs.set_ttl(tinker, model_id, checkpoint_id, body, key)
 
 
 @router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
 async def delete_checkpoint(model_id: str, checkpoint_id: str, tinker: TinkerDep,
                             key: CurrentKey) -> None:
-    await tinker.delete_checkpoint(model_id, checkpoint_id, key)
+    await runs.delete_checkpoint(tinker, model_id, checkpoint_id, key)
+
+
+@router.get("/sessions")
+async def list_sessions(tinker: TinkerDep, key: CurrentKey, limit: Limit = 20,
+                        offset: Offset = 0, access_scope: AccessScope = "owned"
+                        ) -> schemas.Sessions:
+    """Sessions of this gateway's lifetime (they live in its memory)."""
+    return runs.sessions(tinker, key, limit, offset)
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, tinker: TinkerDep, key: CurrentKey,
+                      access_scope: AccessScope = "owned") -> schemas.SessionInfo:
+    return runs.session_info(tinker, session_id, key)
 
 
 @router.post("/create_sampling_session")
 async def create_sampling_session(body: schemas.CreateSamplingSession, tinker: TinkerDep,
                             key: CurrentKey) -> dict[str, Any]:
-    return tinker.create_sampling_session(body, key)
+    return await tinker.create_sampling_session(body, key)
 
 
 @router.get("/samplers/{sampler_id:path}")
@@ -168,7 +221,10 @@ async def unsupported(call: str, request: Request, tinker: TinkerDep, _key: Curr
     return {"request_id": tinker.futures.submit(refuse())}
 
 
-@router.get("/{call:path}")
-async def unsupported_get(call: str, _key: CurrentKey) -> None:
-    raise NotFound(f"Loom does not serve the Tinker call GET /api/v1/{call} yet.",
-                   {"call": call})
+# Not an operation of the API, so not in its OpenAPI description.
+@router.api_route("/{call:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                  include_in_schema=False)
+async def unsupported_rest(call: str, request: Request, _key: CurrentKey) -> None:
+    """REST calls Loom does not serve (publishing checkpoints, exports, billing, ...)."""
+    raise NotFound(f"Loom does not serve the Tinker call {request.method} /api/v1/{call} "
+                   "yet.", {"call": call})

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -49,18 +50,24 @@ class OptimStep(LenientModel):
     adam_params: AdamSpec = AdamSpec()
 
 
+# Tinker's own server takes 1 hour to 10 years; Loom takes any positive TTL.
+TtlSeconds = Annotated[int | None, Field(default=None, ge=1, description="Seconds from now "
+                                         "until the checkpoint expires; None: never.")]
+
+
 class SaveForSampler(LenientModel):
     model_id: str
     seq_id: int
     path: str | None = None
     sampling_session_seq_id: int | None = None
+    ttl_seconds: TtlSeconds = None  # named sampler weights only
 
 
 class SaveState(LenientModel):
     model_id: str
     seq_id: int
     path: str | None = None  # the checkpoint's name
-    ttl_seconds: int | None = None
+    ttl_seconds: TtlSeconds = None
     overwrite: bool = False
     user_metadata: dict[str, str] | None = None
 
@@ -125,3 +132,72 @@ class RetrieveFuture(LenientModel):
 
 class Unsupported(LenientModel):
     """Any body of a call Loom does not serve yet."""
+
+
+# --- responses of the GET calls (the SDK's own types, field for field) ----------------------
+
+
+class SupportedModel(LenientModel):
+    model_name: str
+    max_context_length: int | None = None  # not known to the gateway
+    trainable: bool
+    sampleable: bool
+
+
+class ServerCapabilities(LenientModel):
+    supported_models: list[SupportedModel]
+
+
+class Checkpoint(LenientModel):
+    checkpoint_id: str  # "weights/<name>" or "sampler_weights/<name>"
+    checkpoint_type: Literal["training", "sampler"]
+    time: datetime
+    tinker_path: str
+    size_bytes: int | None = None
+    public: bool = False
+    user_metadata: dict[str, str] | None = None
+    expires_at: datetime | None = None
+
+
+class Cursor(LenientModel):
+    offset: int
+    limit: int
+    total_count: int
+
+
+class CheckpointsList(LenientModel):
+    checkpoints: list[Checkpoint]
+    cursor: Cursor | None = None  # None: one run's checkpoints, all of them
+
+
+class TrainingRun(LenientModel):
+    training_run_id: str
+    base_model: str
+    model_owner: str  # the API key's name
+    is_lora: bool = True
+    corrupted: bool = False  # its job failed
+    lora_rank: int | None = None
+    last_request_time: datetime  # Loom's latest record of it: creation or newest checkpoint
+    last_checkpoint: Checkpoint | None = None
+    last_sampler_checkpoint: Checkpoint | None = None
+    user_metadata: dict[str, str] | None = None
+
+
+class TrainingRuns(LenientModel):
+    training_runs: list[TrainingRun]
+    cursor: Cursor
+
+
+class SessionInfo(LenientModel):
+    training_run_ids: list[str]
+    sampler_ids: list[str]
+    user_metadata: dict[str, str] | None = None
+    display_name: str | None = None
+
+
+class Sessions(LenientModel):
+    sessions: list[str]
+
+
+class CheckpointTtl(LenientModel):
+    ttl_seconds: TtlSeconds = None

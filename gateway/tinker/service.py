@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ from gateway.sdk_calls import (
     sample,
     user_input,
 )
+from gateway.sdk_models import ServedModels
 from gateway.tinker import checkpoints, schemas, wire
 from gateway.tinker.convert import loom_batch, sampling_params, tinker_datum
 from services.common.base_models import resolve_base_model
@@ -45,7 +46,6 @@ from services.common.errors import (
 )
 from services.common.http import ServiceClient
 from services.trainer.schemas import (
-    CheckpointList,
     LoadStateRequest,
     SaveStateRequest,
     SaveWeightsRequest,
@@ -75,6 +75,10 @@ class SamplerRef:
     version: int
     model_path: str | None = None
     saved_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    expires_at: datetime | None = None  # named sampler weights: forgotten from then on
+
+    def expiring(self, expires_at: datetime | None) -> SamplerRef:
+        return replace(self, expires_at=expires_at)
 
 
 class TinkerService:
@@ -84,7 +88,7 @@ class TinkerService:
         self.data_dir = data_dir
         self.trainer = trainer
         self.rollout = rollout
-        self.base_models = base_models
+        self.served = ServedModels(rollout, base_models)
         self.futures = Futures("req")
         self.calls = TrainerCalls(trainer)
         self.sessions: dict[str, int] = {}  # session id -> owner key id
@@ -107,11 +111,12 @@ class TinkerService:
 
     # --- training ---------------------------------------------------------------------
 
-    def create_model(self, body: schemas.CreateModel, owner: KeyIdentity) -> dict[str, Any]:
+    async def create_model(self, body: schemas.CreateModel, owner: KeyIdentity
+                           ) -> dict[str, Any]:
         self.check_session(body.session_id, owner)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
         rank = (body.lora_config or schemas.LoraSpec()).rank
-        base = self.base_models.get(body.base_model, body.base_model)
+        base = await self.served.check(body.base_model, "A LoRA training client")
         job = JobCreate(name=checkpoints.job_name(model_id), base_model=base,
                         mode=TrainingMode.lora, lora=checkpoints.lora_for_rank(rank),
                         config={"tinker_model_id": model_id, "tinker_base_model": body.base_model})
@@ -193,7 +198,8 @@ class TinkerService:
 
         async def result(op: str) -> Payload:
             saved = SaveWeightsResult.model_validate(await self.calls.result(op))
-            ref = SamplerRef(model.owner, model.base_model, model.job_id, saved.number)
+            ref = SamplerRef(model.owner, model.base_model, model.job_id, saved.number,
+                             expires_at=checkpoints.expiry(body.ttl_seconds))
             if body.path is not None:
                 path = f"tinker://{body.model_id}/sampler_weights/{body.path}"
                 self.sampler_paths[path] = ref
@@ -213,7 +219,8 @@ class TinkerService:
         model = self.model(body.model_id, owner)
 
         async def submit() -> str:
-            request = SaveStateRequest(name=checkpoints.checkpoint_name(body.path))
+            request = SaveStateRequest(name=checkpoints.checkpoint_name(body.path),
+                                       expires_at=checkpoints.expiry(body.ttl_seconds))
             return await self.calls.submit(model.job_id, "save_state", request)
 
         async def result(op: str) -> Payload:
@@ -269,12 +276,12 @@ class TinkerService:
         async def create() -> Payload:
             source = await self.training_run(path.model_id, owner)
             base = body.base_model or source.base_model
-            if self.base_models.get(base, base) != self.base_models.get(source.base_model,
-                                                                        source.base_model):
+            loom_base = self.served.loom_name(base)
+            if loom_base != self.served.loom_name(source.base_model):
                 raise InvalidInput(f"{body.path} was trained on {source.base_model!r}, not on "
                                    f"base_model {base!r}.")
             job = JobCreate(name=checkpoints.job_name(model_id),
-                            base_model=self.base_models.get(base, base), mode=TrainingMode.lora,
+                            base_model=loom_base, mode=TrainingMode.lora,
                             lora=source.lora, config={"tinker_model_id": model_id,
                                                       "tinker_base_model": base,
                                                       "tinker_loaded_from": body.path})
@@ -309,53 +316,26 @@ class TinkerService:
             raise NotFound(f"No training run {model_id!r} (or it belongs to another API key).")
         return run
 
-    async def list_checkpoints(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
-        """Training state (the job's trainer checkpoints) and sampler weights saved by name in
-        this gateway's lifetime, oldest first."""
-        run = await self.training_run(model_id, owner)
-        listed = CheckpointList.model_validate(
-            await self.trainer.get_json(f"/v1/models/{run.job_id}/checkpoints"))
-        found = [(c.created_at, checkpoints.training_checkpoint(model_id, c))
-                 for c in listed.checkpoints]
-        for path, ref in self.sampler_paths.items():
-            parsed = checkpoints.parse_path(path)
-            if parsed.model_id == model_id:
-                found.append((ref.saved_at, checkpoints.checkpoint(parsed, ref.saved_at)))
-        return {"checkpoints": [entry for _, entry in sorted(found, key=lambda f: f[0])],
-                "cursor": None}
-
-    async def delete_checkpoint(self, model_id: str, checkpoint_id: str, owner: KeyIdentity
-                                ) -> None:
-        """A training checkpoint goes from the trainer's disk; sampler weights saved by name
-        are forgotten (their version stays in the store, under its retention)."""
-        run = await self.training_run(model_id, owner)
-        path = checkpoints.parse_path(f"{checkpoints.SCHEME}{model_id}/{checkpoint_id}")
-        if path.kind == checkpoints.SAMPLER_WEIGHTS:
-            if self.sampler_paths.pop(str(path), None) is None:
-                raise NotFound(f"No sampler weights {str(path)!r}.")
-            return
-        name = checkpoints.checkpoint_name(path.name)
-        await self.trainer.request("DELETE", f"/v1/models/{run.job_id}/checkpoints/{name}")
-
-    async def weights_info(self, tinker_path: str, owner: KeyIdentity) -> dict[str, Any]:
-        path = checkpoints.parse_path(tinker_path)
-        run = await self.training_run(path.model_id, owner)
-        listed = await self.list_checkpoints(path.model_id, owner)
-        if all(c["tinker_path"] != str(path) for c in listed["checkpoints"]):
-            raise NotFound(f"No checkpoint {tinker_path!r}.")
-        return {"base_model": run.base_model, "is_lora": True, "lora_rank": run.lora.rank}
+    def live_sampler_paths(self) -> dict[str, SamplerRef]:
+        """Named sampler weights not expired (expired ones are forgotten here)."""
+        now = datetime.now(UTC)
+        for path in [p for p, ref in self.sampler_paths.items()
+                     if ref.expires_at is not None and ref.expires_at <= now]:
+            del self.sampler_paths[path]
+        return self.sampler_paths
 
     # --- sampling ---------------------------------------------------------------------
 
-    def create_sampling_session(self, body: schemas.CreateSamplingSession,
-                                owner: KeyIdentity) -> dict[str, Any]:
+    async def create_sampling_session(self, body: schemas.CreateSamplingSession,
+                                      owner: KeyIdentity) -> dict[str, Any]:
         self.check_session(body.session_id, owner)
         if body.model_path is not None:
-            ref = self.sampler_paths.get(body.model_path)
+            ref = self.live_sampler_paths().get(body.model_path)
             if ref is None:
                 raise NotFound(f"No sampler weights at {body.model_path!r}: save them with "
                                "save_weights_for_sampler(name) first.")
         elif body.base_model is not None:
+            await self.served.check(body.base_model, "A sampling client")
             ref = SamplerRef(owner.id, body.base_model, None, 0)
         else:
             raise InvalidInput("create_sampling_session needs a base_model or a model_path.")

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, status
 
 from gateway.deps import CurrentKey
-from gateway.weaver import operations, schemas
+from gateway.sdk_params import Limit, Offset
+from gateway.weaver import listing, operations, schemas
 from gateway.weaver.errors import PREFIX, WeaverRoute
 from gateway.weaver.service import WeaverService
 from services.common.deps import app_state
@@ -54,8 +55,35 @@ async def log_metrics(session_id: str, body: schemas.LogMetrics, weaver: WeaverD
 
 
 @router.get("/supported-models")
-async def supported_models(weaver: WeaverDep, _key: CurrentKey) -> dict[str, Any]:
-    return weaver.supported_models()
+async def supported_models(weaver: WeaverDep, _key: CurrentKey, limit: Limit = 100,
+                           offset: Offset = 0) -> schemas.Catalog:
+    return await listing.catalog(weaver, limit, offset)
+
+
+@router.get("/model-catalog")
+async def model_catalog(weaver: WeaverDep, _key: CurrentKey, limit: Limit = 100,
+                        offset: Offset = 0) -> schemas.Catalog:
+    """The detailed list (`list_supported_models(detailed=True)`): each mode priced at 0."""
+    return await listing.catalog(weaver, limit, offset)
+
+
+@router.get("/models")
+async def list_models(weaver: WeaverDep, key: CurrentKey, limit: Limit = 25,
+                      offset: Offset = 0) -> schemas.ModelPage:
+    return await listing.model_page(weaver, key, limit, offset)
+
+
+@router.get("/training-runs")
+async def list_training_runs(weaver: WeaverDep, key: CurrentKey, limit: Limit = 25,
+                             offset: Offset = 0) -> schemas.ModelPage:
+    """A training run is a training model: the same items as GET /models."""
+    return await listing.model_page(weaver, key, limit, offset)
+
+
+@router.get("/training-runs/{model_id}")
+async def get_training_run(model_id: str, weaver: WeaverDep, key: CurrentKey
+                           ) -> schemas.TrainingRunDetail:
+    return await listing.training_run(weaver, model_id, key)
 
 
 @router.post("/sessions/{session_id}/models", status_code=status.HTTP_201_CREATED)

@@ -1,8 +1,10 @@
-"""Request bodies of the Weaver protocol as the SDK sends them. Fields Loom does not use are
-ignored (the SDK adds new optional fields release by release); the ones it uses are checked."""
+"""Request bodies of the Weaver protocol as the SDK sends them, and the responses of its listing
+calls. Fields Loom does not use are ignored (the SDK adds new optional fields release by
+release); the ones it uses are checked."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -157,3 +159,61 @@ class SampleBody(WeaverBody):
 class LogprobsBody(WeaverBody):
     prompt: ModelInput
     return_rollout_token_expert: bool = False
+
+
+# --- responses of the listing calls (the fields the SDK and its CLI read) -------------------
+
+
+class Pagination(WeaverBody):
+    total_count: int
+    limit: int
+    offset: int
+
+
+class Price(WeaverBody):
+    unit: str = "million_tokens"
+    unit_price_micros: int = 0  # a self-hosted Loom charges nothing
+
+
+class CatalogModel(WeaverBody):
+    id: str
+    name: str
+    status: Literal["available", "unavailable"]  # available: rollout serves it
+    visibility: str | None = None
+    training_modes: list[Literal["lora", "full_ft"]]
+    prices: dict[str, Price]  # "<usage kind>:<mode>": each mode's four prices
+    config: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+class Catalog(WeaverBody):
+    items: list[CatalogModel]
+    pagination: Pagination
+
+
+class LoraSummary(WeaverBody):
+    rank: int
+
+
+class ModelSummary(WeaverBody):
+    """A training model (a Loom job made by the Weaver SDK): `list_models` and
+    `list_training_runs` items."""
+
+    id: str
+    session_id: str | None
+    model_seq_id: int | None
+    base_model: str
+    training_mode: Literal["lora", "full_ft"]
+    lora_config: LoraSummary | None
+    status: str  # the Loom job's status
+    created_at: datetime
+    last_request_at: datetime  # Loom's latest record of it: creation or newest checkpoint
+
+
+class ModelPage(WeaverBody):
+    items: list[ModelSummary]
+    pagination: Pagination
+
+
+class TrainingRunDetail(ModelSummary):
+    checkpoints: list[dict[str, Any]]  # as list_checkpoints gives them

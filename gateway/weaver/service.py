@@ -6,7 +6,6 @@ checkpoints are the job's trainer checkpoints."""
 
 from __future__ import annotations
 
-import re
 import uuid
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from gateway.sdk_calls import (
     sample,
     user_input,
 )
+from gateway.sdk_models import ServedModels
 from gateway.weaver import convert, paths, schemas
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
@@ -52,7 +52,6 @@ from services.trainer.schemas import (
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
-MAX_LENGTH_SUFFIX = re.compile(r":\d+$")  # "Qwen/Qwen3-8B:262144": a context-length variant
 MODES = {"lora": TrainingMode.lora, "full_ft": TrainingMode.full}
 
 
@@ -112,7 +111,7 @@ class WeaverService:
         self.db = db
         self.trainer = trainer
         self.rollout = rollout
-        self.base_models = base_models
+        self.served = ServedModels(rollout, base_models)
         self.data_dir = data_dir
         self.futures = Futures("op")
         self.calls = TrainerCalls(trainer)
@@ -133,19 +132,9 @@ class WeaverService:
                           " (sessions live in the gateway's memory: after a gateway restart, "
                           "make a new ServiceClient)")
 
-    def loom_base_model(self, name: str) -> str:
-        plain = MAX_LENGTH_SUFFIX.sub("", name)
-        return self.base_models.get(name, self.base_models.get(plain, plain))
-
     def tokenizer_path(self, loom_base_model: str) -> str:
         """Where the SDK loads the tokenizer from: the model's directory on this host."""
         return resolve_base_model(loom_base_model, self.data_dir)
-
-    def supported_models(self) -> dict[str, Any]:
-        names = sorted({"loom/tiny", *self.base_models})
-        items = [{"name": name, "training_modes": list(MODES),
-                  "config": {"resource": {"tokenizer": {"path": None}}}} for name in names]
-        return {"items": items, "pagination": {"total_count": len(items)}}
 
     async def log_metrics(self, session_id: str, body: schemas.LogMetrics, owner: KeyIdentity
                           ) -> dict[str, Any]:
@@ -172,7 +161,8 @@ class WeaverService:
         session = self.session(session_id, owner)
         if body.model_seq_id in session.models:  # the SDK resent it: one model
             return (await self.model(session.models[body.model_seq_id], owner)).public()
-        base = self.loom_base_model(body.base_model)
+        what = "A LoRA training model" if body.training_mode == "lora" else "A full model"
+        base = await self.served.check(body.base_model, what)
         spec = body.lora_config
         targets = (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else [])
         if body.training_mode == "lora" and not targets:
@@ -372,7 +362,7 @@ class WeaverService:
             bound = SamplingSession(owner.id, model.base_model, model.tokenizer_path, model.id,
                                     version, body.model_path)
         elif body.base_model is not None:
-            base = self.loom_base_model(body.base_model)
+            base = await self.served.check(body.base_model, "A sampling client")
             tokenizer = await run_in_threadpool(self.tokenizer_path, base)
             bound = SamplingSession(owner.id, body.base_model, tokenizer, None, 0, None)
         else:

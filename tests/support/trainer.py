@@ -51,12 +51,15 @@ NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 class FakeTrainer:
-    """Records each call; checkpoint operations succeed at once unless a name is reused."""
+    """Records each call; checkpoint operations succeed at once unless a name is reused.
+    It also answers rollout's `GET /v1/versions` (its base model: `rollout_base`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rollout_base: str = "loom/tiny") -> None:
+        self.rollout_base = rollout_base
         self.calls: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
         self.created: list[CreateModelRequest] = []
         self.saved: dict[str, list[str]] = {}
+        self.expiry: dict[tuple[str, str], str | None] = {}  # (job, name) -> expires_at
         self.ops: dict[str, dict[str, Any]] = {}
         self.app = self._app()
 
@@ -84,6 +87,7 @@ class FakeTrainer:
                     return self._op(action, error={"code": "conflict", "message":
                                                    f"{body['name']!r} is taken", "detail": {}})
                 self.saved[job].append(body["name"])
+                self.expiry[job, body["name"]] = body.get("expires_at")
             if action == "save_weights":
                 return self._op(action, result={"job_id": job, "number": 1, "kind": "lora",
                                                 "step": 3})
@@ -96,8 +100,19 @@ class FakeTrainer:
         async def listed(job: str) -> dict[str, Any]:
             return {"checkpoints": [
                 {"job_id": job, "name": name, "step": 3, "last_version": 0,
-                 "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat()}
+                 "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat(),
+                 "expires_at": self.expiry.get((job, name))}
                 for name in self.saved.get(job, [])]}
+
+        @router.put("/models/{job}/checkpoints/{name}/expiry")
+        async def expire(job: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+            self.calls.append((job, "expiry", body))
+            self.expiry[job, name] = body["expires_at"]
+            return {}
+
+        @router.get("/versions")
+        async def versions() -> dict[str, Any]:
+            return {"base_model": self.rollout_base, "full": None, "loras": []}
 
         @router.get("/operations/{op_id}")
         async def operation(op_id: str) -> dict[str, Any]:

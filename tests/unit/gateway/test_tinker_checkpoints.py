@@ -1,5 +1,6 @@
 """Tinker's save_state / load_state / checkpoint calls mapped onto the trainer's checkpoint
-operations: paths, ordering, create-from-state, listing. The trainer is a stand-in that
+operations: paths, ordering, create-from-state, listing, TTLs; its read calls (runs, sessions,
+capabilities) and base-model checks. The trainer is a stand-in that
 records what reached it; the gateway's database is SQLite in a temporary directory."""
 
 from __future__ import annotations
@@ -7,13 +8,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.keys import KeyIdentity
-from gateway.tinker import schemas
+from gateway.tinker import runs, schemas
 from gateway.tinker.checkpoints import checkpoint_name, parse_path, training_path
 from gateway.tinker.futures import PENDING, retrieve
 from gateway.tinker.service import TinkerService, TrainingModel
@@ -41,14 +44,14 @@ async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
 
 
 async def result(tinker: TinkerService, submitted: dict[str, Any]) -> Any:
-    answer = await retrieve(tinker.futures, submitted["request_id"], 10)
+    answer = await retrieve(tinker.futures, submitted["request_id"], 60)  # builds a tiny model
     assert answer is not PENDING
     return answer
 
 
 async def new_model(tinker: TinkerService, owner: KeyIdentity) -> str:
     session = tinker.create_session(owner)
-    created = tinker.create_model(schemas.CreateModel(
+    created = await tinker.create_model(schemas.CreateModel(
         session_id=session, model_seq_id=0, base_model="loom/tiny",
         lora_config=schemas.LoraSpec(rank=4)), owner)
     assert (await result(tinker, created))["model_id"] == created["model_id"]
@@ -89,7 +92,8 @@ async def test_save_and_load_reach_the_trainer_in_seq_order(stand: Stand) -> Non
     assert await result(tinker, saved) == {"path": path, "type": "save_weights"}
     assert await result(tinker, loaded) == {"path": path, "model_id": model_id,
                                             "type": "load_weights"}
-    assert fake.calls == [(job, "save_state", {"name": "first", "series": None}),
+    assert fake.calls == [(job, "save_state", {"name": "first", "series": None,
+                                                 "expires_at": None}),
                           (job, "load_state", {"name": "first", "job_id": None,
                                                "optimizer": False})]
     # A resent seq_id (the SDK's retry) is the same request, not a second save.
@@ -163,21 +167,102 @@ async def test_checkpoints_are_listed_and_found_again_after_a_gateway_restart(
         schemas.SaveState(model_id=model_id, seq_id=1, path="s1"), owner))
     await result(tinker, await tinker.save_for_sampler(
         schemas.SaveForSampler(model_id=model_id, seq_id=2, path="w1"), owner))
-    listed = await tinker.list_checkpoints(model_id, owner)
-    assert [(c["checkpoint_id"], c["checkpoint_type"], c["tinker_path"])
-            for c in listed["checkpoints"]] == [
+    listed = await runs.list_checkpoints(tinker, model_id, owner)
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path)
+            for c in listed.checkpoints] == [
         ("weights/s1", "training", f"tinker://{model_id}/weights/s1"),
         ("sampler_weights/w1", "sampler", f"tinker://{model_id}/sampler_weights/w1")]
-    assert listed["checkpoints"][0]["size_bytes"] == 10 and listed["cursor"] is None
-    info = await tinker.weights_info(f"tinker://{model_id}/weights/s1", owner)
+    assert listed.checkpoints[0].size_bytes == 10 and listed.cursor is None
+    info = await runs.weights_info(tinker, f"tinker://{model_id}/weights/s1", owner)
     assert info == {"base_model": "loom/tiny", "is_lora": True, "lora_rank": 4}
     with pytest.raises(NotFound):
-        await tinker.weights_info(f"tinker://{model_id}/weights/nope", owner)
+        await runs.weights_info(tinker, f"tinker://{model_id}/weights/nope", owner)
 
     restarted = stand.restart()  # memory gone: the run is found by its job
-    again = await restarted.list_checkpoints(model_id, owner)
-    assert [c["checkpoint_id"] for c in again["checkpoints"]] == ["weights/s1"]
+    again = await runs.list_checkpoints(restarted, model_id, owner)
+    assert [c.checkpoint_id for c in again.checkpoints] == ["weights/s1"]
     run = await restarted.training_run(model_id, owner)
     assert run.job_id == tinker.models[model_id].job_id and run.lora.rank == 4
     with pytest.raises(NotFound):
-        await restarted.list_checkpoints(model_id, stand.other)
+        await runs.list_checkpoints(restarted, model_id, stand.other)
+
+
+async def test_ttls_reach_the_trainer_as_expiries_and_named_sampler_weights_expire(
+        stand: Stand) -> None:
+    tinker, fake, owner = stand.tinker, stand.trainer, stand.owner
+    model_id = await new_model(tinker, owner)
+    job = tinker.models[model_id].job_id
+    before = datetime.now(UTC)
+    await result(tinker, await tinker.save_state(
+        schemas.SaveState(model_id=model_id, seq_id=1, path="s1", ttl_seconds=7200), owner))
+    expires_at = datetime.fromisoformat(fake.calls[-1][2]["expires_at"])
+    assert before + timedelta(hours=2) <= expires_at <= datetime.now(UTC) + timedelta(hours=2)
+    (listed,) = (await runs.list_checkpoints(tinker, model_id, owner)).checkpoints
+    assert listed.expires_at == expires_at
+    await runs.set_ttl(tinker, model_id, "weights/s1", schemas.CheckpointTtl(), owner)
+    assert fake.calls[-1] == (job, "expiry", {"expires_at": None})
+
+    await result(tinker, await tinker.save_for_sampler(schemas.SaveForSampler(
+        model_id=model_id, seq_id=2, path="w1", ttl_seconds=3600), owner))
+    path = f"tinker://{model_id}/sampler_weights/w1"
+    assert tinker.sampler_paths[path].expires_at is not None
+    await runs.set_ttl(tinker, model_id, "sampler_weights/w1",
+                       schemas.CheckpointTtl(ttl_seconds=1), owner)
+    tinker.sampler_paths[path] = tinker.sampler_paths[path].expiring(before)  # its time came
+    assert [c.checkpoint_id for c in (await runs.list_checkpoints(
+        tinker, model_id, owner)).checkpoints] == ["weights/s1"]
+    session = tinker.create_session(owner)
+    with pytest.raises(NotFound, match="No sampler weights"):
+        await tinker.create_sampling_session(schemas.CreateSamplingSession(
+            session_id=session, sampling_session_seq_id=0, model_path=path), owner)
+    with pytest.raises(ValidationError):
+        schemas.CheckpointTtl(ttl_seconds=0)
+
+
+async def test_runs_sessions_and_every_checkpoint_of_a_key_are_listed(stand: Stand) -> None:
+    tinker, owner = stand.tinker, stand.owner
+    first = await new_model(tinker, owner)
+    second = await new_model(tinker, owner)
+    await result(tinker, await tinker.save_state(
+        schemas.SaveState(model_id=first, seq_id=1, path="a"), owner))
+    await result(tinker, await tinker.save_for_sampler(
+        schemas.SaveForSampler(model_id=first, seq_id=2, path="b"), owner))
+    listed = await runs.training_runs(tinker, owner, limit=1, offset=0)
+    assert [r.training_run_id for r in listed.training_runs] == [second]  # newest first
+    assert (listed.cursor.total_count, listed.cursor.limit) == (2, 1)
+    run = await runs.training_run(tinker, first, owner)
+    assert (run.base_model, run.lora_rank, run.model_owner, run.corrupted) == (
+        "loom/tiny", 4, "owner", False)
+    assert run.last_checkpoint is not None and run.last_checkpoint.checkpoint_id == "weights/a"
+    assert run.last_sampler_checkpoint is not None
+    assert run.last_sampler_checkpoint.tinker_path == f"tinker://{first}/sampler_weights/b"
+    with pytest.raises(NotFound, match="another API key"):
+        await runs.training_run(tinker, first, stand.other)
+    assert (await runs.training_runs(tinker, stand.other, 20, 0)).training_runs == []
+
+    every = await runs.user_checkpoints(tinker, owner, limit=100, offset=0)
+    assert {c.tinker_path for c in every.checkpoints} == {
+        f"tinker://{first}/weights/a", f"tinker://{first}/sampler_weights/b"}
+    assert every.cursor is not None and every.cursor.total_count == 2
+
+    session = first.split(":")[0]
+    info = runs.session_info(tinker, session, owner)
+    assert info.training_run_ids == [first] and info.sampler_ids == []
+    assert runs.sessions(tinker, owner, 20, 0).sessions[-1] == session
+    assert runs.sessions(tinker, stand.other, 20, 0).sessions == []
+    caps = await runs.capabilities(tinker)
+    assert [(m.model_name, m.trainable, m.sampleable) for m in caps.supported_models] == [
+        ("loom/tiny", True, True)]
+
+
+async def test_a_base_model_rollout_does_not_serve_is_refused_naming_the_served_ones(
+        stand: Stand) -> None:
+    tinker, owner = stand.tinker, stand.owner
+    session = tinker.create_session(owner)
+    with pytest.raises(InvalidInput, match=r"'Qwen/Qwen3-8B'.*serves \['loom/tiny'\]"):
+        await tinker.create_model(schemas.CreateModel(
+            session_id=session, model_seq_id=0, base_model="Qwen/Qwen3-8B"), owner)
+    with pytest.raises(InvalidInput, match=r"sampling client.*'other/model'"):
+        await tinker.create_sampling_session(schemas.CreateSamplingSession(
+            session_id=session, sampling_session_seq_id=0, base_model="other/model"), owner)
+    assert not stand.trainer.created

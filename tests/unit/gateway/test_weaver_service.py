@@ -12,7 +12,7 @@ import pytest
 
 from gateway import job_logs
 from gateway.keys import KeyIdentity
-from gateway.weaver import schemas
+from gateway.weaver import listing, schemas
 from gateway.weaver.service import WeaverService
 from services.common.errors import Conflict, InvalidInput, NotFound
 from tests.support.trainer import FakeTrainer, adapter_parts
@@ -33,6 +33,7 @@ async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
     model_dir.mkdir()
     (model_dir / "config.json").write_text("{}")
     async with adapter_parts(tmp_path) as parts:
+        parts.trainer.rollout_base = str(model_dir)  # rollout serves Acme/Model
 
         def service() -> WeaverService:
             return WeaverService(parts.sessions, parts.client, parts.client,
@@ -126,3 +127,34 @@ async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stan
         await weaver.create_sampling_session(session, named, owner)
     with pytest.raises(NotFound):
         await weaver.create_sampling_session(other_session, unnamed, other)
+
+
+async def test_models_and_runs_are_listed_from_their_jobs_and_unserved_bases_refused(
+        stand: Stand) -> None:
+    weaver, owner = stand.weaver, stand.owner
+    session = weaver.create_session(schemas.CreateSession(name="exp"), owner)["id"]
+    made = [(await weaver.create_model(session, schemas.CreateModel(
+        model_seq_id=i, base_model="Acme/Model", training_mode=mode), owner))["id"]
+        for i, mode in enumerate(["lora", "full_ft"])]
+    page = await listing.model_page(weaver, owner, limit=1, offset=1)
+    (first,) = page.items
+    assert first.id == made[0] and page.pagination.total_count == 2  # newest first
+    assert (first.session_id, first.model_seq_id, first.base_model, first.training_mode,
+            first.lora_config) == (session, 0, "Acme/Model", "lora", schemas.LoraSummary(rank=32))
+    assert (await listing.model_page(weaver, stand.other, 25, 0)).items == []
+    run = await listing.training_run(weaver, made[1], owner)
+    assert run.training_mode == "full_ft" and run.lora_config is None and run.checkpoints == []
+    with pytest.raises(NotFound, match="another API key"):
+        await listing.training_run(weaver, made[1], stand.other)
+
+    catalog = {m.name: m for m in (await listing.catalog(weaver, 100, 0)).items}
+    assert catalog.keys() == {"Acme/Model", stand.trainer.rollout_base}  # both spellings
+    served = catalog["Acme/Model"]
+    assert (served.status, served.training_modes) == ("available", ["lora", "full_ft"])
+    assert len(served.prices) == 8 and served.prices["training_tokens:lora"].unit_price_micros == 0
+    with pytest.raises(InvalidInput, match=r"'Other/Model'.*serves \[.*'Acme/Model'\]"):
+        await weaver.create_model(session, schemas.CreateModel(
+            model_seq_id=5, base_model="Other/Model"), owner)
+    with pytest.raises(InvalidInput, match="sampling client"):
+        await weaver.create_sampling_session(session, schemas.CreateSamplingSession(
+            sampling_session_seq_id=0, base_model="Other/Model"), owner)
