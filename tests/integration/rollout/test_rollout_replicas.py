@@ -1,0 +1,127 @@
+"""Two real rollout replicas (processes, each its own vLLM engine on its own core) behind the
+real gateway: they register by heartbeat, load spreads over both, an affinity key sticks to
+one, a replica killed without a word is routed around at once (no request fails) and leaves
+the table within its heartbeats, and a replica stopped gracefully leaves at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from services.common.ports import free_port
+from tests.support.rollout_process import RolloutProcess
+from tests.support.servers import serve_in_thread
+
+PROMPT = [5, 6, 7, 8, 9]
+READY_TIMEOUT_S = 400  # two engines starting at once on a shared 2-core machine
+
+
+@dataclass
+class Replicas:
+    gateway: httpx2.AsyncClient
+    processes: list[RolloutProcess]
+
+    async def table(self) -> dict[str, dict]:
+        response = await self.gateway.get("/v1/rollout/replicas")
+        assert response.status_code == 200, response.text
+        return {r["id"]: r for r in response.json()["replicas"]}
+
+    async def routed(self) -> dict[str, int]:
+        return {name: r["routed"] for name, r in (await self.table()).items()}
+
+    async def sample(self, headers: dict[str, str] | None = None) -> dict:
+        response = await self.gateway.post("/v1/rollout/sample", headers=headers, json={
+            "prompt_token_ids": PROMPT, "params": {"max_tokens": 4, "seed": 1}})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+@pytest.fixture
+def stack(tiny_model_dir: Path, postgres_url: str, tmp_path: Path) -> Iterator[dict]:
+    port = free_port()
+    settings = GatewaySettings(
+        data_dir=tmp_path / "data", database_url=postgres_url,
+        gateway_url=f"http://127.0.0.1:{port}",
+        rollout_url=f"http://127.0.0.1:{free_port()}",  # no static replica listens
+        gateway_replica_missed_heartbeats=3)
+    with serve_in_thread(create_app(settings), port) as url:
+        processes = [
+            RolloutProcess(data_dir=settings.data_dir, model_dir=tiny_model_dir, gateway_url=url,
+                           env={"LOOM_DATABASE_URL": postgres_url,
+                                "VLLM_CPU_OMP_THREADS_BIND": str(core)})
+            for core in (0, 1)]
+        try:
+            for process in processes:
+                process.start()
+            yield {"url": url, "key": settings.admin_key_file.read_text().strip(),
+                   "processes": processes}
+        finally:
+            for process in processes:
+                process.stop()
+
+
+async def wait_for(check, what: str, timeout_s: float) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.25)
+
+
+async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> None:
+    a, b = stack["processes"]
+    async with httpx2.AsyncClient(base_url=stack["url"], timeout=120, headers={
+            "Authorization": f"Bearer {stack['key']}"}) as client:
+        replicas = Replicas(client, [a, b])
+
+        async def both_ready() -> bool:
+            for process in (a, b):
+                assert process.process is not None and process.process.poll() is None, \
+                    process.log_path.read_text()[-3000:]
+            table = await replicas.table()
+            return all(table.get(p.replica_id, {}).get("ready") for p in (a, b))
+
+        await wait_for(both_ready, "both replicas ready", READY_TIMEOUT_S)
+        table = await replicas.table()
+        assert {r["url"] for r in table.values()} == {a.url, b.url}
+        assert all({"job_id": None, "number": 0, "kind": "base"} in r["versions"]
+                   for r in table.values())
+
+        # Load spreads: a burst lands on both.
+        before = await replicas.routed()
+        results = await asyncio.gather(*(replicas.sample() for _ in range(8)))
+        after = await replicas.routed()
+        assert all(r["samples"][0]["token_ids"] == results[0]["samples"][0]["token_ids"]
+                   for r in results)  # same weights, same seed: same tokens on either replica
+        spread = {name: after[name] - before[name] for name in after}
+        assert sum(spread.values()) == 8 and all(n > 0 for n in spread.values()), spread
+
+        # An episode's turns stay on one replica.
+        before = after
+        for _ in range(4):
+            await replicas.sample({"X-Loom-Affinity": "episode-7"})
+        after = await replicas.routed()
+        assert sorted(after[name] - before[name] for name in after) == [0, 4]
+
+        # A replica killed without a word: requests keep succeeding, and it leaves the table.
+        b.kill()
+        await asyncio.gather(*(replicas.sample() for _ in range(6)))
+
+        async def b_gone() -> bool:
+            return set(await replicas.table()) == {a.replica_id}
+
+        await wait_for(b_gone, "the killed replica to leave the table", 30)
+
+        # A replica stopped gracefully says goodbye: the table falls back to the static URL.
+        a.stop()
+        table = await replicas.table()
+        assert [r["static"] for r in table.values()] == [True], table
+        response = await client.post("/v1/rollout/sample", json={"prompt_token_ids": PROMPT})
+        assert response.status_code == 503, response.text  # the static URL: nothing listens
