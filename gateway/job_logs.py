@@ -8,12 +8,14 @@ replaces its own values instead of adding duplicates. Samples keep the newest `k
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from gateway.metric_names import phase_of
 from gateway.models import JobMetricRow, JobSampleRow, utcnow
 from gateway.schemas import JobProgress, LoggedSample, MetricPoint, MetricSeries, SampleRecord
 
@@ -58,15 +60,30 @@ def metric_series(session: Session, job_id: str, names: list[str] | None = None,
 
 
 def progress(session: Session, job_ids: Iterable[str]) -> dict[str, JobProgress]:
-    """Per job: the newest step it logged a metric for, and when it last logged one."""
+    """Per job: the phase it logged a metric for last (see `phase_of`), that phase's newest
+    step, and when the job last logged one. Phases count their own steps, so the newest step
+    over all names would report an SFT step long after RL began."""
     ids = list(job_ids)
     if not ids:
         return {}
-    query = (select(JobMetricRow.job_id, func.max(JobMetricRow.step),
+    query = (select(JobMetricRow.job_id, JobMetricRow.name, func.max(JobMetricRow.step),
                     func.max(JobMetricRow.updated_at))
-             .where(JobMetricRow.job_id.in_(ids)).group_by(JobMetricRow.job_id))
-    return {job_id: JobProgress(step=step, updated_at=updated)
-            for job_id, step, updated in session.execute(query)}
+             .where(JobMetricRow.job_id.in_(ids))
+             .group_by(JobMetricRow.job_id, JobMetricRow.name))
+    phases: dict[str, dict[str, tuple[int, datetime]]] = {}
+    for job_id, name, step, updated in session.execute(query):
+        per_job = phases.setdefault(job_id, {})
+        newest = per_job.get(phase := phase_of(name))
+        per_job[phase] = (max(step, newest[0]), max(updated, newest[1])) if newest else (
+            step, updated)
+    result = {}
+    for job_id, per_job in phases.items():
+        # Logged at the same time, a named phase says more than unphased names beside it.
+        phase, (step, _) = max(per_job.items(), key=lambda item: (item[1][1], bool(item[0]),
+                                                                  item[1][0]))
+        result[job_id] = JobProgress(step=step, phase=phase or None,
+                                     updated_at=max(u for _, u in per_job.values()))
+    return result
 
 
 def log_samples(session: Session, job_id: str, samples: list[SampleRecord], keep: int) -> int:

@@ -38,9 +38,11 @@ class JobCreate(StrictModel):
 
 
 class JobProgress(LenientModel):
-    """The newest metric step a job logged, and when: what a dashboard shows as progress."""
+    """The newest metric step of the phase a job logged last (`sft/loss` is phase `sft`; each
+    phase counts its own steps), and when it last logged: what a dashboard shows as progress."""
 
     step: int
+    phase: str | None = Field(default=None, description="None: names without a phase prefix")
     updated_at: datetime
 
 

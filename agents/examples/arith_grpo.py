@@ -97,8 +97,9 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
     config = config or DemoConfig()
     started = time.perf_counter()
     rng = random.Random(config.seed)
-    with LoomClient(url, api_key) as loom:
-        job = loom.create_job(config.base_model, name="arith-grpo", mode=config.mode)
+    with LoomClient(url, api_key) as loom, \
+            loom.create_job(config.base_model, name="arith-grpo", mode=config.mode) as job:
+        # The block's end marks the job completed (failed if it raises)
         console.print(f"[bold]Job[/bold] {job.id}: {config.base_model} ({config.mode})")
         splits = make_splits(held_out=config.held_out, validation=config.validation,
                              seed=config.seed)
@@ -243,7 +244,7 @@ def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enc
             curve.append(point)
             if "validation_accuracy" in point:
                 metrics["validation_accuracy"] = point["validation_accuracy"]
-            job.log_metrics(step, metrics)
+            job.log_metrics(step, {f"rl/{name}": value for name, value in metrics.items()})
             job.log_samples(done.samples)
             progress.update(task, advance=1, info=f"reward {mean_reward:.3f} v{version}")
     return curve, version

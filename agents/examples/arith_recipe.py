@@ -67,7 +67,7 @@ def _sft(run: RecipeRun, train: list[Encoded], validation: list[Encoded],
 def _check(run: RecipeRun, version: int, step: int, validation: list[Encoded],
            config: ArithConfig) -> dict[str, Any] | None:
     accuracy = evaluate(run.loom, run.job, validation, config, version)
-    run.job.log_metrics(step, {"validation_accuracy": accuracy})
+    run.job.log_metrics(step, {"sft/validation_accuracy": accuracy})
     if accuracy < config.sft_target_accuracy and step < config.sft_max_steps:
         return None
     run.job.move_alias("sft", version)
@@ -94,7 +94,7 @@ def _grpo(run: RecipeRun, train: list[Encoded], validation: list[Encoded],
             if accuracy > state["best_accuracy"]:
                 state = {**state, "best_version": version, "best_accuracy": accuracy}
                 run.job.move_alias("best", version)
-        run.job.log_metrics(step, metrics)
+        run.job.log_metrics(rl_step, {f"rl/{name}": value for name, value in metrics.items()})
         run.job.log_samples(done.samples)
 
 

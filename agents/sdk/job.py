@@ -4,6 +4,7 @@ logs, background tasks and managed runs."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +77,8 @@ from services.worker.schemas import TaskKind
 if TYPE_CHECKING:
     from agents.sdk.client import AsyncLoomClient
 
+log = logging.getLogger(__name__)
+
 # Sampling many prompts at once: enough in flight to keep the engine's batch full.
 MAX_CONCURRENT_SAMPLES = 64
 
@@ -100,6 +103,21 @@ class AsyncJob:
             f"/v1/jobs/{self.id}/status", JobStatusUpdate(status=JobStatus(status)).model_dump())
         self.info = Job.model_validate(body)
         return self.info
+
+    async def finish(self, error: BaseException | None = None) -> Job:
+        """End the job: `completed`, or `failed` for an `error` (`cancelled` when the script
+        was interrupted), so the admin and `loom status` stop showing it as running."""
+        if error is None:
+            return await self.set_status(JobStatus.completed)
+        interrupted = isinstance(error, KeyboardInterrupt | asyncio.CancelledError)
+        return await self.set_status(JobStatus.cancelled if interrupted else JobStatus.failed)
+
+    async def __aenter__(self) -> AsyncJob:
+        return self
+
+    async def __aexit__(self, _type: object, error: BaseException | None, _tb: object) -> None:
+        """`async with await loom.create_job(...) as job:` ends the job with the block."""
+        await _finish_after(self, error)
 
     async def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """`{"reward": 0.4, "loss": 1.2}` at `step`; the web admin plots them. Sending a step
@@ -366,3 +384,15 @@ class AsyncJob:
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.info.base_model} {self.info.mode.value}>"
+
+
+async def _finish_after(job: AsyncJob, error: BaseException | None) -> None:
+    """`job.finish(error)`; when the block raised, a failure to record that is logged, so the
+    block's own error is the one the script sees."""
+    if error is None:
+        await job.finish()
+        return
+    try:
+        await job.finish(error)
+    except Exception:
+        log.warning("job %s: could not record how it ended", job.id, exc_info=True)

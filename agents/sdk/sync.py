@@ -86,7 +86,15 @@ class _Blocking:
 
 
 class Job(_Blocking):
-    """Blocking view of `AsyncJob`: the same methods; trainer calls return a `Future`."""
+    """Blocking view of `AsyncJob`: the same methods; trainer calls return a `Future`.
+    `with loom.create_job(...) as job:` ends the job with the block: completed, or failed
+    (cancelled on Ctrl-C) when it raises."""
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, _type: object, error: BaseException | None, _tb: object) -> None:
+        self._runner.run(self._target.__aexit__(_type, error, _tb))
 
 
 class Future(_Blocking):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
@@ -84,8 +84,11 @@ async def jobs_table(request: Request, viewer: ViewerDep, sessions: SessionsDep
 
 @router.get("/jobs/{job_id}")
 async def job_page(request: Request, job_id: str, viewer: ViewerDep, sessions: SessionsDep,
-                   upstreams: UpstreamsDep, done: str | None = None) -> HTMLResponse:
-    page = await views.job_page(sessions, upstreams, viewer.key, job_id)
+                   upstreams: UpstreamsDep, done: str | None = None,
+                   versions_page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+                   aliased: bool = False) -> HTMLResponse:
+    page = await views.job_page(sessions, upstreams, viewer.key, job_id,
+                                views.VersionFilter(page=versions_page, aliased=aliased))
     return render(request, "job.html", {"page": page, "done": done})
 
 

@@ -24,7 +24,16 @@ from modelstate.schemas import Version
 from services.common.db import in_transaction
 
 SAMPLES_SHOWN = 20
+VERSIONS_PER_PAGE = 20
 Sessions = sessionmaker[Session]
+
+
+@dataclass(frozen=True)
+class VersionFilter:
+    """Which versions the table shows: a page of all of them, or of the aliased ones only."""
+
+    page: int = 1
+    aliased: bool = False
 
 
 @dataclass
@@ -35,14 +44,43 @@ class JobPage:
     samples: list[LoggedSample]
     versions: Fetched[list[Version]]
     replicas: list[ReplicaView]
+    version_filter: VersionFilter = VersionFilter()
 
     @property
     def chart_data(self) -> dict[str, Any]:
         return charts_payload(self.charts)
 
     @property
+    def phases(self) -> list[tuple[str, list[Chart]]]:
+        """The charts by phase, in the order `build_charts` put them."""
+        groups: dict[str, list[Chart]] = {}
+        for chart in self.charts:
+            groups.setdefault(chart.phase, []).append(chart)
+        return list(groups.items())
+
+    @property
     def version_numbers(self) -> set[int]:
         return {v.number for v in self.versions.value or []}
+
+    @property
+    def listed_versions(self) -> list[Version]:
+        """The versions the filter keeps, newest first."""
+        versions = self.versions.value or []
+        return [v for v in versions if v.aliases] if self.version_filter.aliased else versions
+
+    @property
+    def version_pages(self) -> int:
+        return max(1, -(-len(self.listed_versions) // VERSIONS_PER_PAGE))
+
+    @property
+    def version_page(self) -> int:
+        """The page asked for, or the last one when it asked past the end."""
+        return min(self.version_filter.page, self.version_pages)
+
+    @property
+    def shown_versions(self) -> list[Version]:
+        start = (self.version_page - 1) * VERSIONS_PER_PAGE
+        return self.listed_versions[start:start + VERSIONS_PER_PAGE]
 
     @property
     def alias_names(self) -> list[str]:
@@ -69,7 +107,7 @@ async def job_status(sessions: Sessions, viewer: KeyIdentity, job_id: str
 
 
 async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity,
-                   job_id: str) -> JobPage:
+                   job_id: str, version_filter: VersionFilter = VersionFilter()) -> JobPage:
     def read(session: Session
              ) -> tuple[Job, BackgroundTask | None, list[Chart], list[LoggedSample]]:
         job = jobs.get_job(session, job_id, viewer)  # the ownership check comes first
@@ -81,7 +119,7 @@ async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity
     versions, replicas = await asyncio.gather(upstream.job_versions(upstreams, job.id),
                                               upstream.rollout_replicas(upstreams, job.id))
     return JobPage(job=job, run=run, charts=charts, samples=samples, versions=versions,
-                   replicas=replicas)
+                   replicas=replicas, version_filter=version_filter)
 
 
 async def job_charts(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 import pytest
 
+from agents.sdk import LoomClient
 from modelstate.schemas import FileRef, PublishRequest, VersionKind
 from services.common.service_token import service_headers
 from services.common.settings import LoomSettings
@@ -29,12 +30,13 @@ pytestmark = pytest.mark.integration
 
 STEPS = 12
 # name -> the chart it must land in
-METRICS = {"reward": "chart-reward", "eval/reward": "chart-reward", "loss": "chart-loss",
+METRICS = {"reward": "chart-reward", "eval/reward": "chart-eval-reward", "loss": "chart-loss",
            "kl": "chart-kl", "throughput/samples_per_s": "chart-throughput",
            "grad_norm": "chart-grad-norm"}
 
 
-def publish_version(stack: AdminStack, job_id: str, step: int) -> int:
+def publish_version(stack: AdminStack, job_id: str, step: int,
+                    aliases: tuple[str, ...] = ()) -> int:
     """Publish a two-file version through modelstate's HTTP API (upload blobs, then commit)."""
     files = {"adapter_config.json": json.dumps({"r": 8, "step": step}).encode(),
              "adapter_model.safetensors": bytes([step]) * 4096}
@@ -48,7 +50,8 @@ def publish_version(stack: AdminStack, job_id: str, step: int) -> int:
                            ).raise_for_status()
             refs.append(FileRef(path=name, sha256=digest, size=len(data)))
         request = PublishRequest(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny",
-                                 step=step, metrics={"reward": step / 10}, files=refs)
+                                 step=step, metrics={"reward": step / 10}, files=refs,
+                                 aliases=list(aliases))
         response = modelstate.post("/v1/versions", json=request.model_dump(mode="json"))
         response.raise_for_status()
         return int(response.json()["number"])
@@ -117,8 +120,7 @@ def test_an_admin_watches_a_job_and_manages_its_versions(
         page.locator(f"figure#{slug}[data-rendered-points='{logged}']").wait_for()
         box = page.locator(f"figure#{slug} canvas").first.bounding_box()
         assert box is not None and box["width"] > 100 and box["height"] > 100, slug
-    legend = page.locator("figure#chart-reward .u-legend").inner_text()
-    assert "eval/reward" in legend and "reward" in legend
+    assert "eval/reward" in page.locator("figure#chart-eval-reward .u-legend").inner_text()
     assert page.locator("#samples tbody tr").count() == STEPS
     assert "unavailable" in page.locator("#replicas").inner_text()  # rollout is not running
     shoot(page, artifacts, "02-job")
@@ -199,3 +201,61 @@ def test_forbidden_actions_are_refused(page: Any, admin_stack: AdminStack,
     page.wait_for_selector("text=Request refused")
     assert "CSRF token is missing" in page.content()
     shoot(page, artifacts, "07-csrf-refused")
+
+
+SFT_STEPS, RL_STEPS, VERSIONS = 30, 8, 25
+
+
+def run_like_the_demo(stack: AdminStack) -> str:
+    """What `loom demo` does, through the SDK: SFT steps (`sft/...`), then RL steps counted
+    from 1 again (`rl/...`), a version per checkpoint, aliases, and a job ended by its block."""
+    with LoomClient(stack.url, stack.admin_key) as loom, \
+            loom.create_job("loom/tiny", name="demo-run") as job:
+        for step in range(1, SFT_STEPS + 1):
+            job.log_metrics(step, {"sft/loss": 2.0 / step})
+        for step in range(1, RL_STEPS + 1):
+            job.log_metrics(step, {"rl/reward": 0.4 + step / 100, "rl/loss": 0.1 / step})
+        for number in range(1, VERSIONS + 1):
+            aliases = {3: ("sft",), 20: ("best",)}.get(number, ())
+            publish_version(stack, job.id, number, aliases)
+    return str(job.id)
+
+
+def test_a_finished_run_shows_completed_with_a_step_axis_per_phase_and_paged_versions(
+        page: Any, admin_stack: AdminStack, artifacts: Path) -> None:
+    stack = admin_stack
+    job_id = run_like_the_demo(stack)
+
+    log_in(page, stack, stack.admin_key)
+    row = page.locator(f"tr[data-job='{job_id}']")
+    assert "completed" in row.inner_text()
+    assert f"rl step {RL_STEPS}" in " ".join(row.inner_text().split())  # not SFT's step 30
+    page.click(f"tr[data-job='{job_id}'] a")
+    page.wait_for_url(re.compile(f"/admin/jobs/{job_id}$"))
+    assert "completed" in page.locator("#summary").inner_text()
+    assert [h.get_attribute("data-phase") for h in page.locator("h3.phase").all()] == [
+        "sft", "rl"]
+    for slug, points in (("chart-sft-loss", SFT_STEPS), ("chart-rl-loss", RL_STEPS),
+                         ("chart-rl-reward", RL_STEPS)):
+        page.locator(f"figure#{slug}[data-rendered-points='{points}']").wait_for()
+    assert page.locator("figure#chart-loss").count() == 0  # no chart mixes the two phases
+    charts = json.loads(page.locator("#chart-data").inner_text())
+    assert charts["chart-rl-loss"]["axis"] == "rl step"
+    assert charts["chart-rl-loss"]["data"][0] == list(range(1, RL_STEPS + 1))
+    assert charts["chart-sft-loss"]["axis"] == "sft step"
+    shoot(page, artifacts, "08-phases")
+
+    # Versions: 20 a page, newest first; the next page has the rest.
+    numbers = page.locator("#versions-table tbody tr")
+    assert numbers.count() == 20
+    assert numbers.first.get_attribute("data-version") == str(VERSIONS)
+    assert "page 1 of 2" in page.locator("#versions-pager").inner_text()
+    page.click("#versions-next")
+    page.wait_for_url(re.compile(r"versions_page=2"))
+    assert [r.get_attribute("data-version") for r in numbers.all()] == [
+        str(n) for n in range(VERSIONS - 20, 0, -1)]
+    page.click("#versions-filter")  # aliased only: latest (v25), best (v20), sft (v3)
+    page.wait_for_url(re.compile(r"aliased=true"))
+    assert [r.get_attribute("data-version") for r in numbers.all()] == ["25", "20", "3"]
+    assert "3 aliased versions" in " ".join(page.locator("#versions-pager").inner_text().split())
+    shoot(page, artifacts, "09-aliased-versions")

@@ -15,7 +15,7 @@
       width: width,
       height: HEIGHT,
       scales: { x: { time: false } },  // x is the training step, not a timestamp
-      axes: [{ label: "step" }, {}],
+      axes: [{ label: spec.axis || "step" }, {}],  // each phase counts its own steps
       series: [{ label: "step" }].concat(spec.names.map(function (name, i) {
         return { label: name, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true };
       })),

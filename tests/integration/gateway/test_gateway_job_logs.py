@@ -76,6 +76,39 @@ async def test_samples_are_bounded_newest_first(stack: Stack) -> None:
         assert (latest.prompt, latest.completion) == ("1\ufffd+1=", "2\ufffd")
 
 
+async def test_progress_names_the_phase_logged_last_and_its_own_step(stack: Stack) -> None:
+    async with AsyncLoomClient(stack.url, stack.admin_key) as loom:
+        job = await loom.create_job("loom/tiny", name="phases")
+        for step in range(1, 1101, 100):
+            await job.log_metrics(step, {"sft/loss": 1.0})
+        progress = (await loom.get_job(job.id)).info.progress
+        assert progress is not None and (progress.phase, progress.step) == ("sft", 1001)
+        await asyncio.sleep(0.01)  # updated_at tells which phase came last
+        for step in (1, 2):
+            await job.log_metrics(step, {"rl/reward": 0.5, "kl/mean": 0.1})
+        progress = (await loom.get_job(job.id)).info.progress
+        assert progress is not None and (progress.phase, progress.step) == ("rl", 2)
+        unphased = await loom.create_job("loom/tiny")
+        await unphased.log_metrics(7, {"reward": 1.0})
+        progress = (await loom.get_job(unphased.id)).info.progress
+        assert progress is not None and (progress.phase, progress.step) == (None, 7)
+
+
+async def test_a_job_block_ends_the_job_completed_failed_or_cancelled(stack: Stack) -> None:
+    async with AsyncLoomClient(stack.url, stack.admin_key) as loom:
+        async with await loom.create_job("loom/tiny") as job:
+            await job.log_metrics(1, {"sft/loss": 1.0})
+        assert (await loom.get_job(job.id)).info.status == "completed"
+        with pytest.raises(RuntimeError, match="diverged"):
+            async with await loom.create_job("loom/tiny") as job:
+                raise RuntimeError("loss diverged")
+        assert (await loom.get_job(job.id)).info.status == "failed"
+        with pytest.raises(KeyboardInterrupt):
+            async with await loom.create_job("loom/tiny") as job:
+                raise KeyboardInterrupt
+        assert (await loom.get_job(job.id)).info.status == "cancelled"
+
+
 async def test_job_lifecycle_pause_resume_cancel(stack: Stack) -> None:
     async with AsyncLoomClient(stack.url, stack.admin_key) as loom:
         job = await loom.create_job("loom/tiny")

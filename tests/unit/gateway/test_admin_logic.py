@@ -10,6 +10,7 @@ from gateway.admin.charts import build_charts, panel_of
 from gateway.admin.session import SessionSigner, same_origin
 from gateway.admin.templating import safe_next
 from gateway.auth import is_public
+from gateway.metric_names import phase_of
 from gateway.schemas import MetricSeries
 
 SECRET = b"s" * 32
@@ -141,14 +142,36 @@ def test_metric_names_land_in_the_right_panel(name: str, panel: str | None) -> N
 
 def test_charts_align_series_on_steps_and_count_points() -> None:
     series = [MetricSeries(name="reward", steps=[0, 1, 2], values=[0.1, 0.2, 0.3]),
-              MetricSeries(name="eval/reward", steps=[0, 2], values=[0.5, 0.6]),
+              MetricSeries(name="mean_reward", steps=[0, 2], values=[0.5, 0.6]),
               MetricSeries(name="lr", steps=[0], values=[1e-3]),
               MetricSeries(name="lr.", steps=[0], values=[2e-3])]
     charts = build_charts(series)
     assert [c.title for c in charts] == ["Reward", "Loss", "KL", "Throughput", "lr", "lr."]
     reward = charts[0].uplot_data()
-    assert reward["names"] == ["eval/reward", "reward"]
+    assert reward["names"] == ["mean_reward", "reward"]
     assert reward["data"] == [[0, 1, 2], [0.5, None, 0.6], [0.1, 0.2, 0.3]]
-    assert reward["points"] == 5
+    assert reward["points"] == 5 and reward["axis"] == "step"
     assert charts[1].points == 0
     assert len({c.slug for c in charts}) == len(charts)  # element ids stay unique
+
+
+@pytest.mark.parametrize(("name", "phase"), [
+    ("sft/loss", "sft"), ("rl/reward", "rl"), ("eval/accuracy", "eval"), ("loss", ""),
+    ("kl/mean", ""), ("throughput/samples_per_s", ""), ("rl/kl/mean", "rl"), ("sft/", ""),
+])
+def test_a_name_prefix_is_a_phase_unless_it_is_a_panel_word(name: str, phase: str) -> None:
+    assert phase_of(name) == phase
+
+
+def test_each_phase_has_its_own_charts_and_step_axis_in_run_order() -> None:
+    series = [MetricSeries(name="rl/reward", steps=[1, 2], values=[0.4, 0.5]),
+              MetricSeries(name="rl/loss", steps=[1, 2], values=[0.1, 0.0]),
+              MetricSeries(name="eval/accuracy", steps=[10], values=[0.6]),
+              MetricSeries(name="sft/loss", steps=list(range(1, 1101)), values=[1.0] * 1100)]
+    charts = build_charts(series)
+    assert [(c.phase, c.title, c.slug) for c in charts] == [
+        ("sft", "Loss", "chart-sft-loss"), ("rl", "Reward", "chart-rl-reward"),
+        ("rl", "Loss", "chart-rl-loss"), ("eval", "Reward", "chart-eval-reward")]
+    rl_loss = charts[2].uplot_data()
+    assert rl_loss["data"][0] == [1, 2] and rl_loss["axis"] == "rl step"
+    assert charts[0].uplot_data()["axis"] == "sft step"
