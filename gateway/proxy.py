@@ -86,24 +86,26 @@ async def guarded(upstream: httpx2.Response, service: str,
     """The upstream's bytes. A stream of events (SSE, NDJSON) broken mid-way ends with an error
     event of its own kind, never silently; other bodies are cut short (the client sees a
     truncated response)."""
-    last = b"\n"
+    tail = b""  # the last bytes sent: a closing event must start on a line of its own
     try:
         async for chunk in upstream.aiter_raw():
-            last = chunk[-1:] or last
+            tail = (tail + chunk)[-2:]
             yield chunk
     except httpx2.TransportError as exc:
-        event = broken_stream_event(upstream.headers, service, exc)
+        event = broken_stream_event(upstream.headers, service, exc, tail)
         if event is None:
             raise
         log.warning("the %s stream broke mid-way: %r", service, exc)
-        yield (b"" if last == b"\n" else b"\n\n") + event
+        yield event
     finally:
         await release()
 
 
-def broken_stream_event(headers: httpx2.Headers, service: str, exc: Exception) -> bytes | None:
-    """The closing error of a broken event stream, in the stream's own format; None for a body
-    that is not an uncompressed event stream."""
+def broken_stream_event(headers: httpx2.Headers, service: str, exc: Exception, tail: bytes
+                        ) -> bytes | None:
+    """The closing error of a broken event stream, in the stream's own format, after what
+    ends the event or line cut at `tail`; None for a body that is not an uncompressed event
+    stream."""
     if headers.get("content-encoding"):
         return None
     media = headers.get("content-type", "").partition(";")[0].strip()
@@ -112,9 +114,11 @@ def broken_stream_event(headers: httpx2.Headers, service: str, exc: Exception) -
                       "the rest.", detail={"service": service})
     if media == "text/event-stream":
         envelope = ErrorEnvelope(error=error).model_dump_json()
-        return f"data: {envelope}\n\ndata: [DONE]\n\n".encode()
+        end = b"" if tail in (b"", b"\n\n") else b"\n" if tail.endswith(b"\n") else b"\n\n"
+        return end + f"data: {envelope}\n\ndata: [DONE]\n\n".encode()
     if media == "application/x-ndjson":
-        return RolloutEvent(type="error", error=error).model_dump_json().encode() + b"\n"
+        end = b"" if not tail or tail.endswith(b"\n") else b"\n"
+        return end + RolloutEvent(type="error", error=error).model_dump_json().encode() + b"\n"
     return None
 
 
