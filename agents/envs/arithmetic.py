@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from agents.envs.base import Environment, Scoring
 from services.common.schemas import StrictModel
+from services.rollout.environments import Environment, Scoring
 from services.rollout.schemas import RolloutTask
 
 

@@ -4,8 +4,8 @@ environment's params as its own."""
 
 from __future__ import annotations
 
-from agents.envs.base import Environment, Scoring
 from services.reward.countdown import CountdownParams
+from services.rollout.environments import Environment, Scoring
 
 
 class CountdownEnv(Environment):

@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import Field
 
-from agents.envs.base import Environment, Message, Scoring, Tools
-from agents.envs.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 from services.common.schemas import StrictModel
+from services.rollout.environments import Environment, Message, Scoring, Tools
+from services.rollout.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 from services.sandbox.schemas import ExecutionStatus
 
 PYTHON_TOOL = {

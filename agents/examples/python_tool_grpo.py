@@ -39,7 +39,6 @@ from rich.table import Table
 
 from agents.algorithms import Algorithm, dapo, grpo, sft_datum
 from agents.envs.python_tool import PYTHON_TOOL
-from agents.envs.tool_calls import ToolCall, format_tool_call, parse_tool_calls
 from agents.examples.console import console, progress_bar
 from agents.sdk import (
     AdamParams,
@@ -53,6 +52,7 @@ from agents.sdk import (
     Trajectory,
 )
 from services.common.tiny_model import EOS
+from services.rollout.tool_calls import ToolCall, format_tool_call, parse_tool_calls
 
 ENV = "python_tool"
 # Rendering is one request per conversation; a few in flight hide the round trips.

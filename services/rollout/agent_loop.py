@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.envs import Environment, Message, Tools
 from services.common.errors import LoomError
 from services.common.schemas import StrictModel
 from services.reward.schemas import ScoreItem
 from services.rollout.chat_format import ChatFormat
+from services.rollout.environments import Environment, Message, Tools
 from services.rollout.peers import RewardScorer
 from services.rollout.sampling import Sampler
 from services.rollout.schemas import (

@@ -10,7 +10,7 @@ from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
 
 
 class SandboxTools:
-    """`agents.envs.Tools` on the sandbox service."""
+    """`services.rollout.environments.Tools` on the sandbox service."""
 
     def __init__(self, client: ServiceClient) -> None:
         self.client = client

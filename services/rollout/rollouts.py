@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agents.envs import Environment, environments
 from services.common.errors import InvalidInput, LoomError, invalid_options
 from services.common.schemas import ErrorBody
 from services.rollout.agent_loop import AgentLoop, GroupVersion, Plan
+from services.rollout.environments import Environment, environments
 from services.rollout.schemas import (
     STALE_GROUP,
     RenderRequest,

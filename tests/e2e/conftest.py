@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from agents.envs.python_tool import PYTHON_TOOL
-from agents.envs.tool_calls import format_tool_call
 from agents.sdk import AdamParams, Datum, LoomClient
 from gateway.cli.supervisor import Supervisor
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
+from services.rollout.tool_calls import format_tool_call
 
 
 @pytest.fixture(scope="package")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from agents.algorithms import dapo, grpo
-from agents.envs.tool_calls import format_tool_call
 from agents.sdk import (
     InvalidInput,
     LoomClient,
@@ -15,6 +14,7 @@ from agents.sdk import (
     SamplingParams,
 )
 from services.reward.countdown import reference_of
+from services.rollout.tool_calls import format_tool_call
 from tests.e2e.conftest import ToolModel
 
 pytestmark = pytest.mark.e2e

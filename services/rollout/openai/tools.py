@@ -2,7 +2,7 @@
 
 Requests carry calls as OpenAI does (`arguments` a JSON string); chat templates (Qwen, Hermes,
 Llama 3) take them as Hugging Face does (`arguments` a dict). Replies are parsed from the
-model's `<tool_call>` blocks, as the environments parse them (`agents/envs/tool_calls.py`).
+model's `<tool_call>` blocks, as the environments parse them (`services/rollout/tool_calls.py`).
 A reply whose blocks do not all parse is returned as plain content, as vLLM's Hermes parser
 does, so the agent sees what the model wrote.
 """
@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from agents.envs.tool_calls import OPEN, ToolCall, parse_tool_calls
 from services.common.errors import InvalidInput
 from services.rollout.chat_format import Message
 from services.rollout.openai.schemas import (
@@ -24,6 +23,7 @@ from services.rollout.openai.schemas import (
     ToolCallOut,
     ToolDef,
 )
+from services.rollout.tool_calls import OPEN, ToolCall, parse_tool_calls
 
 
 def template_messages(messages: list[ChatMessage]) -> list[Message]:

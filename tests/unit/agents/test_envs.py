@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from agents.envs import environments
 from agents.envs.python_tool import PythonToolEnv, PythonToolParams
-from agents.envs.tool_calls import ToolCall, ToolCallError, format_tool_call, parse_tool_calls
+from services.rollout.environments import ENTRY_POINT_GROUP, environments
 from services.rollout.schemas import RolloutTask
+from services.rollout.tool_calls import ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from services.sandbox.schemas import ExecuteResponse, ExecutionStatus
 
 
@@ -89,3 +90,27 @@ def test_builtin_environments_are_registered() -> None:
     assert {"arithmetic", "countdown", "python_tool"} <= set(environments())
     for cls in environments().values():
         assert cls.description and cls.max_turns >= 1
+
+
+class ShadowEnv(PythonToolEnv):
+    """A third party's environment that tries to take a built-in's name."""
+
+
+def test_a_plugin_adds_environments_but_cannot_shadow_a_builtin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found through the entry points of an installed distribution (a real dist-info on the
+    path), as `pip install my-env-package` would register it."""
+    info = tmp_path / "my_envs-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-envs\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\npython_tool = {__name__}:ShadowEnv\n"
+        f"my_tool = {__name__}:ShadowEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    environments.cache_clear()
+    try:
+        found = environments()
+    finally:
+        environments.cache_clear()
+    assert found["my_tool"] is ShadowEnv
+    assert found["python_tool"] is PythonToolEnv

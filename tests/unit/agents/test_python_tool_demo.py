@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 
-from agents.envs.tool_calls import format_tool_call, parse_tool_calls
 from agents.examples.python_tool_grpo import (
     COPY_ALPHABET,
     Evaluation,
@@ -18,6 +17,7 @@ from agents.examples.python_tool_grpo import (
     training_tasks,
 )
 from services.rollout.schemas import Trajectory, TurnInfo
+from services.rollout.tool_calls import format_tool_call, parse_tool_calls
 
 
 def test_splits_are_disjoint_deterministic_and_cover_every_pair() -> None:

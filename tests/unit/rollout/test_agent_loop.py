@@ -16,7 +16,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from agents.envs.python_tool import PYTHON_TOOL
-from agents.envs.tool_calls import format_tool_call
 from services.common.errors import InvalidInput, Unavailable
 from services.common.tiny_model import build_tokenizer
 from services.reward.schemas import ItemScore, ScoreItem, ScoreResponse
@@ -31,6 +30,7 @@ from services.rollout.schemas import (
     SampleRequest,
     SampleResponse,
 )
+from services.rollout.tool_calls import format_tool_call
 from services.sandbox.schemas import ExecuteResponse, ExecutionStatus
 
 Script = Callable[[SampleRequest, str], str]  # (request, decoded context) -> reply

@@ -1,4 +1,4 @@
-"""The environment plugin interface.
+"""The environment plugin interface, and the registry of environments.
 
 An environment turns a task into a conversation, answers each model turn (tool results,
 feedback) until the episode is over, and names how the episode is scored. One instance plays
@@ -6,14 +6,19 @@ one episode, so an environment with state keeps it on `self`. The agent loop in
 the rollout service owns everything else: tokens, chat-template rendering, sampling, turn and
 token limits, loss masks, versions and calling the reward service.
 
-A third-party environment subclasses `Environment` and registers it under the
-`loom.environments` entry-point group (see `agents/envs/__init__.py`).
+An environment subclasses `Environment` and is registered under the `loom.environments`
+entry-point group of its distribution (`name = "package.module:EnvironmentClass"`). Loom's
+own (`agents/envs`: arithmetic, countdown, python_tool) register the same way, in Loom's
+pyproject.toml; a third-party one may not shadow them. The rollout service finds them all
+through the entry points, so it never imports the agents layer above it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 
 from services.common.schemas import StrictModel
@@ -84,3 +89,19 @@ class Environment(ABC):
     @abstractmethod
     def scoring(self, replies: list[str]) -> Scoring:
         """How to score an episode, given the model's turns as text."""
+
+
+ENTRY_POINT_GROUP = "loom.environments"
+BUILTIN_DISTRIBUTION = "loom"  # whose environments no plugin may shadow
+
+
+@cache
+def environments() -> dict[str, type[Environment]]:
+    """Every registered environment by name, Loom's own first: a plugin may not shadow one."""
+    points = sorted(entry_points(group=ENTRY_POINT_GROUP),
+                    key=lambda point: point.dist is None or point.dist.name != BUILTIN_DISTRIBUTION)
+    found: dict[str, type[Environment]] = {}
+    for point in points:
+        if point.name not in found:
+            found[point.name] = point.load()
+    return found
