@@ -9,6 +9,7 @@ import functools
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -58,6 +59,12 @@ BUILTIN_LOSSES: dict[str, tuple[LossName, dict[str, float]]] = {
 # A loss an SDK computes on the client (its custom loss) reaches the trainer as its gradient
 # with respect to each target's logprob, g: -sum(-g * logprob) has exactly that gradient.
 CLIENT_LOSS = LossConfig(name=LossName.reinforce, aggregation=LossAggregation.sum)
+
+
+def expiry(ttl_seconds: int | None) -> datetime | None:
+    """When a checkpoint saved now with this TTL (an SDK's `ttl_seconds`) expires; None:
+    never."""
+    return None if ttl_seconds is None else datetime.now(UTC) + timedelta(seconds=ttl_seconds)
 
 
 class Owned(Protocol):

@@ -10,7 +10,7 @@ found in the gateway's memory, or after a gateway restart by the job it was made
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -116,8 +116,3 @@ def checkpoint(path: TinkerPath, time: datetime, size: int | None = None,
                               checkpoint_type=KINDS[path.kind],  # type: ignore[arg-type]
                               time=time, tinker_path=str(path), size_bytes=size,
                               expires_at=expires_at)
-
-
-def expiry(ttl_seconds: int | None) -> datetime | None:
-    """When a checkpoint saved now with this TTL expires (None: never)."""
-    return None if ttl_seconds is None else datetime.now(UTC) + timedelta(seconds=ttl_seconds)

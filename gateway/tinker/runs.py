@@ -19,6 +19,7 @@ from gateway.jobs import visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import ApiKeyRow, JobRow
 from gateway.schemas import JobStatus
+from gateway.sdk_calls import expiry
 from gateway.tinker import checkpoints, schemas
 from gateway.tinker.service import TinkerService
 from services.common.errors import InvalidInput, NotFound
@@ -99,7 +100,7 @@ async def set_ttl(tinker: TinkerService, model_id: str, checkpoint_id: str,
     trainer; named sampler weights are forgotten when theirs comes."""
     run = await tinker.training_run(model_id, owner)
     path = checkpoints.parse_path(f"{checkpoints.SCHEME}{model_id}/{checkpoint_id}")
-    expires_at = checkpoints.expiry(body.ttl_seconds)
+    expires_at = expiry(body.ttl_seconds)
     if path.kind == checkpoints.SAMPLER_WEIGHTS:
         paths = tinker.live_sampler_paths()
         if str(path) not in paths:

@@ -26,6 +26,7 @@ from gateway.sdk_calls import (
     TrainerCalls,
     TrainingPass,
     check_top_k,
+    expiry,
     find_owned,
     numbered,
     optim_step_request,
@@ -199,7 +200,7 @@ class TinkerService:
         async def result(op: str) -> Payload:
             saved = SaveWeightsResult.model_validate(await self.calls.result(op))
             ref = SamplerRef(model.owner, model.base_model, model.job_id, saved.number,
-                             expires_at=checkpoints.expiry(body.ttl_seconds))
+                             expires_at=expiry(body.ttl_seconds))
             if body.path is not None:
                 path = f"tinker://{body.model_id}/sampler_weights/{body.path}"
                 self.sampler_paths[path] = ref
@@ -220,7 +221,7 @@ class TinkerService:
 
         async def submit() -> str:
             request = SaveStateRequest(name=checkpoints.checkpoint_name(body.path),
-                                       expires_at=checkpoints.expiry(body.ttl_seconds))
+                                       expires_at=expiry(body.ttl_seconds))
             return await self.calls.submit(model.job_id, "save_state", request)
 
         async def result(op: str) -> Payload:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from services.common.errors import InvalidInput
+from services.trainer.schemas import StateCheckpoint
 
 SCHEME = "weaver://"
 CHECKPOINTS, SAMPLER_WEIGHTS = "checkpoints", "sampler_weights"
@@ -37,3 +39,17 @@ def parse(path: str, kind: str) -> WeaverPath:
         raise InvalidInput(f"{path!r} is not a path {what} returned: "
                            f"{SCHEME}<model_id>/{kind}/<name>.")
     return WeaverPath(*parts)
+
+
+def checkpoint(model_id: str, saved: StateCheckpoint, kind: str | None = None
+               ) -> dict[str, Any]:
+    """One checkpoint as the SDK's `Checkpoint` reads it."""
+    path = WeaverPath(model_id, CHECKPOINTS, saved.name)
+    return {"id": str(path), "path": str(path), "name": saved.name,
+            "checkpoint_type": kind or ("weight_and_optimizer" if saved.has_optimizer
+                                        else "weight"),
+            "status": "completed", "size_bytes": saved.bytes, "step": saved.step,
+            "ttl_seconds": None if saved.expires_at is None else round(
+                (saved.expires_at - saved.created_at).total_seconds()),
+            "created_at": saved.created_at.isoformat(),
+            "expires_at": None if saved.expires_at is None else saved.expires_at.isoformat()}

@@ -112,13 +112,13 @@ class OptimBody(WeaverBody):
 class ExportSampler(WeaverBody):
     seq_id: int = Field(ge=1)
     path: str | None = None
-    ttl_seconds: int | None = None
+    ttl_seconds: int | None = Field(default=None, ge=1)  # named exports: forgotten after it
 
 
 class SaveCheckpoint(WeaverBody):
     type: Literal["weight", "weight_and_optimizer", "sampling"] = "weight"
     name: str | None = None
-    ttl_seconds: int | None = None
+    ttl_seconds: int | None = Field(default=None, ge=1)  # None: kept until deleted
 
 
 class LoadCheckpoint(WeaverBody):

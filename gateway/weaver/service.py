@@ -26,6 +26,7 @@ from gateway.sdk_calls import (
     TrainerCalls,
     TrainingPass,
     check_top_k,
+    expiry,
     find_owned,
     numbered,
     optim_step_request,
@@ -117,7 +118,8 @@ class WeaverService:
         self.calls = TrainerCalls(trainer)
         self.sessions: dict[str, WeaverSession] = {}
         self.models: dict[str, TrainingModel] = {}
-        self.sampler_weights: dict[str, int] = {}  # named sampler path -> version
+        # named sampler path -> (version, expiry: the path is forgotten from then on)
+        self.sampler_weights: dict[str, tuple[int, datetime | None]] = {}
         self.sampling: dict[str, SamplingSession] = {}
 
     # --- sessions and base models -----------------------------------------------------
@@ -289,7 +291,7 @@ class WeaverService:
             path = paths.WeaverPath(model.id, paths.SAMPLER_WEIGHTS,
                                     body.path or f"v{saved.number}")
             if body.path is not None:
-                self.sampler_weights[str(path)] = saved.number
+                self.sampler_weights[str(path)] = (saved.number, expiry(body.ttl_seconds))
             return {"model_path": str(path), "path": str(path), "weight_version": saved.number}
 
         return await model.calls.place(self.futures, body.seq_id, submit, result)
@@ -310,14 +312,15 @@ class WeaverService:
             raise InvalidInput("Sampling checkpoints are sampler exports: call "
                                "save_weights_for_sampler.")
         with user_input("save_state", "name"):
-            request = SaveStateRequest(name=body.name or f"checkpoint-{uuid.uuid4().hex[:8]}")
+            request = SaveStateRequest(name=body.name or f"checkpoint-{uuid.uuid4().hex[:8]}",
+                                       expires_at=expiry(body.ttl_seconds))
 
         async def submit() -> str:
             return await self.calls.submit(model.id, "save_state", request)
 
         async def result(op: str) -> Payload:
             saved = StateCheckpoint.model_validate(await self.calls.result(op))
-            return checkpoint(model.id, saved, body.type)
+            return paths.checkpoint(model.id, saved, body.type)
 
         return await model.calls.place(self.futures, None, submit, result)
 
@@ -343,7 +346,7 @@ class WeaverService:
         model = await self.model(model_id, owner)
         listed = CheckpointList.model_validate(
             await self.trainer.get_json(f"/v1/models/{model.id}/checkpoints"))
-        return {"items": [checkpoint(model.id, c) for c in listed.checkpoints]}
+        return {"items": [paths.checkpoint(model.id, c) for c in listed.checkpoints]}
 
     # --- sampling ---------------------------------------------------------------------
 
@@ -354,7 +357,7 @@ class WeaverService:
         if body.model_path is not None:
             path = paths.parse(body.model_path, paths.SAMPLER_WEIGHTS)
             model = await self.model(path.model_id, owner)
-            version = path.version or self.sampler_weights.get(body.model_path)
+            version = path.version or self.named_sampler_version(body.model_path)
             if version is None:
                 raise NotFound(f"No sampler weights at {body.model_path!r} (named exports live "
                                "in the gateway's memory; unnamed ones, v<version>, always "
@@ -370,6 +373,15 @@ class WeaverService:
         sampling_id = f"{session_id}-sampler-{body.sampling_session_seq_id}"
         self.sampling[sampling_id] = bound
         return bound.public(sampling_id)
+
+    def named_sampler_version(self, model_path: str) -> int | None:
+        """The version named sampler weights hold, unless their TTL ran out (unnamed exports,
+        `v<version>`, are the store's versions, kept under its retention)."""
+        version, expires_at = self.sampler_weights.get(model_path, (None, None))
+        if expires_at is not None and expires_at <= datetime.now(UTC):
+            del self.sampler_weights[model_path]
+            return None
+        return version
 
     def sampling_session(self, sampling_id: str, owner: KeyIdentity) -> SamplingSession:
         return find_owned(self.sampling, sampling_id, owner, "Sampling session")
@@ -425,15 +437,3 @@ def prompt_tokens(prompt: schemas.ModelInput) -> list[int]:
     if not tokens:
         raise InvalidInput("The prompt has no tokens.")
     return tokens
-
-
-def checkpoint(model_id: str, saved: StateCheckpoint, kind: str | None = None
-               ) -> dict[str, Any]:
-    """One checkpoint as the SDK's `Checkpoint` reads it."""
-    path = paths.WeaverPath(model_id, paths.CHECKPOINTS, saved.name)
-    return {"id": str(path), "path": str(path), "name": saved.name,
-            "checkpoint_type": kind or ("weight_and_optimizer" if saved.has_optimizer
-                                        else "weight"),
-            "status": "completed", "size_bytes": saved.bytes, "step": saved.step,
-            "ttl_seconds": None, "created_at": saved.created_at.isoformat(),
-            "expires_at": None}

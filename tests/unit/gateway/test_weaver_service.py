@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from gateway import job_logs
 from gateway.keys import KeyIdentity
-from gateway.weaver import listing, schemas
+from gateway.weaver import listing, operations, schemas
 from gateway.weaver.service import WeaverService
 from services.common.errors import Conflict, InvalidInput, NotFound
 from tests.support.trainer import FakeTrainer, adapter_parts
@@ -127,6 +128,16 @@ async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stan
         await weaver.create_sampling_session(session, named, owner)
     with pytest.raises(NotFound):
         await weaver.create_sampling_session(other_session, unnamed, other)
+
+    # TTLs: a checkpoint's is its expiry on the trainer; named sampler weights are forgotten
+    op = await weaver.save_checkpoint(model, schemas.SaveCheckpoint(name="c", ttl_seconds=60),
+                                      owner)
+    assert (await operations.poll(weaver.futures, op))["status"] == "done"
+    (listed,) = (await weaver.list_checkpoints(model, owner))["items"]
+    assert listed["expires_at"] is not None and listed["ttl_seconds"] > 0
+    weaver.sampler_weights[named.model_path] = (3, datetime.now(UTC) - timedelta(seconds=1))
+    with pytest.raises(NotFound, match="named exports"):
+        await weaver.create_sampling_session(session, named, owner)
 
 
 async def test_models_and_runs_are_listed_from_their_jobs_and_unserved_bases_refused(
