@@ -9,7 +9,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agents.recipes import load_recipe
 from gateway.jobs import get_job_row, visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import BackgroundTaskRow, JobRow, utcnow
@@ -18,6 +17,7 @@ from gateway.task_schemas import BackgroundTask, RecipeTaskCreate, TaskCreate, T
 from gateway.task_states import move_task
 from services.common.errors import Conflict, LoomError, NotFound
 from services.common.schemas import ErrorBody
+from services.worker.recipe_registry import load_recipe
 from services.worker.schemas import RecipeParams, RunProgress, TaskKind
 
 MAX_LISTED = 1_000

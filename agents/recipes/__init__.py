@@ -1,7 +1,8 @@
 """Managed runs: recipes (training loops written with the SDK) that Loom's worker runs,
-checkpoints and resumes. See `registry` for how one is registered, `run` for what it gets."""
+checkpoints and resumes. See `services.worker.recipe_registry` for how one is registered (the
+worker and the gateway find recipes there), `run` for what it gets."""
 
-from agents.recipes.registry import ENTRY_POINT_GROUP, Recipe, load_recipe, registered
 from agents.recipes.run import RecipeRun, RunStopped
+from services.worker.recipe_registry import ENTRY_POINT_GROUP, Recipe, load_recipe, registered
 
 __all__ = ["ENTRY_POINT_GROUP", "Recipe", "RecipeRun", "RunStopped", "load_recipe", "registered"]

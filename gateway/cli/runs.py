@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from agents.recipes import load_recipe, registered
 from agents.sdk import LoomClient
 from gateway.cli.common import (
     ApiKeyOption,
@@ -27,6 +26,7 @@ from gateway.cli.common import (
 from gateway.task_schemas import BackgroundTask, TaskStatus
 from services.common.errors import LoomError
 from services.trainer.schemas import TrainingMode
+from services.worker.recipe_registry import load_recipe, registered
 
 FOLLOW_POLL_S = 2.0
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task as CeleryTask
 
-from agents.recipes import load_recipe
 from gateway.job_logs import log_metrics
 from gateway.tasks import ensure_task
 from services.common.db import transaction
@@ -22,6 +21,7 @@ from services.worker.evaluate import evaluate as run_evaluation
 from services.worker.evaluate import metric_points
 from services.worker.export import export_merged
 from services.worker.gc import collect
+from services.worker.recipe_registry import load_recipe
 from services.worker.recipes import Attempt, complete_job, run_attempt
 from services.worker.runner import (
     DATABASE_DOWN,

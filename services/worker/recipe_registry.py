@@ -1,7 +1,8 @@
 """Recipes: training loops written with the SDK that Loom's worker runs for you (a managed
 run: `POST /v1/jobs/{id}/tasks` with kind `recipe`). A recipe is a `Recipe` object registered
-under the `loom.recipes` entry-point group of any installed distribution, so a platform
-engineer adds one by installing a package:
+under the `loom.recipes` entry-point group of any installed distribution (Loom's own, in
+`agents/recipes` and `agents/examples`, too), so a platform engineer adds one by installing a
+package:
 
     [project.entry-points."loom.recipes"]
     my_recipe = "my_package.recipes:MY_RECIPE"
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from services.common.errors import InvalidInput
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what a recipe's loop gets; the worker finds recipes by entry point only
     from agents.recipes.run import RecipeRun
 
 ENTRY_POINT_GROUP = "loom.recipes"
