@@ -26,10 +26,8 @@ def http_ready(service: str, settings: LoomSettings) -> bool:
 
 
 def worker_ready() -> bool:
-    from services.worker.settings import WorkerSettings
-
     try:
-        pid = int(WorkerSettings().ready_file.read_text().strip())
+        pid = int(LoomSettings().ready_file.read_text().strip())
         os.kill(pid, 0)
     except (OSError, ValueError):
         return False

@@ -58,6 +58,12 @@ class LoomSettings(BaseSettings):
         parts = urlsplit(self.url_of(service))
         return parts.hostname or "127.0.0.1", parts.port or 80
 
+    @property
+    def ready_file(self) -> Path:
+        """Written by the worker (a process without a port) once it consumes, with its pid:
+        `loom up`'s and the container healthcheck's readiness."""
+        return self.data_dir / "run" / "worker.ready"
+
     def ensure_data_dir(self) -> Path:
         """The data dir, created private (0700) if missing: it holds the service token, the
         databases and the blobs. An existing one keeps the mode its owner gave it."""

@@ -81,11 +81,6 @@ class WorkerSettings(LoomSettings):
         return self.data_dir / "celery"
 
     @property
-    def ready_file(self) -> Path:
-        """Written by the worker once it consumes, with its pid (`loom up`'s readiness)."""
-        return self.data_dir / "run" / "worker.ready"
-
-    @property
     def stale_after_s(self) -> float:
         return 3 * self.worker_heartbeat_s
 
