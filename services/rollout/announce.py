@@ -27,6 +27,7 @@ class Announcer:
         self.heartbeat_s = heartbeat_s
         self.state = state
         self.registered = False
+        self.draining = False
         self._failing = False
 
     async def beat(self) -> None:
@@ -43,12 +44,20 @@ class Announcer:
         if not self.registered:
             log.info("registered with the gateway at %s", self.path)
         self._failing, self.registered = False, True
+        if self.draining:  # drained while this beat was on its way: leave again
+            await self.leave()
 
     async def run(self) -> None:
-        """Heartbeat until cancelled."""
-        while True:
+        """Heartbeat until cancelled or drained."""
+        while not self.draining:
             await self.beat()
             await asyncio.sleep(self.heartbeat_s)
+
+    async def drain(self) -> None:
+        """Stop the heartbeats and leave the gateway's table, so nothing new is sent here while
+        the requests already running finish (before a replica is scaled away)."""
+        self.draining = True
+        await self.leave()
 
     async def leave(self) -> None:
         """Tell the gateway this replica is going away (best effort: its heartbeats stop

@@ -93,8 +93,8 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
                 tokens_in_flight=engine.tokens_in_flight,
                 heartbeat_s=settings.rollout_heartbeat_s)
 
-        announcer = Announcer(gateway, settings.replica_id, settings.rollout_heartbeat_s,
-                              heartbeat)
+        announcer = app.state.announcer = Announcer(
+            gateway, settings.replica_id, settings.rollout_heartbeat_s, heartbeat)
         announcing = asyncio.create_task(announcer.run(), name="rollout-announce") \
             if settings.rollout_announce else None
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends
 
 from services.common.deps import app_state
+from services.rollout.announce import Announcer
 from services.rollout.capture import Capture
 from services.rollout.openai.chat import ChatCompletions
 from services.rollout.openai.completions import Completions
@@ -22,3 +23,4 @@ CompletionsDep = Annotated[Completions, Depends(app_state("completions"))]
 ChatDep = Annotated[ChatCompletions, Depends(app_state("chat"))]
 RolloutsDep = Annotated[Rollouts, Depends(app_state("rollouts"))]
 CaptureDep = Annotated[Capture, Depends(app_state("capture"))]
+AnnouncerDep = Annotated[Announcer, Depends(app_state("announcer"))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.responses import StreamingResponse
 
-from services.rollout.deps import CaptureDep, RolloutsDep, SamplerDep, VersionsDep
+from services.rollout.deps import AnnouncerDep, CaptureDep, RolloutsDep, SamplerDep, VersionsDep
 from services.rollout.openai.routes import TrajectoryId
 from services.rollout.schemas import (
     CapturedTrajectory,
@@ -73,4 +73,12 @@ async def get_trajectory(capture: CaptureDep, sampler: SamplerDep,
 @router.delete("/trajectories/{trajectory_id}", status_code=204)
 async def delete_trajectory(capture: CaptureDep, trajectory_id: TrajectoryId) -> Response:
     await capture.delete(trajectory_id)
+    return Response(status_code=204)
+
+
+@router.post("/drain", status_code=204)
+async def drain(announcer: AnnouncerDep) -> Response:
+    """Leave the gateway's routing table for good (scaling down): running requests finish,
+    nothing new is routed here. Stop the process afterwards."""
+    await announcer.drain()
     return Response(status_code=204)

@@ -60,3 +60,17 @@ async def test_a_gateway_that_is_down_is_logged_once_and_beats_resume(
     assert sum("cannot register" in m for m in messages) == 1, messages
     assert sum("registered with the gateway" in m for m in messages) == 1, messages
     await replica.leave()  # a refused or failed leave is not raised either
+
+
+async def test_a_drained_replica_leaves_and_beats_no_more() -> None:
+    methods: list[str] = []
+
+    def gateway(request: httpx2.Request) -> httpx2.Response:
+        methods.append(request.method)
+        return httpx2.Response(200, json={})
+
+    replica = announcer(httpx2.MockTransport(gateway))
+    await replica.beat()
+    await replica.drain()
+    await replica.run()  # returns at once: no heartbeat re-registers a drained replica
+    assert methods == ["PUT", "DELETE"]
