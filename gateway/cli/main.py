@@ -150,7 +150,7 @@ def fetch_health(url: str, api_key: str) -> StackHealth:
 @app.command()
 def config() -> None:
     """Print every LOOM_* setting with its default and meaning (Markdown)."""
-    from services.common.settings_doc import settings_markdown
+    from gateway.cli.settings_doc import settings_markdown
 
     print(settings_markdown())
 

@@ -1,39 +1,32 @@
 """The configuration reference: every `LOOM_*` variable of every service, as a Markdown table.
 
-`loom config` prints it; a test keeps the README's copy identical, so the docs cannot drift."""
+`loom config` prints it; a test keeps the README's copy identical, so the docs cannot drift.
+It reads every service's settings class, so it sits in the CLI, above them all."""
 
 from __future__ import annotations
 
-from importlib import import_module
 from pathlib import Path
 
-from pydantic_settings import BaseSettings
-
+from gateway.settings import GatewaySettings
+from modelstate.settings import ModelStateSettings
 from services.common.settings import LoomSettings
+from services.reward.settings import RewardSettings
+from services.rollout.settings import RolloutSettings
+from services.sandbox.settings import SandboxSettings
+from services.trainer.settings import TrainerSettings
+from services.worker.settings import WorkerSettings
 
-SETTINGS_CLASSES = (
-    "services.common.settings:LoomSettings",
-    "gateway.settings:GatewaySettings",
-    "modelstate.settings:ModelStateSettings",
-    "services.rollout.settings:RolloutSettings",
-    "services.trainer.settings:TrainerSettings",
-    "services.reward.settings:RewardSettings",
-    "services.sandbox.settings:SandboxSettings",
-    "services.worker.settings:WorkerSettings",
+SETTINGS_CLASSES: tuple[type[LoomSettings], ...] = (
+    LoomSettings, GatewaySettings, ModelStateSettings, RolloutSettings, TrainerSettings,
+    RewardSettings, SandboxSettings, WorkerSettings,
 )
-
-
-def _load(path: str) -> type[BaseSettings]:
-    module, name = path.split(":")
-    return getattr(import_module(module), name)
 
 
 def settings_rows() -> list[tuple[str, str, str]]:
     """(variable, default, description) for each setting, shared ones first, no repeats."""
     rows: list[tuple[str, str, str]] = []
     seen: set[str] = set()
-    for path in SETTINGS_CLASSES:
-        cls = _load(path)
+    for cls in SETTINGS_CLASSES:
         own = LoomSettings.model_fields if cls is LoomSettings else {
             k: v for k, v in cls.model_fields.items() if k not in LoomSettings.model_fields
         }
