@@ -46,6 +46,8 @@ def _default_text(default: object, factory: object) -> str:
         return "~/" + str(default.relative_to(Path.home())) if default.is_relative_to(
             Path.home()) else str(default)
     return "" if default is None else str(default)
+
+
 def settings_markdown() -> str:
     lines = ["| variable | default | meaning |", "|---|---|---|"]
     for variable, default, description in settings_rows():
