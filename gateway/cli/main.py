@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gateway.cli import runs
+from gateway.cli.cluster import cluster_app
 from gateway.cli.common import (
     ApiKeyOption,
     DataDirOption,
@@ -46,6 +47,7 @@ app = typer.Typer(help="Loom: a control plane for RL post-training of LLMs.",
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(versions_app, name="versions")
+app.add_typer(cluster_app, name="cluster")
 app.command()(runs.recipes)
 app.command()(runs.run)
 def _start(supervisor: Supervisor) -> None:

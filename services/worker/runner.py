@@ -128,14 +128,15 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
         still = await readiness(outage.waiting_for)
         if still:
             return await _wait(settings, sessions, task_id, outage, still)
-    claim = await in_transaction(sessions, lambda s: claim_task(s, task_id, utcnow(),
-                                                     settings.stale_after_s))
+    claim = await in_transaction(sessions, lambda s: claim_task(
+        s, task_id, utcnow(), settings.stale_after_s, resumes_wait=bool(outage.waiting_for)))
     if claim.action is ClaimAction.skip:
         log.info("task %s is %s: nothing to do", task_id, claim.status)
         return None
-    if claim.action is ClaimAction.wait:
-        log.info("task %s is running elsewhere: looking again in %.1f s", task_id, claim.wait_s)
-        return Redeliver(claim.wait_s + 0.5, outage)
+    if claim.action is ClaimAction.duplicate:
+        log.info("task %s is %s under another delivery's live lease: duplicate message "
+                 "dropped", task_id, claim.status)
+        return None
     attempt = claim.attempt
     progress = await in_transaction(sessions, lambda s: progress_of(s, task_id))
     log.info("task %s: attempt %d", task_id, attempt)

@@ -1,0 +1,197 @@
+"""The stack on an existing Ray cluster: every service a named, detached Ray actor
+(`gateway.cluster.actors.ServiceProcess`) in the `loom` namespace, placed by its resource
+request, still an HTTP service. Rollout replicas are actors `rollout-0..N-1`: each announces
+itself to the gateway, so scaling is adding or removing actors, and Ray restarts a replica
+whose node died on another node (it comes back with a new URL and registers again).
+
+State stays outside Ray: the database (`--database-url`: PostgreSQL for more than one host),
+the store's blobs and the data dir (a shared directory or an object store), Redis for Celery.
+The other services keep the URL they started with: a node that held them is a restart by hand.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from gateway.cluster.actors import ServiceProcess
+from services.common.service_token import service_token, token_environment
+from services.common.settings import LoomSettings
+
+NAMESPACE = "loom"
+ROLLOUT = "rollout"
+# (actor name, module); in start order: the public entry and the worker last.
+BASE = (("modelstate", "modelstate"), ("trainer", "services.trainer"),
+        ("reward", "services.reward"), ("sandbox", "services.sandbox"), ("gateway", "gateway"))
+WORKER = ("worker", "services.worker")
+READY_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What `loom cluster up` asks of Ray. `rollout_resources`: per replica, e.g. CPU 1 on CPU
+    nodes, GPU (tensor x data parallel size) on GPU nodes."""
+
+    settings: LoomSettings  # data dir, database URL, service token
+    rollout_cpus: float = 1.0
+    rollout_gpus: float = 0.0
+    trainer_cpus: float = 1.0
+    trainer_gpus: float = 0.0
+    # Custom Ray resources each replica needs, e.g. {"rollout_slot": 1} with nodes started
+    # `--resources '{"rollout_slot": 1}'`: at most one replica per node.
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # more LOOM_* for every service
+
+    def stack_env(self) -> dict[str, str]:
+        env = {"LOOM_DATA_DIR": str(self.settings.data_dir), **token_environment(self.settings),
+               **self.env}
+        if self.settings.database_url:
+            env["LOOM_DATABASE_URL"] = self.settings.database_url
+        return env
+
+    @property
+    def log_dir(self) -> str:
+        return str(self.settings.data_dir / "run" / "cluster")
+
+
+def connect(address: str) -> None:
+    import ray
+
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+
+
+def _actor_class() -> Any:
+    import ray
+
+    return ray.remote(ServiceProcess)
+
+
+def _options(name: str, cpus: float, gpus: float, *, restarts: int, spread: bool = False
+             ) -> dict[str, Any]:
+    """Named and detached (they outlive the command that started them); `spread`: on as many
+    nodes as possible (rollout replicas: a node lost takes as few as it can)."""
+    options: dict[str, Any] = {
+        "name": name, "namespace": NAMESPACE, "lifetime": "detached", "num_cpus": cpus,
+        "num_gpus": gpus, "max_restarts": restarts, "get_if_exists": True}
+    if spread:
+        options["scheduling_strategy"] = "SPREAD"
+    return options
+
+
+def up(spec: ClusterSpec, replicas: int) -> dict[str, str]:
+    """Start the services and `replicas` rollout replicas; their URLs by name, once ready."""
+    import ray
+
+    spec.settings.ensure_data_dir()
+    service_token(spec.settings)  # created once, before the actors race for it
+    actor = _actor_class()
+    env = spec.stack_env()
+    actors = {
+        name: actor.options(**_options(name, *((spec.trainer_cpus, spec.trainer_gpus)
+                                               if name == "trainer" else (0, 0)), restarts=0)
+                            ).remote(name, module, env, spec.log_dir)
+        for name, module in (*BASE, WORKER)
+    }
+    urls = {name: info["url"] for name, info in
+            zip(actors, ray.get([a.where.remote() for a in actors.values()]), strict=True)}
+    stack_env = {**env, **_urls_env(urls)}
+    ray.get([a.start.remote(stack_env) for a in actors.values()])
+    _wait_ready({name: url for name, url in urls.items() if name != WORKER[0]})
+    return {**urls, **scale(spec, replicas)}
+
+
+def scale(spec: ClusterSpec, replicas: int) -> dict[str, str]:
+    """Add or remove rollout replicas until there are `replicas`; the new ones' URLs, once
+    ready. A replica removed drains first (it leaves the gateway's table, then its running
+    requests finish), so scaling down loses no request."""
+    import ray
+
+    env = _stack_env(spec)
+    names = rollout_names()
+    wanted = [f"{ROLLOUT}-{index}" for index in range(replicas)]
+    actor = _actor_class()
+    added = {
+        name: actor.options(**_options(name, spec.rollout_cpus, spec.rollout_gpus,
+                                       restarts=-1, spread=True),
+                            resources=spec.rollout_resources).remote(
+            name, "services.rollout", env, spec.log_dir, True)
+        for name in wanted if name not in names
+    }
+    token = service_token(spec.settings)
+    for name in sorted(set(names) - set(wanted), reverse=True):
+        handle = ray.get_actor(name, namespace=NAMESPACE)
+        ray.get(handle.drain.remote(token))
+        ray.get(handle.stop.remote())
+        ray.kill(handle)
+    urls = {name: info["url"] for name, info in
+            zip(added, ray.get([a.where.remote() for a in added.values()]), strict=True)}
+    _wait_ready(urls)
+    return urls
+
+
+def rollout_names() -> list[str]:
+    import ray
+
+    return sorted((a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a["namespace"] == NAMESPACE and a["name"].startswith(f"{ROLLOUT}-")),
+                  key=lambda name: int(name.rsplit("-", 1)[1]))
+
+
+def status() -> list[dict[str, Any]]:
+    """Each Loom actor: name, URL, node, whether its process runs."""
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == NAMESPACE]
+    handles = [ray.get_actor(name, namespace=NAMESPACE) for name in names]
+    where = ray.get([h.where.remote() for h in handles])
+    alive = ray.get([h.alive.remote() for h in handles])
+    return [{**w, "alive": a} for w, a in zip(where, alive, strict=True)]
+
+
+def down(spec: ClusterSpec) -> None:
+    """Stop every Loom actor: replicas first, the gateway and the store last."""
+    import ray
+
+    scale(spec, 0)
+    order = [WORKER[0], *reversed([name for name, _ in BASE])]
+    for name in order:
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            continue
+        ray.get(handle.stop.remote())
+        ray.kill(handle)
+
+
+def _wait_ready(urls: dict[str, str], timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = dict(urls)
+    while waiting:
+        for name, url in list(waiting.items()):
+            try:
+                if httpx2.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    del waiting[name]
+            except httpx2.TransportError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"not ready after {timeout_s:.0f} s: {', '.join(waiting)}")
+        time.sleep(0.5)
+
+
+def _urls_env(urls: dict[str, str]) -> dict[str, str]:
+    """LOOM_<SERVICE>_URL of each HTTP service. Rollout has none: its replicas register with
+    the gateway (the gateway's LOOM_ROLLOUT_URL stays its default, where nothing listens)."""
+    return {f"LOOM_{name.upper()}_URL": url for name, url in urls.items() if name != WORKER[0]}
+
+
+def _stack_env(spec: ClusterSpec) -> dict[str, str]:
+    """The environment the running stack's services share, with their URLs asked of Ray."""
+    import ray
+
+    handles = [ray.get_actor(name, namespace=NAMESPACE) for name, _ in BASE]
+    where = ray.get([h.where.remote() for h in handles])
+    return {**spec.stack_env(), **_urls_env({w["name"]: w["url"] for w in where})}
