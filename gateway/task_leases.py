@@ -21,28 +21,40 @@ from services.common.schemas import ErrorBody
 
 class ClaimAction(StrEnum):
     run = "run"  # this delivery runs the task, as attempt `attempt`
-    skip = "skip"  # done, failed, cancelled or unknown: the message is a duplicate
-    wait = "wait"  # another worker is running it: look again after `wait_s`
+    skip = "skip"  # done, failed, cancelled or unknown: nothing left to do
+    # Another delivery holds the task under a live lease (running it, or waiting for services
+    # before its next attempt): this message is a duplicate, dropped.
+    duplicate = "duplicate"
 
 
 @dataclass(frozen=True)
 class Claim:
     action: ClaimAction
     attempt: int = 0
-    wait_s: float = 0.0
     status: str = ""
 
 
-def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: float) -> Claim:
-    """Decide what one delivery of the task's message does (idempotent on the task id)."""
+def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: float, *,
+               resumes_wait: bool = False) -> Claim:
+    """Decide what one delivery of the task's message does (idempotent on the task id).
+
+    The lease is `heartbeat_at`, fresh for `stale_after_s`: refreshed by the attempt running
+    the task, or, while it is queued, by the delivery chain waiting for services
+    (`note_waiting`; moving to queued clears it). A message that meets a live lease is a
+    duplicate (a broker's redelivery after its visibility timeout, a resend after a restart)
+    and is dropped without counting an attempt, unless it is the waiting chain's own
+    (`resumes_wait`: it carries the wait) and the wait is over. If the lease holder dies, its
+    lease goes stale and the workers' sweep sends the task again (`requeue_abandoned`,
+    `lost_waits`), so dropping a message never strands its task."""
     row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
     if row is None:
         return Claim(ClaimAction.skip, status="missing")
     status = TaskStatus(row.status)
-    if status is TaskStatus.running and row.heartbeat_at is not None:
-        age = (now - row.heartbeat_at).total_seconds()
-        if age < stale_after_s:
-            return Claim(ClaimAction.wait, wait_s=stale_after_s - age, status=status.value)
+    live = row.heartbeat_at is not None and (
+        now - row.heartbeat_at).total_seconds() < stale_after_s
+    if live and (status is TaskStatus.running
+                 or (status is TaskStatus.queued and not resumes_wait)):
+        return Claim(ClaimAction.duplicate, status=status.value)
     if status not in (TaskStatus.queued, TaskStatus.running):
         return Claim(ClaimAction.skip, status=status.value)
     move_task(row, TaskStatus.running, now)

@@ -1,12 +1,15 @@
 """At-least-once delivery, at-most-once execution: a message delivered again does nothing
-once its task succeeded, and a worker killed mid-task (SIGKILL) loses nothing: the task is
-delivered again (late acks) and completes, on Redis and on the embedded filesystem broker."""
+once its task succeeded, nor while another delivery runs it (Redis's visibility timeout), and
+a worker killed mid-task (SIGKILL) loses nothing: the task is delivered again (late acks) and
+completes, on Redis and on the embedded filesystem broker."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +50,57 @@ async def test_a_redelivered_message_of_a_succeeded_task_does_nothing(
         assert (again["status"], again["attempts"], again["finished_at"]) == (
             "succeeded", 1, task["finished_at"])
         assert stack.gate.calls == 2  # the store collected once per task, not per message
+
+
+def broker_messages(queue: str, task_id: str) -> int:
+    """Messages of the task in Redis: waiting in its queue, or taken and not acknowledged."""
+    import redis
+
+    client = redis.Redis.from_url(WORKER_REDIS_URL)
+    try:
+        waiting = [json.loads(m) for m in client.lrange(f"{queue}:{queue}", 0, -1)]
+        taken = [json.loads(m)[0] for m in client.hvals(f"{queue}:unacked")]
+    finally:
+        client.close()
+    return sum(message["headers"]["id"] == task_id for message in waiting + taken)
+
+
+async def test_a_message_redelivered_while_its_task_runs_is_dropped(
+        stack: TaskStack, queue: str) -> None:
+    """Acks are late, so Redis gives a running task's message again once its visibility
+    timeout (5 s here) passes, and a restart sends queued tasks again: such a duplicate meets
+    the running attempt's live lease and is dropped. It counts no attempt, runs nothing, and
+    leaves no message behind (no chain of messages polling the task)."""
+    worker = stack.worker(LOOM_WORKER_CONCURRENCY="2")  # a free process takes the duplicates
+    worker.start()
+    stack.gate.close()
+    async with stack.client() as http:
+        job = await stack.create_job(http)
+        task = (await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})).json()
+        assert await asyncio.to_thread(stack.gate.entered.wait, 30)
+        celery = create_celery(WorkerSettings(data_dir=stack.data_dir, worker_queue=queue,
+                                              worker_redis_prefix=f"{queue}:",
+                                              worker_broker_url=WORKER_REDIS_URL))
+        send(celery, task["id"], TaskKind.gc, job, task["params"])  # as a restart resends it
+        celery.close()
+
+        def dropped() -> int:
+            return worker.log_tail(400).count(f"task {task['id']} is running under another")
+
+        deadline = time.monotonic() + 30  # then the visibility timeout's own redelivery
+        while dropped() < 2:
+            assert time.monotonic() < deadline, worker.log_tail()
+            await asyncio.sleep(0.2)
+        for _ in range(10):  # nothing left polling: at most the running delivery's message
+            assert broker_messages(queue, task["id"]) <= 1
+            await asyncio.sleep(0.2)
+        running = (await http.get(f"/v1/tasks/{task['id']}")).json()
+        assert (running["status"], running["attempts"]) == ("running", 1)
+
+        stack.gate.opened.set()
+        done = await wait_for_task(http, task["id"], DONE)
+    assert (done["status"], done["attempts"], stack.gate.calls) == ("succeeded", 1, 1), done
+    assert broker_messages(queue, task["id"]) == 0
 
 
 async def kill_mid_task_and_recover(stack: TaskStack, kill: str) -> dict[str, object]:

@@ -185,6 +185,39 @@ async def test_a_task_waits_for_services_that_are_not_ready_without_counting_or_
     assert (done.status, done.attempts, done.result) == ("succeeded", 2, {"value": 1})
 
 
+async def test_duplicate_messages_count_no_attempt_while_a_delivery_holds_the_lease(
+        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
+    """A broker's redelivery (visibility timeout) or a resend after a restart, while the task
+    runs or waits for services under another delivery's lease: dropped, nothing counted."""
+    settings = settings.model_copy(update={"worker_heartbeat_s": 30.0})
+    task_id = new_task(sessions)
+    unready = {"rollout": "starting"}
+    stack = services_ready(unready)
+    ran: list[int] = []
+
+    async def work(_services: Services, attempt: int) -> Done:
+        ran.append(attempt)
+        if unready:
+            raise UpstreamError("rollout: engine is still starting")
+        assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS,
+                                  stack) is None  # redelivered while this attempt runs
+        return Done(Result(value=attempt))
+
+    wait = await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS, stack)
+    assert wait is not None and wait.outage.waiting_for == ("rollout",)
+    for duplicate in (Outage(), Outage(strikes=3)):  # the wait's lease is live: dropped
+        assert await run_delivery(settings, sessions, task_id, duplicate, work, NEEDS,
+                                  stack) is None
+    waiting = row(sessions, task_id)
+    assert (waiting.status, waiting.attempts, ran) == ("queued", 1, [1])
+    unready.clear()  # the waiting chain's own message goes on, and runs attempt 2 alone
+    assert await run_delivery(settings, sessions, task_id, wait.outage, work, NEEDS,
+                              stack) is None
+    done = row(sessions, task_id)
+    assert (done.status, done.attempts, done.result, ran) == (
+        "succeeded", 2, {"value": 2}, [1, 2])
+
+
 async def test_a_wait_longer_than_the_outage_window_fails_the_task(
         sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
     task_id = new_task(sessions)
@@ -268,10 +301,11 @@ async def test_a_lost_workers_task_waits_then_is_taken_over_and_recovered(
     async def work(_services: Services, _attempt: int) -> Done:
         return Done(Result(value=2))
 
-    # The heartbeat is still fresh: look again later, the message's state unchanged.
-    again = await run_delivery(settings, sessions, task_id, Outage(strikes=1), work, NEEDS)
-    assert again is not None and again.outage == Outage(strikes=1)
-    assert 0 < again.after_s <= 0.7
+    # The heartbeat is still fresh: a duplicate message, dropped (the sweep sends the task
+    # again should its lease go stale).
+    assert await run_delivery(settings, sessions, task_id, Outage(strikes=1), work,
+                              NEEDS) is None
+    assert (row(sessions, task_id).status, row(sessions, task_id).attempts) == ("running", 1)
     later = now + timedelta(seconds=settings.stale_after_s + 0.1)
     with transaction(sessions) as session:
         takeover = claim_task(session, task_id, later, settings.stale_after_s)
