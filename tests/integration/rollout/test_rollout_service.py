@@ -395,6 +395,43 @@ async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
     assert interrupted > 0, "no generation was running when version 2 was published"
 
 
+async def test_max_staleness_cancels_stale_groups_and_not_the_later_ones(
+        rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path,
+        tmp_path: Path) -> None:
+    """Four groups of 8 with room for 8 episodes at once, max_staleness 0. Version 2 is
+    published while the first group generates on version 1: the groups that started on 1
+    are cancelled (a 'stale' error each); those that had to wait for a slot start on 2 and
+    are delivered, though the request came when version 1 was the newest."""
+    job_id = "stale-lora"
+
+    async def publish(seed: int) -> None:
+        await store.publish(VersionMeta(job_id=job_id, kind=VersionKind.lora,
+                                        base_model=str(tiny_model_dir)),
+                            lora_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed=seed, rank=8))
+
+    await publish(1)
+    body = {"job_id": job_id, "env": "arithmetic", "group_size": 8, "concurrency": 8,
+            "tasks": [{"prompt": f"{i}+1=", "reference": str(i + 1)} for i in range(4)],
+            "params": {"max_tokens": 400, "seed": 3}, "max_staleness": 0}
+
+    async def publish_mid_generation() -> None:
+        await asyncio.sleep(0.5)  # 8 x 400 tokens take seconds on this CPU
+        await publish(2)
+
+    response, _ = await asyncio.gather(rollout.post("/v1/rollouts", json=body),
+                                       publish_mid_generation())
+    events = [json.loads(line) for line in response.text.split("\n") if line]
+    stale = [e["error"] for e in events if e["type"] == "error"]
+    groups = [e["group"] for e in events if e["type"] == "group"]
+    assert stale and groups, events
+    assert {e["code"] for e in stale} == {"stale"}
+    assert all("started on version 1 " in e["message"] for e in stale)
+    assert 0 in {e["detail"]["task_index"] for e in stale}  # the first group started on 1
+    fresh = [g for g in groups
+             if {t["turns"][0]["version"] for t in g["trajectories"]} == {2}]
+    assert fresh, "no group of the request started on version 2"
+
+
 async def test_load_endpoint_and_unknown_versions(rollout: httpx2.AsyncClient,
                                                   store: ModelStateClient) -> None:
     loaded = await rollout.post("/v1/load", json={"job_id": "lora-job", "version": 1})
