@@ -29,6 +29,9 @@ def run_arith(run: RecipeRun, config: ArithConfig) -> dict[str, Any]:
     state = run.state
     if "sft_end" not in state:
         state = _sft(run, train, validation, config)
+        # GRPO's first step is a new phase: a fresh AdamW (a run resumed within GRPO restores
+        # GRPO's own moments from its checkpoint; one resumed at the SFT check resets again).
+        run.job.reset_optimizer().result()
     _grpo(run, train, validation, config, state)
     best = run.job.version("best").number
     return {
