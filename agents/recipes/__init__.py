@@ -2,7 +2,13 @@
 checkpoints and resumes. See `services.worker.recipe_registry` for how one is registered (the
 worker and the gateway find recipes there), `run` for what it gets."""
 
-from agents.recipes.run import RecipeRun, RunStopped
-from services.worker.recipe_registry import ENTRY_POINT_GROUP, Recipe, load_recipe, registered
+from agents.recipes.run import RecipeRun
+from services.worker.recipe_registry import (
+    ENTRY_POINT_GROUP,
+    Recipe,
+    RunStopped,
+    load_recipe,
+    registered,
+)
 
 __all__ = ["ENTRY_POINT_GROUP", "Recipe", "RecipeRun", "RunStopped", "load_recipe", "registered"]

@@ -23,15 +23,6 @@ from services.trainer.schemas import SaveWeightsResult
 from services.worker.schemas import PublishOptions, RunProgress
 
 
-class RunStopped(Exception):
-    """Raised at a step boundary when the run must end there: its task was cancelled or
-    taken over (`cancel_task` False: someone else owns the outcome) or its job cancelled."""
-
-    def __init__(self, message: str, *, cancel_task: bool) -> None:
-        super().__init__(message)
-        self.cancel_task = cancel_task
-
-
 class RecipeRun:
     def __init__(self, loom: LoomClient, job: Job, *, run_id: str,
                  resumed: RunProgress | None,

@@ -48,6 +48,16 @@ class Recipe(Generic[C]):
                                f"{_first_error(errors)}", {"errors": errors}) from None
 
 
+class RunStopped(Exception):
+    """Raised by the worker at a step boundary of a recipe's loop when the run must end there:
+    its task was cancelled or taken over (`cancel_task` False: someone else owns the outcome)
+    or its job cancelled."""
+
+    def __init__(self, message: str, *, cancel_task: bool) -> None:
+        super().__init__(message)
+        self.cancel_task = cancel_task
+
+
 def _first_error(errors: list[dict[str, Any]]) -> str:
     first = errors[0]
     where = ".".join(str(part) for part in first["loc"]) or "config"

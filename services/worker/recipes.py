@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from agents.recipes import RecipeRun, RunStopped
+from agents.recipes import RecipeRun
 from agents.sdk.sync import LoomClient
 from gateway.job_states import move_job
 from gateway.keys import create_job_key, revoke_job_keys
@@ -26,7 +26,7 @@ from gateway.schemas import JobStatus
 from gateway.task_leases import record_progress
 from services.common.db import transaction
 from services.common.errors import LoomError, NotFound, Unavailable, UpstreamError
-from services.worker.recipe_registry import load_recipe
+from services.worker.recipe_registry import RunStopped, load_recipe
 from services.worker.runner import RETRYABLE
 from services.worker.schemas import RecipeParams, RecipeResult, RunProgress
 

@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from agents.recipes.run import RunStopped
 from gateway.models import utcnow
 from gateway.task_leases import (
     ClaimAction,
@@ -46,6 +45,7 @@ from services.common.http import ServiceClient
 from services.common.schemas import ErrorBody
 from services.common.service_token import service_client
 from services.worker.readiness import Readiness, stack_readiness
+from services.worker.recipe_registry import RunStopped
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
