@@ -117,6 +117,10 @@ class RolloutStream(_Blocking):
     def __iter__(self) -> Iterator[Any]:
         return self._runner.iterate(self._target.__aiter__())
 
+    def events(self) -> Iterator[Any]:
+        """Every event as it arrives: groups, errors, the summary."""
+        return self._runner.iterate(self._target.events())
+
 
 class CaptureSession(_Blocking):
     """Blocking view of `AsyncCaptureSession`."""

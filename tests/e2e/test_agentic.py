@@ -50,7 +50,9 @@ def test_single_turn_groups_stream_with_rewards(stack) -> None:
                                    "reference": reference_of([3, 5, 7], 22)}],
                                  env="countdown", group_size=2,
                                  params=SamplingParams(max_tokens=8))
-        (group,) = list(countdown)
+        events = list(countdown.events())  # every event, the summary included
+        assert [e.type for e in events] == ["group", "summary"]
+        group = events[0].group
         assert all(t.reward == 0.0 for t in group.trajectories)  # a random model misses
 
 
@@ -65,6 +67,9 @@ def test_bad_rollout_requests_are_clear_4xx(stack) -> None:
                          env_params={"timeout_s": 0})
         with pytest.raises(NotFound):
             job.rollouts([{"prompt": "1+1="}], env="arithmetic", version=9)
+        with pytest.raises(InvalidInput, match="max_staleness needs"):
+            job.rollouts([{"prompt": "1+1="}], env="arithmetic", max_staleness=1,
+                         version_refresh="turn")
 
 
 def test_python_tool_episode_runs_the_models_code_in_the_sandbox(
