@@ -15,6 +15,10 @@ from services.common.busy import BusyClock
 from services.common.operations import OperationQueue
 from services.common.service_token import service_token
 from services.trainer.checkpoint import ThreadPublisher
+from services.trainer.distributed.commands import RankConfig
+from services.trainer.distributed.ranks import RankGroup
+from services.trainer.distributed.remote import RemoteRegistry
+from services.trainer.distributed.sharding import Sharding
 from services.trainer.model import resolve_device
 from services.trainer.registry import ModelRegistry
 from services.trainer.routes import router
@@ -38,8 +42,12 @@ def create_app(
             torch.backends.cuda.matmul.allow_tf32 = settings.trainer_tf32
         client = modelstate or ModelStateClient.from_settings(settings)
         queue = OperationQueue(busy=busy)
+        group = rank_group(settings) if settings.trainer_world_size > 1 else None
+        if group is not None:
+            await asyncio.to_thread(group.start)
         app.state.trainer = TrainerService(
-            ModelRegistry(settings.data_dir, device, settings.trainer_micro_batch_tokens),
+            ModelRegistry(settings.data_dir, device, settings.trainer_micro_batch_tokens)
+            if group is None else RemoteRegistry(group),
             queue,
             ThreadPublisher(client, asyncio.get_running_loop()),
             settings.trainer_work_dir,
@@ -54,6 +62,8 @@ def create_app(
             yield
         finally:
             queue.shutdown()
+            if group is not None:
+                await asyncio.to_thread(group.stop)
             app.state.trainer.release_page_reserves()
             if modelstate is None:
                 await client.aclose()
@@ -64,3 +74,14 @@ def create_app(
                      "Seconds the trainer spent running operations (its device busy)")
     app.state.metrics_registry.register(busy)
     return app
+
+
+def rank_group(settings: TrainerSettings) -> RankGroup:
+    """The ranks of a sharded trainer (`LOOM_TRAINER_WORLD_SIZE` > 1), not started yet."""
+    return RankGroup(RankConfig(
+        world_size=settings.trainer_world_size, master_port=0, data_dir=settings.data_dir,
+        device=settings.trainer_device, micro_batch_tokens=settings.trainer_micro_batch_tokens,
+        threads=settings.trainer_threads,
+        sharding=Sharding(settings.trainer_precision,
+                          settings.trainer_activation_checkpointing),
+        timeout_s=settings.trainer_collective_timeout_s))

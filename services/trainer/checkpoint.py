@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind, VersionMeta
+from services.trainer.distributed.remote import RemoteModel
 from services.trainer.model import TrainerModel
 from services.trainer.page_reserve import PageReserve
 from services.trainer.schemas import SaveWeightsRequest, SaveWeightsResult
@@ -46,8 +47,8 @@ class ThreadPublisher:
 
 
 def save_weights(
-    model: TrainerModel, request: SaveWeightsRequest, publisher: ThreadPublisher, work_dir: Path,
-    shard_bytes: int, reserve: PageReserve,
+    model: TrainerModel | RemoteModel, request: SaveWeightsRequest, publisher: ThreadPublisher,
+    work_dir: Path, shard_bytes: int, reserve: PageReserve,
 ) -> SaveWeightsResult:
     directory = publisher.staging_dir()
     if directory is None:

@@ -28,6 +28,7 @@ from services.trainer.batch import (
 from services.trainer.lora_host import LoraHost
 from services.trainer.losses import Totals, compute_loss
 from services.trainer.page_reserve import PageReserve
+from services.trainer.parallel import SingleProcess
 from services.trainer.schemas import (
     AdamParams,
     CreateModelRequest,
@@ -67,8 +68,11 @@ def load_causal_lm(path: str, device: torch.device) -> PreTrainedModel:
 
 class TrainerModel:
     def __init__(self, spec: CreateModelRequest, model_path: str, device: torch.device,
-                 host: LoraHost | None, micro_batch_tokens: int) -> None:
-        """Full training loads its own copy of the base; LoRA adds an adapter to `host`."""
+                 host: LoraHost | None, micro_batch_tokens: int,
+                 parallel: SingleProcess | None = None) -> None:
+        """Full training loads its own copy of the base; LoRA adds an adapter to `host`.
+        `parallel`: how it shares the work with other ranks (by default it has none)."""
+        self.parallel = parallel or SingleProcess()
         self.micro_batch_tokens = micro_batch_tokens
         self.spec = spec
         self.model_path = model_path
@@ -76,7 +80,7 @@ class TrainerModel:
         self._host = host if spec.mode == TrainingMode.lora else None
         self._full: PreTrainedModel | None = None
         if self._host is None:
-            self._full = load_causal_lm(model_path, device)
+            self._full = self.parallel.wrap(load_causal_lm(model_path, device))
             base = self._full
             self._named = [(n, p) for n, p in base.named_parameters() if p.requires_grad]
         else:
@@ -128,6 +132,8 @@ class TrainerModel:
             network.train()
             loss, metrics, logprobs = self._loss(network, batch, loss_config, backward=True)
         self._has_gradients = True
+        if return_logprobs:
+            logprobs = self.parallel.sum_rows(logprobs)
         return ForwardBackwardResult(
             loss=loss, num_tokens=batch.num_tokens, metrics=metrics,
             logprobs=unpad(logprobs, batch.lengths) if return_logprobs else None)
@@ -138,9 +144,10 @@ class TrainerModel:
         with self.network() as network, torch.no_grad():
             network.eval()
             if loss_config is None:
-                return ForwardResult(logprobs=unpad(self._logprobs(network, batch),
-                                                    batch.lengths))
+                logprobs = self.parallel.sum_rows(self._logprobs(network, batch))
+                return ForwardResult(logprobs=unpad(logprobs, batch.lengths))
             loss, _, logprobs = self._loss(network, batch, loss_config, backward=False)
+            logprobs = self.parallel.sum_rows(logprobs)
         # No token carrying loss is a loss of 0 (a mean over no tokens would be NaN).
         value = loss if batch.num_tokens else 0.0
         return ForwardResult(logprobs=unpad(logprobs, batch.lengths), loss=value)
@@ -148,12 +155,8 @@ class TrainerModel:
     def optim_step(self, adam: AdamParams) -> OptimStepResult:
         if not self._has_gradients:
             raise Conflict("No gradients to apply: call forward_backward before optim_step")
-        optimizer = self._optimizer_for(adam)
-        if adam.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, adam.grad_clip)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in self.params if p.grad is not None])
+        optimizer = self.optimizer_for(adam)
+        grad_norm = self.parallel.grad_norm(self.params, adam.grad_clip)
         self._has_gradients = False
         if not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
@@ -180,13 +183,17 @@ class TrainerModel:
             if isinstance(network, peft.PeftModel):
                 write_adapter(network, directory, self.spec.job_id, reserve)
                 return
-            write_full(network, directory, shard_bytes, reserve)
-        self._tokenizer_files.write(directory)
+            write_full(network, directory, shard_bytes, reserve, self.parallel)
+        if self.parallel.rank == 0:
+            self._tokenizer_files.write(directory)
 
     # --- checkpoints (state_files) ----------------------------------------------------------
 
     def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return list(self._named)
+
+    def optimizer(self) -> torch.optim.AdamW | None:
+        return self._optimizer
 
     def optimizer_state(self) -> dict[str, object] | None:
         return None if self._optimizer is None else self._optimizer.state_dict()
@@ -207,19 +214,28 @@ class TrainerModel:
                                        f"{tuple(weights[name].shape)}, the model's "
                                        f"{tuple(param.shape)}.")
             for name, param in self._named:
-                param.copy_(weights[name])
+                param.copy_(self.parallel.shard_like(weights[name], param))
                 param.grad = None
         self._has_gradients = False
         self._optimizer = None
         if optimizer is not None:
-            self._optimizer_for(AdamParams()).load_state_dict(optimizer)
+            for index, moments in optimizer["state"].items():  # type: ignore[attr-defined]
+                param = self.params[index]
+                for key, value in moments.items():
+                    if value.shape == param.shape:  # not `step`
+                        moments[key] = self.parallel.shard_like(value, param)
+            self.optimizer_for(AdamParams()).load_state_dict(optimizer)
+        self.restore_position(step, last_version)
+
+    def restore_position(self, step: int, last_version: int | None) -> None:
+        """The step and (not None) last published version of a checkpoint."""
         self.step = step
         if last_version is not None:
             self.last_version = last_version
 
     # --- internals ------------------------------------------------------------------------
 
-    def _optimizer_for(self, adam: AdamParams) -> torch.optim.AdamW:
+    def optimizer_for(self, adam: AdamParams) -> torch.optim.AdamW:
         """One AdamW for the model's life (its moments persist); each call may retune it."""
         hyper = {"lr": adam.lr, "betas": (adam.beta1, adam.beta2), "eps": adam.eps,
                  "weight_decay": adam.weight_decay}
@@ -249,8 +265,11 @@ class TrainerModel:
                 if backward else None)
         loss, metrics = 0.0, {}
         logprobs = torch.zeros_like(batch.loss_mask)
-        for rows in groups:
-            part, part_reference = batch.rows(rows, reference)
+        for group in groups:
+            rows = self.parallel.share(group)
+            # No row of this micro-batch for this rank: a stand-in row, with no weight, runs
+            # the passes the other ranks run.
+            part, part_reference = batch.rows(rows or group[:1], reference)
             part_logprobs = self._forward(network, part.input_ids, part.attention_mask,
                                           temperature)
             share, shares = compute_loss(config, part_logprobs, part.loss_mask,
@@ -259,8 +278,10 @@ class TrainerModel:
                                          ref_logprobs=part_reference,
                                          proximal_logprobs=part.proximal_logprobs,
                                          totals=totals)
+            if not rows:
+                share, shares = share * 0.0, dict.fromkeys(shares, 0.0)
             if undo is not None:
-                if not torch.isfinite(share):
+                if not self.parallel.all_finite(share):
                     undo.restore()
                     raise InvalidInput(
                         f"The loss is {share.item()} (check advantages and logprobs for huge "
@@ -270,20 +291,25 @@ class TrainerModel:
             loss += share.item()
             for name, value in shares.items():
                 metrics[name] = metrics.get(name, 0.0) + value
-            index = torch.tensor(rows, device=logprobs.device)
-            logprobs[index, :part_logprobs.shape[1]] = part_logprobs.detach()
+            if rows:
+                index = torch.tensor(rows, device=logprobs.device)
+                logprobs[index, :part_logprobs.shape[1]] = part_logprobs.detach()
+        loss, metrics = self.parallel.sum_values(loss, metrics)
         return loss, metrics, logprobs
 
     def _logprobs(self, network: torch.nn.Module, batch: Batch, temperature: float = 1.0
                   ) -> torch.Tensor:
-        """[B, T] logprobs, from one forward pass per micro-batch of rows of similar length
-        (no graph is kept: callers run it without gradients)."""
+        """[B, T] logprobs of this rank's rows, from one forward pass per micro-batch of rows
+        of similar length (no graph is kept: callers run it without gradients)."""
         logprobs = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
-        for rows in self._groups(batch):
-            part, _ = batch.rows(rows)
-            index = torch.tensor(rows, device=logprobs.device)
-            logprobs[index, :part.input_ids.shape[1]] = self._forward(
-                network, part.input_ids, part.attention_mask, temperature)
+        for group in self._groups(batch):
+            rows = self.parallel.share(group)
+            part, _ = batch.rows(rows or group[:1])  # a stand-in row: see `_loss`
+            part_logprobs = self._forward(network, part.input_ids, part.attention_mask,
+                                          temperature)
+            if rows:
+                index = torch.tensor(rows, device=logprobs.device)
+                logprobs[index, :part.input_ids.shape[1]] = part_logprobs
         return logprobs
 
     def _groups(self, batch: Batch) -> list[list[int]]:
@@ -310,7 +336,8 @@ class TrainerModel:
                 with network.disable_adapter():
                     return self._logprobs(network, batch, temperature)
             if self._frozen_reference is None:
-                self._frozen_reference = load_causal_lm(self.model_path, self.device).eval()
+                self._frozen_reference = self.parallel.wrap(
+                    load_causal_lm(self.model_path, self.device)).eval()
                 self._frozen_reference.requires_grad_(False)
             return self._logprobs(self._frozen_reference, batch, temperature)
 

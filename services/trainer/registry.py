@@ -11,10 +11,11 @@ from services.common.base_models import resolve_base_model
 from services.common.errors import Conflict, NotFound
 from services.trainer.lora_host import LoraHost
 from services.trainer.model import TrainerModel, load_causal_lm, micro_batch_budget
+from services.trainer.parallel import SingleProcess
 from services.trainer.schemas import CreateModelRequest, TrainingMode
 
 
-def _identity(spec: CreateModelRequest) -> tuple[object, ...]:
+def identity(spec: CreateModelRequest) -> tuple[object, ...]:
     """What makes two create requests the same model (LoRA settings mean nothing in full)."""
     lora = spec.lora if spec.mode == TrainingMode.lora else None
     return spec.base_model, spec.mode, lora, spec.seed
@@ -22,8 +23,11 @@ def _identity(spec: CreateModelRequest) -> tuple[object, ...]:
 
 class ModelRegistry:
     def __init__(self, data_dir: Path, device: torch.device,
-                 micro_batch_tokens: int | None = None) -> None:
-        """`micro_batch_tokens` None: the device's default (`model.micro_batch_budget`)."""
+                 micro_batch_tokens: int | None = None,
+                 parallel: SingleProcess | None = None) -> None:
+        """`micro_batch_tokens` None: the device's default (`model.micro_batch_budget`);
+        `parallel`: the rank this registry's models are on, when they are sharded."""
+        self._parallel = parallel
         self._data_dir = data_dir
         self._device = device
         self._micro_batch_tokens = micro_batch_budget(device, micro_batch_tokens)
@@ -37,7 +41,7 @@ class ModelRegistry:
         with self._lock:
             existing = self._models.get(spec.job_id)
             if existing is not None:
-                if _identity(existing.spec) != _identity(spec):
+                if identity(existing.spec) != identity(spec):
                     raise Conflict(
                         f"Model {spec.job_id!r} exists with a different configuration",
                         detail={"existing": existing.spec.model_dump(mode="json")},
@@ -46,7 +50,8 @@ class ModelRegistry:
             path = resolve_base_model(spec.base_model, self._data_dir)
             host = self._lora_host(path, spec.base_model) if spec.mode == TrainingMode.lora \
                 else None
-            model = TrainerModel(spec, path, self._device, host, self._micro_batch_tokens)
+            model = TrainerModel(spec, path, self._device, host, self._micro_batch_tokens,
+                                 self._parallel)
             self._models[spec.job_id] = model
             return model, True
 

@@ -13,6 +13,7 @@ from services.common.operations import OperationQueue
 from services.common.schemas import Operation
 from services.trainer import state_files
 from services.trainer.checkpoint import ThreadPublisher, save_weights
+from services.trainer.distributed.remote import RemoteRegistry
 from services.trainer.page_reserve import DEFAULT_MAX_BYTES, PageReserve, remove_leftovers
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
@@ -34,7 +35,7 @@ from services.trainer.weights_files import DEFAULT_SHARD_BYTES
 class TrainerService:
     def __init__(
         self,
-        registry: ModelRegistry,
+        registry: ModelRegistry | RemoteRegistry,
         queue: OperationQueue,
         publisher: ThreadPublisher,
         work_dir: Path,

@@ -89,3 +89,33 @@ class TrainerSettings(LoomSettings):
         default_factory=lambda data: Path(data["data_dir"]) / "trainer",
         description="Scratch space for weights being published. Default: <data_dir>/trainer.",
     )
+    trainer_world_size: int = Field(
+        default=1,
+        ge=1,
+        description="Ranks the trainer runs its models on. 1: one process holds each whole "
+        "model (fp32 weights, gradients and AdamW moments: 16 bytes per parameter). N > 1: the "
+        "trainer starts N rank processes on this host (one per GPU; on CPU as many as set) "
+        "that shard each model with FSDP2 (16/N bytes per parameter each, plus the layer "
+        "being computed) and split every batch's rows; results equal one process's. Full "
+        "fine-tuning only so far: LoRA jobs need world size 1.",
+    )
+    trainer_precision: str = Field(
+        default="fp32",
+        pattern=r"^(fp32|bf16)$",
+        description="Compute precision of a sharded trainer (world size > 1): 'bf16' runs "
+        "the layers in bfloat16 with fp32 master weights, gradient reductions and optimizer "
+        "state (FSDP2's MixedPrecisionPolicy); logprobs and losses stay fp32.",
+    )
+    trainer_activation_checkpointing: bool = Field(
+        default=False,
+        description="A sharded trainer (world size > 1) keeps only each layer's input through "
+        "the forward and recomputes the rest in the backward: activation memory of one "
+        "layer instead of all, for about a third more compute.",
+    )
+    trainer_collective_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A sharded trainer's ranks give up on a collective (waiting on a rank "
+        "that died or hangs) after this long; the operation fails naming the rank and the "
+        "trainer starts its ranks again.",
+    )

@@ -30,14 +30,18 @@ from safetensors.torch import load_file, save_file
 
 from services.common.errors import Conflict, InvalidInput, NotFound
 from services.common.files import fsync_path
+from services.trainer.distributed import dcp_state
+from services.trainer.distributed.remote import RemoteModel
 from services.trainer.model import TrainerModel
 from services.trainer.schemas import StateCheckpoint, TrainingMode
 
 WEIGHTS, OPTIMIZER, STATE = "trainable.safetensors", "optimizer.pt", "state.json"
+SHARDED = "sharded"  # a sharded trainer's checkpoint: DCP's files (`dcp_state`)
 
 
-def save_state(model: TrainerModel, root: Path, name: str, series: str | None = None,
-               keep: int = 2, expires_at: datetime | None = None) -> StateCheckpoint:
+def save_state(model: TrainerModel | RemoteModel, root: Path, name: str,
+               series: str | None = None, keep: int = 2,
+               expires_at: datetime | None = None) -> StateCheckpoint:
     drop_expired(root)
     job_dir = root / model.spec.job_id
     final = job_dir / name
@@ -48,18 +52,15 @@ def save_state(model: TrainerModel, root: Path, name: str, series: str | None = 
     work = job_dir / f".tmp-{name}-{uuid.uuid4().hex}"
     work.mkdir()
     try:
-        save_file({n: p.detach().contiguous().cpu() for n, p in model.named_trainable()},
-                  work / WEIGHTS)
-        optimizer = model.optimizer_state()
-        if optimizer is not None:
-            torch.save(optimizer, work / OPTIMIZER)
+        has_optimizer = (model.write_checkpoint(work) if isinstance(model, RemoteModel)
+                         else write_checkpoint(model, work))
         state = {"job_id": model.spec.job_id, "name": name, "step": model.step,
-                 "last_version": model.last_version, "has_optimizer": optimizer is not None,
+                 "last_version": model.last_version, "has_optimizer": has_optimizer,
                  "created_at": datetime.now(UTC).isoformat(), "series": series,
                  "expires_at": None if expires_at is None else expires_at.isoformat(),
                  "spec": model.spec.model_dump(mode="json")}
         (work / STATE).write_text(json.dumps(state, indent=2))
-        for path in work.iterdir():
+        for path in work.rglob("*"):
             fsync_path(path)
         fsync_path(work)
         work.rename(final)
@@ -115,8 +116,8 @@ def drop_expired(root: Path, job_id: str | None = None) -> None:
                     _remove(directory)
 
 
-def load_state(model: TrainerModel, root: Path, name: str, job_id: str | None = None,
-               optimizer: bool = True) -> StateCheckpoint:
+def load_state(model: TrainerModel | RemoteModel, root: Path, name: str,
+               job_id: str | None = None, optimizer: bool = True) -> StateCheckpoint:
     """Put the checkpoint's weights, step and (with `optimizer`) optimizer moments into
     `model`; without `optimizer` the moments are dropped. The checkpoint may be another job's
     (`job_id`) of the same base model, mode and LoRA configuration: parameter names in a
@@ -135,12 +136,40 @@ def load_state(model: TrainerModel, root: Path, name: str, job_id: str | None = 
         raise InvalidInput(f"{where} was saved from a {spec['mode']} model with "
                            f"LoRA {spec.get('lora')}; job {model.spec.job_id} trains "
                            f"{model.spec.mode.value} with LoRA {model.spec.lora.model_dump()}.")
+    last_version = checkpoint.last_version if source == model.spec.job_id else None
+    moments = optimizer and checkpoint.has_optimizer
+    if isinstance(model, RemoteModel):
+        model.read_checkpoint(directory, moments, checkpoint.step, last_version)
+    else:
+        read_checkpoint(model, directory, moments, checkpoint.step, last_version)
+    return checkpoint
+
+
+def write_checkpoint(model: TrainerModel, directory: Path) -> bool:
+    """The trainable weights and optimizer moments into `directory` (on every rank of a
+    sharded model: `SHARDED` through DCP); whether there were moments to save."""
+    if model.parallel.world_size > 1:
+        return dcp_state.save(model, directory / SHARDED)
+    save_file({n: p.detach().contiguous().cpu() for n, p in model.named_trainable()},
+              directory / WEIGHTS)
+    optimizer = model.optimizer_state()
+    if optimizer is not None:
+        torch.save(optimizer, directory / OPTIMIZER)
+    return optimizer is not None
+
+
+def read_checkpoint(model: TrainerModel, directory: Path, optimizer: bool, step: int,
+                    last_version: int | None) -> None:
+    """A checkpoint of either layout, whoever wrote it, into `model` (on every rank of a
+    sharded one): see `TrainerModel.restore`."""
+    if (directory / SHARDED).is_dir():
+        dcp_state.load(model, directory / SHARDED, optimizer)
+        model.restore_position(step, last_version)
+        return
     weights = load_file(directory / WEIGHTS, device=str(model.device))
     moments = (torch.load(directory / OPTIMIZER, weights_only=True, map_location=model.device)
-               if optimizer and checkpoint.has_optimizer else None)
-    model.restore(weights, moments, checkpoint.step,
-                  checkpoint.last_version if source == model.spec.job_id else None)
-    return checkpoint
+               if optimizer else None)
+    model.restore(weights, moments, step, last_version)
 
 
 def list_states(root: Path, job_id: str) -> list[StateCheckpoint]:

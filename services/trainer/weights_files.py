@@ -24,9 +24,11 @@ from pathlib import Path
 
 import peft
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoTokenizer, PreTrainedModel
 
 from services.trainer.page_reserve import PageReserve
+from services.trainer.parallel import SingleProcess
 from services.trainer.safetensors_inplace import write_file
 
 MiB = 1 << 20
@@ -38,18 +40,29 @@ ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 
 def write_full(model: PreTrainedModel, directory: Path,
-               shard_bytes: int = DEFAULT_SHARD_BYTES, reserve: PageReserve | None = None) -> None:
-    """Weights (in shards of at most `shard_bytes`), config and generation config."""
+               shard_bytes: int = DEFAULT_SHARD_BYTES, reserve: PageReserve | None = None,
+               parallel: SingleProcess | None = None) -> None:
+    """Weights (in shards of at most `shard_bytes`), config and generation config.
+
+    A model sharded across ranks (`parallel`) is written one file at a time: every rank
+    gathers that file's tensors, one rank writes it (the files go round the ranks), so no
+    rank holds more than one file's worth of whole tensors besides its own shards."""
+    parallel = parallel or SingleProcess()
     tensors = _untied_state_dict(model)
     shards = _shards(tensors, shard_bytes)
-    if len(shards) == 1:
-        _write_weights(shards[0], directory / WEIGHTS_NAME, reserve)
-    else:
-        weight_map = {}
-        for number, shard in enumerate(shards, start=1):
-            name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-            _write_weights(shard, directory / name, reserve)
-            weight_map.update(dict.fromkeys(shard, name))
+    names = ([WEIGHTS_NAME] if len(shards) == 1 else
+             [f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+              for n in range(1, len(shards) + 1)])
+    for number, (name, shard) in enumerate(zip(names, shards, strict=True)):
+        whole = parallel.gather(shard)
+        if parallel.writes(number):
+            _write_weights(whole, directory / name, reserve)
+        del whole
+    if parallel.rank != 0:
+        return
+    if len(shards) > 1:
+        weight_map = {key: name for name, shard in zip(names, shards, strict=True)
+                      for key in shard}
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
@@ -113,15 +126,20 @@ def _untied_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     kept: dict[int, str] = {}  # storage → the name it is saved under
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
-        storage = tensor.untyped_storage().data_ptr()
+        storage = _local(tensor).untyped_storage().data_ptr()
         first = kept.get(storage)
         if first is not None:
             if first not in tied_names or name in tied_names:
                 continue
             del tensors[first]  # `first` is the tied copy: save the tensor under this name
         kept[storage] = name
-        tensors[name] = tensor.contiguous()
+        tensors[name] = tensor if isinstance(tensor, DTensor) else tensor.contiguous()
     return tensors
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A rank's own part of a sharded tensor (DTensor), or the tensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,91 @@
+"""One rank of a sharded trainer: a process started by the coordinator (`ranks.RankGroup`),
+which joins the process group and runs every command the coordinator sends, in order, on its
+own `ModelRegistry` of sharded models (`python -m services.trainer.distributed.rank`)."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from services.common.errors import LoomError
+from services.trainer import state_files
+from services.trainer.distributed.commands import CHANNEL_ENV, RANK_ENV, RankConfig
+from services.trainer.distributed.sharding import Sharded
+from services.trainer.model import resolve_device
+from services.trainer.registry import ModelRegistry
+
+# What a "run" command may run on a model (a checkpoint's files are written by every rank).
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "write_checkpoint": state_files.write_checkpoint,
+    "read_checkpoint": state_files.read_checkpoint,
+}
+
+
+def join(rank: int, config: RankConfig) -> torch.device:
+    """Joins the group (gloo on CPU, NCCL on GPU, every collective bounded by the timeout)."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{config.master_port}", rank=rank,
+                            world_size=config.world_size,
+                            timeout=timedelta(seconds=config.timeout_s))
+    return device
+
+
+def execute(registry: ModelRegistry, command: tuple[Any, ...]) -> Any:
+    """("create", spec) -> (info, created, vocab size, max length); ("call", model id,
+    method, args) -> what the model's method returns; ("run", model id, function, args) ->
+    what `FUNCTIONS[function](model, *args)` returns."""
+    if command[0] == "create":
+        model, created = registry.create(command[1])
+        return model.info(), created, model.vocab_size, model.max_length
+    kind, model_id, name, args = command
+    model = registry.get(model_id)
+    if kind == "run":
+        return FUNCTIONS[name](model, *args)
+    return getattr(model, name)(*args)
+
+
+def serve(conn: Connection, registry: ModelRegistry) -> None:
+    while True:
+        try:
+            command = conn.recv()
+        except EOFError:  # the coordinator is gone
+            return
+        if command is None:
+            return
+        try:
+            conn.send(("ok", execute(registry, command)))
+        except LoomError as exc:
+            conn.send(("error", (type(exc), exc.message, exc.detail)))
+        except Exception as exc:  # noqa: BLE001 - reported to the coordinator, which raises it
+            conn.send(("crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def main() -> None:
+    rank = int(os.environ[RANK_ENV])
+    conn = Connection(int(os.environ[CHANNEL_ENV]))
+    config: RankConfig = conn.recv()
+    device = join(rank, config)
+    registry = ModelRegistry(config.data_dir, device, config.micro_batch_tokens,
+                             parallel=Sharded(config.sharding))
+    conn.send(("ok", None))
+    try:
+        serve(conn, registry)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""`Sharded`: a `TrainerModel`'s share of the work on one rank of a process group, with its
+model sharded by FSDP2 (`fully_shard`: parameters, gradients and optimizer state split across
+the ranks, whole layers gathered only while they run).
+
+The ranks split each micro-batch's rows (row i goes to rank i mod N) and add up their shares:
+gradients by FSDP's reduce-scatter as a sum (divide factor 1), loss, metrics and per-row
+logprobs by an all-reduce. Each rank's share already divides by the whole batch's totals (every
+rank has the whole batch), so the sum is exactly one process's value and gradient: no average
+of per-rank means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from services.trainer.parallel import M, SingleProcess
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How the ranks keep the model: compute precision (master weights, gradient reductions
+    and optimizer state stay fp32) and activation checkpointing."""
+
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+
+
+class Sharded(SingleProcess):
+    def __init__(self, sharding: Sharding | None = None) -> None:
+        self.sharding = sharding or Sharding()
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+
+    def wrap(self, model: M) -> M:
+        """Each decoder layer a unit of its own (gathered while it runs), the rest (embeddings,
+        final norm, head) the root's."""
+        if self.sharding.activation_checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is not None:
+                enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        dtype = PRECISIONS[self.sharding.precision]
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                      output_dtype=torch.float32)
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)  # a sum: see the module's docstring
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        return model
+
+    def share(self, rows: list[int]) -> list[int]:
+        return rows[self.rank::self.world_size]
+
+    def all_finite(self, value: Tensor) -> bool:
+        flag = torch.tensor([float(torch.isfinite(value).all())], device=value.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def sum_rows(self, per_row: Tensor) -> Tensor:
+        total = per_row.clone()
+        dist.all_reduce(total)
+        return total
+
+    def sum_values(self, loss: float, metrics: dict[str, float]) -> tuple[float, dict[str, float]]:
+        names = sorted(metrics)
+        values = torch.tensor([loss] + [metrics[n] for n in names], dtype=torch.float64)
+        dist.all_reduce(values)
+        total = values.tolist()
+        return total[0], dict(zip(names, total[1:], strict=True))
+
+    def gather(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {name: t.full_tensor() if isinstance(t, DTensor) else t
+                for name, t in tensors.items()}
+
+    def shard_like(self, whole: Tensor, like: Tensor) -> Tensor:
+        if not isinstance(like, DTensor):
+            return whole
+        return distribute_tensor(whole.to(like.device), like.device_mesh, like.placements)
+
+    def writes(self, number: int) -> bool:
+        return number % self.world_size == self.rank
+
+    def grad_norm(self, params: list[torch.nn.Parameter], clip: float | None) -> Tensor:
+        """As `torch.nn.utils.clip_grad_norm_` computes it, over the ranks' shards."""
+        grads = [_local(p.grad) for p in params if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float32)
+        for grad in grads:
+            squares += grad.detach().float().pow(2).sum().cpu()
+        dist.all_reduce(squares)
+        norm = squares.sqrt()
+        if clip is not None and grads:
+            coefficient = torch.clamp(clip / (norm + 1e-6), max=1.0)
+            for grad in grads:
+                grad.detach().mul_(coefficient.to(grad.device, grad.dtype))
+        return norm
+
+
+def _local(tensor: Tensor) -> Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a Hugging Face causal LM (`model.model.layers` and the like)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
+            return list(module)
+    return []

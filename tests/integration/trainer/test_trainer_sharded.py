@@ -1,0 +1,207 @@
+"""The sharded trainer: two rank processes (FSDP2 on CPU, gloo) against one process, on the
+same data, step for step."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from services.trainer import state_files
+from services.trainer.distributed.commands import RankConfig
+from services.trainer.distributed.ranks import RankFailed, RankGroup
+from services.trainer.distributed.remote import RemoteModel, RemoteRegistry
+from services.trainer.distributed.sharding import Sharding
+from services.trainer.model import TrainerModel
+from services.trainer.registry import ModelRegistry
+from services.trainer.schemas import (
+    AdamParams,
+    CreateModelRequest,
+    Datum,
+    LossAggregation,
+    LossConfig,
+    LossName,
+    TrainingMode,
+)
+
+MICRO_BATCH_TOKENS = 48  # several micro-batches, one of them a single row (a stand-in on rank 1)
+ADAM = AdamParams(lr=1e-4, grad_clip=1.0)  # see the README: Adam and rounding
+STEPS = 3
+
+
+def uneven_data(count: int = 7, seed: int = 0) -> list[Datum]:
+    """Prompts of 4 tokens, completions of 1 to 30, sampler logprobs and advantages."""
+    rng = random.Random(seed)
+    data = []
+    for _ in range(count):
+        completion = rng.choice([1, 3, 5, 9, 17, 30])
+        ids = [rng.randrange(3, 200) for _ in range(4 + completion)]
+        mask = [0.0] * 4 + [1.0] * completion
+        advantage = rng.uniform(-1, 1)
+        data.append(Datum(input_ids=ids, loss_mask=mask,
+                          logprobs=[0.0] * 4 + [rng.uniform(-6, -4) for _ in range(completion)],
+                          advantages=[advantage * m for m in mask]))
+    return data
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteRegistry]:
+    """Two ranks, started once for the module (each test makes its own models)."""
+    group = RankGroup(RankConfig(
+        world_size=2, master_port=0, data_dir=tmp_path_factory.mktemp("ranks"), device="cpu",
+        micro_batch_tokens=MICRO_BATCH_TOKENS, threads=1, sharding=Sharding(), timeout_s=60))
+    group.start()
+    try:
+        yield RemoteRegistry(group)
+    finally:
+        group.stop()
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
+    return ModelRegistry(tmp_path_factory.mktemp("one"), torch.device("cpu"),
+                         MICRO_BATCH_TOKENS)
+
+
+def pair(ranks: RemoteRegistry, one_process: ModelRegistry, job_id: str, base: Path
+         ) -> tuple[RemoteModel, TrainerModel]:
+    spec = CreateModelRequest(job_id=job_id, base_model=str(base), mode=TrainingMode.full)
+    return ranks.create(spec)[0], one_process.create(spec)[0]
+
+
+def weights(model: RemoteModel | TrainerModel, directory: Path) -> dict[str, torch.Tensor]:
+    directory.mkdir()
+    model.save(directory, shard_bytes=1 << 20)  # several files: both ranks write some
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
+
+
+CONFIGS = [
+    LossConfig(name=LossName.ppo, aggregation=LossAggregation.token_mean, kl_coef=0.1),
+    LossConfig(name=LossName.ppo, aggregation=LossAggregation.sequence_mean, kl_coef=0.1),
+    LossConfig(name=LossName.ppo, aggregation=LossAggregation.sum_normalized, normalizer=8,
+               kl_coef=0.1),
+    LossConfig(name=LossName.ppo, aggregation=LossAggregation.sum, kl_coef=0.1),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.aggregation.value)
+def test_two_ranks_train_as_one_process(ranks: RemoteRegistry, one_process: ModelRegistry,
+                                        tiny_model_dir: Path, tmp_path: Path,
+                                        config: LossConfig) -> None:
+    """PPO with KL to the reference, 3 steps on a batch of uneven rows in micro-batches: the
+    same losses, metrics, logprobs, gradient norms and weights (fp32, within 1e-5)."""
+    job = f"ppo-{config.aggregation.value}"
+    sharded, single = pair(ranks, one_process, job, tiny_model_dir)
+    data = uneven_data()
+    for step in range(1, STEPS + 1):
+        want = single.forward_backward(data, config, return_logprobs=True)
+        got = sharded.forward_backward(data, config, return_logprobs=True)
+        assert got.loss == pytest.approx(want.loss, rel=1e-5, abs=1e-6)
+        assert got.num_tokens == want.num_tokens
+        assert got.metrics == pytest.approx(want.metrics, rel=1e-5, abs=1e-6)
+        assert got.logprobs is not None and want.logprobs is not None
+        for row, expected in zip(got.logprobs, want.logprobs, strict=True):
+            assert row == pytest.approx(expected, abs=1e-5)
+        stepped, expected_step = sharded.optim_step(ADAM), single.optim_step(ADAM)
+        assert stepped.step == expected_step.step == step == sharded.info().step
+        assert stepped.grad_norm == pytest.approx(expected_step.grad_norm, rel=1e-5)
+
+    after = sharded.forward(data, config)
+    assert after.loss == pytest.approx(single.forward(data, config).loss, rel=1e-5, abs=1e-6)
+    got_weights = weights(sharded, tmp_path / "sharded")
+    want_weights = weights(single, tmp_path / "single")
+    assert got_weights.keys() == want_weights.keys()
+    for name, tensor in want_weights.items():
+        torch.testing.assert_close(got_weights[name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+def test_weights_saved_by_two_ranks_are_one_process_weights(
+        ranks: RemoteRegistry, one_process: ModelRegistry, tiny_model_dir: Path,
+        tmp_path: Path) -> None:
+    """The same files, byte for byte: each rank gathers and writes its share of the shards."""
+    sharded, single = pair(ranks, one_process, "publish", tiny_model_dir)
+    (tmp_path / "sharded").mkdir()
+    (tmp_path / "single").mkdir()
+    sharded.save(tmp_path / "sharded", shard_bytes=1 << 20)
+    single.save(tmp_path / "single", shard_bytes=1 << 20)
+    files = sorted(p.name for p in (tmp_path / "single").iterdir())
+    assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == files
+    assert sum(name.endswith(".safetensors") for name in files) > 1
+    for name in files:
+        assert (tmp_path / "sharded" / name).read_bytes() == \
+            (tmp_path / "single" / name).read_bytes(), name
+
+
+def one_step(model: RemoteModel | TrainerModel, data: list[Datum]) -> tuple[float, float]:
+    loss = model.forward_backward(data, CONFIGS[0]).loss
+    return loss, model.optim_step(ADAM).grad_norm
+
+
+@pytest.mark.parametrize("direction", ["2 to 1", "1 to 2"])
+def test_a_checkpoint_resumes_at_another_world_size(
+        ranks: RemoteRegistry, one_process: ModelRegistry, tiny_model_dir: Path,
+        tmp_path: Path, direction: str) -> None:
+    """Saved (weights, AdamW moments, step) at one world size, loaded at the other: the next
+    step gives what the saver's own next step gives."""
+    saver_side, loader_side = (0, 1) if direction == "2 to 1" else (1, 0)
+    suffix = direction.replace(" ", "")
+    savers = pair(ranks, one_process, f"save-{suffix}", tiny_model_dir)
+    loaders = pair(ranks, one_process, f"load-{suffix}", tiny_model_dir)
+    saver, loader = savers[saver_side], loaders[loader_side]
+    data = uneven_data(seed=1)
+    one_step(saver, data)
+    state_files.save_state(saver, tmp_path, "after-1")
+    assert (tmp_path / saver.spec.job_id / "after-1" / state_files.SHARDED).is_dir() == \
+        (saver is savers[0])
+    state_files.load_state(loader, tmp_path, "after-1", job_id=saver.spec.job_id)
+    assert loader.step == 1
+    got, want = one_step(loader, data), one_step(saver, data)
+    assert got == pytest.approx(want, rel=1e-5)
+    got_weights = weights(loader, tmp_path / "loader")
+    for name, tensor in weights(saver, tmp_path / "saver").items():
+        torch.testing.assert_close(got_weights[name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+def test_a_rank_killed_mid_operation_fails_it_and_the_trainer_goes_on(
+        ranks: RemoteRegistry, tiny_model_dir: Path) -> None:
+    """The operation fails naming the dead rank (no hang); the ranks are started again with
+    the models they had, at their base weights, and serve the next operation."""
+    spec = CreateModelRequest(job_id="killed", base_model=str(tiny_model_dir),
+                              mode=TrainingMode.full)
+    model, _ = ranks.create(spec)
+    one_step(model, uneven_data())
+    assert model.step == 1
+    group, pids = ranks.group, ranks.group.pids
+    big = uneven_data(count=200, seed=2)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            model.forward_backward(big, CONFIGS[0])
+        except RankFailed as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(1.0)
+    os.kill(pids[1], signal.SIGKILL)
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    assert failure, "the operation in flight should have failed"
+    assert "rank 1 of 2" in str(failure[0]) and "forward_backward" in str(failure[0])
+    assert failure[0].detail == {"rank": 1, "operation": "forward_backward"}
+    assert group.pids and set(group.pids).isdisjoint(pids)
+    assert model.step == 0 and model.info().step == 0
+    assert one_step(model, uneven_data())[1] > 0
+    assert model.step == 1
