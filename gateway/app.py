@@ -16,9 +16,12 @@ from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.jobs import JobOwners
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
+from gateway.schemas import parse_trackers
 from gateway.settings import GatewaySettings
 from gateway.tinker import routes as tinker_routes
 from gateway.tinker.service import TinkerService
+from gateway.trackers.mirror import TrackerMirror
+from gateway.trackers.mirror import attach as attach_trackers
 from gateway.upstreams import Upstreams
 from gateway.weaver import routes as weaver_routes
 from gateway.weaver.service import WeaverService
@@ -44,6 +47,10 @@ def create_app(settings: GatewaySettings | None = None,
         await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
         engine = make_engine(url)
         app.state.sessions = make_sessionmaker(engine)
+        app.state.trackers = TrackerMirror(
+            parse_trackers(settings.trackers), settings.tracker_options(),
+            app.state.metrics_registry, retries=settings.trackers_retries)
+        attach_trackers(app.state.sessions, app.state.trackers)
         app.state.bootstrap_key = await run_in_threadpool(
             bootstrap_admin_key, app.state.sessions, settings
         )
@@ -68,6 +75,7 @@ def create_app(settings: GatewaySettings | None = None,
             await rollout.aclose()
             await app.state.trainer.aclose()
             await app.state.upstreams.aclose()
+            await run_in_threadpool(app.state.trackers.close)
             engine.dispose()
 
     async def readiness() -> dict[str, Any]:

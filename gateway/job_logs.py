@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from gateway.metric_names import phase_of
 from gateway.models import JobMetricRow, JobSampleRow, utcnow
 from gateway.schemas import JobProgress, LoggedSample, MetricPoint, MetricSeries, SampleRecord
+from gateway.trackers import mirror as trackers
 
 # Rows per INSERT statement: well under SQLite's 32,766 bound parameters (5 per row).
 INSERT_BATCH = 1_000
@@ -37,6 +38,8 @@ def log_metrics(session: Session, job_id: str, points: list[MetricPoint]) -> int
             set_={"value": statement.excluded.value, "updated_at": statement.excluded.updated_at},
         ))
     session.flush()
+    trackers.stage(session, job_id, [MetricPoint(name=name, step=step, value=value)
+                                     for (name, step), value in latest.items()])
     return len(rows)
 
 

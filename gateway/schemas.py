@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from services.common.schemas import Health, LenientModel, StrictModel
 from services.rollout.schemas import LoadedVersion
@@ -29,12 +29,42 @@ MAX_LOGGED_SAMPLES = 1_000
 MAX_SAMPLE_TEXT = 32_768
 
 
+# Experiment trackers a job's metrics can be mirrored to (gateway.trackers).
+TRACKER_NAMES = ("wandb", "mlflow", "tensorboard")
+
+
+def parse_trackers(value: object) -> tuple[str, ...]:
+    """`["wandb", "mlflow"]` or `"wandb,mlflow"` as tracker names; ValueError for others."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ValueError("trackers: a list of names or a comma-separated string")
+    chosen = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
+    unknown = [n for n in chosen if n not in TRACKER_NAMES]
+    if unknown:
+        raise ValueError(f"unknown trackers {unknown}; known: {', '.join(TRACKER_NAMES)}")
+    return chosen
+
+
+def job_trackers(config: dict[str, Any]) -> tuple[str, ...] | None:
+    """The trackers a job's config names (`{"trackers": [...]}`), or None: the default."""
+    return parse_trackers(config["trackers"]) if "trackers" in config else None
+
+
 class JobCreate(StrictModel):
     name: str = Field(default="job", min_length=1, max_length=128)
     base_model: str = Field(min_length=1, max_length=1024)
     mode: TrainingMode = TrainingMode.lora
     lora: LoraConfig = LoraConfig()
-    config: dict[str, Any] = Field(default={}, description="Free-form settings of the script")
+    config: dict[str, Any] = Field(
+        default={}, description="Free-form settings of the script; `trackers` (a list of "
+        f"{', '.join(TRACKER_NAMES)}) mirrors the job's metrics to them ([] for none) instead "
+        "of LOOM_TRACKERS")
+
+    @field_validator("config")
+    @classmethod
+    def _known_trackers(cls, config: dict[str, Any]) -> dict[str, Any]:
+        job_trackers(config)
+        return config
 
 
 class JobProgress(LenientModel):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
+from gateway.schemas import parse_trackers
+from gateway.trackers.writers import TrackerOptions
 from services.common.settings import LoomSettings
 
 # The services the gateway fronts, in the order a reader expects them.
@@ -73,6 +76,46 @@ class GatewaySettings(LoomSettings):
         "\"/models/qwen3-8b\"}. Unlisted names are used as given.",
     )
 
+    trackers: str = Field(
+        default="",
+        description="Experiment trackers every job's metrics are mirrored to, comma-separated: "
+        "wandb, mlflow, tensorboard (the trackers extra installs them). A job's config "
+        "{\"trackers\": [...]} chooses its own. A failing tracker never fails the job.",
+    )
+    trackers_dir: Path | None = Field(
+        default=None,
+        description="Where W&B offline runs and TensorBoard event files go (and the MLflow "
+        "store, unless LOOM_TRACKERS_MLFLOW_URI). Unset: <data_dir>/trackers.",
+    )
+    trackers_mlflow_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI (a server or a database). Unset: a SQLite store in "
+        "LOOM_TRACKERS_DIR.",
+    )
+    trackers_mlflow_experiment: str = Field(default="loom", min_length=1)
+    trackers_wandb_project: str = Field(default="loom", min_length=1)
+    trackers_wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        default="offline", description="online needs WANDB_API_KEY and a reachable W&B.")
+    trackers_retries: int = Field(
+        default=3, ge=0, le=20,
+        description="Retries (with doubling backoff from 1 s) of a failed tracker delivery "
+        "before its points are dropped and counted in /metrics.",
+    )
+
+    @field_validator("trackers")
+    @classmethod
+    def _known_trackers(cls, value: str) -> str:
+        parse_trackers(value)
+        return value
+
     @property
     def admin_key_file(self) -> Path:
         return self.data_dir / "admin_key"
+
+    def tracker_options(self) -> TrackerOptions:
+        root = self.trackers_dir or self.data_dir / "trackers"
+        return TrackerOptions(
+            root=root, wandb_project=self.trackers_wandb_project,
+            wandb_mode=self.trackers_wandb_mode,
+            mlflow_uri=self.trackers_mlflow_uri or f"sqlite:///{root / 'mlflow.db'}",
+            mlflow_experiment=self.trackers_mlflow_experiment)

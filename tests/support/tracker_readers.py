@@ -1,0 +1,79 @@
+"""Read what the trackers wrote with each one's own reader: TensorBoard's event accumulator,
+MLflow's client, and W&B's record protobufs for an offline run's `.wandb` log."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+Series = dict[str, list[tuple[int, float]]]  # name -> [(step, value)], as written
+
+# A `.wandb` file is a header, then 32 KiB blocks of chunks (crc32, length, type), as in a
+# LevelDB log; a record is one FULL chunk or FIRST, MIDDLE..., LAST. W&B ships no reader for
+# it in Python any more; the records themselves are parsed with its own protobuf classes.
+_HEADER, _BLOCK, _CHUNK = 7, 32 * 1024, 7
+_FULL, _LAST = 1, 4
+
+
+def tensorboard_series(logdir: Path) -> Series:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
+def mlflow_series(tracking_uri: str, job_id: str) -> Series:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("loom")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id],
+                               filter_string=f"tags.loom_job_id = '{job_id}'")
+    return {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+            for key in run.data.metrics}
+
+
+def wandb_series(wandb_dir: Path, job_id: str) -> Series:
+    """Every metric of the job's offline runs, against the step metric it was defined on."""
+    from wandb.proto import wandb_internal_pb2
+
+    series: Series = {}
+    for path in sorted(wandb_dir.glob(f"offline-run-*-{job_id}/run-{job_id}.wandb")):
+        for data in _records(path.read_bytes()):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            if record.WhichOneof("record_type") != "history":
+                continue
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                   for item in record.history.item}
+            steps = {k: v for k, v in row.items() if k == "step" or k.endswith("/step")}
+            for name, value in row.items():
+                if name.startswith("_") or name in steps:
+                    continue
+                phase = name.partition("/")[0] if "/" in name else ""
+                step = steps[f"{phase}/step" if f"{phase}/step" in steps else "step"]
+                series.setdefault(name, []).append((int(step), float(value)))
+    return series
+
+
+def _records(raw: bytes) -> list[bytes]:
+    records, pending, pos = [], b"", _HEADER
+    while pos + _CHUNK <= len(raw):
+        left = _BLOCK - pos % _BLOCK
+        if left < _CHUNK:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + _CHUNK])
+        if kind == 0:
+            pos += left
+            continue
+        pending += raw[pos + _CHUNK:pos + _CHUNK + length]
+        pos += _CHUNK + length
+        if kind in (_FULL, _LAST):
+            records.append(pending)
+            pending = b""
+    return records
