@@ -352,6 +352,37 @@ async def test_lora_version_hand_off(rollout: httpx2.AsyncClient, store: ModelSt
         "prompt_token_ids": chat.json()["loom"]["prompt_token_ids"]}
 
 
+class Publisher:
+    """Publishes versions of one job (seeded LoRA adapters or perturbed full weights)."""
+
+    def __init__(self, store: ModelStateClient, tiny_model_dir: Path, tmp_path: Path,
+                 job_id: str, kind: VersionKind) -> None:
+        self.store, self.base, self.tmp_path = store, tiny_model_dir, tmp_path
+        self.job_id, self.kind = job_id, kind
+
+    async def publish(self, seed: int) -> None:
+        directory = self.tmp_path / f"v{seed}"
+        weights = (lora_adapter(self.base, directory, seed=seed, rank=8)
+                   if self.kind == VersionKind.lora
+                   else perturbed_copy(self.base, directory, 1 + seed / 10))
+        await self.store.publish(VersionMeta(job_id=self.job_id, kind=self.kind,
+                                             base_model=str(self.base)), weights)
+
+    async def rollouts_while_publishing(self, rollout: httpx2.AsyncClient,
+                                        body: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+        """The events of a rollout request during which version `seed` is published, 0.5 s
+        in (the request's long generations take seconds on this CPU)."""
+        async def publish_mid_generation() -> None:
+            await asyncio.sleep(0.5)
+            await self.publish(seed)
+
+        response, _ = await asyncio.gather(rollout.post("/v1/rollouts", json=body),
+                                           publish_mid_generation())
+        # NDJSON lines end at "\n" only: sampled text may hold U+2028 or U+0085, which
+        # str.splitlines() would also split at.
+        return [json.loads(line) for line in response.text.split("\n") if line]
+
+
 @pytest.mark.parametrize("kind", [VersionKind.lora, VersionKind.full])
 async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
         rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path,
@@ -359,28 +390,12 @@ async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
     """Long generations are running when version 2 is published: each continues on it from
     the tokens it has, so its turn has a part per version, and no token is lost."""
     job_id = f"partial-{kind.value}"
-
-    async def publish(seed: int) -> None:
-        weights = (lora_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed=seed, rank=8)
-                   if kind == VersionKind.lora
-                   else perturbed_copy(tiny_model_dir, tmp_path / f"v{seed}", 1 + seed / 10))
-        await store.publish(VersionMeta(job_id=job_id, kind=kind,
-                                        base_model=str(tiny_model_dir)), weights)
-
-    await publish(1)
+    versions = Publisher(store, tiny_model_dir, tmp_path, job_id, kind)
+    await versions.publish(1)
     body = {"job_id": job_id, "env": "arithmetic", "group_size": 16,
             "tasks": [{"prompt": "1+1=", "reference": "2"}],
             "params": {"max_tokens": 400, "seed": 3}, "version_refresh": "partial"}
-
-    async def publish_mid_generation() -> None:
-        await asyncio.sleep(0.5)  # 16 x 400 tokens take seconds on this CPU
-        await publish(2)
-
-    response, _ = await asyncio.gather(rollout.post("/v1/rollouts", json=body),
-                                       publish_mid_generation())
-    # NDJSON lines end at "\n" only: sampled text may hold U+2028 or U+0085, which
-    # str.splitlines() would also split at.
-    events = [json.loads(line) for line in response.text.split("\n") if line]
+    events = await versions.rollouts_while_publishing(rollout, body, 2)
     (group,) = [e["group"] for e in events if e["type"] == "group"]
     interrupted = 0
     for trajectory in group["trajectories"]:
@@ -389,9 +404,9 @@ async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
         assert [t["start"] for t in turns[1:]] == [t["end"] for t in turns[:-1]]
         assert turns[-1]["end"] == len(trajectory["token_ids"]) == len(trajectory["logprobs"])
         assert set(trajectory["loss_mask"]) == {1}
-        versions = [t["version"] for t in turns]
-        assert versions in ([1], [2], [1, 2]), versions
-        interrupted += versions == [1, 2]
+        versions_seen = [t["version"] for t in turns]
+        assert versions_seen in ([1], [2], [1, 2]), versions_seen
+        interrupted += versions_seen == [1, 2]
     assert interrupted > 0, "no generation was running when version 2 was published"
 
 
@@ -402,25 +417,12 @@ async def test_max_staleness_cancels_stale_groups_and_not_the_later_ones(
     published while the first group generates on version 1: the groups that started on 1
     are cancelled (a 'stale' error each); those that had to wait for a slot start on 2 and
     are delivered, though the request came when version 1 was the newest."""
-    job_id = "stale-lora"
-
-    async def publish(seed: int) -> None:
-        await store.publish(VersionMeta(job_id=job_id, kind=VersionKind.lora,
-                                        base_model=str(tiny_model_dir)),
-                            lora_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed=seed, rank=8))
-
-    await publish(1)
-    body = {"job_id": job_id, "env": "arithmetic", "group_size": 8, "concurrency": 8,
+    versions = Publisher(store, tiny_model_dir, tmp_path, "stale-lora", VersionKind.lora)
+    await versions.publish(1)
+    body = {"job_id": "stale-lora", "env": "arithmetic", "group_size": 8, "concurrency": 8,
             "tasks": [{"prompt": f"{i}+1=", "reference": str(i + 1)} for i in range(4)],
             "params": {"max_tokens": 400, "seed": 3}, "max_staleness": 0}
-
-    async def publish_mid_generation() -> None:
-        await asyncio.sleep(0.5)  # 8 x 400 tokens take seconds on this CPU
-        await publish(2)
-
-    response, _ = await asyncio.gather(rollout.post("/v1/rollouts", json=body),
-                                       publish_mid_generation())
-    events = [json.loads(line) for line in response.text.split("\n") if line]
+    events = await versions.rollouts_while_publishing(rollout, body, 2)
     stale = [e["error"] for e in events if e["type"] == "error"]
     groups = [e["group"] for e in events if e["type"] == "group"]
     assert stale and groups, events
