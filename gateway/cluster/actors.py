@@ -1,8 +1,8 @@
 """One Loom service as a Ray actor: the actor runs the service as a process on its node
 (`python -m <module>`, an HTTP service on that node's address, as on one host) and lives as long
 as the process should. Ray places the actor by its resource request; the process dies with the
-actor (a parent-death signal), and the actor's `stop` ends the process's whole session (vLLM's
-engine processes included).
+actor (through `gateway.cluster.keeper`), and the actor's `stop` ends the process's whole
+session (vLLM's engine processes included).
 
 Imported by Ray's workers: this module must not import Ray at module level (the CLI imports it
 only once Ray is there) nor anything heavy."""
@@ -10,7 +10,6 @@ only once Ray is there) nor anything heavy."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -23,12 +22,7 @@ import httpx2
 
 from services.common.service_token import SERVICE_TOKEN_HEADER
 
-PR_SET_PDEATHSIG = 1
 DRAIN_GRACE_S = 1.0  # after a replica leaves the table: calls routed just before it arrive
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def free_port(host: str) -> int:
@@ -70,8 +64,8 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module], env=env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+                [sys.executable, "-m", "gateway.cluster.keeper", self.module], env=env,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self.url
 
     def alive(self) -> bool:
