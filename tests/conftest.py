@@ -55,9 +55,10 @@ def postgres_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Run a test on both database backends."""
+    """Run a test on both database backends (the PostgreSQL run is integration-tier: a test of
+    tests/unit that takes this runs on SQLite alone in `make test-fast`)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'loom.db'}"
     return str(request.getfixturevalue("postgres_url"))

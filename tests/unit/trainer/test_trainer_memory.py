@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROW_TOKENS = 128
 BUDGET = 16 * ROW_TOKENS  # one micro-batch: 16 rows
 
@@ -51,6 +53,7 @@ def peak_rss_mb(model_dir: Path, data_dir: Path, budget: int, rows: list[int]) -
     return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow  # two subprocesses training 128-row batches
 def test_peak_memory_is_one_micro_batchs_whatever_the_batch(tiny_model_dir: Path,
                                                             tmp_path: Path) -> None:
     # The first calls settle what stays (gradients, the allocator's arenas): 16 rows twice.

@@ -78,6 +78,7 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.slow  # 10 cases, two models each (the rest of this file splits batches too)
 @pytest.mark.parametrize("mode", [TrainingMode.full, TrainingMode.lora])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.name.value}-{c.aggregation.value}")
 def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: Path,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import peft
+import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -124,6 +125,7 @@ print((work / "out" / "adapter_config.json").read_text())
 """
 
 
+@pytest.mark.slow  # four subprocesses, each loading torch and peft
 def test_an_adapter_is_the_same_bytes_in_every_process(tiny_model_dir: Path) -> None:
     """A trainer restarted after a crash republishes a checkpoint's step: the same adapter
     must be the same files, whatever order the process's string hashes put peft's sets in
