@@ -13,9 +13,12 @@ from services.common.schemas import LenientModel, StrictModel
 JobId = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
-AliasName = Annotated[
-    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*$")
-]
+ALIAS_PATTERN = r"^[A-Za-z_][A-Za-z0-9._-]{0,63}$"
+AliasName = Annotated[str, Field(min_length=1, max_length=64, pattern=ALIAS_PATTERN)]
+# Version numbers are an INTEGER column: a larger one names no version, and would overflow
+# the query on PostgreSQL (and SQLite past 64 bits), a 500 instead of a 404.
+MAX_VERSION_NUMBER = 2**31 - 1
+VersionNumber = Annotated[int, Field(ge=1, le=MAX_VERSION_NUMBER)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 StagingName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 MAX_FILES = 10_000
@@ -132,7 +135,7 @@ class ManifestDiff(LenientModel):
 
 
 class MoveAlias(StrictModel):
-    number: int = Field(ge=1)
+    number: VersionNumber
 
 
 class Alias(LenientModel):
@@ -159,7 +162,7 @@ class StoreInfo(LenientModel):
 
 class VersionKey(StrictModel):
     job_id: JobId
-    number: int = Field(ge=1)
+    number: VersionNumber
 
 
 class PinRequest(StrictModel):

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from modelstate.blobstore import BlobStore, ReceivedBlob, check_manifest_paths, hash_staged
 from modelstate.models import AliasRow, BlobRow, PinRow, VersionFileRow, VersionRow
 from modelstate.schemas import (
+    MAX_VERSION_NUMBER,
     Alias,
     FileRef,
     ManifestFile,
@@ -420,7 +421,7 @@ def _aliases_of(session: Session, job_id: str) -> dict[int, list[str]]:
 
 
 def _resolve(session: Session, job_id: str, ref: int | str) -> VersionRow:
-    if isinstance(ref, int) or ref.isdigit():
+    if isinstance(ref, int) or (ref.isascii() and ref.isdigit()):  # not "²": int() refuses it
         return _find_version(session, job_id, int(ref))
     alias = session.get(AliasRow, (job_id, ref))
     if alias is None:
@@ -433,6 +434,9 @@ def _find_version(session: Session, job_id: str, number: int) -> VersionRow:
         raise NotFound(
             f"Version 0 of job {job_id!r} is its base model, which modelstate does not store."
         )
+    if number > MAX_VERSION_NUMBER:
+        raise NotFound(f"Job {job_id!r} has no version {number}: version numbers go up to "
+                       f"{MAX_VERSION_NUMBER}.")
     row = session.scalar(
         select(VersionRow).where(VersionRow.job_id == job_id, VersionRow.number == number)
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,7 +23,14 @@ from typing import Literal, Protocol
 
 from vllm.lora.request import LoRARequest
 
-from modelstate.schemas import PendingVersion, Version, VersionKey, VersionKind
+from modelstate.schemas import (
+    ALIAS_PATTERN,
+    MAX_VERSION_NUMBER,
+    PendingVersion,
+    Version,
+    VersionKey,
+    VersionKind,
+)
 from services.common.errors import Conflict, InvalidInput, LoomError, NotFound
 from services.rollout.engine import BASE_WEIGHTS_LABEL
 from services.rollout.lora_slots import LoraEngine, LoraSlots
@@ -368,8 +376,12 @@ def _as_utc(moment: datetime) -> datetime:
 
 
 def _normalize(ref: VersionRef) -> int | str:
-    if isinstance(ref, str) and ref.isdigit():
+    if isinstance(ref, str) and ref.isascii() and ref.isdigit():
         ref = int(ref)
-    if isinstance(ref, int) and ref < 0:
-        raise InvalidInput(f"Version numbers are >= 0 (0 is the base model), got {ref}.")
+    if isinstance(ref, int) and not 0 <= ref <= MAX_VERSION_NUMBER:
+        raise InvalidInput(f"Version numbers go from 0 (the base model) to "
+                           f"{MAX_VERSION_NUMBER}, got {ref}.")
+    if isinstance(ref, str) and not re.fullmatch(ALIAS_PATTERN, ref):
+        raise InvalidInput(f"Version {ref!r} is neither a number nor an alias (a letter or '_', "
+                           "then letters, digits, '.', '_' or '-', at most 64).")
     return ref
