@@ -106,7 +106,8 @@ async def delete_checkpoint(
 
 @router.put("/models/{model_id}/checkpoints/{name}/expiry", response_model=StateCheckpoint)
 async def set_checkpoint_expiry(
-    model_id: str, service: ServiceDep, body: CheckpointExpiry,
+    service: ServiceDep, body: CheckpointExpiry,
+    model_id: Annotated[str, Path(pattern=RESOURCE_ID_PATTERN)],
     name: Annotated[str, Path(pattern=RESOURCE_ID_PATTERN)],
 ) -> StateCheckpoint:
     """When the checkpoint expires (None: never); an expired one is gone."""

@@ -206,3 +206,20 @@ def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
     assert fine.status_code == 200 and fine.json()["status"] in {"pending", "done"}
     done = httpx2.get(f"{api}/operations/{fine.json()['id']}", headers=auth, timeout=60).json()
     assert done["status"] == "done" and done["response"]["metrics"]["loss:sum"] > 0
+
+
+def test_listing_calls_ttls_and_base_model_checks(weaver_python: Path,
+                                                  stack: tuple[str, str, Path]) -> None:
+    (seen,) = run(weaver_python, "listing.py", stack)
+    model_id = seen["model_id"]
+    assert "loom/tiny" in seen["names"]
+    assert ["loom/tiny", ["lora", "full_ft"], "0"] in seen["detailed"]  # priced at 0
+    for refused in ("unserved_training", "unserved_sampling"):
+        assert "'Qwen/Qwen3-8B'" in (seen[refused] or "") and "loom/tiny" in seen[refused], (
+            refused, seen)
+    assert seen["short"]["ttl"] in (1, 2) and seen["short"]["expires"]
+    assert model_id in seen["models"]["ids"] and seen["models"]["total"] >= 1
+    assert [model_id, "loom/tiny", "lora", {"rank": 4}] in seen["runs"]
+    assert seen["run_checkpoints"] == sorted([seen["kept"], seen["short"]["path"]])
+    assert "GET /api/v1/quota/balance" in seen["unserved_get"]
+    assert seen["after_expiry"] == [seen["kept"]]  # `short` (2 s) expired
