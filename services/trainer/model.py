@@ -13,6 +13,7 @@ from pathlib import Path
 
 import peft
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
@@ -192,6 +193,16 @@ class TrainerModel:
     def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return list(self._named)
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of trainable weights, their gradients and the optimizer's state that this
+        process holds (on a rank: its shards)."""
+        state = [] if self._optimizer is None else [
+            t for moments in self._optimizer.state.values() for t in moments.values()
+            if isinstance(t, torch.Tensor)]
+        return {"weights": _held(self.params),
+                "gradients": _held([p.grad for p in self.params if p.grad is not None]),
+                "optimizer": _held(state)}
+
     def optimizer(self) -> torch.optim.AdamW | None:
         return self._optimizer
 
@@ -340,6 +351,12 @@ class TrainerModel:
                     load_causal_lm(self.model_path, self.device)).eval()
                 self._frozen_reference.requires_grad_(False)
             return self._logprobs(self._frozen_reference, batch, temperature)
+
+
+def _held(tensors: list[torch.Tensor]) -> int:
+    """Bytes of `tensors` in this process (a DTensor's local shard)."""
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 class _GradientUndo:

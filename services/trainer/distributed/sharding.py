@@ -47,11 +47,12 @@ class Sharded(SingleProcess):
             if enable is not None:
                 enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         dtype = PRECISIONS[self.sharding.precision]
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
-                                      output_dtype=torch.float32)
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for layer in _decoder_layers(model):
             fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+        # Layers hand each other the compute dtype; the logits leave the model in fp32.
+        fully_shard(model, mp_policy=MixedPrecisionPolicy(
+            param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32))
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)  # a sum: see the module's docstring

@@ -11,11 +11,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_harness import JOB_FULL, JOB_LORA, TrainerHarness
 
+from modelstate.client import ModelStateClient
+from services.common.service_token import service_headers
 from services.trainer import state_files
+from services.trainer.app import create_app
 from services.trainer.distributed.commands import RankConfig
 from services.trainer.distributed.ranks import RankFailed, RankGroup
 from services.trainer.distributed.remote import RemoteModel, RemoteRegistry
@@ -31,6 +36,7 @@ from services.trainer.schemas import (
     LossName,
     TrainingMode,
 )
+from services.trainer.settings import TrainerSettings
 
 MICRO_BATCH_TOKENS = 48  # several micro-batches, one of them a single row (a stand-in on rank 1)
 ADAM = AdamParams(lr=1e-4, grad_clip=1.0)  # see the README: Adam and rounding
@@ -205,3 +211,56 @@ def test_a_rank_killed_mid_operation_fails_it_and_the_trainer_goes_on(
     assert model.step == 0 and model.info().step == 0
     assert one_step(model, uneven_data())[1] > 0
     assert model.step == 1
+
+
+def test_bf16_with_activation_checkpointing_trains_near_fp32(
+        one_process: ModelRegistry, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """bf16 compute (fp32 master weights, reductions and moments) with activation
+    checkpointing: the loss within bf16's rounding of fp32's, falling; weights stay fp32."""
+    group = RankGroup(RankConfig(
+        world_size=2, master_port=0, data_dir=tmp_path / "bf16", device="cpu",
+        micro_batch_tokens=MICRO_BATCH_TOKENS, threads=1,
+        sharding=Sharding(precision="bf16", activation_checkpointing=True), timeout_s=60))
+    group.start()
+    try:
+        sharded, single = pair(RemoteRegistry(group), one_process, "bf16", tiny_model_dir)
+        data, config = uneven_data(), LossConfig()
+        losses = []
+        for _ in range(STEPS):
+            want = single.forward_backward(data, config).loss
+            losses.append(sharded.forward_backward(data, config).loss)
+            assert losses[-1] == pytest.approx(want, rel=2e-2)
+            single.optim_step(AdamParams(lr=1e-3))
+            sharded.optim_step(AdamParams(lr=1e-3))
+        assert losses[-1] < losses[0]
+        assert {t.dtype for t in weights(sharded, tmp_path / "saved").values()} == \
+            {torch.float32}
+    finally:
+        group.stop()
+
+
+async def test_the_trainer_service_runs_on_two_ranks(
+        tmp_path: Path, tiny_model_dir: Path, modelstate_client: ModelStateClient) -> None:
+    """LOOM_TRAINER_WORLD_SIZE=2 through the HTTP API: the same routes and results, a version
+    published from the ranks' files; LoRA is refused at once (a 422)."""
+    settings = TrainerSettings(data_dir=tmp_path / "trainer", trainer_device="cpu",
+                               trainer_world_size=2, trainer_collective_timeout_s=60)
+    app = create_app(settings, modelstate=modelstate_client)
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer",
+                           headers=service_headers(settings)) as http,
+    ):
+        trainer = TrainerHarness(http, app, str(tiny_model_dir))
+        await trainer.create(JOB_FULL, "full")
+        lora = await http.post("/v1/models", json={
+            "job_id": JOB_LORA, "base_model": str(tiny_model_dir), "mode": "lora"})
+        assert lora.status_code == 422 and "world size 1" in lora.json()["error"]["message"]
+        data = [d.model_dump(exclude_none=True) for d in uneven_data()]
+        result = await trainer.run(JOB_FULL, "forward_backward", {"data": data})
+        assert result["loss"] > 0
+        assert (await trainer.run(JOB_FULL, "optim_step", {}))["step"] == 1
+        saved = await trainer.run(JOB_FULL, "save_weights", {})
+        assert saved["number"] == 1 and saved["step"] == 1
+        version = await modelstate_client.get_version(JOB_FULL, 1)
+        assert any(f.path.endswith(".safetensors") for f in version.files)
