@@ -15,7 +15,7 @@ import sys
 from types import FrameType
 
 PR_SET_PDEATHSIG = 1
-GRACE_S = 60.0
+GRACE_S = 60
 
 
 def main(module: str) -> int:
@@ -25,16 +25,20 @@ def main(module: str) -> int:
     service = subprocess.Popen([sys.executable, "-m", module])
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
+        """Pass the stop on; the service gets GRACE_S to finish before the group is killed
+        (nothing waits here: the main thread's wait reaps the service)."""
         service.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            service.wait(timeout=GRACE_S)
-        os.killpg(0, signal.SIGKILL)  # the service's leftovers, and this keeper
+        signal.alarm(GRACE_S)
 
+    def kill(_signum: int, _frame: FrameType | None) -> None:
+        os.killpg(0, signal.SIGKILL)
+
+    signal.signal(signal.SIGALRM, kill)
     signal.signal(signal.SIGTERM, stop)
     code = service.wait()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(0, signal.SIGKILL)  # what the service left behind
+        os.killpg(0, signal.SIGKILL)  # what the service left behind, and this keeper
     return code
 
 

@@ -11,6 +11,7 @@ The other services keep the URL they started with: a node that held them is a re
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,17 +154,16 @@ def status() -> list[dict[str, Any]]:
 
 
 def down(spec: ClusterSpec) -> None:
-    """Stop every Loom actor: replicas first, the gateway and the store last."""
+    """Stop every Loom actor: the replicas (drained), then the other services at once."""
     import ray
 
     scale(spec, 0)
-    order = [WORKER[0], *reversed([name for name, _ in BASE])]
-    for name in order:
-        try:
-            handle = ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            continue
-        ray.get(handle.stop.remote())
+    handles = []
+    for name in (WORKER[0], *(name for name, _ in BASE)):
+        with contextlib.suppress(ValueError):  # not running
+            handles.append(ray.get_actor(name, namespace=NAMESPACE))
+    ray.get([handle.stop.remote() for handle in handles])  # side by side
+    for handle in handles:
         ray.kill(handle)
 
 
