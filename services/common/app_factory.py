@@ -31,6 +31,12 @@ from services.common.errors import InvalidInput, LoomError, Unavailable
 from services.common.logs import request_id_var
 from services.common.schemas import Health
 from services.common.service_token import SERVICE_TOKEN_HEADER
+from services.common.tracing import (
+    EXCLUDED_URLS,
+    current_trace_id,
+    note_request_id,
+    tracing_enabled,
+)
 
 log = logging.getLogger("loom")
 
@@ -65,7 +71,23 @@ def create_service_app(
     app.include_router(_ops_router(service, version))
     for router in routers:
         app.include_router(router)
+    _instrument(app, service)  # outermost, when tracing is on: spans see the whole request
     return app
+
+
+def _instrument(app: FastAPI, service: str) -> None:
+    """A server span per request, joined to the caller's trace (services.common.tracing)."""
+    if not tracing_enabled(service):
+        return
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    from opentelemetry.trace import Span
+
+    def name_service(span: Span, _scope: dict[str, Any]) -> None:
+        if span.is_recording():
+            span.set_attribute("loom.service", service)
+
+    FastAPIInstrumentor.instrument_app(app, server_request_hook=name_service,
+                                       excluded_urls=EXCLUDED_URLS)
 
 
 def _ops_router(service: str, version: str) -> APIRouter:
@@ -180,7 +202,9 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = incoming[:128] or uuid.uuid4().hex
+        # A new request's id is its trace id when tracing is on: either finds the other.
+        request_id = incoming[:128] or current_trace_id() or uuid.uuid4().hex
+        note_request_id(request_id)
         token = request_id_var.set(request_id)
 
         async def send_with_id(message: Message) -> None:

@@ -49,7 +49,11 @@ class ServiceClient:
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
         attempts = self.retries + 1 if method.upper() in IDEMPOTENT else 1
-        headers = {"X-Request-ID": request_id_var.get(), **kwargs.pop("headers", {})}
+        # Outside a request (an SDK script) there is no id to pass on ("-"): the service the
+        # call reaches makes one (its trace id when tracing).
+        request_id = request_id_var.get()
+        headers = {**({"X-Request-ID": request_id} if request_id != "-" else {}),
+                   **kwargs.pop("headers", {})}
         for attempt in range(attempts):
             try:
                 response = await self.http.request(method, path, headers=headers, **kwargs)

@@ -19,6 +19,8 @@ import httpcore2
 import httpx2
 from httpcore2 import AnyIOBackend, AsyncNetworkBackend, AsyncNetworkStream
 
+from services.common.tracing import traced
+
 
 def socket_readable(sock: socket.socket | None) -> bool:
     """Whether a read would return at once: data, or the b"" of a closed connection (a
@@ -79,8 +81,9 @@ class ProbedBackend(AsyncNetworkBackend):
         await self.inner.sleep(seconds)
 
 
-def pooled_transport(limits: httpx2.Limits) -> httpx2.AsyncHTTPTransport:
-    """httpx2's transport with `limits`, its pool on `ProbedBackend`."""
+def pooled_transport(limits: httpx2.Limits) -> httpx2.AsyncBaseTransport:
+    """httpx2's transport with `limits`, its pool on `ProbedBackend`; traced (a client span
+    per request, the trace context sent along) when tracing is on."""
     transport = httpx2.AsyncHTTPTransport(limits=limits)
     # httpx2 builds the pool itself and takes no network backend: hand it ours. Fail loudly
     # if a new httpx2 moves the pool rather than silently keep the slow probe.
@@ -90,4 +93,4 @@ def pooled_transport(limits: httpx2.Limits) -> httpx2.AsyncHTTPTransport:
         raise RuntimeError("httpx2's transport no longer keeps its pool in `_pool`: update "
                            "services/common/http_pool.py")
     pool._network_backend = ProbedBackend()
-    return transport
+    return traced(transport)
