@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -21,22 +22,22 @@ def identity(spec: CreateModelRequest) -> tuple[object, ...]:
     return spec.base_model, spec.mode, lora, spec.seed
 
 
-class ModelRegistry:
-    def __init__(self, data_dir: Path, device: torch.device,
-                 micro_batch_tokens: int | None = None,
-                 parallel: SingleProcess | None = None) -> None:
-        """`micro_batch_tokens` None: the device's default (`model.micro_batch_budget`);
-        `parallel`: the rank this registry's models are on, when they are sharded."""
-        self._parallel = parallel
-        self._data_dir = data_dir
-        self._device = device
-        self._micro_batch_tokens = micro_batch_budget(device, micro_batch_tokens)
-        self._models: dict[str, TrainerModel] = {}
-        self._lora_hosts: dict[str, LoraHost] = {}  # by resolved base path: one copy each
+class Specified(Protocol):
+    spec: CreateModelRequest
+
+
+M = TypeVar("M", bound=Specified)
+
+
+class Models(Generic[M]):
+    """Models by id (the model id is the job id); `_make` builds a new one."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, M] = {}
         # Held while a model loads, so two identical creates build it once.
         self._lock = threading.Lock()
 
-    def create(self, spec: CreateModelRequest) -> tuple[TrainerModel, bool]:
+    def create(self, spec: CreateModelRequest) -> tuple[M, bool]:
         """The model and whether it was created now; the same request again is a no-op."""
         with self._lock:
             existing = self._models.get(spec.job_id)
@@ -47,21 +48,13 @@ class ModelRegistry:
                         detail={"existing": existing.spec.model_dump(mode="json")},
                     )
                 return existing, False
-            path = resolve_base_model(spec.base_model, self._data_dir)
-            host = self._lora_host(path, spec.base_model) if spec.mode == TrainingMode.lora \
-                else None
-            model = TrainerModel(spec, path, self._device, host, self._micro_batch_tokens,
-                                 self._parallel)
-            self._models[spec.job_id] = model
+            model = self._models[spec.job_id] = self._make(spec)
             return model, True
 
-    def _lora_host(self, path: str, name: str) -> LoraHost:
-        host = self._lora_hosts.get(path)
-        if host is None:
-            host = self._lora_hosts[path] = LoraHost(load_causal_lm(path, self._device), name)
-        return host
+    def _make(self, spec: CreateModelRequest) -> M:
+        raise NotImplementedError
 
-    def get(self, model_id: str) -> TrainerModel:
+    def get(self, model_id: str) -> M:
         model = self._models.get(model_id)
         if model is None:
             raise NotFound(f"No model {model_id!r}: create it with POST /v1/models first")
@@ -69,3 +62,30 @@ class ModelRegistry:
 
     def __len__(self) -> int:
         return len(self._models)
+
+
+class ModelRegistry(Models[TrainerModel]):
+    def __init__(self, data_dir: Path, device: torch.device,
+                 micro_batch_tokens: int | None = None,
+                 parallel: SingleProcess | None = None) -> None:
+        """`micro_batch_tokens` None: the device's default (`model.micro_batch_budget`);
+        `parallel`: the rank this registry's models are on, when they are sharded."""
+        super().__init__()
+        self._parallel = parallel
+        self._data_dir = data_dir
+        self._device = device
+        self._micro_batch_tokens = micro_batch_budget(device, micro_batch_tokens)
+        self._lora_hosts: dict[str, LoraHost] = {}  # by resolved base path: one copy each
+
+    def _make(self, spec: CreateModelRequest) -> TrainerModel:
+        path = resolve_base_model(spec.base_model, self._data_dir)
+        host = self._lora_host(path, spec.base_model) if spec.mode == TrainingMode.lora \
+            else None
+        return TrainerModel(spec, path, self._device, host, self._micro_batch_tokens,
+                            self._parallel)
+
+    def _lora_host(self, path: str, name: str) -> LoraHost:
+        host = self._lora_hosts.get(path)
+        if host is None:
+            host = self._lora_hosts[path] = LoraHost(load_causal_lm(path, self._device), name)
+        return host

@@ -5,15 +5,14 @@ submission order)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import Conflict, InvalidInput, NotFound
+from services.common.errors import InvalidInput
 from services.trainer.batch import validate_data
 from services.trainer.distributed.ranks import RankGroup
 from services.trainer.page_reserve import PageReserve
-from services.trainer.registry import identity
+from services.trainer.registry import Models
 from services.trainer.schemas import (
     AdamParams,
     CreateModelRequest,
@@ -95,37 +94,17 @@ class RemoteModel:
         return self.group.call("call", self.spec.job_id, method, args)
 
 
-class RemoteRegistry:
-    """The models on the ranks, by id (the model id is the job id)."""
+class RemoteRegistry(Models[RemoteModel]):
+    """The models on the ranks."""
 
     def __init__(self, group: RankGroup) -> None:
+        super().__init__()
         self.group = group
-        self._models: dict[str, RemoteModel] = {}
-        self._lock = threading.Lock()
 
-    def create(self, spec: CreateModelRequest) -> tuple[RemoteModel, bool]:
-        with self._lock:
-            existing = self._models.get(spec.job_id)
-            if existing is not None:
-                if identity(existing.spec) != identity(spec):
-                    raise Conflict(
-                        f"Model {spec.job_id!r} exists with a different configuration",
-                        detail={"existing": existing.spec.model_dump(mode="json")})
-                return existing, False
-            if spec.mode == TrainingMode.lora:
-                raise InvalidInput(
-                    "This trainer is sharded across ranks (LOOM_TRAINER_WORLD_SIZE > 1), which "
-                    "trains full models only so far: train LoRA on a trainer of world size 1.")
-            info, _, vocab_size, max_length = self.group.call("create", spec, replay=True)
-            model = RemoteModel(self.group, spec, info, vocab_size, max_length)
-            self._models[spec.job_id] = model
-            return model, True
-
-    def get(self, model_id: str) -> RemoteModel:
-        model = self._models.get(model_id)
-        if model is None:
-            raise NotFound(f"No model {model_id!r}: create it with POST /v1/models first")
-        return model
-
-    def __len__(self) -> int:
-        return len(self._models)
+    def _make(self, spec: CreateModelRequest) -> RemoteModel:
+        if spec.mode == TrainingMode.lora:
+            raise InvalidInput(
+                "This trainer is sharded across ranks (LOOM_TRAINER_WORLD_SIZE > 1), which "
+                "trains full models only so far: train LoRA on a trainer of world size 1.")
+        info, _, vocab_size, max_length = self.group.call("create", spec, replay=True)
+        return RemoteModel(self.group, spec, info, vocab_size, max_length)
