@@ -4,8 +4,12 @@ on Loom's own trainer, rollout and modelstate."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import json
 import math
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +30,23 @@ def tinker_python() -> Path:
     return sdk_python("tinker-sdk", [TINKER, f"torch=={importlib.metadata.version('torch')}"])
 
 
-def run(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
+def sdk_env(stack: tuple[str, str, Path]) -> dict[str, str]:
     url, key, _ = stack
-    return run_script(python, SCRIPTS / name, {
-        "TINKER_BASE_URL": url, "TINKER_API_KEY": f"tml-{key}", "TINKER_TELEMETRY": "0",
-        "HF_HUB_OFFLINE": "1"})
+    return {"TINKER_BASE_URL": url, "TINKER_API_KEY": f"tml-{key}", "TINKER_TELEMETRY": "0",
+            "HF_HUB_OFFLINE": "1"}
+
+
+def run(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
+    return run_script(python, SCRIPTS / name, sdk_env(stack))
+
+
+def tinker_cli(python: Path, stack: tuple[str, str, Path], *args: str) -> Any:
+    """The `tinker` CLI of the SDK's virtualenv, its JSON output read back."""
+    done = subprocess.run([str(python.parent / "tinker"), "-f", "json", *args],
+                          env={**os.environ, **sdk_env(stack)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+    return json.loads(done.stdout) if done.stdout.strip() else None
 
 
 def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
@@ -187,3 +203,43 @@ def test_a_refused_call_leaves_the_clients_next_calls_free(
     (seen,) = run(tinker_python, "refused.py", stack)
     assert seen["refused"] is not None and "no_such_option" in seen["refused"], seen
     assert "grad_norm:mean" in seen["warm_up_lr0"]
+
+
+def test_rest_calls_ttls_base_model_checks_and_the_tinker_cli(
+        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    (seen,) = run(tinker_python, "rest.py", stack)
+    model_id, kept, short, sampler = (seen[k] for k in ("model_id", "kept", "short", "sampler"))
+    assert ["loom/tiny", True, True] in seen["models"]
+    for refused in ("unserved_training", "unserved_sampling"):
+        assert "'Qwen/Qwen3-8B'" in (seen[refused] or "") and "loom/tiny" in seen[refused], (
+            refused, seen)
+    assert seen["run"] == {"id": model_id, "base_model": "loom/tiny", "is_lora": True,
+                           "lora_rank": 4, "corrupted": False, "last_sampler": sampler}
+    assert seen["run_by_path"] == model_id
+    assert model_id in seen["runs"]["ids"] and seen["runs"]["total"] >= 1
+    # every checkpoint with a TTL says when it expires
+    assert seen["listed"] == {kept: True, short: True, sampler: True}
+    assert {kept, short, sampler} <= set(seen["user_checkpoints"])
+    assert seen["session"] == {"runs": [model_id], "samplers": []}
+    assert model_id.split(":")[0] in seen["sessions"]
+    assert "publish" in seen["unserved_rest"] and "does not serve" in seen["unserved_rest"]
+    # `short` (2 s) expired: no longer listed nor loadable; the client's next call still ran
+    assert short not in seen["after_expiry"] and kept in seen["after_expiry"]
+    assert "No checkpoint 'short'" in seen["load_expired"] and seen["next_call_ran"]
+
+    cli = functools.partial(tinker_cli, tinker_python, stack)
+    assert {"model_name": "loom/tiny", "max_context_length": None, "trainable": True,
+            "sampleable": True} in cli("model", "list")["models"]
+    assert model_id in [r["training_run_id"] for r in cli("run", "list")["runs"]]
+    assert cli("run", "info", model_id)["lora_rank"] == 4
+    by_run = cli("checkpoint", "list", "--run-id", model_id)["checkpoints"]
+    assert {c["tinker_path"] for c in by_run} == {kept, sampler}
+    assert {kept, sampler} <= {c["tinker_path"] for c in cli("checkpoint", "list")["checkpoints"]}
+    assert cli("checkpoint", "info", kept)["checkpoint_id"] == "weights/kept"
+    cli("checkpoint", "set-ttl", kept, "--remove")
+    (info,) = [c for c in cli("checkpoint", "list", "--run-id", model_id)["checkpoints"]
+               if c["tinker_path"] == kept]
+    assert info["expires_at"] is None
+    assert cli("checkpoint", "delete", kept, "-y") == {"deleted_count": 1, "failed": []}
+    after = cli("checkpoint", "list", "--run-id", model_id)["checkpoints"]
+    assert [c["tinker_path"] for c in after] == [sampler]
