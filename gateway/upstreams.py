@@ -6,7 +6,7 @@ import asyncio
 
 import httpx2
 
-from gateway.replicas import ReplicaRegistry
+from gateway.replicas import Replica, ReplicaRegistry
 from gateway.schemas import StackHealth
 from gateway.settings import UPSTREAMS, GatewaySettings
 from services.common.errors import NotFound
@@ -62,6 +62,8 @@ class Upstreams:
         return StackHealth(status="ok" if healthy else "degraded", services=services)
 
     async def _probe(self, service: str) -> Health:
+        if service == "rollout" and (registered := self.replicas.live()):
+            return replicas_health(registered)
         client = self.clients[service]
         try:
             response = await client.get("/readyz", timeout=self.health_timeout)
@@ -79,3 +81,11 @@ class Upstreams:
         for client in self.clients.values():
             await client.aclose()
         await self.replicas.aclose()
+
+
+def replicas_health(registered: list[Replica]) -> Health:
+    """Rollout's health once replicas have registered: ready while one of them is (their
+    heartbeats are the probes)."""
+    ready = [r.id for r in registered if r.ready and not r.set_aside]
+    return Health(service="rollout", status="ready" if ready else "starting", version="unknown",
+                  detail={"replicas": len(registered), "ready": ready})

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.replicas import ReplicaRegistry
 from gateway.routing import RouteKey, order, reads_body, route_key
+from gateway.upstreams import replicas_health
 from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat
 
 STATIC = "http://127.0.0.1:8001"
@@ -165,3 +166,12 @@ def test_route_key_of_a_bad_body_and_the_affinity_header() -> None:
     assert route_key(("sample",), b"[1, 2]", None) == RouteKey()
     assert reads_body("POST", ("sample",)) and not reads_body("GET", ("versions",))
     assert not reads_body("POST", ("trajectories",))
+
+
+def test_rollout_health_comes_from_the_registered_replicas() -> None:
+    replicas = registry(Clock())
+    replicas.heartbeat("a", beat(9001, ready=False))
+    assert replicas_health(replicas.live()).status == "starting"
+    replicas.heartbeat("b", beat(9002))
+    health = replicas_health(replicas.live())
+    assert health.status == "ready" and health.detail == {"replicas": 2, "ready": ["b"]}
