@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from gateway.jobs import visible_to
 from gateway.keys import KeyIdentity
-from gateway.models import JobRow
+from gateway.models import ApiKeyRow, JobRow
 from gateway.schemas import JobStatus
 from gateway.tinker import schemas
 from services.common.errors import InvalidInput
@@ -88,16 +88,42 @@ def lora_for_rank(rank: int) -> LoraConfig:
     return LoraConfig(rank=rank, alpha=float(rank))
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """A training run as the gateway's database knows it."""
+
+    run: TrainingRun
+    owner_name: str
+    created_at: datetime
+    failed: bool  # its job failed
+
+
+def run_records(session: Session, viewer: KeyIdentity, model_id: str | None = None
+                ) -> list[RunRecord]:
+    """The runs `viewer` sees (only `model_id`'s when given), newest first, from the jobs made
+    for them: found when the gateway's memory is gone."""
+    named = (JobRow.name == job_name(model_id) if model_id is not None
+             else JobRow.name.like(f"{job_name('')}%"))
+    rows = session.execute(
+        select(JobRow, ApiKeyRow.name)
+        .outerjoin(ApiKeyRow, ApiKeyRow.id == JobRow.owner_key_id)
+        .where(named, visible_to(viewer))
+        .order_by(JobRow.created_at.desc()))
+    found = []
+    for row, owner_name in rows:
+        run_id = row.config.get("tinker_model_id")
+        if isinstance(run_id, str) and row.lora is not None and run_id == (model_id or run_id):
+            run = TrainingRun(run_id, row.id,
+                              str(row.config.get("tinker_base_model", row.base_model)),
+                              LoraConfig(**row.lora))
+            found.append(RunRecord(run, owner_name or "", row.created_at,
+                                   row.status == JobStatus.failed.value))
+    return found
+
+
 def run_of_job(session: Session, model_id: str, viewer: KeyIdentity) -> TrainingRun | None:
-    """The run `model_id` names, from the job made for it (the gateway's memory is gone)."""
-    query = select(JobRow).where(JobRow.name == job_name(model_id),
-                                 JobRow.status != JobStatus.failed.value, visible_to(viewer))
-    for row in session.scalars(query.order_by(JobRow.created_at.desc())):
-        if row.config.get("tinker_model_id") == model_id and row.lora is not None:
-            return TrainingRun(model_id, row.id,
-                               str(row.config.get("tinker_base_model", row.base_model)),
-                               LoraConfig(**row.lora))
-    return None
+    """The run `model_id` names, unless its job failed."""
+    return next((r.run for r in run_records(session, viewer, model_id) if not r.failed), None)
 
 
 def job_name(model_id: str) -> str:

@@ -7,33 +7,16 @@ expiry on the trainer); sampler weights saved by name live in the gateway's memo
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from gateway.jobs import visible_to
 from gateway.keys import KeyIdentity
-from gateway.models import ApiKeyRow, JobRow
-from gateway.schemas import JobStatus
 from gateway.sdk_calls import expiry
 from gateway.tinker import checkpoints, schemas
 from gateway.tinker.service import TinkerService
 from services.common.errors import InvalidInput, NotFound
-from services.trainer.schemas import CheckpointExpiry, CheckpointList, LoraConfig
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """A training run as the gateway's database knows it."""
-
-    run: checkpoints.TrainingRun
-    owner_name: str
-    created_at: datetime
-    failed: bool
+from services.trainer.schemas import CheckpointExpiry, CheckpointList
 
 
 async def capabilities(tinker: TinkerService) -> schemas.ServerCapabilities:
@@ -126,38 +109,19 @@ async def weights_info(tinker: TinkerService, tinker_path: str, owner: KeyIdenti
 
 
 async def run_records(tinker: TinkerService, viewer: KeyIdentity,
-                      model_id: str | None = None) -> list[RunRecord]:
+                      model_id: str | None = None) -> list[checkpoints.RunRecord]:
     """The runs `viewer` sees (only `model_id`'s when given), newest first, a run whose job
     failed included."""
 
-    def query() -> list[RunRecord]:
+    def query() -> list[checkpoints.RunRecord]:
         with tinker.db() as session:
-            return records(session, viewer, model_id)
+            return checkpoints.run_records(session, viewer, model_id)
 
     return await run_in_threadpool(query)
 
 
-def records(session: Session, viewer: KeyIdentity, model_id: str | None) -> list[RunRecord]:
-    named = (JobRow.name == checkpoints.job_name(model_id) if model_id is not None
-             else JobRow.name.like(f"{checkpoints.job_name('')}%"))
-    rows = session.execute(
-        select(JobRow, ApiKeyRow.name)
-        .outerjoin(ApiKeyRow, ApiKeyRow.id == JobRow.owner_key_id)
-        .where(named, visible_to(viewer))
-        .order_by(JobRow.created_at.desc()))
-    found = []
-    for row, owner_name in rows:
-        run_id = row.config.get("tinker_model_id")
-        if isinstance(run_id, str) and row.lora is not None:
-            run = checkpoints.TrainingRun(
-                run_id, row.id, str(row.config.get("tinker_base_model", row.base_model)),
-                LoraConfig(**row.lora))
-            found.append(RunRecord(run, owner_name or "", row.created_at,
-                                   row.status == JobStatus.failed.value))
-    return found
-
-
-async def describe_run(tinker: TinkerService, record: RunRecord) -> schemas.TrainingRun:
+async def describe_run(tinker: TinkerService, record: checkpoints.RunRecord
+                       ) -> schemas.TrainingRun:
     listed = [] if record.failed else await run_checkpoints(tinker, record.run)
     training = [c for c in listed if c.checkpoint_type == "training"]
     sampler = [c for c in listed if c.checkpoint_type == "sampler"]
@@ -180,9 +144,9 @@ async def training_runs(tinker: TinkerService, viewer: KeyIdentity, limit: int, 
 
 async def training_run(tinker: TinkerService, model_id: str, viewer: KeyIdentity
                        ) -> schemas.TrainingRun:
-    for record in await run_records(tinker, viewer, model_id):
-        if record.run.model_id == model_id:
-            return await describe_run(tinker, record)
+    found = await run_records(tinker, viewer, model_id)
+    if found:
+        return await describe_run(tinker, found[0])
     raise NotFound(f"No training run {model_id!r} (or it belongs to another API key).")
 
 
