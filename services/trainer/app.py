@@ -53,7 +53,8 @@ def create_app(
             settings.trainer_work_dir,
             shard_bytes=settings.trainer_shard_mb << 20,
             checkpoint_dir=settings.trainer_checkpoint_dir,
-            page_reserve_bytes=settings.trainer_page_reserve_mb << 20,
+            # The ranks write the weight files themselves: no reserve to write them over.
+            page_reserve_bytes=settings.trainer_page_reserve_mb << 20 if group is None else 0,
             max_request_tokens=settings.trainer_max_request_tokens,
             keep_series_checkpoints=settings.trainer_keep_series_checkpoints,
         )
