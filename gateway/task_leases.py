@@ -50,8 +50,7 @@ def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: flo
     if row is None:
         return Claim(ClaimAction.skip, status="missing")
     status = TaskStatus(row.status)
-    live = row.heartbeat_at is not None and (
-        now - row.heartbeat_at).total_seconds() < stale_after_s
+    live = _live(row, now, stale_after_s)
     if live and (status is TaskStatus.running
                  or (status is TaskStatus.queued and not resumes_wait)):
         return Claim(ClaimAction.duplicate, status=status.value)
@@ -62,6 +61,10 @@ def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: flo
     row.error = None  # the previous attempt's (or wait's): not this attempt's
     session.flush()
     return Claim(ClaimAction.run, attempt=row.attempts, status=status.value)
+
+
+def _live(row: BackgroundTaskRow, now: datetime, lease_s: float) -> bool:
+    return row.heartbeat_at is not None and (now - row.heartbeat_at).total_seconds() < lease_s
 
 
 def _owned(session: Session, task_id: str, attempt: int) -> BackgroundTaskRow | None:
@@ -108,12 +111,15 @@ def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskSta
 
 
 def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody, *,
-                 give_up: bool) -> bool:
+                 give_up: bool, lease_s: float | None = None) -> bool:
     """A queued task waiting for services to come back: say why (`error`), or, `give_up`,
     fail it with that. False, and nothing written, unless the task is still queued (a cancel
-    meanwhile ends the wait)."""
+    meanwhile ends the wait) and, for a message that starts a wait (`lease_s`, the lease's
+    length), no other delivery waits for it under a live lease (this one is a duplicate)."""
     row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
     if row is None or row.status != TaskStatus.queued.value:
+        return False
+    if lease_s is not None and _live(row, now, lease_s):
         return False
     if give_up:
         move_task(row, TaskStatus.failed, now)

@@ -1,6 +1,7 @@
 """One delivery of a task's message, start to end: claim the task in the gateway's database,
 run its logic while a heartbeat keeps the claim alive (and notices a cancel), record the
-outcome. Plain asyncio and data functions, no Celery: `tasks.py` adapts it.
+outcome. Plain asyncio and data functions, no Celery: `tasks.py` adapts it. A delivery whose
+services are not ready waits for them before claiming anything (see below).
 
 Faults follow the shared taxonomy: a user fault (a service's 4xx: bad version, unknown
 verifier, ...) fails the task with that message; anything else that is not an outage is a bug,
@@ -124,10 +125,11 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
     the work calls (the ones an outage waits for). Returns when (if ever) the message must
     come again."""
     readiness = readiness or stack_readiness(settings)
-    if outage.waiting_for:
-        still = await readiness(outage.waiting_for)
-        if still:
-            return await _wait(settings, sessions, task_id, outage, still)
+    # Services not ready (restarting, an engine starting): wait for them before claiming, so
+    # no attempt is spent on them (after `loom up` restarts, the worker is often up first).
+    still = await readiness(outage.waiting_for or needs)
+    if still:
+        return await _wait(settings, sessions, task_id, outage, still)
     claim = await in_transaction(sessions, lambda s: claim_task(
         s, task_id, utcnow(), settings.stale_after_s, resumes_wait=bool(outage.waiting_for)))
     if claim.action is ClaimAction.skip:
@@ -217,9 +219,11 @@ async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], task_
                       message=(f"Gave up: services not ready for {waited:.0f} s "
                                f"(LOOM_WORKER_OUTAGE_WINDOW_S={settings.worker_outage_window_s:g})"
                                f": {what}" if give_up else f"Waiting for services: {what}"))
-    if not await in_transaction(sessions, lambda s: note_waiting(s, task_id, utcnow(), error,
-                                                                 give_up=give_up)):
-        return None  # cancelled or taken up meanwhile: this message has nothing left to do
+    # A message that starts a wait respects the lease of a delivery holding the task already.
+    lease_s = None if outage.waiting_for else settings.stale_after_s
+    if not await in_transaction(sessions, lambda s: note_waiting(
+            s, task_id, utcnow(), error, give_up=give_up, lease_s=lease_s)):
+        return None  # cancelled, taken up, or held by another delivery: nothing left to do
     if give_up:
         return None
     return Redeliver(WAIT_POLL_S, Outage(strikes=outage.strikes, waiting_for=tuple(unready),

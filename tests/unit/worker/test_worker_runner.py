@@ -126,6 +126,12 @@ def services_ready(unready: dict[str, str] | None = None) -> Readiness:
     return probe
 
 
+@pytest.fixture(autouse=True)
+def stack_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No services here: the stack counts as ready unless a test passes its own readiness."""
+    monkeypatch.setattr("services.worker.runner.stack_readiness", lambda _: services_ready())
+
+
 async def test_failures_with_every_service_ready_are_strikes_then_given_up(
         sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
     task_id = new_task(sessions)
@@ -153,13 +159,14 @@ async def test_failures_with_every_service_ready_are_strikes_then_given_up(
 async def test_a_task_waits_for_services_that_are_not_ready_without_counting_or_claiming(
         sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
     task_id = new_task(sessions)
-    unready = {"rollout": "starting"}
+    unready: dict[str, str] = {}
     stack = services_ready(unready)
     outcomes = [UpstreamError("rollout: engine is still starting"), None]
 
     async def work(_services: Services, _attempt: int) -> Done:
         failure = outcomes.pop(0)
         if failure is not None:
+            unready["rollout"] = "starting"  # it went down during the attempt
             raise failure
         return Done(Result(value=1))
 
@@ -197,25 +204,23 @@ async def test_duplicate_messages_count_no_attempt_while_a_delivery_holds_the_le
 
     async def work(_services: Services, attempt: int) -> Done:
         ran.append(attempt)
-        if unready:
-            raise UpstreamError("rollout: engine is still starting")
         assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS,
                                   stack) is None  # redelivered while this attempt runs
         return Done(Result(value=attempt))
 
+    # Services not ready: the first delivery waits before claiming; no attempt is spent.
     wait = await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS, stack)
     assert wait is not None and wait.outage.waiting_for == ("rollout",)
     for duplicate in (Outage(), Outage(strikes=3)):  # the wait's lease is live: dropped
         assert await run_delivery(settings, sessions, task_id, duplicate, work, NEEDS,
                                   stack) is None
     waiting = row(sessions, task_id)
-    assert (waiting.status, waiting.attempts, ran) == ("queued", 1, [1])
-    unready.clear()  # the waiting chain's own message goes on, and runs attempt 2 alone
+    assert (waiting.status, waiting.attempts, ran) == ("queued", 0, [])
+    unready.clear()  # the waiting chain's own message goes on, and runs attempt 1 alone
     assert await run_delivery(settings, sessions, task_id, wait.outage, work, NEEDS,
                               stack) is None
     done = row(sessions, task_id)
-    assert (done.status, done.attempts, done.result, ran) == (
-        "succeeded", 2, {"value": 2}, [1, 2])
+    assert (done.status, done.attempts, done.result, ran) == ("succeeded", 1, {"value": 1}, [1])
 
 
 async def test_a_wait_longer_than_the_outage_window_fails_the_task(
