@@ -71,7 +71,9 @@ async def test_a_message_redelivered_while_its_task_runs_is_dropped(
     timeout (5 s here) passes, and a restart sends queued tasks again: such a duplicate meets
     the running attempt's live lease and is dropped. It counts no attempt, runs nothing, and
     leaves no message behind (no chain of messages polling the task)."""
-    worker = stack.worker(LOOM_WORKER_CONCURRENCY="2")  # a free process takes the duplicates
+    # A free process takes the duplicates; a lease of 6 s (3 heartbeats) outlives the 5 s
+    # visibility timeout even on a loaded machine, so no sweep takes the task over meanwhile.
+    worker = stack.worker(LOOM_WORKER_CONCURRENCY="2", LOOM_WORKER_HEARTBEAT_S="2")
     worker.start()
     stack.gate.close()
     async with stack.client() as http:
