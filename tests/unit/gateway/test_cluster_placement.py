@@ -1,0 +1,27 @@
+"""What `loom cluster` asks of Ray, without Ray: actor options and the stack's environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.cluster.placement import ClusterSpec, _options, _urls_env
+from services.common.settings import LoomSettings
+
+
+def test_replicas_spread_and_restart_while_other_services_stay_put() -> None:
+    replica = _options("rollout-0", 1, 0, restarts=-1, spread=True)
+    assert replica["scheduling_strategy"] == "SPREAD" and replica["max_restarts"] == -1
+    assert replica["lifetime"] == "detached" and replica["namespace"] == "loom"
+    gateway = _options("gateway", 0, 0, restarts=0)
+    assert "scheduling_strategy" not in gateway and gateway["max_restarts"] == 0
+
+
+def test_the_stack_environment_names_the_data_the_token_and_every_url(tmp_path: Path) -> None:
+    spec = ClusterSpec(LoomSettings(data_dir=tmp_path, database_url="postgresql+psycopg://db/x"),
+                       env={"LOOM_ROLLOUT_MODEL": "/m"})
+    env = spec.stack_env()
+    assert env["LOOM_DATA_DIR"] == str(tmp_path) and env["LOOM_ROLLOUT_MODEL"] == "/m"
+    assert env["LOOM_DATABASE_URL"] == "postgresql+psycopg://db/x"
+    assert {"LOOM_SERVICE_TOKEN", "LOOM_SERVICE_TOKEN_FILE"} & set(env)  # as the settings say
+    urls = _urls_env({"gateway": "http://127.0.0.1:1", "worker": "http://127.0.0.1:2"})
+    assert urls == {"LOOM_GATEWAY_URL": "http://127.0.0.1:1"}  # the worker serves no HTTP
