@@ -1,0 +1,32 @@
+"""Loom on a 2-node local Ray cluster (CPU), every service a Ray actor: scaling rollout 1→2→1
+while a client samples through the gateway loses no call, and the two replicas run on
+different nodes. The scenario (tests/support/ray_scenario.py) runs in a network namespace with
+only loopback, so Ray can neither bind nor reach a non-loopback address."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import require
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_stack_on_a_two_node_ray_cluster_scales_rollout_without_losing_a_call(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    require(shutil.which("unshare") is not None and shutil.which("ip") is not None,
+            "unshare and ip (util-linux, iproute2): the scenario's private loopback network")
+    scenario = (f"ip link set lo up && exec {sys.executable} -m tests.support.ray_scenario "
+                f"{tmp_path} {tiny_model_dir}")
+    result = subprocess.run(["unshare", "--net", "sh", "-c", scenario], cwd=REPO,
+                            capture_output=True, text=True, timeout=1500)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-6000:])
+    seen = json.loads(lines[-1])
+    print("\nray scenario:", json.dumps(seen))
+    assert seen["node_addresses"] == ["127.0.0.1"]
+    assert len(set(seen["replica_nodes"])) == 2 and seen["failures"] == []
