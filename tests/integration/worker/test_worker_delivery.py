@@ -12,7 +12,9 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx2
 import pytest
 
 from services.worker.app import create_celery, send
@@ -21,6 +23,7 @@ from services.worker.settings import WorkerSettings
 from tests.support.worker import (
     WORKER_REDIS_URL,
     TaskStack,
+    Worker,
     build_stack,
     wait_for_task,
 )
@@ -52,6 +55,17 @@ async def test_a_redelivered_message_of_a_succeeded_task_does_nothing(
         assert stack.gate.calls == 2  # the store collected once per task, not per message
 
 
+async def held_gc(stack: TaskStack, worker: Worker, http: httpx2.AsyncClient
+                  ) -> tuple[str, dict[str, Any]]:
+    """Start `worker`, submit a gc and hold it inside POST /v1/gc: its job and task."""
+    worker.start()
+    stack.gate.close()
+    job = await stack.create_job(http)
+    task = (await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})).json()
+    assert await asyncio.to_thread(stack.gate.entered.wait, 30)
+    return job, task
+
+
 def broker_messages(queue: str, task_id: str) -> int:
     """Messages of the task in Redis: waiting in its queue, or taken and not acknowledged."""
     import redis
@@ -74,12 +88,8 @@ async def test_a_message_redelivered_while_its_task_runs_is_dropped(
     # A free process takes the duplicates; a lease of 6 s (3 heartbeats) outlives the 5 s
     # visibility timeout even on a loaded machine, so no sweep takes the task over meanwhile.
     worker = stack.worker(LOOM_WORKER_CONCURRENCY="2", LOOM_WORKER_HEARTBEAT_S="2")
-    worker.start()
-    stack.gate.close()
     async with stack.client() as http:
-        job = await stack.create_job(http)
-        task = (await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})).json()
-        assert await asyncio.to_thread(stack.gate.entered.wait, 30)
+        job, task = await held_gc(stack, worker, http)
         celery = create_celery(WorkerSettings(data_dir=stack.data_dir, worker_queue=queue,
                                               worker_redis_prefix=f"{queue}:",
                                               worker_broker_url=WORKER_REDIS_URL))
@@ -109,12 +119,8 @@ async def kill_mid_task_and_recover(stack: TaskStack, kill: str) -> dict[str, ob
     """Stop a gc inside POST /v1/gc, SIGKILL the worker (`whole`) or its pool process
     (`child`), let the gc go on, and return the task once done."""
     worker = stack.worker()
-    worker.start()
-    stack.gate.close()
     async with stack.client() as http:
-        job = await stack.create_job(http)
-        task = (await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})).json()
-        assert await asyncio.to_thread(stack.gate.entered.wait, 30)
+        _, task = await held_gc(stack, worker, http)
         if kill == "whole":
             worker.kill()
             assert (await http.get(f"/v1/tasks/{task['id']}")).json()["status"] == "running"
