@@ -109,6 +109,11 @@ class TrainerModel:
             with self._host.using(self.spec.job_id) as network:
                 yield network
 
+    @property
+    def sharded(self) -> bool:
+        """Whether its trainable weights are split across ranks (full training on ranks)."""
+        return self._host is None and self.parallel.world_size > 1
+
     def info(self) -> ModelInfo:
         return ModelInfo(
             model_id=self.spec.job_id, job_id=self.spec.job_id, base_model=self.spec.base_model,
@@ -182,7 +187,8 @@ class TrainerModel:
         adapter directory (LoRA); weight files over `reserve`'s where it has them."""
         with self.network() as network:
             if isinstance(network, peft.PeftModel):
-                write_adapter(network, directory, self.spec.job_id, reserve)
+                if self.parallel.rank == 0:  # every rank holds the whole adapter
+                    write_adapter(network, directory, self.spec.job_id, reserve)
                 return
             write_full(network, directory, shard_bytes, reserve, self.parallel)
         if self.parallel.rank == 0:

@@ -96,8 +96,8 @@ class TrainerSettings(LoomSettings):
         "model (fp32 weights, gradients and AdamW moments: 16 bytes per parameter). N > 1: the "
         "trainer starts N rank processes on this host (one per GPU; on CPU as many as set) "
         "that shard each model with FSDP2 (16/N bytes per parameter each, plus the layer "
-        "being computed) and split every batch's rows; results equal one process's. Full "
-        "fine-tuning only so far: LoRA jobs need world size 1.",
+        "being computed) and split every batch's rows; results equal one process's. LoRA "
+        "jobs split the rows too, on a base every rank holds whole (not sharded yet).",
     )
     trainer_precision: str = Field(
         default="fp32",

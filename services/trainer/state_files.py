@@ -147,9 +147,12 @@ def load_state(model: TrainerModel | RemoteModel, root: Path, name: str,
 
 def write_checkpoint(model: TrainerModel, directory: Path) -> bool:
     """The trainable weights and optimizer moments into `directory` (on every rank of a
-    sharded model: `SHARDED` through DCP); whether there were moments to save."""
-    if model.parallel.world_size > 1:
+    sharded model: `SHARDED` through DCP; of a model every rank holds whole: rank 0's files);
+    whether there were moments to save."""
+    if model.sharded:
         return dcp_state.save(model, directory / SHARDED)
+    if model.parallel.rank != 0:
+        return model.optimizer() is not None
     save_file({n: p.detach().contiguous().cpu() for n, p in model.named_trainable()},
               directory / WEIGHTS)
     optimizer = model.optimizer_state()

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import InvalidInput
 from services.trainer.batch import validate_data
 from services.trainer.distributed.ranks import RankGroup
 from services.trainer.page_reserve import PageReserve
@@ -22,7 +21,6 @@ from services.trainer.schemas import (
     LossConfig,
     ModelInfo,
     OptimStepResult,
-    TrainingMode,
 )
 
 
@@ -102,9 +100,5 @@ class RemoteRegistry(Models[RemoteModel]):
         self.group = group
 
     def _make(self, spec: CreateModelRequest) -> RemoteModel:
-        if spec.mode == TrainingMode.lora:
-            raise InvalidInput(
-                "This trainer is sharded across ranks (LOOM_TRAINER_WORLD_SIZE > 1), which "
-                "trains full models only so far: train LoRA on a trainer of world size 1.")
         info, _, vocab_size, max_length = self.group.call("create", spec, replay=True)
         return RemoteModel(self.group, spec, info, vocab_size, max_length)

@@ -4,9 +4,10 @@ the ranks, whole layers gathered only while they run).
 
 The ranks split each micro-batch's rows (row i goes to rank i mod N) and add up their shares:
 gradients by FSDP's reduce-scatter as a sum (divide factor 1), loss, metrics and per-row
-logprobs by an all-reduce. Each rank's share already divides by the whole batch's totals (every
-rank has the whole batch), so the sum is exactly one process's value and gradient: no average
-of per-rank means.
+logprobs by an all-reduce. Each rank's share already divides by the whole batch's totals
+(every rank has the whole batch), so the sum is exactly one process's value and gradient: no
+average of per-rank means. LoRA jobs share a base that every rank holds whole (not sharded
+yet): their adapters' gradients are summed by an all-reduce at the optimizer step.
 """
 
 from __future__ import annotations
@@ -92,13 +93,20 @@ class Sharded(SingleProcess):
         return number % self.world_size == self.rank
 
     def grad_norm(self, params: list[torch.nn.Parameter], clip: float | None) -> Tensor:
-        """As `torch.nn.utils.clip_grad_norm_` computes it, over the ranks' shards."""
-        grads = [_local(p.grad) for p in params if p.grad is not None]
-        squares = torch.zeros((), dtype=torch.float32)
-        for grad in grads:
-            squares += grad.detach().float().pow(2).sum().cpu()
+        """As `torch.nn.utils.clip_grad_norm_` computes it, over the ranks' shards. The
+        gradient of a parameter every rank holds whole (a LoRA adapter: see `wrap`) is first
+        summed across the ranks."""
+        shards, whole = [], []
+        for param in params:
+            if isinstance(param.grad, DTensor):
+                shards.append(param.grad.to_local())
+            elif param.grad is not None:
+                dist.all_reduce(param.grad)
+                whole.append(param.grad)
+        squares = _squares(shards)
         dist.all_reduce(squares)
-        norm = squares.sqrt()
+        norm = (squares + _squares(whole)).sqrt()
+        grads = shards + whole
         if clip is not None and grads:
             coefficient = torch.clamp(clip / (norm + 1e-6), max=1.0)
             for grad in grads:
@@ -106,8 +114,11 @@ class Sharded(SingleProcess):
         return norm
 
 
-def _local(tensor: Tensor) -> Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+def _squares(grads: list[Tensor]) -> Tensor:
+    total = torch.zeros((), dtype=torch.float32)
+    for grad in grads:
+        total += grad.detach().float().pow(2).sum().cpu()
+    return total
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -15,7 +15,7 @@ import httpx2
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainer_harness import JOB_FULL, JOB_LORA, TrainerHarness
+from trainer_harness import JOB_FULL, TrainerHarness
 
 from modelstate.client import ModelStateClient
 from services.common.service_token import service_headers
@@ -77,9 +77,9 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
                          MICRO_BATCH_TOKENS)
 
 
-def pair(ranks: RemoteRegistry, one_process: ModelRegistry, job_id: str, base: Path
-         ) -> tuple[RemoteModel, TrainerModel]:
-    spec = CreateModelRequest(job_id=job_id, base_model=str(base), mode=TrainingMode.full)
+def pair(ranks: RemoteRegistry, one_process: ModelRegistry, job_id: str, base: Path,
+         mode: TrainingMode = TrainingMode.full) -> tuple[RemoteModel, TrainerModel]:
+    spec = CreateModelRequest(job_id=job_id, base_model=str(base), mode=mode)
     return ranks.create(spec)[0], one_process.create(spec)[0]
 
 
@@ -101,14 +101,18 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.aggregation.value)
+@pytest.mark.parametrize(("config", "mode"), [
+    *[(config, TrainingMode.full) for config in CONFIGS],
+    (CONFIGS[0], TrainingMode.lora), (CONFIGS[1], TrainingMode.lora)],
+    ids=lambda v: v.aggregation.value if isinstance(v, LossConfig) else v.value)
 def test_two_ranks_train_as_one_process(ranks: RemoteRegistry, one_process: ModelRegistry,
                                         tiny_model_dir: Path, tmp_path: Path,
-                                        config: LossConfig) -> None:
+                                        config: LossConfig, mode: TrainingMode) -> None:
     """PPO with KL to the reference, 3 steps on a batch of uneven rows in micro-batches: the
-    same losses, metrics, logprobs, gradient norms and weights (fp32, within 1e-5)."""
-    job = f"ppo-{config.aggregation.value}"
-    sharded, single = pair(ranks, one_process, job, tiny_model_dir)
+    same losses, metrics, logprobs, gradient norms and weights (fp32, within 1e-5). LoRA: two
+    jobs' adapters on one base on the ranks."""
+    job = f"ppo-{config.aggregation.value}-{mode.value}"
+    sharded, single = pair(ranks, one_process, job, tiny_model_dir, mode)
     data = uneven_data()
     for step in range(1, STEPS + 1):
         want = single.forward_backward(data, config, return_logprobs=True)
@@ -242,7 +246,7 @@ def test_bf16_with_activation_checkpointing_trains_near_fp32(
 async def test_the_trainer_service_runs_on_two_ranks(
         tmp_path: Path, tiny_model_dir: Path, modelstate_client: ModelStateClient) -> None:
     """LOOM_TRAINER_WORLD_SIZE=2 through the HTTP API: the same routes and results, a version
-    published from the ranks' files; LoRA is refused at once (a 422)."""
+    published from the ranks' files."""
     settings = TrainerSettings(data_dir=tmp_path / "trainer", trainer_device="cpu",
                                trainer_world_size=2, trainer_collective_timeout_s=60)
     app = create_app(settings, modelstate=modelstate_client)
@@ -253,9 +257,6 @@ async def test_the_trainer_service_runs_on_two_ranks(
     ):
         trainer = TrainerHarness(http, app, str(tiny_model_dir))
         await trainer.create(JOB_FULL, "full")
-        lora = await http.post("/v1/models", json={
-            "job_id": JOB_LORA, "base_model": str(tiny_model_dir), "mode": "lora"})
-        assert lora.status_code == 422 and "world size 1" in lora.json()["error"]["message"]
         data = [d.model_dump(exclude_none=True) for d in uneven_data()]
         result = await trainer.run(JOB_FULL, "forward_backward", {"data": data})
         assert result["loss"] > 0
