@@ -87,6 +87,8 @@ class _Lane:
         """Wait for that until `deadline` (monotonic); then drop what is left, counted."""
         self._thread.join(max(0.0, deadline - time.monotonic()))
         self._stopping.set()
+        if self._thread.is_alive():  # stuck in a tracker call: what waits behind it is lost
+            self._drop_queued()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -100,14 +102,17 @@ class _Lane:
                 continue
             if batch is not None:
                 self._deliver(batch)
-        while True:  # stopped at the deadline: whatever is still queued is given up
+        self._drop_queued()  # stopped at the deadline: whatever is still queued is given up
+        self._close_idle(float("inf"))
+
+    def _drop_queued(self) -> None:
+        while True:
             try:
                 left = self._queue.get_nowait()
             except queue.Empty:
-                break
+                return
             if left is not None:
                 self._counters.dropped.labels(self.name).inc(len(left.points))
-        self._close_idle(float("inf"))
 
     def _deliver(self, batch: _Batch) -> None:
         tries = 1 if self._closing.is_set() else self._retries + 1
