@@ -79,7 +79,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "trainer": (
         # A load may name another job, whose checkpoint it reads.
         _rule("POST", rf"/models/{JOB}/load_state", _path, body=True, also=_body),
-        _rule("GET POST DELETE", rf"/models/{JOB}{ANY_PATH}", _path),
+        _rule("GET POST PUT DELETE", rf"/models/{JOB}{ANY_PATH}", _path),
         _rule("GET", rf"/operations/{SEGMENT}"),
     ),
     "modelstate": (

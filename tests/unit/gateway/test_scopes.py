@@ -29,7 +29,7 @@ ADMIN_ONLY = {
     ("modelstate", "GET", "/pins"), ("modelstate", "PUT", "/pins/{holder}"),
     ("modelstate", "DELETE", "/pins/{holder}"), ("modelstate", "POST", "/gc"),
     ("rollout", "GET", "/versions"), ("rollout", "POST", "/load"),
-    ("rollout", "GET", "/models"), ("trainer", "POST", "/models"),
+    ("rollout", "GET", "/models"), ("rollout", "POST", "/drain"), ("trainer", "POST", "/models"),
 }
 
 
@@ -59,6 +59,7 @@ def test_every_service_route_is_classified(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("service", "method", "path", "query", "body", "job"), [
     ("trainer", "POST", "/models/job_a/forward_backward", {}, None, "job_a"),
+    ("trainer", "PUT", "/models/job_a/checkpoints/step_1/expiry", {}, None, "job_a"),
     ("trainer", "GET", "/operations/op_1", {}, None, None),
     ("modelstate", "GET", "/jobs/job_a/versions/3/archive", {}, None, "job_a"),
     ("modelstate", "GET", "/events", {"job_id": "job_a"}, None, "job_a"),

@@ -30,7 +30,7 @@ async def test_base_model_without_job_and_version_zero() -> None:
     assert store.lookups == 0
     with pytest.raises(InvalidInput, match="needs a job_id"):
         await versions.resolve(None, 3)
-    with pytest.raises(InvalidInput, match=">= 0"):
+    with pytest.raises(InvalidInput, match="go from 0 \(the base model\)"):
         await versions.resolve("job", -1)
 
 
