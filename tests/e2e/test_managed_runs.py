@@ -32,8 +32,9 @@ def test_the_demo_runs_as_a_managed_recipe(stack: tuple[str, str, Path]) -> None
         assert job.version("best").number == summary["best_version"]
         assert 0.0 <= summary["held_out_accuracy_best"] <= 1.0
         assert info.progress is not None and info.progress.step == 13
-        rewards = job.metrics(["reward"])["reward"]
-        assert rewards.steps == [11, 12, 13]
+        rewards = job.metrics(["rl/reward"])["rl/reward"]
+        assert rewards.steps == [1, 2, 3]  # RL counts its own steps (sft/ has 1-10)
+        assert job.metrics(["sft/loss"])["sft/loss"].steps == list(range(1, 11))
         assert len(job.samples()) == 3 * 8
         assert loom.get_job(job.id).info.status.value == "completed"
 

@@ -154,10 +154,14 @@ def test_grpo_improves_held_out_accuracy(stack, tmp_path: Path) -> None:
         job = loom.get_job(result.job_id)
         assert job.version("best").number == result.best_version
         # What the web admin plots: the same reward curve, logged step by step.
-        logged = job.metrics(["reward", "samples_per_s"])
-        assert logged["reward"].values == pytest.approx([p["reward"] for p in result.curve])
-        assert len(logged["samples_per_s"].steps) == DemoConfig().rl_steps
-        assert job.info.progress is not None and job.info.progress.step >= DemoConfig().rl_steps
+        logged = job.metrics(["rl/reward", "rl/samples_per_s"])
+        assert logged["rl/reward"].values == pytest.approx([p["reward"] for p in result.curve])
+        assert len(logged["rl/samples_per_s"].steps) == DemoConfig().rl_steps
+        # The admin's progress names the phase, on its own steps; the demo ended its job.
+        progress = job.info.progress
+        assert progress is not None and (progress.phase, progress.step) == (
+            "rl", DemoConfig().rl_steps)
+        assert job.info.status.value == "completed"
         assert {s.version for s in job.samples(limit=1000)} >= {result.curve[-1]["version"] - 1}
     versions = [point["version"] for point in result.curve]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
