@@ -4,6 +4,7 @@ nothing, and /metrics counts it."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 from collections.abc import Iterator
@@ -16,15 +17,20 @@ from agents.sdk import AsyncLoomClient
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.common.ports import free_port
+from tests.conftest import require
 from tests.support.servers import serve_in_thread
 from tests.support.tracker_readers import mlflow_series, tensorboard_series, wandb_series
 from tests.support.trainer import trainer_stand_in
 
-pytest.importorskip("wandb", reason="the trackers extra")
-
 SFT = {"sft/loss": [(step, 2.0 / step) for step in range(1, 7)]}
 RL = {"rl/reward": [(step, 0.1 * step) for step in range(1, 4)],
       "kl/mean": [(step, 0.01 * step) for step in range(1, 4)]}
+
+
+@pytest.fixture(autouse=True)
+def tracker_libraries() -> None:
+    require(all(importlib.util.find_spec(m) for m in ("wandb", "mlflow", "tensorboardX")),
+            "the trackers extra (wandb, mlflow-skinny, tensorboardX)")
 
 
 @pytest.fixture
