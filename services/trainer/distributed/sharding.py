@@ -39,6 +39,9 @@ class Sharded(SingleProcess):
         self.sharding = sharding or Sharding()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        # Where this rank's collectives run: NCCL's on the rank's GPU, gloo's on the CPU.
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if dist.get_backend() == "nccl" else torch.device("cpu"))
 
     def wrap(self, model: M) -> M:
         """Each decoder layer a unit of its own (gathered while it runs), the rest (embeddings,
@@ -75,7 +78,8 @@ class Sharded(SingleProcess):
 
     def sum_values(self, loss: float, metrics: dict[str, float]) -> tuple[float, dict[str, float]]:
         names = sorted(metrics)
-        values = torch.tensor([loss] + [metrics[n] for n in names], dtype=torch.float64)
+        values = torch.tensor([loss] + [metrics[n] for n in names], dtype=torch.float64,
+                              device=self.device)
         dist.all_reduce(values)
         total = values.tolist()
         return total[0], dict(zip(names, total[1:], strict=True))
@@ -103,9 +107,9 @@ class Sharded(SingleProcess):
             elif param.grad is not None:
                 dist.all_reduce(param.grad)
                 whole.append(param.grad)
-        squares = _squares(shards)
+        squares = _squares(shards, self.device)
         dist.all_reduce(squares)
-        norm = (squares + _squares(whole)).sqrt()
+        norm = (squares + _squares(whole, self.device)).sqrt()
         grads = shards + whole
         if clip is not None and grads:
             coefficient = torch.clamp(clip / (norm + 1e-6), max=1.0)
@@ -114,10 +118,10 @@ class Sharded(SingleProcess):
         return norm
 
 
-def _squares(grads: list[Tensor]) -> Tensor:
-    total = torch.zeros((), dtype=torch.float32)
+def _squares(grads: list[Tensor], device: torch.device) -> Tensor:
+    total = torch.zeros((), dtype=torch.float32, device=device)
     for grad in grads:
-        total += grad.detach().float().pow(2).sum().cpu()
+        total += grad.detach().float().pow(2).sum().to(device)
     return total
 
 
