@@ -295,7 +295,7 @@ async def test_cancel_stops_a_running_task_at_its_next_heartbeat(
     assert (cancelled.status, cancelled.result, cancelled.attempts) == ("cancelled", None, 1)
 
 
-async def test_a_lost_workers_task_waits_then_is_taken_over_and_recovered(
+async def test_a_lost_workers_task_is_taken_over_and_recovered(
         sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
     task_id = new_task(sessions)
     now = utcnow()
