@@ -4,7 +4,6 @@ the whole batch's whatever the grouping (the tiny model on CPU)."""
 from __future__ import annotations
 
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,12 @@ from services.trainer.model import TrainerModel, micro_batch_budget
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     CreateModelRequest,
-    Datum,
     LossAggregation,
     LossConfig,
     LossName,
     TrainingMode,
 )
+from tests.support.trainer_data import long_tailed_data
 
 
 @given(st.lists(st.integers(min_value=2, max_value=300), min_size=1, max_size=64),
@@ -43,21 +42,6 @@ def test_micro_batches_keep_short_rows_apart_from_long_ones() -> None:
     lengths = [200, 10, 12, 190, 11, 9]
     assert micro_batches(lengths, 400) == [[0, 3], [2, 4, 1, 5]]
     assert micro_batches(lengths, 10_000) == [[0, 3, 2, 4, 1, 5]]
-
-
-def long_tailed_data(count: int, seed: int = 0) -> list[Datum]:
-    """Prompt of 4 tokens, completions of 1 to 60 tokens, with sampler logprobs and advantages."""
-    rng = random.Random(seed)
-    data = []
-    for _ in range(count):
-        completion = rng.choice([1, 2, 3, 5, 8, 13, 60])
-        ids = [rng.randrange(3, 200) for _ in range(4 + completion)]
-        mask = [0.0] * 4 + [1.0] * completion
-        advantage = rng.uniform(-1, 1)
-        data.append(Datum(input_ids=ids, loss_mask=mask,
-                          logprobs=[0.0] * 4 + [rng.uniform(-6, -4) for _ in range(completion)],
-                          advantages=[advantage * m for m in mask]))
-    return data
 
 
 def model_with_budget(tiny_model_dir: Path, tmp_path: Path, mode: TrainingMode,
@@ -100,7 +84,10 @@ def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: 
     for (name, a), (_, b) in zip(split.named_trainable(), one_pass.named_trainable(),
                                  strict=True):
         assert a.grad is not None and b.grad is not None, name
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+        # fp32 sums in another order: an element's error scales with the tensor's largest
+        # gradient (up to ~18 with `sum` aggregation), not with its own value.
+        atol = 1e-6 * max(1.0, b.grad.abs().max().item())
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=atol, msg=name)
 
 
 @pytest.mark.parametrize("earlier_gradients", [False, True])
