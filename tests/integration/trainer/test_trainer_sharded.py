@@ -4,7 +4,6 @@ same data, step for step."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import threading
 import time
@@ -37,6 +36,7 @@ from services.trainer.schemas import (
     TrainingMode,
 )
 from services.trainer.settings import TrainerSettings
+from tests.support.trainer_data import long_tailed_data
 
 MICRO_BATCH_TOKENS = 48  # several micro-batches, one of them a single row (a stand-in on rank 1)
 ADAM = AdamParams(lr=1e-4, grad_clip=1.0)  # see the README: Adam and rounding
@@ -45,17 +45,7 @@ STEPS = 3
 
 def uneven_data(count: int = 7, seed: int = 0) -> list[Datum]:
     """Prompts of 4 tokens, completions of 1 to 30, sampler logprobs and advantages."""
-    rng = random.Random(seed)
-    data = []
-    for _ in range(count):
-        completion = rng.choice([1, 3, 5, 9, 17, 30])
-        ids = [rng.randrange(3, 200) for _ in range(4 + completion)]
-        mask = [0.0] * 4 + [1.0] * completion
-        advantage = rng.uniform(-1, 1)
-        data.append(Datum(input_ids=ids, loss_mask=mask,
-                          logprobs=[0.0] * 4 + [rng.uniform(-6, -4) for _ in range(completion)],
-                          advantages=[advantage * m for m in mask]))
-    return data
+    return long_tailed_data(count, seed, completions=(1, 3, 5, 9, 17, 30))
 
 
 @pytest.fixture(scope="module")
