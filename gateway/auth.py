@@ -39,7 +39,8 @@ PUBLIC_PREFIXES = ("/docs", "/redoc")
 # API-key middleware lets it through and its routes check the cookie themselves.
 ADMIN_PREFIX = "/admin"
 # Routes Loom's services call (a rollout replica's heartbeat) check the service token
-# themselves (`gateway.deps.service_caller`): a service holds no API key.
+# themselves (`gateway.deps.service_caller`): a service holds no API key. Rollout's readiness
+# probe there is open, as every /readyz is.
 INTERNAL_PREFIX = "/v1/internal/"
 MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
                "(Weaver SDK: WEAVER_API_KEY=<key>). `loom up` prints the admin key once and "

@@ -1,15 +1,18 @@
-"""Rollout replicas: the routing table (admins) and the heartbeat replicas send (service
-token). Routes parse, call, return; the registry is `gateway.replicas`."""
+"""Rollout replicas: the routing table (admins), the heartbeat replicas send (service token)
+and rollout's readiness as a whole (open). Routes parse, call, return; the registry is
+`gateway.replicas`."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
+from fastapi.responses import JSONResponse
 
-from gateway.deps import AdminKey, ReplicasDep, ServiceCaller
+from gateway.deps import AdminKey, ReplicasDep, ServiceCaller, UpstreamsDep
 from gateway.schemas import ReplicaList, ReplicaPublic
 from services.common.errors import NotFound
+from services.common.schemas import Health
 from services.rollout.schemas import ReplicaHeartbeat
 
 router = APIRouter(prefix="/v1", tags=["replicas"])
@@ -36,3 +39,13 @@ async def leave(replica_id: ReplicaId, _caller: ServiceCaller, replicas: Replica
         raise NotFound(f"No rollout replica {replica_id!r} is registered.",
                        {"replica_id": replica_id})
     return Response(status_code=204)
+
+
+@router.get("/internal/rollout/readyz", response_model=Health)
+async def rollout_readiness(upstreams: UpstreamsDep) -> JSONResponse:
+    """Rollout's readiness as a whole, open like every `/readyz` (no secret in it): ready while
+    a registered replica is. Where replicas come and go (a Ray cluster), a process that waits
+    for rollout (the worker) points LOOM_ROLLOUT_URL at `<gateway>/v1/internal/rollout`."""
+    health = await upstreams.probe("rollout")
+    ready = health.status in ("ready", "ok")
+    return JSONResponse(health.model_dump(mode="json"), status_code=200 if ready else 503)

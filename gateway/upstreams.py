@@ -55,13 +55,13 @@ class Upstreams:
     async def health(self, *known: Health) -> StackHealth:
         """Every service's readiness, asked concurrently (one slow service costs at most the
         health timeout), with `known`: what the gateway answers itself (its own, workers')."""
-        probes = await asyncio.gather(*(self._probe(name) for name in self.clients))
+        probes = await asyncio.gather(*(self.probe(name) for name in self.clients))
         services = {**{h.service: h for h in known}, **dict(zip(self.clients, probes,
                                                                 strict=True))}
         healthy = all(health.status in ("ready", "ok") for health in services.values())
         return StackHealth(status="ok" if healthy else "degraded", services=services)
 
-    async def _probe(self, service: str) -> Health:
+    async def probe(self, service: str) -> Health:
         if service == "rollout" and (registered := self.replicas.live()):
             return replicas_health(registered)
         client = self.clients[service]

@@ -99,7 +99,10 @@ def up(spec: ClusterSpec, replicas: int) -> dict[str, str]:
     urls = {name: info["url"] for name, info in
             zip(actors, ray.get([a.where.remote() for a in actors.values()]), strict=True)}
     stack_env = {**env, **_urls_env(urls)}
-    ray.get([a.start.remote(stack_env) for a in actors.values()])
+    ray.get([a.start.remote(stack_env) for name, a in actors.items() if name != WORKER[0]])
+    # The worker waits for rollout before a run: it asks the gateway, which knows the replicas.
+    ray.get(actors[WORKER[0]].start.remote(
+        {**stack_env, "LOOM_ROLLOUT_URL": f"{urls['gateway']}/v1/internal/rollout"}))
     _wait_ready({name: url for name, url in urls.items() if name != WORKER[0]})
     return {**urls, **scale(spec, replicas)}
 

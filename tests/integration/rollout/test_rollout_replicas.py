@@ -91,6 +91,9 @@ async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> 
         await wait_for(both_ready, "both replicas ready", READY_TIMEOUT_S)
         table = await replicas.table()
         assert {r["url"] for r in table.values()} == {a.url, b.url}
+        readiness = await client.get("/v1/internal/rollout/readyz", headers={
+            "Authorization": ""})  # open, as every /readyz: the worker probes it
+        assert readiness.status_code == 200 and readiness.json()["status"] == "ready"
         assert all({"job_id": None, "number": 0, "kind": "base"} in r["versions"]
                    for r in table.values())
 
@@ -125,3 +128,4 @@ async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> 
         assert [r["static"] for r in table.values()] == [True], table
         response = await client.post("/v1/rollout/sample", json={"prompt_token_ids": PROMPT})
         assert response.status_code == 503, response.text  # the static URL: nothing listens
+        assert (await client.get("/v1/internal/rollout/readyz")).status_code == 503
