@@ -49,10 +49,12 @@ def python_module(name: str, module: str, startup_timeout_s: float = 60.0,
 
 
 # Start order: the store first, the public entry last. They start side by side anyway; the
-# rollout engine (vLLM: ~60-90 s on CPU) sets the pace.
+# rollout engine (vLLM: ~60-90 s on CPU) sets the pace. A sharded trainer
+# (LOOM_TRAINER_WORLD_SIZE > 1) answers only once its ranks have imported torch, formed their
+# group and loaded the model: over 60 s on a loaded 2-core machine, hence the trainer's limit.
 STACK: tuple[ServiceSpec, ...] = (
     python_module("modelstate", "modelstate"),
-    python_module("trainer", "services.trainer"),
+    python_module("trainer", "services.trainer", startup_timeout_s=300.0),
     python_module("reward", "services.reward"),
     python_module("sandbox", "services.sandbox"),
     python_module("rollout", "services.rollout", startup_timeout_s=600.0),
