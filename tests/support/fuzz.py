@@ -1,7 +1,8 @@
 """Schemathesis against a service's own OpenAPI: requests generated from the schema (valid
 ones and, as many, ones that break it) sent to the real app through the test's client, and
-every answer that is a server error or a crash collected. A 5xx is a bug, except a 502/503
-saying a service this one calls is unreachable (`allow_upstream`: a stack built without it).
+every answer that is a server error or a crash collected. A 5xx is a bug, except a readiness
+probe's 503 (not ready is its answer) and a 502/503 saying a service this one calls is
+unreachable (`allow_upstream`: a stack built without it).
 
 Hypothesis runs in a thread of its own; each request is sent on the test's event loop, where
 the app's lifespan (engines, pools, database engines) lives."""
@@ -70,7 +71,9 @@ async def fuzz(client: httpx2.AsyncClient, openapi: dict[str, Any], *, examples:
             return
         report.sent += 1
         report.statuses[response.status_code] += 1
-        if response.status_code >= 500 and not (
+        probe_says_not_ready = (response.status_code == 503
+                                and case.operation.path.endswith("/readyz"))
+        if response.status_code >= 500 and not probe_says_not_ready and not (
                 allow_upstream and _upstream_error(response)):
             report.server_errors.append(f"{label} -> {response.status_code} "
                                         f"{response.text[:300]}")
