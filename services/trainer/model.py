@@ -168,10 +168,15 @@ class TrainerModel:
             optimizer.zero_grad(set_to_none=True)
             raise InvalidInput(f"The gradient norm is {grad_norm.item()}: step skipped, "
                                "accumulated gradients dropped")
-        optimizer.step()
+        # No gradient, no update: AdamW would still move the weights through its momentum and
+        # weight decay (an RL batch whose advantages are all zero must leave the policy alone).
+        applied = grad_norm.item() > 0.0
+        if applied:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return OptimStepResult(step=self.step, grad_norm=grad_norm.item(), lr=adam.lr)
+        return OptimStepResult(step=self.step, grad_norm=grad_norm.item(), lr=adam.lr,
+                               applied=applied)
 
     def reset_optimizer(self) -> ModelInfo:
         """A fresh AdamW at the next step (no moments), pending gradients dropped; the step

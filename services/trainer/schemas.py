@@ -208,6 +208,7 @@ class OptimStepResult(LenientModel):
     step: int
     grad_norm: float
     lr: float
+    applied: bool = True  # False: the gradient was exactly zero and the weights did not move
 
 
 class SaveWeightsRequest(StrictModel):
