@@ -232,17 +232,29 @@ async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], task_
 
 async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt: int,
                           every_s: float, work: Awaitable[T]) -> T:
-    """Await `work`, refreshing the claim every `every_s`; cancel it once the claim is lost."""
+    """Await `work`, refreshing the claim every `every_s`; cancel it once the claim is lost,
+    or when the heartbeat itself fails (the database dropped it): the attempt ends there, so
+    its work must not go on calling services while the failure is handled."""
     running = asyncio.ensure_future(work)
     while True:
         finished, _ = await asyncio.wait({running}, timeout=every_s)
         if finished:
             return running.result()
-        if not await in_transaction(sessions, lambda s: heartbeat(s, task_id, attempt, utcnow())):
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await running
+        try:
+            owned = await in_transaction(
+                sessions, lambda s: heartbeat(s, task_id, attempt, utcnow()))
+        except BaseException:
+            await _cancel(running)
+            raise
+        if not owned:
+            await _cancel(running)
             raise _Lost
+
+
+async def _cancel(running: asyncio.Future[T]) -> None:
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await running
 
 
 def _listed(unready: dict[str, str]) -> str:

@@ -34,7 +34,15 @@ from gateway.tasks import cancel_task, insert_task
 from services.common.db import in_transaction, make_sessionmaker, transaction
 from services.common.errors import InvalidInput, UpstreamError
 from services.worker.readiness import Readiness
-from services.worker.runner import WAIT_POLL_S, Done, Outage, Redeliver, Services, run_delivery
+from services.worker.runner import (
+    WAIT_POLL_S,
+    Done,
+    Outage,
+    Redeliver,
+    Services,
+    Work,
+    run_delivery,
+)
 from services.worker.settings import WorkerSettings
 from tests.conftest import migrated_engine
 
@@ -270,10 +278,8 @@ async def test_a_cancel_ends_the_wait(sessions: sessionmaker[Session],
     assert row(sessions, task_id).status == "cancelled"
 
 
-async def test_cancel_stops_a_running_task_at_its_next_heartbeat(
-        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
-    task_id = new_task(sessions)
-    started, stopped = asyncio.Event(), asyncio.Event()
+def runs_until_cancelled(started: asyncio.Event, stopped: asyncio.Event) -> Work:
+    """A task's logic that sets `started`, then waits until cancelled, setting `stopped`."""
 
     async def work(_services: Services, _attempt: int) -> Done:
         started.set()
@@ -284,6 +290,14 @@ async def test_cancel_stops_a_running_task_at_its_next_heartbeat(
             raise
         return Done(Result(value=1))
 
+    return work
+
+
+async def test_cancel_stops_a_running_task_at_its_next_heartbeat(
+        sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
+    task_id = new_task(sessions)
+    started, stopped = asyncio.Event(), asyncio.Event()
+    work = runs_until_cancelled(started, stopped)
     delivery = asyncio.create_task(run_delivery(settings, sessions, task_id, Outage(), work,
                                                 NEEDS))
     await started.wait()
@@ -363,6 +377,29 @@ async def test_a_dropped_database_connection_is_an_outage_not_a_bug(
     assert queued.status == "queued" and queued.error is not None
     assert queued.error["code"] == "unavailable"
     assert queued.error["message"].startswith("The database is unavailable")
+
+
+async def test_a_heartbeat_the_database_dropped_stops_the_work_before_the_outage_is_handled(
+        sessions: sessionmaker[Session], settings: WorkerSettings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    task_id = new_task(sessions)
+    stopped = asyncio.Event()
+    work = runs_until_cancelled(asyncio.Event(), stopped)
+
+    def dropped(*_args: object) -> bool:
+        raise OperationalError("UPDATE", {}, Exception("server closed the connection"))
+
+    work_stopped_at_probe: list[bool] = []  # before the claim, then once the attempt failed
+
+    async def ready(_names: tuple[str, ...]) -> dict[str, str]:
+        work_stopped_at_probe.append(stopped.is_set())
+        return {}
+
+    monkeypatch.setattr("services.worker.runner.heartbeat", dropped)
+    again = await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS, ready)
+    assert again == Redeliver(1.0, Outage(strikes=1))
+    assert work_stopped_at_probe == [False, True]
+    assert row(sessions, task_id).status == "queued"
 
 
 async def test_a_wait_whose_message_died_with_its_worker_is_sent_again(
