@@ -5,10 +5,11 @@ Each service runs in its own session, so its process group holds every process i
 SIGTERM, a grace period, then SIGKILL for whatever is left, so nothing outlives the supervisor
 when it stops normally. A service that dies once the stack is up is started again
 (`supervise`), after a backoff that doubles with each death in a row, until it dies too often
-(MAX_DEATHS within DEATH_WINDOW_S): then the stack stops, as a crash loop would otherwise
-hide. Each service's state and restarts are written to <data_dir>/run/supervisor.json, which
-`loom status` shows. (If the supervisor itself is SIGKILLed, its services keep running:
-they are in their own sessions by design, so a Ctrl-C aimed at the terminal reaches only us.)
+in a row (MAX_DEATHS within DEATH_WINDOW_S, none of them after HEALTHY_RUN_S of being ready):
+then the stack stops, as a crash loop would otherwise hide. Each service's state and restarts
+are written to <data_dir>/run/supervisor.json, which `loom status` shows. (If the supervisor
+itself is SIGKILLed, its services keep running: they are in their own sessions by design, so a
+Ctrl-C aimed at the terminal reaches only us.)
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ STACK: tuple[ServiceSpec, ...] = (
 RESTART_BACKOFF_S = 1.0
 MAX_RESTART_BACKOFF_S = 30.0
 MAX_DEATHS, DEATH_WINDOW_S = 5, 600.0
+# Ready this long, a service has recovered: its next death starts the count again (six short
+# outages an hour apart are routine restarts, not a crash loop).
+HEALTHY_RUN_S = 120.0
 
 
 @dataclass
@@ -78,6 +82,7 @@ class RunningService:
     # starting → ready → stopped | exited (died on its own) → waiting (to restart) → starting
     state: str = "starting"
     started_at: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
     restarts: int = 0
     deaths: list[float] = field(default_factory=list)  # when it died (monotonic), recent ones
     restart_at: float = 0.0
@@ -177,7 +182,7 @@ class Supervisor:
                 service.process.wait()
                 self._died(service, now, "was not ready in time after a restart")
             elif service.state == "starting" and self._answers(service, http):
-                service.state = "ready"
+                service.state, service.ready_at = "ready", now
             elif service.state == "waiting" and now >= service.restart_at:
                 service.process = self._spawn(service.spec, service.log_path, "restarting")
                 service.state, service.started_at = "starting", now
@@ -191,6 +196,9 @@ class Supervisor:
     def _died(self, service: RunningService, now: float, reason: str) -> None:
         service.last_exit = service.process.returncode
         _signal_group(service.pid, signal.SIGKILL)  # what it spawned (vLLM's engine) goes too
+        if service.ready_at is not None and now - service.ready_at >= HEALTHY_RUN_S:
+            service.deaths.clear()
+        service.ready_at = None
         service.deaths = [t for t in service.deaths if now - t < DEATH_WINDOW_S] + [now]
         if len(service.deaths) >= MAX_DEATHS:
             service.state = "exited"
@@ -247,7 +255,7 @@ class Supervisor:
         if time.monotonic() - service.started_at > limit:
             raise ServiceFailed(service, f"was not ready after {limit:.0f} s")
         if self._answers(service, http):
-            service.state = "ready"
+            service.state, service.ready_at = "ready", time.monotonic()
 
     def _wrote_ready_file(self, service: RunningService) -> bool:
         try:

@@ -236,3 +236,24 @@ def test_a_service_that_keeps_dying_stops_the_stack(tmp_path: Path,
     assert "exited with code 7; it died 3 times" in str(failure.value)
     assert failure.value.service.restarts == 2
     assert supervised_state(settings)["reward"]["state"] == "exited"
+
+
+def test_deaths_after_a_healthy_stretch_are_not_a_crash_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each death comes after the service was ready for HEALTHY_RUN_S: routine restarts, so the
+    count starts again every time and the stack keeps going past MAX_DEATHS."""
+    monkeypatch.setattr(supervisor_module, "RESTART_BACKOFF_S", 0.1)
+    monkeypatch.setattr(supervisor_module, "MAX_DEATHS", 2)
+    monkeypatch.setattr(supervisor_module, "HEALTHY_RUN_S", 0.5)
+    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}")
+    # Lives 4 s from its start: ready well over HEALTHY_RUN_S before it dies, even when slow.
+    spec = ServiceSpec("reward", (sys.executable, "-c", READY_SERVICE, "4.0"), 30)
+    with Supervisor(settings, [spec], grace_s=1.0) as supervisor, \
+            httpx2.Client(timeout=1) as http:
+        (service,) = supervisor.start()
+        deadline = time.monotonic() + 120
+        while service.restarts < 3 and time.monotonic() < deadline:
+            supervisor.supervise(http)  # would raise ServiceFailed at the second death
+            time.sleep(0.1)
+        assert service.restarts >= 3
+        assert len(service.deaths) == 1
