@@ -128,7 +128,10 @@ def main(work: Path, model_dir: Path) -> None:
         settings = LoomSettings(data_dir=work / "data")
         spec = ClusterSpec(settings, rollout_resources={"rollout_slot": 1}, env={
             "LOOM_ROLLOUT_MODEL": str(model_dir), "LOOM_ROLLOUT_HEARTBEAT_S": "0.5",
-            "LOOM_ROLLOUT_KV_CACHE_GIB": "1"})
+            "LOOM_ROLLOUT_KV_CACHE_GIB": "1",
+            # A heartbeat every 0.5 s keeps the test short; a busy 2-core machine delays some by
+            # seconds, and a replica that flaps out of the table is not what is tested here.
+            "LOOM_GATEWAY_REPLICA_MISSED_HEARTBEATS": "20"})
         started = time.monotonic()
         urls = placement.up(spec, 1)
         seen["up_s"] = round(time.monotonic() - started, 1)
@@ -141,7 +144,7 @@ def main(work: Path, model_dir: Path) -> None:
         started = time.monotonic()
         placement.scale(spec, 2)
         wait_for(lambda: [r["ready"] for r in replicas(gateway, key)] == [True, True],
-                 "two registered replicas", 120)
+                 "two registered replicas", 300)
         seen["scale_up_s"] = round(time.monotonic() - started, 1)
         rows = {row["name"]: row for row in placement.status()}
         seen["replica_nodes"] = [rows[n]["node_id"][:8] for n in placement.rollout_names()]
