@@ -5,8 +5,11 @@ only loopback, so Ray can neither bind nor reach a non-loopback address."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +25,25 @@ def test_the_stack_on_a_two_node_ray_cluster_scales_rollout_without_losing_a_cal
             "unshare and ip (util-linux, iproute2): the scenario's private loopback network")
     scenario = (f"ip link set lo up && exec {sys.executable} -m tests.support.ray_scenario "
                 f"{tmp_path} {tiny_model_dir}")
-    result = subprocess.run(["unshare", "--net", "sh", "-c", scenario], cwd=REPO,
-                            capture_output=True, text=True, timeout=1500)
+    try:
+        result = subprocess.run(["unshare", "--net", "sh", "-c", scenario], cwd=REPO,
+                                capture_output=True, text=True, timeout=1500)
+    finally:
+        # A scenario that failed half-way can leave services (and vLLM engines) behind, which
+        # would slow every later test: whatever still runs on this test's data dir goes.
+        _kill_processes_with(f"LOOM_DATA_DIR={tmp_path / 'data'}".encode())
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-6000:])
     seen = json.loads(lines[-1])
     print("\nray scenario:", json.dumps(seen))
     assert seen["node_addresses"] == ["127.0.0.1"]
     assert len(set(seen["replica_nodes"])) == 2 and seen["failures"] == []
+
+
+def _kill_processes_with(variable: bytes) -> None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if variable in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
