@@ -30,7 +30,7 @@ test: $(STAMP)
 	bash docker/ensure-images.sh
 	bash tests/browser/ensure-chromium.sh
 	bash services/sandbox/ensure-bwrap.sh
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra --durations=40
 
 # The inner loop: the layering rule and the unit tier (no services, no slow cases).
 test-fast: $(STAMP)

@@ -33,11 +33,20 @@ def test_the_stack_on_a_two_node_ray_cluster_scales_rollout_without_losing_a_cal
         # would slow every later test: whatever still runs on this test's data dir goes.
         _kill_processes_with(f"LOOM_DATA_DIR={tmp_path / 'data'}".encode())
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-6000:])
-    seen = json.loads(lines[-1])
+    seen = json.loads(lines[-1]) if lines else {}
+    assert result.returncode == 0, _failure(seen, result.stderr)
     print("\nray scenario:", json.dumps(seen))
     assert seen["node_addresses"] == ["127.0.0.1"]
     assert len(set(seen["replica_nodes"])) == 2 and seen["failures"] == []
+
+
+def _failure(seen: dict, stderr: str) -> str:
+    """The scenario's error first, then what it saw, then each log's tail."""
+    logs = seen.pop("logs", {})
+    parts = [seen.pop("error", "(no error recorded: the scenario's stderr follows)"),
+             json.dumps(seen)]
+    parts += [f"--- {name}\n{tail}" for name, tail in logs.items()]
+    return "\n".join([*parts, "--- stderr", stderr[-3000:]])
 
 
 def _kill_processes_with(variable: bytes) -> None:

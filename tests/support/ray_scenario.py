@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import httpx2
@@ -164,10 +165,21 @@ def main(work: Path, model_dir: Path) -> None:
         placement.down(spec)
         seen["actors_after_down"] = placement.status()
         assert not seen["actors_after_down"]
+    except BaseException:
+        # What went wrong comes first in the test's failure message: the error, then the tail
+        # of every node's and service's log.
+        seen["error"] = traceback.format_exc()[-3000:]
+        seen["logs"] = {path.name: path.read_text(errors="replace")[-1200:]
+                        for path in sorted(work.rglob("*.log"))}
+        raise
     finally:
         print(json.dumps(seen), flush=True)
-        for node in nodes:  # what went wrong, for the test's failure message
-            print(node.log.read_text()[-1500:], file=sys.stderr)
+        # The driver leaves the cluster before the nodes stop: a driver whose GCS is gone waits
+        # for it at exit, then ends the process with an error of its own.
+        with contextlib.suppress(Exception):
+            import ray
+
+            ray.shutdown()
         for node in reversed(nodes):
             node.stop()
         shutil.rmtree(ray_dir, ignore_errors=True)

@@ -43,7 +43,9 @@ with ServiceClient(name="weaver custom loss") as service:
     rl = Datum(model_input=ModelInput.from_ints(full[:-1]),
                loss_fn_inputs={"target_tokens": [-100] * (len(prompt) - 1) + sequence["tokens"],
                                "logprobs": [0.0] * (len(prompt) - 1) + sequence["logprobs"],
-                               "advantages": [0.0] * (len(prompt) - 1) + [1.0] * 4})
+                               # The sample may stop (EOS) before max_tokens.
+                               "advantages": [0.0] * (len(prompt) - 1)
+                               + [1.0] * len(sequence["tokens"])})
     print(json.dumps({
         name: training.forward_backward([rl], name, loss_fn_config=config)["metrics"]["loss:sum"]
         for name, config in (("cispo", None), ("dro", {"beta": 0.1}))} | {
