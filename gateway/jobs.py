@@ -12,14 +12,20 @@ from sqlalchemy import ColumnElement, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.job_logs import progress
-from gateway.job_states import move_job
+from gateway.job_states import TRANSITIONS, move_job
 from gateway.keys import KeyIdentity
-from gateway.models import JobRow
+from gateway.models import BackgroundTaskRow, JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
+from gateway.task_schemas import TaskStatus
 from services.common.db import in_transaction
 from services.common.errors import Conflict, Forbidden, LoomError, NotFound
 from services.common.http import ServiceClient
 from services.trainer.schemas import CreateModelRequest, LoraConfig, ModelInfo, TrainingMode
+from services.worker.schemas import TaskKind
+
+# How a managed run that ended for good ends its job.
+_JOB_AFTER_RUN = {TaskStatus.succeeded: JobStatus.completed, TaskStatus.failed: JobStatus.failed,
+                  TaskStatus.cancelled: JobStatus.cancelled}
 
 
 def insert_job(session: Session, body: JobCreate, owner: KeyIdentity) -> JobRow:
@@ -87,6 +93,29 @@ def set_status(session: Session, job_id: str, status: JobStatus, viewer: KeyIden
     move_job(row, status)
     session.flush()
     return get_job(session, job_id, viewer)
+
+
+def end_with_run(session: Session, task: BackgroundTaskRow) -> None:
+    """A managed run (a `recipe` task) that ended for good ends its job the same way:
+    succeeded → `completed`, failed → `failed`, cancelled → `cancelled`, so the admin stops
+    showing a finished run's job as running. Call it where the task reaches that status.
+
+    A job may host several runs, one after another (`tasks.check_run` refuses a second while
+    one is queued or running), so the rule for a shared job is: the first run that ends for
+    good *after starting* (at least one attempt) ends the job, and with it the job's runs (a
+    later submit, or a retry of the failed run, is refused: the job is no longer live). A run
+    that never started (cancelled while queued, or refused by the broker) trained nothing and
+    leaves its job as it was. Other tasks (evaluations, exports, collections) never move their
+    job, nor does a run whose job was moved meanwhile (paused, or ended by its owner) when
+    the state machine does not allow the move (a paused job does not become `completed`)."""
+    target = _JOB_AFTER_RUN.get(TaskStatus(task.status))
+    if (target is None or task.kind != TaskKind.recipe.value or task.job_id is None
+            or task.attempts == 0):
+        return
+    job = session.get(JobRow, task.job_id, with_for_update=True)
+    if job is not None and target in TRANSITIONS[JobStatus(job.status)]:
+        move_job(job, target)
+        session.flush()
 
 
 async def create_job(sessions: sessionmaker[Session], trainer: ServiceClient, body: JobCreate,

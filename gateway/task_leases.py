@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.jobs import end_with_run
 from gateway.models import BackgroundTaskRow
 from gateway.task_schemas import TaskStatus
 from gateway.task_states import move_task
@@ -98,8 +99,9 @@ def record_progress(session: Session, task_id: str, attempt: int,
 def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskStatus,
                    now: datetime, *, result: dict[str, Any] | None = None,
                    error: ErrorBody | None = None) -> bool:
-    """Record how the attempt ended: succeeded (result), failed (error) or queued again after
-    an upstream outage (error: why). False, and nothing written, if it lost the task."""
+    """Record how the attempt ended: succeeded (result), failed or cancelled (error), or
+    queued again after an upstream outage (error: why); a managed run's job ends with it
+    (`end_with_run`). False, and nothing written, if it lost the task."""
     row = _owned(session, task_id, attempt)
     if row is None:
         return False
@@ -107,6 +109,7 @@ def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskSta
     row.result = result
     row.error = error.model_dump() if error is not None else None
     session.flush()
+    end_with_run(session, row)
     return True
 
 
@@ -127,6 +130,7 @@ def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody
         row.heartbeat_at = now  # the wait's message is alive (`lost_waits`)
     row.error = error.model_dump()
     session.flush()
+    end_with_run(session, row)
     return True
 
 

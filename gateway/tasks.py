@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.jobs import get_job_row, visible_to
+from gateway.jobs import end_with_run, get_job_row, visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import BackgroundTaskRow, JobRow, utcnow
 from gateway.schemas import JobStatus
@@ -118,15 +118,21 @@ def latest_run(session: Session, job_id: str) -> BackgroundTask | None:
 
 
 def cancel_task(session: Session, task_id: str, viewer: KeyIdentity) -> BackgroundTask:
+    """Cancel it (a managed run's job with it: `end_with_run`)."""
     row = get_task_row(session, task_id, viewer, lock=True)
     move_task(row, TaskStatus.cancelled, utcnow())
     session.flush()
+    end_with_run(session, row)
     return to_public(row)
 
 
 def requeue_failed(session: Session, task_id: str, viewer: KeyIdentity) -> BackgroundTask:
-    """A failed task queued again (its attempts keep counting); the caller sends it."""
+    """A failed task queued again (its attempts keep counting); the caller sends it. A
+    managed run is retried only on a live job (a run that failed after starting failed its
+    job: `end_with_run`)."""
     row = get_task_row(session, task_id, viewer, lock=True)
+    if row.kind == TaskKind.recipe.value and row.job_id is not None:
+        check_run(session, row.job_id, RecipeParams.model_validate(row.params))
     move_task(row, TaskStatus.queued, utcnow())
     row.result = row.error = None
     session.flush()

@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RecipeRun
 from agents.sdk.sync import LoomClient
-from gateway.job_states import move_job
 from gateway.keys import create_job_key, revoke_job_keys
 from gateway.models import BackgroundTaskRow, JobRow
 from gateway.schemas import JobStatus
@@ -75,14 +74,6 @@ def run_attempt(attempt: Attempt, params: RecipeParams, stop: threading.Event) -
     steps = run.last.step if run.last else 0
     return RecipeResult(recipe=recipe.name, steps=steps, attempts=attempt.attempt,
                         summary=summary)
-
-
-def complete_job(session: Session, job_id: str) -> None:
-    """The run ended well: so did its job (unless someone moved the job meanwhile)."""
-    job = session.get(JobRow, job_id, with_for_update=True)
-    if job is not None and job.status == JobStatus.running.value:
-        move_job(job, JobStatus.completed)
-        session.flush()
 
 
 def _record(attempt: Attempt, progress: RunProgress) -> None:

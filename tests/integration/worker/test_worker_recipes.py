@@ -194,3 +194,33 @@ async def test_pausing_holds_a_run_between_steps_and_cancelling_the_job_stops_it
         # The worker is free again (one process): a next task runs.
         gc = await submit(http, job_id, {"kind": "gc"})
         assert (await wait_for_task(http, gc["id"], DONE))["status"] == "succeeded"
+
+
+async def test_a_run_that_fails_for_good_fails_its_job_and_a_cancelled_run_cancels_its_job(
+        run_stack: TaskStack) -> None:
+    run_stack.worker().start()
+    async with run_stack.client() as http:
+        job_id = await run_stack.create_job(http)
+        bad = sft(steps=3, checkpoint_every=1)
+        bad["params"]["config"]["data"] = [{"input_ids": [3, 10**6], "loss_mask": [0, 1]}]
+        task = await submit(http, job_id, bad)  # valid config; the trainer refuses the token
+        done = await wait_for_task(http, task["id"], DONE, timeout_s=180)
+        assert (done["status"], done["attempts"]) == ("failed", 1), done
+        assert "vocabulary" in done["error"]["message"]
+        assert await job_status(http, job_id) == "failed"
+        # The job is over: neither a retry of its run nor a new run is taken.
+        retried = await http.post(f"/v1/tasks/{task['id']}/retry")
+        assert retried.status_code == 409 and "failed" in retried.json()["error"]["message"]
+        again = await http.post(f"/v1/jobs/{job_id}/tasks", json=sft(steps=2, checkpoint_every=1))
+        assert again.status_code == 409
+
+        other = await run_stack.create_job(http)
+        await http.post(f"/v1/jobs/{other}/status", json={"status": "paused"})  # held at step 1
+        run = await submit(http, other, sft(steps=5, checkpoint_every=1))
+        deadline = asyncio.get_running_loop().time() + 120
+        while await progress_step(http, run["id"]) != 1:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.1)
+        cancelled = await http.post(f"/v1/tasks/{run['id']}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert await job_status(http, other) == "cancelled"
