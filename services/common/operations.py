@@ -2,7 +2,8 @@
 
 Operations with the same key (a trainer model, say) run strictly in submission order; their
 bodies run on one shared worker thread, because they compete for one device anyway.
-Status changes go through `_TRANSITIONS` only.
+Status changes go through `_TRANSITIONS` only. An operation submitted inside a recorded trace
+runs in a span of its own, a child of the request that submitted it (`tracing.span_in`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from services.common.busy import BusyClock
 from services.common.errors import InvalidTransition, LoomError, NotFound
 from services.common.schemas import ErrorBody, Operation, OperationStatus
+from services.common.tracing import capture, span_in
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,15 @@ class _Entry:
         self.op = op
         self.fn = fn
         self.done = asyncio.Event()
+        self.trace = capture()  # the submitting request's, when it is traced
+
+    def run(self) -> Any:
+        """The body, on the executor's thread, in its span (when traced)."""
+        queued_s = (self.op.started_at - self.op.created_at).total_seconds() if (
+            self.op.started_at) else 0.0
+        with span_in(self.trace, f"operation {self.op.kind}", attributes={
+                "loom.operation_id": self.op.id, "loom.queued_s": queued_s}):
+            return self.fn()
 
     def move(self, status: OperationStatus, **changes: Any) -> None:
         if status not in _TRANSITIONS[self.op.status]:
@@ -96,7 +107,7 @@ class OperationQueue:
             entry.move(OperationStatus.running, started_at=_now())
             try:
                 with self._busy.busy():
-                    result = await loop.run_in_executor(self._executor, entry.fn)
+                    result = await loop.run_in_executor(self._executor, entry.run)
             except LoomError as exc:
                 entry.move(OperationStatus.failed, finished_at=_now(),
                            error=ErrorBody(code=exc.code, message=exc.message, detail=exc.detail))

@@ -9,6 +9,7 @@ from typing import Any
 from celery import signals
 
 from services.common.logs import configure_logging
+from services.common.tracing import flush_spans, tracing_enabled
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
 from services.worker.startup import announce_readiness, wait_for_schema
@@ -34,6 +35,10 @@ def main() -> None:
         configure_logging("worker", settings.log_level)
 
     signals.setup_logging.connect(keep_our_logging, weak=False)
+    # Tracing (when OTEL_* configures it) starts in each pool process: an exporter's thread
+    # does not survive the fork. What a process still holds is sent before it exits.
+    signals.worker_process_init.connect(lambda **_: tracing_enabled("worker"), weak=False)
+    signals.worker_process_shutdown.connect(lambda **_: flush_spans(), weak=False)
     # A ready file left by a killed worker may name our pid again (pid 1 in a container).
     settings.ready_file.unlink(missing_ok=True)
     wait_for_schema(settings.database_url_for("gateway"), SCHEMA_WAIT_S)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.common.db import make_engine, make_sessionmaker
 from services.common.errors import Unavailable
+from services.common.tracing import inject
 from services.worker import tasks
 from services.worker.schemas import TaskKind
 from services.worker.settings import WorkerSettings
@@ -69,10 +70,12 @@ def create_celery(settings: WorkerSettings) -> LoomCelery:
 
 def send(app: Celery, task_id: str, kind: TaskKind, job_id: str | None,
          params: dict[str, Any]) -> None:
-    """Hand a task to the broker (the Celery task id is the task's own id). Unavailable if the
-    broker cannot be reached."""
+    """Hand a task to the broker (the Celery task id is the task's own id), with the trace
+    context of the request that submitted it in the message's headers (when traced), which
+    its redeliveries keep. Unavailable if the broker cannot be reached."""
     try:
-        app.send_task(tasks.TASK_NAMES[kind], args=[task_id, job_id, params], task_id=task_id)
+        app.send_task(tasks.TASK_NAMES[kind], args=[task_id, job_id, params], task_id=task_id,
+                      headers=inject({}))
     except (KombuError, OSError) as exc:
         raise Unavailable(f"The task broker is unreachable ({type(exc).__name__}: {exc}); "
                           f"task {task_id} was not sent.", {"task_id": task_id}) from exc

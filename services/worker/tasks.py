@@ -17,12 +17,13 @@ from gateway.tasks import ensure_task
 from services.common.db import transaction
 from services.common.errors import InvalidInput
 from services.common.logs import job_id_var, request_id_var
+from services.common.tracing import extract, span_in
 from services.worker.evaluate import evaluate as run_evaluation
 from services.worker.evaluate import metric_points
 from services.worker.export import export_merged
 from services.worker.gc import collect
 from services.worker.recipe_registry import load_recipe
-from services.worker.recipes import Attempt, complete_job, run_attempt
+from services.worker.recipes import Attempt, run_attempt
 from services.worker.runner import (
     DATABASE_DOWN,
     WAIT_POLL_S,
@@ -104,7 +105,7 @@ def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str,
         except asyncio.CancelledError:
             stop.set()
             raise
-        return Done(result, record=lambda session: complete_job(session, run.job_id))
+        return Done(result)  # its job ends with it: `gateway.jobs.end_with_run`
 
     _deliver(task, task_id, job_id, work, outage, needs=("gateway", *_recipe_services(run_params)))
 
@@ -124,9 +125,13 @@ def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work,
     request_id_var.set(task_id)  # the delivery's log lines name the task and its job
     job_id_var.set(job_id or "-")
     carried = Outage.model_validate(outage or {})
+    # Traced: the delivery is a trace of its own, linked to the request that submitted it.
+    submitted = extract(task.request.headers)
     try:
-        again = asyncio.run(run_delivery(app.loom_settings, app.sessions, task_id, carried, work,
-                                         needs))
+        with span_in(submitted, f"task {task.name}", link=True,
+                     attributes={"loom.task_id": task_id, "loom.job_id": job_id or ""}):
+            again = asyncio.run(run_delivery(app.loom_settings, app.sessions, task_id, carried,
+                                             work, needs))
     except DATABASE_DOWN as exc:  # the task's row could not even be read or written
         log.warning("task %s: database unavailable (%s); trying again in %.0f s", task_id,
                     str(exc).splitlines()[0][:200], WAIT_POLL_S)

@@ -18,6 +18,7 @@ class SpanSeen:
     span_id: str
     parent_id: str | None
     attributes: dict[str, object] = field(default_factory=dict)
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each span it links to
 
 
 @contextmanager
@@ -47,7 +48,9 @@ def in_memory_tracing() -> Iterator[Callable[[], list[SpanSeen]]]:
                 trace_id=format(context.trace_id, "032x"),
                 span_id=format(context.span_id, "016x"),
                 parent_id=format(parent.span_id, "016x") if parent else None,
-                attributes=attributes))
+                attributes=attributes, links=tuple(
+                    (format(link.context.trace_id, "032x"), format(link.context.span_id, "016x"))
+                    for link in span.links)))
         return seen
 
     try:
@@ -80,7 +83,9 @@ def otlp_receiver(spans: list[SpanSeen]) -> FastAPI:
                     spans.append(SpanSeen(
                         name=span.name, service=resource.get("service.name", ""),
                         trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                        parent_id=span.parent_span_id.hex() or None, attributes=attributes))
+                        parent_id=span.parent_span_id.hex() or None, attributes=attributes,
+                        links=tuple((link.trace_id.hex(), link.span_id.hex())
+                                    for link in span.links)))
         return Response(ExportTraceServiceResponse().SerializeToString(),
                         media_type="application/x-protobuf")
 

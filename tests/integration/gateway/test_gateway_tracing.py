@@ -1,6 +1,8 @@
 """Tracing across services: one `job.sample` through the real gateway (spans kept in memory)
 and a real rollout replica (its own process, exporting by OTLP/HTTP as configured by the
-standard variables) is one trace: rollout's server span is a child of the gateway's call."""
+standard variables) is one trace: rollout's server span is a child of the gateway's call. A
+`forward_backward` through the gateway and the real trainer is one trace too, down to the
+queued operation's execution, which runs after the request has answered."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from pathlib import Path
 
 import httpx2
 
-from agents.sdk import AsyncLoomClient, SamplingParams
+from agents.sdk import AsyncLoomClient, Datum, LossConfig, SamplingParams
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.common.ports import free_port
+from services.trainer.app import create_app as create_trainer_app
+from services.trainer.settings import TrainerSettings
 from tests.support.rollout_process import RolloutProcess
 from tests.support.servers import serve_in_thread
 from tests.support.tracing import SpanSeen, in_memory_tracing, otlp_receiver
@@ -99,3 +103,38 @@ async def test_a_sample_through_the_gateway_and_rollout_is_one_trace(
     assert any(s.trace_id == request_id and s.attributes.get("loom.request_id") == request_id
                and s.attributes.get("loom.service") == "rollout" for s in exported)
     assert {s.attributes.get("loom.request_id") for s in servers} >= {request_id}
+
+
+async def test_a_forward_backward_runs_in_the_trace_of_the_request_that_queued_it(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with in_memory_tracing() as finished:  # every app below is built (and traced) in it
+        trainer = create_trainer_app(TrainerSettings(data_dir=data_dir, trainer_device="cpu"))
+        with serve_in_thread(trainer) as trainer_url:
+            settings = GatewaySettings(data_dir=data_dir, trainer_url=trainer_url,
+                                       database_url=f"sqlite:///{tmp_path / 'gw.db'}")
+            with serve_in_thread(create_app(settings)) as url:
+                key = settings.admin_key_file.read_text().strip()
+                async with AsyncLoomClient(url, key) as loom:
+                    job = await loom.create_job(str(tiny_model_dir), mode="full")
+                    future = await job.forward_backward(
+                        [Datum(input_ids=[3, 4, 5, 6], loss_mask=[0, 1, 1, 1])],
+                        LossConfig(name="cross_entropy"))
+                    assert (await future).loss > 0
+        spans = finished()
+
+    [operation] = [s for s in spans if s.name == "operation forward_backward"]
+    assert operation.service == ""  # made by the trainer's queue, not by a server hook
+    by_id = {s.span_id: s for s in spans}
+    parent = by_id[operation.parent_id or ""]
+    # Its parent is the trainer's server span of the submit, itself under the gateway's.
+    assert (parent.service, parent.name) == ("trainer",
+                                            "POST /v1/models/{model_id}/forward_backward")
+    chain = []
+    while parent is not None:
+        chain.append((parent.service, parent.name))
+        parent = by_id.get(parent.parent_id or "")
+    assert ("gateway", "POST /v1/{service}/{path:path}") in chain, chain
+    assert {s.trace_id for s in spans if s.span_id in {operation.span_id, operation.parent_id}
+            } == {operation.trace_id}
+    assert operation.attributes["loom.queued_s"] >= 0

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request
 
 from services.common.app_factory import create_service_app
 from services.common.http_pool import pooled_transport
-from services.common.tracing import traced, tracing_enabled
+from services.common.operations import OperationQueue
+from services.common.tracing import capture, extract, inject, span_in, traced, tracing_enabled
 from tests.support.tracing import in_memory_tracing
 
 LIMITS = httpx2.Limits(max_connections=1)
@@ -37,6 +38,36 @@ def test_without_configuration_nothing_is_instrumented_or_wrapped() -> None:
     transport = pooled_transport(LIMITS)
     assert isinstance(transport, httpx2.AsyncHTTPTransport)  # not wrapped
     assert not getattr(echo_app(), "_is_instrumented_by_opentelemetry", False)
+
+
+async def test_without_configuration_queued_work_and_messages_carry_no_context() -> None:
+    assert capture() is None and inject({}) == {} and extract({}) is None
+    with span_in(None, "nothing"):
+        pass
+    queue = OperationQueue()
+    op = queue.submit("model", "forward", lambda: 1)
+    assert (await queue.wait(op.id, 5)).result == 1
+    queue.shutdown()
+
+
+async def test_queued_work_runs_in_a_child_of_the_submitter_and_a_message_links_back() -> None:
+    from opentelemetry import trace
+
+    with in_memory_tracing() as finished:
+        queue = OperationQueue()
+        with trace.get_tracer("test").start_as_current_span("submit"):
+            op = queue.submit("model", "optim_step", lambda: 1)
+            carrier = inject({})
+        assert (await queue.wait(op.id, 5)).result == 1
+        queue.shutdown()
+        with span_in(extract(carrier), "delivery", link=True):
+            pass
+        spans = {s.name: s for s in finished()}
+    submit, run, delivery = spans["submit"], spans["operation optim_step"], spans["delivery"]
+    assert (run.trace_id, run.parent_id) == (submit.trace_id, submit.span_id)
+    assert run.attributes["loom.operation_id"] == op.id
+    assert delivery.parent_id is None and delivery.trace_id != submit.trace_id
+    assert delivery.links == ((submit.trace_id, submit.span_id),)
 
 
 def test_sdk_disabled_wins_over_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
