@@ -16,6 +16,7 @@ from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.jobs import JobOwners
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
+from gateway.replica_transport import ReplicaTransport
 from gateway.schemas import parse_trackers
 from gateway.settings import GatewaySettings
 from gateway.tinker import routes as tinker_routes
@@ -60,7 +61,9 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.replicas = app.state.upstreams.replicas
         app.state.service_digest = token_digest(service_token(settings))
         app.state.trainer = service_client(settings, "trainer")
-        rollout = service_client(settings, "rollout")
+        # Tinker's and Weaver's samples are routed over the replicas as /v1/rollout/* is.
+        rollout = service_client(settings, "rollout",
+                                 transport=ReplicaTransport(app.state.replicas))
         app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
                                          settings.gateway_sdk_base_models, settings.data_dir)
         app.state.weaver = WeaverService(app.state.sessions, app.state.trainer, rollout,

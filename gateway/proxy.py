@@ -24,6 +24,7 @@ from gateway.keys import KeyIdentity
 from gateway.proxy_target import ProxyTarget, proxy_target
 from gateway.replica_proxy import Sent, send, send_routed
 from gateway.request_body import BodyLimits, body_too_large, capped_stream, read_capped
+from gateway.routing import AFFINITY_HEADER
 from gateway.upstreams import Upstreams
 from services.common.logs import request_id_var
 from services.common.schemas import ErrorBody, ErrorEnvelope
@@ -66,7 +67,8 @@ async def forward(upstreams: Upstreams, service: str, request: Request, key: Key
     headers = forwarded_headers(request.headers.raw, dropped) + [
         (b"x-request-id", request_id_var.get().encode("latin-1"))]
     if service == ROLLOUT:
-        sent = await send_routed(upstreams.replicas, request, target, headers, content)
+        sent = await send_routed(upstreams.replicas, request.method, target, headers, content,
+                                 request.headers.get(AFFINITY_HEADER))
     else:
         upstream = await send(client, service, client.build_request(
             request.method, target.target, headers=headers, content=content))

@@ -1,6 +1,7 @@
-"""Sending a proxied rollout call to a replica: picked by `gateway.routing`, retried on the
-next one when it cannot be reached (nothing started there), and counted while it runs so that
-least-outstanding-work sees this gateway's own load at once."""
+"""Sending a rollout call to a replica: picked by `gateway.routing`, retried on the next one
+when it cannot be reached (nothing started there), and counted while it runs so that
+least-outstanding-work sees this gateway's own load at once. The proxy (`/v1/rollout/*`) and
+the gateway's own rollout client (`gateway.replica_transport`: Tinker, Weaver) both send here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx2
-from fastapi import Request
 
 from gateway import routing
 from gateway.proxy_target import ProxyTarget
@@ -43,24 +43,26 @@ async def send(client: httpx2.AsyncClient, service: str, request: httpx2.Request
                             {"service": service}) from exc
 
 
-async def send_routed(registry: ReplicaRegistry, request: Request, target: ProxyTarget,
-                      headers: Headers, content: Content) -> Sent:
+async def send_routed(registry: ReplicaRegistry, method: str, target: ProxyTarget,
+                      headers: Headers, content: Content, affinity: str | None) -> Sent:
+    """`method target` on the best replica for it, or the next ones while they cannot be
+    reached; `affinity` is the caller's `X-Loom-Affinity`."""
     candidates = registry.candidates()
     if not candidates:
         raise Unavailable("No rollout replica is registered, and no LOOM_ROLLOUT_URL is "
                           "configured.", {"service": "rollout"})
     if len(candidates) > 1 and isinstance(content, AsyncIterator) \
-            and routing.reads_body(request.method, target.segments):
+            and routing.reads_body(method, target.segments):
         # Read (capped already) so routing can see the version, and a retry can resend it.
         content = b"".join([chunk async for chunk in content])
     body = content if isinstance(content, bytes) else None
-    key = routing.route_key(target.segments, body, request.headers.get(routing.AFFINITY_HEADER))
+    key = routing.route_key(target.segments, body, affinity)
     ordered = routing.order(candidates, key, registry.newest, registry.next_turn())
     if isinstance(content, AsyncIterator):  # a body streamed through can be sent only once
         ordered = ordered[:1]
     for attempt, replica in enumerate(ordered, start=1):
         try:
-            return await _send_to(replica, request, target, headers, content)
+            return await _send_to(replica, method, target, headers, content)
         except Unavailable:
             registry.set_aside(replica)
             if attempt == len(ordered):
@@ -70,7 +72,7 @@ async def send_routed(registry: ReplicaRegistry, request: Request, target: Proxy
     raise AssertionError("unreachable: `ordered` is never empty")
 
 
-async def _send_to(replica: Replica, request: Request, target: ProxyTarget, headers: Headers,
+async def _send_to(replica: Replica, method: str, target: ProxyTarget, headers: Headers,
                    content: Content) -> Sent:
     replica.in_flight += 1
     replica.routed += 1
@@ -85,7 +87,7 @@ async def _send_to(replica: Replica, request: Request, target: ProxyTarget, head
 
     try:
         response = await send(replica.client, "rollout", replica.client.build_request(
-            request.method, target.target, headers=headers, content=content))
+            method, target.target, headers=headers, content=content))
     except BaseException:
         replica.in_flight -= 1
         raise

@@ -1,7 +1,8 @@
 """Two real rollout replicas (processes, each its own vLLM engine on its own core) behind the
 real gateway: they register by heartbeat, load spreads over both, an affinity key sticks to
 one, a replica killed without a word is routed around at once (no request fails) and leaves
-the table within its heartbeats, and a replica stopped gracefully leaves at once."""
+the table within its heartbeats, and a replica stopped gracefully leaves at once. Tinker's and
+Weaver's samples take the same routes."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
+import numpy as np
 import pytest
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from gateway.tinker import wire
 from services.common.ports import free_port
 from tests.support.rollout_process import RolloutProcess
 from tests.support.servers import serve_in_thread
 
 PROMPT = [5, 6, 7, 8, 9]
+PROTOBUF = "application/x-protobuf"  # Tinker's sampling results
 READY_TIMEOUT_S = 400  # two engines starting at once on a shared 2-core machine
 
 
@@ -36,6 +40,13 @@ class Replicas:
 
     async def routed(self) -> dict[str, int]:
         return {name: r["routed"] for name, r in (await self.table()).items()}
+
+    async def all_ready(self) -> bool:
+        for process in self.processes:
+            assert process.process is not None and process.process.poll() is None, \
+                process.log_path.read_text()[-3000:]
+        table = await self.table()
+        return all(table.get(p.replica_id, {}).get("ready") for p in self.processes)
 
     async def sample(self, headers: dict[str, str] | None = None) -> dict:
         response = await self.gateway.post("/v1/rollout/sample", headers=headers, json={
@@ -80,15 +91,7 @@ async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> 
     async with httpx2.AsyncClient(base_url=stack["url"], timeout=120, headers={
             "Authorization": f"Bearer {stack['key']}"}) as client:
         replicas = Replicas(client, [a, b])
-
-        async def both_ready() -> bool:
-            for process in (a, b):
-                assert process.process is not None and process.process.poll() is None, \
-                    process.log_path.read_text()[-3000:]
-            table = await replicas.table()
-            return all(table.get(p.replica_id, {}).get("ready") for p in (a, b))
-
-        await wait_for(both_ready, "both replicas ready", READY_TIMEOUT_S)
+        await wait_for(replicas.all_ready, "both replicas ready", READY_TIMEOUT_S)
         table = await replicas.table()
         assert {r["url"] for r in table.values()} == {a.url, b.url}
         readiness = await client.get("/v1/internal/rollout/readyz", headers={
@@ -129,3 +132,68 @@ async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> 
         response = await client.post("/v1/rollout/sample", json={"prompt_token_ids": PROMPT})
         assert response.status_code == 503, response.text  # the static URL: nothing listens
         assert (await client.get("/v1/internal/rollout/readyz")).status_code == 503
+
+
+async def weaver_sample(client: httpx2.AsyncClient, sampler: str) -> list[int]:
+    response = await client.post(f"/weaver/api/v1/sampling-sessions/{sampler}/samples", json={
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
+        "sampling_params": {"max_tokens": 4, "seed": 1}})
+    assert response.status_code == 200, response.text
+    operation = response.json()
+    while operation["status"] == "pending":
+        operation = (await client.get(f"/weaver/api/v1/operations/{operation['id']}")).json()
+    assert operation["status"] == "done", operation
+    return operation["response"]["sequences"][0]["tokens"]
+
+
+async def tinker_sample(client: httpx2.AsyncClient, sampler: str) -> list[int]:
+    response = await client.post("/api/v1/asample", json={
+        "sampling_session_id": sampler, "prompt": {"chunks": [{"tokens": PROMPT}]},
+        "sampling_params": {"max_tokens": 4, "seed": 1}})
+    assert response.status_code == 200, response.text
+    while True:
+        result = await client.post("/api/v1/retrieve_future",
+                                   json={"request_id": response.json()["request_id"]})
+        assert result.status_code == 200, result.text
+        if result.headers["content-type"] == PROTOBUF:  # the samples
+            break
+        assert result.json()["type"] == "try_again", result.text
+    parsed = wire.SampleResponse.FromString(result.content)
+    return np.frombuffer(parsed.sequences[0].tokens, dtype="<i4").tolist()
+
+
+async def test_tinker_and_weaver_samples_are_routed_over_the_replicas(
+        stack: dict, tiny_model_dir: Path) -> None:
+    """The SDK protocols sample through the same routing as /v1/rollout/*: a registered
+    replica serves them (no static replica listens), and a replica SIGKILLed is routed
+    around without a failed call."""
+    a, b = stack["processes"]
+    async with httpx2.AsyncClient(base_url=stack["url"], timeout=120, headers={
+            "Authorization": f"Bearer {stack['key']}"}) as client:
+        replicas = Replicas(client, [a, b])
+        await wait_for(replicas.all_ready, "both replicas ready", READY_TIMEOUT_S)
+        weaver_session = (await client.post("/weaver/api/v1/sessions", json={})).json()["id"]
+        weaver = await client.post(
+            f"/weaver/api/v1/sessions/{weaver_session}/sampling-sessions",
+            json={"sampling_session_seq_id": 0, "base_model": str(tiny_model_dir)})
+        assert weaver.status_code == 201, weaver.text
+        tinker_session = (await client.post("/api/v1/create_session")).json()["session_id"]
+        tinker = await client.post("/api/v1/create_sampling_session", json={
+            "session_id": tinker_session, "sampling_session_seq_id": 0,
+            "base_model": str(tiny_model_dir)})
+        assert tinker.status_code == 200, tinker.text
+        weaver_id, tinker_id = weaver.json()["id"], tinker.json()["sampling_session_id"]
+
+        before = await replicas.routed()
+        direct = (await replicas.sample())["samples"][0]["token_ids"]
+        calls = 4
+        sampled = await asyncio.gather(*(weaver_sample(client, weaver_id) for _ in range(calls)),
+                                       *(tinker_sample(client, tinker_id) for _ in range(calls)))
+        assert all(tokens == direct for tokens in sampled)  # same seed, same base model
+        after = await replicas.routed()
+        assert sum(after.values()) - sum(before.values()) == 2 * calls + 1, (before, after)
+
+        b.kill()  # without a word: the table still names it until its heartbeats run out
+        sampled = await asyncio.gather(*(weaver_sample(client, weaver_id) for _ in range(calls)),
+                                       *(tinker_sample(client, tinker_id) for _ in range(calls)))
+        assert all(tokens == direct for tokens in sampled)
