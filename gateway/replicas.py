@@ -143,11 +143,13 @@ class ReplicaRegistry:
         return max((number for r in self.live() for job, number in r.versions if job == job_id),
                    default=0)
 
-    def public(self) -> list[ReplicaPublic]:
+    def table(self) -> list[Replica]:
         """The routing table: the live replicas, or the static one while there are none."""
+        return self.live() or ([self.static] if self.static is not None else [])
+
+    def public(self) -> list[ReplicaPublic]:
         now = self.clock()
-        shown = self.live() or ([self.static] if self.static is not None else [])
-        return [r.public(now) for r in shown]
+        return [r.public(now) for r in self.table()]
 
     async def aclose(self) -> None:
         for client in self._clients.values():

@@ -27,7 +27,7 @@ from gateway.admin.access import (
     set_login_cookie,
 )
 from gateway.admin.templating import render, safe_next
-from gateway.deps import SessionsDep, UpstreamsDep
+from gateway.deps import ReplicasDep, SessionsDep, UpstreamsDep
 from gateway.health import stack_health
 from services.common.errors import LoomError
 
@@ -149,9 +149,18 @@ async def download_version(job_id: str, number: int, viewer: ViewerDep, sessions
 
 
 @router.get("/health")
-async def health_page(request: Request, _viewer: ViewerDep) -> HTMLResponse:
+async def health_page(request: Request, viewer: ViewerDep, replicas: ReplicasDep
+                      ) -> HTMLResponse:
     health = await stack_health(request.app.state, request.app.version)
-    return render(request, "health.html", {"health": health})
+    return render(request, "health.html", {"health": health, "replicas": views.replica_table(
+        replicas, viewer.key)})
+
+
+@router.get("/health/replicas")
+async def replicas_table(request: Request, viewer: ViewerDep, replicas: ReplicasDep
+                         ) -> HTMLResponse:
+    return render(request, "_replicas_table.html", {
+        "replicas": views.replica_table(replicas, viewer.key, required=True)})
 
 
 @router.get("/health/table")

@@ -8,12 +8,14 @@ can show e.g. modelstate's 409 for a pinned version next to the form.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import httpx2
 from pydantic import TypeAdapter, ValidationError
 
+from gateway.replicas import Replica
 from gateway.upstreams import Upstreams
 from modelstate.schemas import AliasName, MoveAlias, Version, VersionList
 from services.common.errors import InvalidInput, LoomError, Unavailable, UpstreamError
@@ -38,6 +40,7 @@ class Fetched(Generic[T]):
 class ReplicaView:
     """What one rollout replica serves, as far as one job's viewer may know."""
 
+    id: str
     url: str
     base_model: str | None = None
     full: LoadedVersion | None = None
@@ -88,30 +91,38 @@ async def open_archive(upstreams: Upstreams, job_id: str, number: int) -> httpx2
 
 
 async def rollout_replicas(upstreams: Upstreams, job_id: str) -> list[ReplicaView]:
-    """Each rollout replica the gateway routes to and the versions of `job_id` it has loaded.
-    The gateway knows one rollout URL today; a list keeps the page right for several."""
-    client = upstreams.client("rollout")
-    view = ReplicaView(url=str(client.base_url).rstrip("/"))
+    """Each rollout replica the gateway routes to (`ReplicaRegistry.table`) and the versions
+    of `job_id` it has loaded, asked of the replica itself, all at once."""
+    return list(await asyncio.gather(*(_replica_view(replica, job_id)
+                                       for replica in upstreams.replicas.table())))
+
+
+async def _replica_view(replica: Replica, job_id: str) -> ReplicaView:
+    view = ReplicaView(id=replica.id, url=replica.url)
     try:
-        response = await _call(upstreams, "rollout", "GET", "/v1/versions")
+        response = await _send(replica.client, "rollout", "GET", "/v1/versions")
         resident = ResidentVersions.model_validate(response.json())
     except LoomError as exc:
         view.error = exc.message
-        return [view]
+        return view
     except (ValueError, ValidationError) as exc:
         view.error = f"rollout answered something unexpected: {exc}"
-        return [view]
+        return view
     view.base_model = resident.base_model
     if resident.full is not None and resident.full.job_id == job_id:
         view.full = resident.full
     view.job_loras = sorted(v.number for v in resident.loras if v.job_id == job_id)
     view.other_loras = sum(1 for v in resident.loras if v.job_id != job_id)
-    return [view]
+    return view
 
 
 async def _call(upstreams: Upstreams, service: str, method: str, path: str,
                 json: object = None) -> httpx2.Response:
-    client = upstreams.client(service)
+    return await _send(upstreams.client(service), service, method, path, json)
+
+
+async def _send(client: httpx2.AsyncClient, service: str, method: str, path: str,
+                json: object = None) -> httpx2.Response:
     try:
         response = await client.request(method, path, json=json, headers=_headers(),
                                         timeout=PAGE_TIMEOUT)

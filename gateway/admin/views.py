@@ -17,11 +17,13 @@ from gateway.admin import upstream
 from gateway.admin.charts import Chart, build_charts, charts_payload
 from gateway.admin.upstream import Fetched, ReplicaView
 from gateway.keys import KeyIdentity
-from gateway.schemas import Job, LoggedSample
+from gateway.replicas import ReplicaRegistry
+from gateway.schemas import Job, LoggedSample, ReplicaPublic
 from gateway.task_schemas import BackgroundTask
 from gateway.upstreams import Upstreams
 from modelstate.schemas import Version
 from services.common.db import in_transaction
+from services.common.errors import Forbidden
 
 SAMPLES_SHOWN = 20
 VERSIONS_PER_PAGE = 20
@@ -140,3 +142,15 @@ async def job_samples(sessions: Sessions, viewer: KeyIdentity,
     return await in_transaction(sessions, read)
 
 
+
+
+def replica_table(replicas: ReplicaRegistry, viewer: KeyIdentity, *, required: bool = False
+                  ) -> list[ReplicaPublic] | None:
+    """The rollout routing table, for admin keys only (as `GET /v1/rollout/replicas`): it
+    names every job's resident versions and the replicas' addresses. None for another key,
+    or a 403 where the table was asked for itself."""
+    if viewer.admin:
+        return replicas.public()
+    if required:
+        raise Forbidden("The rollout replicas are shown to admin keys only.")
+    return None

@@ -1,5 +1,6 @@
 """The web admin in a real browser: log in, watch a job live, read its charts, manage its
-versions in a real modelstate, download one, and be refused what the key may not do.
+versions in a real modelstate, download one, be refused what the key may not do, and see the
+rollout replicas the gateway routes to.
 
 Everything the pages show is put there through the public HTTP APIs first (metrics and
 samples through the gateway, versions through modelstate), as a training script would.
@@ -20,6 +21,7 @@ import pytest
 
 from agents.sdk import LoomClient
 from modelstate.schemas import FileRef, PublishRequest, VersionKind
+from services.common.ports import free_port
 from services.common.service_token import service_headers
 from services.common.settings import LoomSettings
 
@@ -259,3 +261,53 @@ def test_a_finished_run_shows_completed_with_a_step_axis_per_phase_and_paged_ver
     assert [r.get_attribute("data-version") for r in numbers.all()] == ["25", "20", "3"]
     assert "3 aliased versions" in " ".join(page.locator("#versions-pager").inner_text().split())
     shoot(page, artifacts, "09-aliased-versions")
+
+
+def test_the_services_page_shows_each_rollout_replica(page: Any, admin_stack: AdminStack,
+                                                      artifacts: Path) -> None:
+    """A replica registered by heartbeat (nothing listens at its URL: routing to it fails)
+    shows on the services page with what it reported, and the page follows the routing table
+    without a reload; the job page lists it; another key sees no table."""
+    stack = admin_stack
+    job_id = seed_job(stack, name="replicated")
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    beat = {"url": nowhere, "ready": True, "heartbeat_s": 60, "requests_in_flight": 3,
+            "tokens_in_flight": 120, "versions": [
+                {"job_id": None, "number": 0, "kind": "base"},
+                {"job_id": job_id, "number": 2, "kind": "lora"}]}
+    with stack.api() as api:
+        api.put("/v1/internal/replicas/replica-a", json=beat,
+                headers=service_headers(LoomSettings())).raise_for_status()
+        user_key = api.post("/v1/keys", json={"name": "researcher"}).json()["key"]
+
+    log_in(page, stack, stack.admin_key)
+    page.goto(f"{stack.url}/admin/health")
+    row = page.locator("tr[data-replica='replica-a']")
+    text = " ".join(row.inner_text().split())
+    for shown in (nowhere, "ready", "base", f"{job_id} v2", "3 requests, 120 tokens",
+                  "every 60 s"):
+        assert shown in text, (shown, text)
+    assert row.locator("td.routed").inner_text().strip() == "0"
+    assert re.search(r"\d+\.\d s ago", text), text
+    assert "ready" in page.locator("tr[data-service='rollout']").inner_text()
+    shoot(page, artifacts, "08-replicas")
+
+    # A sample routed to it cannot connect: the table's next refresh shows it set aside,
+    # counted as routed once and failed once.
+    with stack.api() as api:
+        refused = api.post("/v1/rollout/sample", json={"prompt_token_ids": [1, 2]})
+        assert refused.status_code == 503, refused.text
+    page.wait_for_selector("tr[data-replica='replica-a'] .status-unreachable", timeout=10_000)
+    routed = " ".join(row.locator("td.routed").inner_text().split())
+    assert routed == "1 1 failed to connect", routed
+    shoot(page, artifacts, "09-replica-set-aside")
+
+    page.goto(f"{stack.url}/admin/jobs/{job_id}")
+    listed = page.locator("#replicas tr[data-replica='replica-a']").inner_text()
+    assert nowhere in listed and "unavailable" in listed  # asked now: nothing listens
+
+    page.context.clear_cookies()
+    log_in(page, stack, user_key)
+    page.goto(f"{stack.url}/admin/health")
+    assert page.locator("#replicas").count() == 0
+    assert page.goto(f"{stack.url}/admin/health/replicas").status == 403
