@@ -14,10 +14,16 @@ from typing import Any
 
 from celery import Celery
 from kombu.exceptions import KombuError
+from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.schemas import parse_trackers
+from gateway.settings import GatewaySettings
+from gateway.trackers.mirror import TrackerMirror
+from gateway.trackers.mirror import attach as attach_trackers
 from services.common.db import make_engine, make_sessionmaker
 from services.common.errors import Unavailable
+from services.common.settings import LoomSettings
 from services.common.tracing import inject
 from services.worker import tasks
 from services.worker.schemas import TaskKind
@@ -34,7 +40,25 @@ class LoomCelery(Celery):
 
     @functools.cached_property
     def sessions(self) -> sessionmaker[Session]:
-        return make_sessionmaker(make_engine(self.loom_settings.database_url_for("gateway")))
+        sessions = make_sessionmaker(make_engine(self.loom_settings.database_url_for("gateway")))
+        attach_trackers(sessions, self.trackers)
+        return sessions
+
+    @functools.cached_property
+    def trackers(self) -> TrackerMirror:
+        """Job metrics the worker writes itself (an evaluation's, in the transaction that
+        ends its task) reach the jobs' trackers as the gateway's do, chosen by the same
+        LOOM_TRACKERS* settings. The worker serves no /metrics: a failing tracker is logged
+        (and retried, then dropped) without a counter to read."""
+        chosen = GatewaySettings(**self.loom_settings.model_dump(
+            include=set(LoomSettings.model_fields)))
+        return TrackerMirror(parse_trackers(chosen.trackers), chosen.tracker_options(),
+                             CollectorRegistry(), retries=chosen.trackers_retries)
+
+    def close_trackers(self) -> None:
+        """Deliver what the trackers still hold (a pool process about to exit)."""
+        if "trackers" in self.__dict__:  # opened: this process wrote metrics
+            self.trackers.close()
 
 
 def create_celery(settings: WorkerSettings) -> LoomCelery:
