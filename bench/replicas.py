@@ -1,8 +1,8 @@
 """Rollout replicas behind the gateway: generation tokens/s with 2 replicas against 1, and the
 gateway's routing cost per call.
 
-Two real rollout replicas (processes, the tiny model; each engine's OMP thread pinned to a core
-of its own with VLLM_CPU_OMP_THREADS_BIND, as replicas on separate GPUs) register with a real
+Two real rollout replicas (processes, the tiny model; each engine's OMP thread on a core of its
+own by LOOM_ROLLOUT_CPU_CORES_PER_REPLICA=1, as replicas on separate GPUs) register with a real
 gateway process. Both arms run in the same run on the same replicas, round by round:
 - **1 replica**: every call carries one `X-Loom-Affinity` key, so all go to one replica;
 - **2 replicas**: no key, so least outstanding work spreads them.
@@ -35,6 +35,7 @@ from services.common.base_models import ensure_tiny_model
 from services.common.ports import free_port
 from services.common.service_token import SERVICE_TOKEN_HEADER, service_token
 from services.common.settings import LoomSettings
+from services.rollout.cpu_cores import format_cores
 from tests.support.rollout_process import RolloutProcess
 
 RESULTS = Path(__file__).parent / "results" / "replicas.md"
@@ -112,9 +113,11 @@ async def measure(args: argparse.Namespace, work: Path) -> str:
     settings = LoomSettings(data_dir=data_dir)
     load_before = os.getloadavg()[0]
     gateway_process, url = start_gateway(data_dir)
-    replicas = [RolloutProcess(data_dir=data_dir, model_dir=model, gateway_url=url,
-                               env={"VLLM_CPU_OMP_THREADS_BIND": str(core)})
-                for core in (0, 1)]
+    # Each engine takes a core of its own as replicas on one host do (a core slot each).
+    env = {"LOOM_ROLLOUT_CPU_CORES_PER_REPLICA": "1",
+           "LOOM_ROLLOUT_CPU_SLOTS_DIR": str(work / "core-slots")}
+    replicas = [RolloutProcess(data_dir=data_dir, model_dir=model, gateway_url=url, env=env)
+                for _ in range(2)]
     try:
         for replica in replicas:
             replica.start()
@@ -128,6 +131,7 @@ async def measure(args: argparse.Namespace, work: Path) -> str:
                 base_url=replicas[0].url, timeout=300,
                 headers={SERVICE_TOKEN_HEADER: service_token(settings)}) as direct:
             await wait_ready(client, 2)
+            bound = [replica.bound_cores() for replica in replicas]
             await generation(client, args, None, 10_000)  # warm-up: both replicas, all shapes
             arms: dict[str, list[tuple[int, float]]] = {"1 replica": [], "2 replicas": []}
             for round_index in range(args.rounds):
@@ -141,11 +145,12 @@ async def measure(args: argparse.Namespace, work: Path) -> str:
             replica.stop()
         gateway_process.terminate()
         gateway_process.wait(timeout=30)
-    return report(args, arms, via, straight, (load_before, os.getloadavg()[0]))
+    return report(args, arms, via, straight, (load_before, os.getloadavg()[0]), bound)
 
 
 def report(args: argparse.Namespace, arms: dict[str, list[tuple[int, float]]],
-           via: list[float], straight: list[float], load: tuple[float, float]) -> str:
+           via: list[float], straight: list[float], load: tuple[float, float],
+           bound: list[set[int]]) -> str:
     rates = {arm: sum(t for t, _ in runs) / sum(s for _, s in runs) for arm, runs in arms.items()}
     added = [v - s for v, s in zip(via, straight, strict=True)]
     lines = [
@@ -154,7 +159,9 @@ def report(args: argparse.Namespace, arms: dict[str, list[tuple[int, float]]],
         f"`python -m bench.replicas --rounds {args.rounds} --concurrency {args.concurrency} "
         f"--batches {args.batches} --max-tokens {args.max_tokens} --calls {args.calls}` on "
         f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}). Two rollout "
-        "replicas (tiny model), each engine's OMP thread pinned to a core of its own; the "
+        "replicas (tiny model), each engine's threads on a core slot of its own "
+        "(LOOM_ROLLOUT_CPU_CORES_PER_REPLICA=1; bound, as read from /proc: "
+        f"{' and '.join(format_cores(sorted(cores)) or 'none' for cores in bound)}); the "
         "gateway, the client and the replicas' Python processes share both cores with the "
         "engines. Both arms on the same replicas in the same run, alternating by round. "
         f"Load average (1 min) before / after: {load[0]:.1f} / {load[1]:.1f}: above the core "

@@ -53,6 +53,14 @@ class ClusterSpec:
             env["LOOM_DATABASE_URL"] = self.settings.database_url
         return env
 
+    def replica_env(self) -> dict[str, str]:
+        """What each rollout replica adds on CPU nodes: a core slot the size of its CPU request,
+        so replicas that share a host bind different cores (`services.rollout.cpu_cores`).
+        `env` may say otherwise."""
+        if self.rollout_gpus or self.rollout_cpus < 1:
+            return {}
+        return {"LOOM_ROLLOUT_CPU_CORES_PER_REPLICA": str(int(self.rollout_cpus))}
+
     @property
     def log_dir(self) -> str:
         return str(self.settings.data_dir / "run" / "cluster")
@@ -113,7 +121,7 @@ def scale(spec: ClusterSpec, replicas: int) -> dict[str, str]:
     requests finish), so scaling down loses no request."""
     import ray
 
-    env = _stack_env(spec)
+    env = {**spec.replica_env(), **_stack_env(spec)}
     names = rollout_names()
     wanted = [f"{ROLLOUT}-{index}" for index in range(replicas)]
     actor = _actor_class()

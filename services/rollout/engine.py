@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.common.busy import BusyClock
 from services.common.errors import Unavailable
+from services.rollout.cpu_cores import CoreSlot, bind_engine_threads
 from services.rollout.settings import RolloutSettings
 from services.rollout.vllm_plugin import BUSY_POLL_ENV
 
@@ -43,6 +44,7 @@ class RolloutEngine:
         self._weights_label = BASE_WEIGHTS_LABEL
         self.requests_in_flight = 0  # the load a replica reports to the gateway
         self.tokens_in_flight = 0  # their prompt tokens plus token budgets
+        self.core_slot: CoreSlot | None = None  # held while the process lives
 
     @property
     def llm(self) -> AsyncLLM:
@@ -57,11 +59,19 @@ class RolloutEngine:
         return self._llm is not None and self.warmup_seconds is not None
 
     async def start(self) -> None:
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        # Read by the engine processes vLLM spawns, so it must be set before they start.
+        # Read by the engine processes vLLM spawns, so they must be set before they start.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.rollout_kv_cache_gib)
         os.environ[BUSY_POLL_ENV] = str(self.settings.rollout_cpu_busy_poll_ms)
+        if current_platform.is_cpu():
+            settings = self.settings
+            self.core_slot = bind_engine_threads(
+                explicit=settings.rollout_cpu_cores,
+                per_replica=settings.rollout_cpu_cores_per_replica,
+                ranks=settings.rollout_tensor_parallel_size * settings.rollout_data_parallel_size,
+                slots_dir=settings.rollout_cpu_slots_dir)
         args = engine_args(self.settings, self.model_path)
         started = time.perf_counter()
         # Built off the event loop (tens of seconds) so /healthz answers meanwhile; the

@@ -60,6 +60,21 @@ class RolloutSettings(LoomSettings):
     rollout_gpu_memory_utilization: float = Field(
         default=0.9, gt=0, le=1, description="Share of each GPU's memory vLLM may take "
         "(weights, activations, KV cache); unused on CPU (see rollout_kv_cache_gib).")
+    rollout_cpu_cores: str | None = Field(
+        default=None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$",
+        description="CPU only: the cores this replica's engine threads run on (`2-3`), split "
+        "among its ranks (sets VLLM_CPU_OMP_THREADS_BIND; that variable, if set, wins). "
+        "Unset: see rollout_cpu_cores_per_replica.")
+    rollout_cpu_cores_per_replica: int = Field(
+        default=0, ge=0,
+        description="CPU only, several replicas on one host: each takes the lowest free slot "
+        "of this many of the cores it may run on, held by a lock in rollout_cpu_slots_dir "
+        "while it lives, so no two engines bind the same cores (`loom cluster` sets it from "
+        "--rollout-cpus). 0: vLLM's own binding, the same cores for every replica on a host.")
+    rollout_cpu_slots_dir: Path | None = Field(
+        default=None, description="Where the replicas of one host hold their core slots (a "
+        "directory they all see: containers on one host mount the same one). Default: "
+        "<temp dir>/loom-rollout-cores.")
     rollout_announce: bool = Field(
         default=True, description="Register with the gateway (LOOM_GATEWAY_URL) and heartbeat, "
         "so it routes to this replica by its versions and load.")

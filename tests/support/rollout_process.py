@@ -55,3 +55,20 @@ class RolloutProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+    def bound_cores(self) -> set[int]:
+        """The cores the threads of this replica's processes are bound to: those whose
+        affinity is narrower than the host's (the engine's OpenMP threads)."""
+        assert self.process is not None
+        host = os.sched_getaffinity(0)
+        bound: set[int] = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                # The session id is the 4th field after the command's closing parenthesis.
+                if int(stat.read_text().rsplit(")", 1)[1].split()[3]) != self.process.pid:
+                    continue
+                for task in (stat.parent / "task").iterdir():
+                    cores = os.sched_getaffinity(int(task.name))
+                    if cores != host:
+                        bound |= cores
+        return bound

@@ -64,11 +64,11 @@ def stack(tiny_model_dir: Path, postgres_url: str, tmp_path: Path) -> Iterator[d
         rollout_url=f"http://127.0.0.1:{free_port()}",  # no static replica listens
         gateway_replica_missed_heartbeats=3)
     with serve_in_thread(create_app(settings), port) as url:
-        processes = [
-            RolloutProcess(data_dir=settings.data_dir, model_dir=tiny_model_dir, gateway_url=url,
-                           env={"LOOM_DATABASE_URL": postgres_url,
-                                "VLLM_CPU_OMP_THREADS_BIND": str(core)})
-            for core in (0, 1)]
+        # Each engine on a core of its own, as `loom cluster` places replicas on one host.
+        env = {"LOOM_DATABASE_URL": postgres_url, "LOOM_ROLLOUT_CPU_CORES_PER_REPLICA": "1",
+               "LOOM_ROLLOUT_CPU_SLOTS_DIR": str(tmp_path / "core-slots")}
+        processes = [RolloutProcess(data_dir=settings.data_dir, model_dir=tiny_model_dir,
+                                    gateway_url=url, env=env) for _ in range(2)]
         try:
             for process in processes:
                 process.start()
@@ -92,6 +92,8 @@ async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> 
             "Authorization": f"Bearer {stack['key']}"}) as client:
         replicas = Replicas(client, [a, b])
         await wait_for(replicas.all_ready, "both replicas ready", READY_TIMEOUT_S)
+        cores = [process.bound_cores() for process in (a, b)]
+        assert all(cores) and not cores[0] & cores[1], cores  # no core shared
         table = await replicas.table()
         assert {r["url"] for r in table.values()} == {a.url, b.url}
         readiness = await client.get("/v1/internal/rollout/readyz", headers={

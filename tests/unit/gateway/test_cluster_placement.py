@@ -25,3 +25,13 @@ def test_the_stack_environment_names_the_data_the_token_and_every_url(tmp_path: 
     assert {"LOOM_SERVICE_TOKEN", "LOOM_SERVICE_TOKEN_FILE"} & set(env)  # as the settings say
     urls = _urls_env({"gateway": "http://127.0.0.1:1", "worker": "http://127.0.0.1:2"})
     assert urls == {"LOOM_GATEWAY_URL": "http://127.0.0.1:1"}  # the worker serves no HTTP
+
+
+def test_replicas_on_cpu_nodes_take_a_core_slot_the_size_of_their_request(tmp_path: Path
+                                                                         ) -> None:
+    settings = LoomSettings(data_dir=tmp_path)
+    slot = "LOOM_ROLLOUT_CPU_CORES_PER_REPLICA"
+    assert ClusterSpec(settings).replica_env() == {slot: "1"}
+    assert ClusterSpec(settings, rollout_cpus=2.5).replica_env() == {slot: "2"}
+    assert ClusterSpec(settings, rollout_cpus=0.5).replica_env() == {}  # no whole core
+    assert ClusterSpec(settings, rollout_gpus=1).replica_env() == {}  # GPU replicas
