@@ -142,8 +142,6 @@ async def job_samples(sessions: Sessions, viewer: KeyIdentity,
     return await in_transaction(sessions, read)
 
 
-
-
 def replica_table(replicas: ReplicaRegistry, viewer: KeyIdentity, *, required: bool = False
                   ) -> list[ReplicaPublic] | None:
     """The rollout routing table, for admin keys only (as `GET /v1/rollout/replicas`): it
