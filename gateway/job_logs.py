@@ -90,11 +90,13 @@ def progress(session: Session, job_ids: Iterable[str]) -> dict[str, JobProgress]
 
 
 def log_samples(session: Session, job_id: str, samples: list[SampleRecord], keep: int) -> int:
-    """Append `samples`, then drop the job's oldest beyond the newest `keep`."""
+    """Append `samples`, then drop the job's oldest beyond the newest `keep`; trackers that
+    take samples get them all (they keep their own history)."""
     now = utcnow()
     session.add_all(JobSampleRow(job_id=job_id, created_at=now, **s.model_dump())
                     for s in samples)
     session.flush()
+    trackers.stage(session, job_id, [], samples)
     cutoff = session.scalar(
         select(JobSampleRow.id).where(JobSampleRow.job_id == job_id)
         .order_by(JobSampleRow.id.desc()).offset(keep).limit(1)

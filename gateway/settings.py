@@ -82,6 +82,12 @@ class GatewaySettings(LoomSettings):
         "wandb, mlflow, tensorboard (the trackers extra installs them). A job's config "
         "{\"trackers\": [...]} chooses its own. A failing tracker never fails the job.",
     )
+    trackers_samples: str = Field(
+        default="",
+        description="Of those, the trackers that also get the samples a job logs, as tables "
+        "(a W&B Table, an MLflow JSON artifact, TensorBoard text), comma-separated; none by "
+        "default (samples hold prompts and completions, which may be private).",
+    )
     trackers_dir: Path | None = Field(
         default=None,
         description="Where W&B offline runs and TensorBoard event files go (and the MLflow "
@@ -102,7 +108,7 @@ class GatewaySettings(LoomSettings):
         "before its points are dropped and counted in /metrics.",
     )
 
-    @field_validator("trackers")
+    @field_validator("trackers", "trackers_samples")
     @classmethod
     def _known_trackers(cls, value: str) -> str:
         parse_trackers(value)
@@ -118,4 +124,7 @@ class GatewaySettings(LoomSettings):
             root=root, wandb_project=self.trackers_wandb_project,
             wandb_mode=self.trackers_wandb_mode,
             mlflow_uri=self.trackers_mlflow_uri or f"sqlite:///{root / 'mlflow.db'}",
-            mlflow_experiment=self.trackers_mlflow_experiment)
+            mlflow_experiment=self.trackers_mlflow_experiment,
+            mlflow_artifacts=None if self.trackers_mlflow_uri else (
+                root / "mlflow-artifacts").resolve().as_uri(),
+            samples=parse_trackers(self.trackers_samples))

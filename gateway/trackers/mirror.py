@@ -1,5 +1,7 @@
 """Mirror every job's metrics to experiment trackers, from the one place all of them are
-written: `job_logs.log_metrics` (SDK scripts, managed runs and the Weaver layer all log there).
+written: `job_logs.log_metrics` (SDK scripts, managed runs and the Weaver layer all log there;
+the worker, for an evaluation's, attaches its own sessions). Logged samples
+(`job_logs.log_samples`) go, as tables, to the trackers that opt in (`TrackerOptions.samples`).
 
 `attach` hooks a sessionmaker: points logged in a transaction are staged on its session and
 handed over only once it commits (a rolled-back write mirrors nothing). Each tracker has a lane
@@ -25,7 +27,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.models import JobRow
-from gateway.schemas import MetricPoint, job_trackers
+from gateway.schemas import MetricPoint, SampleRecord, job_trackers
 from gateway.trackers.writers import WRITERS, TrackedJob, TrackerOptions, Writer
 
 log = logging.getLogger(__name__)
@@ -39,12 +41,24 @@ IDLE_POLL_S = 30.0  # how often a lane looks for writers idle long enough to clo
 class _Batch:
     job: TrackedJob
     points: tuple[MetricPoint, ...]
+    samples: tuple[SampleRecord, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """What the counters count: metric points and samples alike."""
+        return len(self.points) + len(self.samples)
+
+    def write(self, writer: Writer) -> None:
+        if self.points:
+            writer.log(self.points)
+        if self.samples:
+            writer.log_samples(self.samples)
 
 
 class _Counters:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.points = Counter("loom_tracker_points", "Metric points a tracker accepted",
-                              ["tracker"], registry=registry)
+        self.points = Counter("loom_tracker_points", "Metric points (and samples) a tracker "
+                              "accepted", ["tracker"], registry=registry)
         self.failures = Counter("loom_tracker_failures", "Failed deliveries to a tracker "
                                 "(each retry counts)", ["tracker"], registry=registry)
         self.dropped = Counter("loom_tracker_dropped_points", "Metric points given up on "
@@ -73,9 +87,9 @@ class _Lane:
         try:
             self._queue.put_nowait(batch)
         except queue.Full:
-            self._counters.dropped.labels(self.name).inc(len(batch.points))
+            self._counters.dropped.labels(self.name).inc(batch.size)
             log.warning("tracker %s: queue full, %d points of job %s dropped", self.name,
-                        len(batch.points), batch.job.id)
+                        batch.size, batch.job.id)
 
     def begin_close(self) -> None:
         """Deliver what is queued, one try each, then close every writer."""
@@ -112,13 +126,13 @@ class _Lane:
             except queue.Empty:
                 return
             if left is not None:
-                self._counters.dropped.labels(self.name).inc(len(left.points))
+                self._counters.dropped.labels(self.name).inc(left.size)
 
     def _deliver(self, batch: _Batch) -> None:
         tries = 1 if self._closing.is_set() else self._retries + 1
         for attempt in range(tries):
             try:
-                self._writer(batch.job).log(batch.points)
+                batch.write(self._writer(batch.job))
             except Exception as exc:  # any library error: the job must not notice
                 self._counters.failures.labels(self.name).inc()
                 log.warning("tracker %s: job %s, attempt %d: %s: %s", self.name, batch.job.id,
@@ -127,9 +141,9 @@ class _Lane:
                 if attempt + 1 < tries and self._closing.wait(self._backoff_s * 2**attempt):
                     break  # closing: no more waiting between tries
             else:
-                self._counters.points.labels(self.name).inc(len(batch.points))
+                self._counters.points.labels(self.name).inc(batch.size)
                 return
-        self._counters.dropped.labels(self.name).inc(len(batch.points))
+        self._counters.dropped.labels(self.name).inc(batch.size)
 
     def _writer(self, job: TrackedJob) -> Writer:
         known = self._writers.get(job.id)
@@ -171,10 +185,13 @@ class TrackerMirror:
         self._lanes: dict[str, _Lane] = {}
         self._lock = threading.Lock()
 
-    def submit(self, job: TrackedJob, trackers: Sequence[str],
-               points: Sequence[MetricPoint]) -> None:
+    def submit(self, job: TrackedJob, trackers: Sequence[str], points: Sequence[MetricPoint],
+               samples: Sequence[SampleRecord] = ()) -> None:
+        """`samples` go only to the trackers that opt in to them."""
         for name in trackers:
-            self._lane(name).submit(_Batch(job, tuple(points)))
+            kept = tuple(samples) if name in self._options.samples else ()
+            if points or kept:
+                self._lane(name).submit(_Batch(job, tuple(points), kept))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is queued, every lane at once, for up to `timeout_s`."""
@@ -201,9 +218,11 @@ def attach(sessions: sessionmaker[Session], mirror: TrackerMirror) -> None:
     event.listen(sessions, "after_rollback", _discard)
 
 
-def stage(session: Session, job_id: str, points: Sequence[MetricPoint]) -> None:
-    """Queue `points` of `job_id` for its trackers once `session` commits (nothing happens
-    for a session whose sessionmaker was not attached, or a job that tracks nothing)."""
+def stage(session: Session, job_id: str, points: Sequence[MetricPoint],
+          samples: Sequence[SampleRecord] = ()) -> None:
+    """Queue `points` (and `samples`) of `job_id` for its trackers once `session` commits
+    (nothing happens for a session whose sessionmaker was not attached, or a job that tracks
+    nothing)."""
     mirror: TrackerMirror | None = session.info.get(MIRROR_KEY)
     if mirror is None:
         return
@@ -214,13 +233,13 @@ def stage(session: Session, job_id: str, points: Sequence[MetricPoint]) -> None:
     trackers = mirror.default if chosen is None else chosen
     if trackers:
         session.info.setdefault(_PENDING_KEY, []).append(
-            (TrackedJob(id=row.id, name=row.name), trackers, list(points)))
+            (TrackedJob(id=row.id, name=row.name), trackers, list(points), list(samples)))
 
 
 def _hand_over(session: Session) -> None:
     mirror: TrackerMirror = session.info[MIRROR_KEY]
-    for job, trackers, points in session.info.pop(_PENDING_KEY, []):
-        mirror.submit(job, trackers, points)
+    for job, trackers, points, samples in session.info.pop(_PENDING_KEY, []):
+        mirror.submit(job, trackers, points, samples)
 
 
 def _discard(session: Session) -> None:

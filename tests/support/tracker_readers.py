@@ -1,5 +1,6 @@
 """Read what the trackers wrote with each one's own reader: TensorBoard's event accumulator,
-MLflow's client, and W&B's record protobufs for an offline run's `.wandb` log."""
+MLflow's client, and W&B's record protobufs for an offline run's `.wandb` log (and the table
+files its records name)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import struct
 from pathlib import Path
 
 Series = dict[str, list[tuple[int, float]]]  # name -> [(step, value)], as written
+Table = list[dict[str, object]]  # rows by column name, in the order written
 
 # A `.wandb` file is a header, then 32 KiB blocks of chunks (crc32, length, type), as in a
 # LevelDB log; a record is one FULL chunk or FIRST, MIDDLE..., LAST. W&B ships no reader for
@@ -25,6 +27,46 @@ def tensorboard_series(logdir: Path) -> Series:
             for tag in events.Tags()["scalars"]}
 
 
+def tensorboard_texts(logdir: Path, tag: str) -> list[tuple[int, str]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    found = events.Tags()["tensors"]
+    name = f"{tag}/text_summary"
+    if name not in found:
+        return []
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(name)]
+
+
+def mlflow_tables(tracking_uri: str, job_id: str, directory: str, into: Path) -> Table:
+    """Every JSON table artifact under `directory` of the job's run, in name order."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("loom")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id],
+                               filter_string=f"tags.loom_job_id = '{job_id}'")
+    rows: Table = []
+    for artifact in sorted(client.list_artifacts(run.info.run_id, directory),
+                           key=lambda a: a.path):
+        local = client.download_artifacts(run.info.run_id, artifact.path, str(into))
+        table = json.loads(Path(local).read_text())
+        rows += [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    return rows
+
+
+def wandb_tables(wandb_dir: Path, job_id: str, key: str) -> Table:
+    """The rows of every W&B Table the job's offline runs logged under `key`."""
+    rows: Table = []
+    for run_dir, row in _history(wandb_dir, job_id):
+        if row.get(f"{key}/_type") == "table-file":  # a logged object's fields, flattened
+            table = json.loads((run_dir / "files" / str(row[f"{key}/path"])).read_text())
+            rows += [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+    return rows
+
+
 def mlflow_series(tracking_uri: str, job_id: str) -> Series:
     from mlflow.tracking import MlflowClient
 
@@ -39,25 +81,34 @@ def mlflow_series(tracking_uri: str, job_id: str) -> Series:
 
 def wandb_series(wandb_dir: Path, job_id: str) -> Series:
     """Every metric of the job's offline runs, against the step metric it was defined on."""
+    series: Series = {}
+    for _, row in _history(wandb_dir, job_id):
+        steps = {k: v for k, v in row.items() if k == "step" or k.endswith("/step")}
+        objects = {k.removesuffix("/_type") for k in row if k.endswith("/_type")}
+        for name, value in row.items():
+            if (name.startswith("_") or name in steps
+                    or name.rpartition("/")[0] in objects):
+                continue  # W&B's own fields, step metrics, a table's fields
+            phase = name.partition("/")[0] if "/" in name else ""
+            step = steps[f"{phase}/step" if f"{phase}/step" in steps else "step"]
+            series.setdefault(name, []).append((int(step), float(value)))
+    return series
+
+
+def _history(wandb_dir: Path, job_id: str) -> list[tuple[Path, dict[str, object]]]:
+    """(run directory, row) of every history record of the job's offline runs."""
     from wandb.proto import wandb_internal_pb2
 
-    series: Series = {}
+    rows = []
     for path in sorted(wandb_dir.glob(f"offline-run-*-{job_id}/run-{job_id}.wandb")):
         for data in _records(path.read_bytes()):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(data)
-            if record.WhichOneof("record_type") != "history":
-                continue
-            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                   for item in record.history.item}
-            steps = {k: v for k, v in row.items() if k == "step" or k.endswith("/step")}
-            for name, value in row.items():
-                if name.startswith("_") or name in steps:
-                    continue
-                phase = name.partition("/")[0] if "/" in name else ""
-                step = steps[f"{phase}/step" if f"{phase}/step" in steps else "step"]
-                series.setdefault(name, []).append((int(step), float(value)))
-    return series
+            if record.WhichOneof("record_type") == "history":
+                rows.append((path.parent, {item.key or "/".join(item.nested_key):
+                                           json.loads(item.value_json)
+                                           for item in record.history.item}))
+    return rows
 
 
 def _records(raw: bytes) -> list[bytes]:

@@ -1,6 +1,7 @@
 """A job's metrics mirrored to W&B (offline), MLflow (a local store) and TensorBoard by the real
-gateway, read back with each library's own reader; a tracker that cannot be reached fails
-nothing, and /metrics counts it."""
+gateway, read back with each library's own reader; its logged samples as tables too, for the
+trackers that opt in (none by default); a tracker that cannot be reached fails nothing, and
+/metrics counts it."""
 
 from __future__ import annotations
 
@@ -19,12 +20,22 @@ from gateway.settings import GatewaySettings
 from services.common.ports import free_port
 from tests.conftest import require
 from tests.support.servers import serve_in_thread
-from tests.support.tracker_readers import mlflow_series, tensorboard_series, wandb_series
+from tests.support.tracker_readers import (
+    mlflow_series,
+    mlflow_tables,
+    tensorboard_series,
+    tensorboard_texts,
+    wandb_series,
+    wandb_tables,
+)
 from tests.support.trainer import trainer_stand_in
 
 SFT = {"sft/loss": [(step, 2.0 / step) for step in range(1, 7)]}
 RL = {"rl/reward": [(step, 0.1 * step) for step in range(1, 4)],
       "kl/mean": [(step, 0.01 * step) for step in range(1, 4)]}
+SAMPLES = [{"step": 1, "version": 1, "prompt": "2+2=", "completion": "4", "reward": 1.0},
+           {"step": 1, "version": 1, "prompt": "a|b", "completion": "two\nlines", "reward": 0.0},
+           {"step": 2, "version": None, "prompt": "3+4=", "completion": "8", "reward": None}]
 
 
 @pytest.fixture(autouse=True)
@@ -79,6 +90,7 @@ async def test_metrics_land_in_wandb_mlflow_and_tensorboard_with_their_steps(
         await job.log_metrics(2, {"sft/loss": 0.75})  # a re-sent step replaces its value
         with pytest.raises(Exception, match="unknown trackers"):
             await loom.create_job("loom/tiny", config={"trackers": ["neptune"]})
+        await only_tb.log_samples(SAMPLES)  # no tracker takes samples by default
     points = sum(len(p) for p in (*SFT.values(), *RL.values())) + 1
     for tracker in ("wandb", "mlflow"):
         wait_counted(url, "loom_tracker_points", tracker, points)
@@ -93,11 +105,41 @@ async def test_metrics_land_in_wandb_mlflow_and_tensorboard_with_their_steps(
     assert _approx(tensorboard_series(root / "tensorboard" / job.id), sort=True) == _approx(
         resent, sort=True)
     assert _approx(tensorboard_series(root / "tensorboard" / only_tb.id)) == _approx(expected)
+    assert tensorboard_texts(root / "tensorboard" / only_tb.id, "samples") == []
     assert not (root / "tensorboard" / untracked.id).exists()
     assert _approx(mlflow_series(f"sqlite:///{root / 'mlflow.db'}", job.id), sort=True) == (
         _approx(resent, sort=True))
     assert _approx(wandb_series(root / "wandb", job.id), last=True) == _approx(replaced)
     assert not list((root / "wandb").glob(f"*{only_tb.id}*"))
+
+
+async def test_samples_land_as_tables_in_the_trackers_that_opt_in(
+        tmp_path: Path, database_url: str) -> None:
+    serving = gateway(tmp_path, database_url, trackers="wandb,mlflow,tensorboard",
+                      trackers_samples="wandb,mlflow,tensorboard")
+    url = next(serving)
+    admin_key = (tmp_path / "data" / "admin_key").read_text().strip()
+    async with AsyncLoomClient(url, admin_key) as loom:
+        job = await loom.create_job("loom/tiny", name="sampled")
+        await job.log_metrics(1, {"rl/reward": 0.5})
+        await job.log_samples(SAMPLES[:2])
+        await job.log_samples(SAMPLES[2:])
+    for tracker in ("wandb", "mlflow", "tensorboard"):
+        wait_counted(url, "loom_tracker_points", tracker, 1 + len(SAMPLES))
+    next(serving, None)  # writers closed, W&B runs finished
+
+    root = tmp_path / "data" / "trackers"
+    assert wandb_tables(root / "wandb", job.id, "samples") == SAMPLES
+    assert wandb_series(root / "wandb", job.id) == {"rl/reward": [(1, 0.5)]}  # tables aside
+    assert mlflow_tables(f"sqlite:///{root / 'mlflow.db'}", job.id, "samples",
+                         tmp_path / "downloaded") == SAMPLES
+    assert (root / "mlflow-artifacts").is_dir()  # beside the store, not in the working dir
+    texts = tensorboard_texts(root / "tensorboard" / job.id, "samples")
+    assert [step for step, _ in texts] == [1, 2]
+    header, rule, *rows = texts[0][1].splitlines()
+    assert header == "| step | version | prompt | completion | reward |"
+    assert rows == ["| 1 | 1 | 2+2= | 4 | 1.0 |", "| 1 | 1 | a\\|b | two<br>lines | 0.0 |"]
+    assert texts[1][1].splitlines()[2:] == ["| 2 |  | 3+4= | 8 |  |"]
 
 
 async def test_an_unreachable_tracker_fails_nothing_and_is_counted(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -42,5 +44,19 @@ def test_loom_trackers_is_checked_at_start(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("LOOM_TRACKERS", "wandb,tensorboard")
     assert parse_trackers(GatewaySettings().trackers) == ("wandb", "tensorboard")
     monkeypatch.setenv("LOOM_TRACKERS", "wandb,nope")
+    with pytest.raises(ValidationError, match="unknown trackers"):
+        GatewaySettings()
+
+
+def test_samples_go_to_no_tracker_unless_listed_and_artifacts_stay_beside_the_store(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    options = GatewaySettings(data_dir=tmp_path).tracker_options()
+    assert options.samples == ()
+    assert options.mlflow_artifacts == (tmp_path / "trackers" / "mlflow-artifacts").as_uri()
+    monkeypatch.setenv("LOOM_TRACKERS_SAMPLES", "mlflow")
+    monkeypatch.setenv("LOOM_TRACKERS_MLFLOW_URI", "http://mlflow:5000")
+    options = GatewaySettings(data_dir=tmp_path).tracker_options()
+    assert (options.samples, options.mlflow_artifacts) == (("mlflow",), None)  # the server's
+    monkeypatch.setenv("LOOM_TRACKERS_SAMPLES", "neptune")
     with pytest.raises(ValidationError, match="unknown trackers"):
         GatewaySettings()
