@@ -4,9 +4,10 @@ table of allowed moves.
 created   → the row exists; the trainer has not (yet) built the model
 running   → the trainer holds the job's model; the script trains and samples
 paused    → the owner paused it (a managed job's runner stops between steps); can resume
-completed → the script said it is done
-failed    → the trainer refused or could not be reached at creation, or the script gave up
-cancelled → the owner stopped it for good
+completed → the script said it is done, or its managed run succeeded
+failed    → the trainer refused or could not be reached at creation, the script gave up, or
+            its managed run failed for good (`jobs.end_with_run`)
+cancelled → the owner stopped it (or its managed run) for good
 """
 
 from __future__ import annotations

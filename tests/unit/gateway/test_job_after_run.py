@@ -1,0 +1,66 @@
+"""A managed run that ends for good ends its job (`gateway.jobs.end_with_run`): only a run
+that started, only a recipe task, only by a move the job's state machine allows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.jobs import end_with_run
+from gateway.models import ALEMBIC_DIR, VERSION_TABLE, BackgroundTaskRow, JobRow, utcnow
+from services.common.db import make_sessionmaker, transaction
+from tests.conftest import migrated_engine
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    for engine in migrated_engine(f"sqlite:///{tmp_path / 'gateway.db'}", ALEMBIC_DIR,
+                                  VERSION_TABLE):
+        yield make_sessionmaker(engine)
+
+
+def job_after(sessions: sessionmaker[Session], *, job: str, kind: str, task: str,
+              attempts: int) -> str:
+    """The job's status after a task of `kind` ended `task` with `attempts` attempts."""
+    with transaction(sessions) as session:
+        row = JobRow(name="j", base_model="m", mode="lora", config={}, status=job)
+        session.add(row)
+        session.flush()
+        ended = BackgroundTaskRow(job_id=row.id, kind=kind, params={}, status=task,
+                                  attempts=attempts, created_at=utcnow())
+        session.add(ended)
+        session.flush()
+        end_with_run(session, ended)
+        return row.status
+
+
+@pytest.mark.parametrize(("task", "job"), [("succeeded", "completed"), ("failed", "failed"),
+                                           ("cancelled", "cancelled"), ("queued", "running"),
+                                           ("running", "running")])
+def test_a_started_run_ends_its_running_job_the_same_way(
+        sessions: sessionmaker[Session], task: str, job: str) -> None:
+    assert job_after(sessions, job="running", kind="recipe", task=task, attempts=1) == job
+
+
+def test_what_never_started_or_is_not_a_run_leaves_the_job(
+        sessions: sessionmaker[Session]) -> None:
+    assert job_after(sessions, job="running", kind="recipe", task="cancelled",
+                     attempts=0) == "running"
+    for kind in ("evaluate", "export", "gc"):
+        assert job_after(sessions, job="running", kind=kind, task="failed",
+                         attempts=1) == "running"
+
+
+def test_a_job_moved_meanwhile_moves_only_where_its_states_allow(
+        sessions: sessionmaker[Session]) -> None:
+    assert job_after(sessions, job="paused", kind="recipe", task="succeeded",
+                     attempts=2) == "paused"
+    assert job_after(sessions, job="paused", kind="recipe", task="failed",
+                     attempts=2) == "failed"
+    assert job_after(sessions, job="cancelled", kind="recipe", task="cancelled",
+                     attempts=1) == "cancelled"
+    assert job_after(sessions, job="completed", kind="recipe", task="failed",
+                     attempts=1) == "completed"
