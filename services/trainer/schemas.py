@@ -33,6 +33,23 @@ class CreateModelRequest(StrictModel):
     seed: int = 0
 
 
+class Restored(LenientModel):
+    """How a sharded trainer brought a model back after one of its ranks failed (its ranks
+    were started again, the models made anew): from the last checkpoint the model saved or
+    loaded (`save_state`/`load_state`), or at its base weights where it had none. Training
+    since that checkpoint is lost: a client resumes from `step`."""
+
+    at: datetime
+    failed_rank: int
+    failed_operation: str
+    checkpoint: str | None = Field(description="The checkpoint reloaded (weights, optimizer "
+                                   "moments, step); None: the base weights, step 0.")
+    checkpoint_job_id: str | None = Field(
+        default=None, description="Whose checkpoint it was, when another job's (load_state "
+        "with job_id).")
+    step: int
+
+
 class ModelInfo(LenientModel):
     model_id: str
     job_id: str
@@ -43,6 +60,8 @@ class ModelInfo(LenientModel):
     trainable_params: int
     step: int
     last_version: int
+    restored: Restored | None = Field(
+        default=None, description="The last time a rank failure rolled the model back.")
 
 
 class Datum(StrictModel):

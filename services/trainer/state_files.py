@@ -23,7 +23,7 @@ import uuid
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,9 +31,11 @@ from safetensors.torch import load_file, save_file
 from services.common.errors import Conflict, InvalidInput, NotFound
 from services.common.files import fsync_path
 from services.trainer.distributed import dcp_state
-from services.trainer.distributed.remote import RemoteModel
 from services.trainer.model import TrainerModel
 from services.trainer.schemas import StateCheckpoint, TrainingMode
+
+if TYPE_CHECKING:  # a sharded trainer's model, which reloads its checkpoints through here
+    from services.trainer.distributed.remote import RemoteModel
 
 WEIGHTS, OPTIMIZER, STATE = "trainable.safetensors", "optimizer.pt", "state.json"
 SHARDED = "sharded"  # a sharded trainer's checkpoint: DCP's files (`dcp_state`)
@@ -52,8 +54,8 @@ def save_state(model: TrainerModel | RemoteModel, root: Path, name: str,
     work = job_dir / f".tmp-{name}-{uuid.uuid4().hex}"
     work.mkdir()
     try:
-        has_optimizer = (model.write_checkpoint(work) if isinstance(model, RemoteModel)
-                         else write_checkpoint(model, work))
+        has_optimizer = (write_checkpoint(model, work) if isinstance(model, TrainerModel)
+                         else model.write_checkpoint(work))
         state = {"job_id": model.spec.job_id, "name": name, "step": model.step,
                  "last_version": model.last_version, "has_optimizer": has_optimizer,
                  "created_at": datetime.now(UTC).isoformat(), "series": series,
@@ -65,6 +67,8 @@ def save_state(model: TrainerModel | RemoteModel, root: Path, name: str,
         fsync_path(work)
         work.rename(final)
         fsync_path(job_dir)
+        if not isinstance(model, TrainerModel):
+            model.wrote_checkpoint(final, has_optimizer)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if series is not None:
@@ -138,10 +142,10 @@ def load_state(model: TrainerModel | RemoteModel, root: Path, name: str,
                            f"{model.spec.mode.value} with LoRA {model.spec.lora.model_dump()}.")
     last_version = checkpoint.last_version if source == model.spec.job_id else None
     moments = optimizer and checkpoint.has_optimizer
-    if isinstance(model, RemoteModel):
-        model.read_checkpoint(directory, moments, checkpoint.step, last_version)
-    else:
+    if isinstance(model, TrainerModel):
         read_checkpoint(model, directory, moments, checkpoint.step, last_version)
+    else:
+        model.read_checkpoint(directory, moments, checkpoint.step, last_version)
     return checkpoint
 
 
@@ -186,6 +190,12 @@ def list_states(root: Path, job_id: str) -> list[StateCheckpoint]:
             with suppress(NotFound):  # expired or deleted since
                 found.append(describe(directory))
     return sorted(found, key=lambda c: (c.created_at, c.step))
+
+
+def is_checkpoint(directory: Path) -> bool:
+    """Whether `directory` holds a checkpoint that may be loaded (whole, not expired)."""
+    state = _read_state(directory)
+    return state is not None and not _expired(state)
 
 
 def describe(directory: Path) -> StateCheckpoint:

@@ -5,26 +5,30 @@ called, and returns rank 0's answer.
 Each rank talks to the coordinator over a socket pair it inherits (no address, nothing another
 process can connect to). A rank that dies (its connection closes), or fails where the others
 did not, fails the command in flight with `RankFailed` naming it; the group is then formed
-again from fresh processes, and the models it had are created again from their specs (at their
-base weights: `load_state` brings a job back to its last checkpoint), so the trainer keeps
-serving. The ranks' collectives time out (`RankConfig.timeout_s`), so a rank waiting on a dead
-one does not wait for ever.
+again from fresh processes and handed to the `on_reform` hook (the registry's, which makes its
+models again and reloads their checkpoints) before any other command runs, so the trainer
+keeps serving. The ranks' collectives time out (`RankConfig.timeout_s`), so a rank waiting on
+a dead one does not wait for ever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from services.common.errors import Unavailable
 from services.trainer.distributed.commands import CHANNEL_ENV, RANK_ENV, RankConfig
+
+log = logging.getLogger(__name__)
 
 # How long the ranks may take to start and join, and to stop when told.
 START_TIMEOUT_S = 300.0
@@ -37,14 +41,22 @@ class RankFailed(Unavailable):
     code = "trainer_rank_failed"
 
 
+# Runs a command on every rank of a new group: rank 0's result, or the error it raised.
+Run = Callable[[tuple[Any, ...]], Any]
+# What a group formed again after `RankFailed` does before it takes any other command.
+Reform = Callable[[Run, RankFailed], None]
+
+
 class RankGroup:
     def __init__(self, config: RankConfig) -> None:
         self.config = config
-        self._lock = threading.Lock()
-        self._replay: list[tuple[Any, ...]] = []  # commands a new group runs again (creates)
+        self._lock = threading.RLock()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._conns: list[Connection] = []
-        self.restarts = 0
+        self.on_reform: Reform | None = None
+        # The failure whose group has not been given to `on_reform` yet (that failed, or the
+        # new group did not start): the next command forms it again first.
+        self._unrecovered: RankFailed | None = None
 
     @property
     def world_size(self) -> int:
@@ -56,18 +68,33 @@ class RankGroup:
 
     def start(self) -> None:
         with self._lock:
-            self._start()
+            self._form()
 
-    def call(self, *command: Any, replay: bool = False) -> Any:
-        """Runs `command` on every rank; rank 0's result (or the error it raised). `replay`:
-        run it again on a group formed after a failure (for commands that make models)."""
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Nothing else runs on the group meanwhile (a re-forming included), but `call`s here."""
         with self._lock:
-            if not self._procs:
-                self._start()
-            result = self._call(command)
-            if replay:
-                self._replay.append(command)
-            return result
+            yield
+
+    def call(self, *command: Any, check: Callable[[], None] | None = None) -> Any:
+        """Runs `command` on every rank; rank 0's result (or the error it raised). `check`
+        runs first, in turn with every other command (after any re-forming), and may refuse."""
+        with self._lock:
+            if not self._procs or self._unrecovered is not None:
+                self._form()
+            if check is not None:
+                check()
+            try:
+                return self._run(command)
+            except RankFailed as failure:
+                self._stop(kill=True)
+                self._unrecovered = failure
+                try:
+                    self._form()
+                except Exception:  # noqa: BLE001 - the next command tries again, and says why
+                    log.exception("The trainer's ranks were not formed again after: %s",
+                                  failure.message)
+                raise
 
     def stop(self) -> None:
         with self._lock:
@@ -75,16 +102,24 @@ class RankGroup:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _call(self, command: tuple[Any, ...]) -> Any:
-        try:
-            replies = self._exchange(command)
-        except RankFailed:
-            self._stop(kill=True)
+    def _form(self) -> None:
+        """Starts the ranks; after a failure, hands them to `on_reform` (a group that fails
+        there is stopped, to be formed again by the next command)."""
+        if not self._procs:
             self._start()
-            for earlier in self._replay:
-                self._exchange(earlier)
+        failure = self._unrecovered
+        if failure is None or self.on_reform is None:
+            self._unrecovered = None
+            return
+        try:
+            self.on_reform(self._run, failure)
+        except BaseException:
+            self._stop(kill=True)
             raise
-        status, value = replies[0]
+        self._unrecovered = None
+
+    def _run(self, command: tuple[Any, ...]) -> Any:
+        status, value = self._exchange(command)[0]
         if status == "error":
             cls, message, detail = value
             raise cls(message, detail)
@@ -127,8 +162,9 @@ class RankGroup:
             reason = reason or "its connection closed"
         return RankFailed(
             f"Trainer rank {rank} of {self.world_size} failed during {operation} ({reason}). "
-            "The trainer restarted its ranks; its models are back at their base weights: "
-            "load_state resumes a job from its last checkpoint.",
+            "The trainer restarted its ranks and reloaded each model's last checkpoint "
+            "(save_state or load_state), or its base weights where it had none; training since "
+            "is lost (the model's info says where it is: `restored`).",
             {"rank": rank, "operation": operation})
 
     def _start(self) -> None:
@@ -168,8 +204,6 @@ class RankGroup:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
-        if self._replay:
-            self.restarts += 1
 
 
 def _free_port() -> int:

@@ -175,15 +175,24 @@ def test_a_checkpoint_resumes_at_another_world_size(
         torch.testing.assert_close(got_weights[name], tensor, rtol=0, atol=1e-5, msg=name)
 
 
-def test_a_rank_killed_mid_operation_fails_it_and_the_trainer_goes_on(
-        ranks: RemoteRegistry, tiny_model_dir: Path) -> None:
-    """The operation fails naming the dead rank (no hang); the ranks are started again with
-    the models they had, at their base weights, and serve the next operation."""
-    spec = CreateModelRequest(job_id="killed", base_model=str(tiny_model_dir),
-                              mode=TrainingMode.full)
-    model, _ = ranks.create(spec)
-    one_step(model, uneven_data())
-    assert model.step == 1
+def test_a_rank_killed_mid_operation_fails_it_and_the_models_come_back_at_their_checkpoints(
+        ranks: RemoteRegistry, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The operation fails naming the dead rank (no hang); the ranks are started again and
+    every model is reloaded from its last checkpoint (weights and AdamW moments: the next
+    step is the one taken after the save), or is back at its base where it had none; the
+    next operation of a model whose client was not told yet fails once, saying so."""
+    data = uneven_data()
+    model, _ = ranks.create(CreateModelRequest(job_id="killed", base_model=str(tiny_model_dir),
+                                               mode=TrainingMode.full))
+    bystander, _ = ranks.create(CreateModelRequest(
+        job_id="bystander", base_model=str(tiny_model_dir), mode=TrainingMode.full))
+    one_step(model, data)
+    one_step(model, data)
+    one_step(bystander, data)
+    state_files.save_state(model, tmp_path, "after-2")
+    saved = model.forward(data).logprobs
+    third = one_step(model, data)
+    assert model.step == 3
     group, pids = ranks.group, ranks.group.pids
     big = uneven_data(count=200, seed=2)
     failure: list[BaseException] = []
@@ -198,15 +207,32 @@ def test_a_rank_killed_mid_operation_fails_it_and_the_trainer_goes_on(
     worker.start()
     time.sleep(1.0)
     os.kill(pids[1], signal.SIGKILL)
-    worker.join(timeout=120)
+    worker.join(timeout=600)
     assert not worker.is_alive()
     assert failure, "the operation in flight should have failed"
     assert "rank 1 of 2" in str(failure[0]) and "forward_backward" in str(failure[0])
-    assert failure[0].detail == {"rank": 1, "operation": "forward_backward"}
+    assert "checkpoint 'after-2' (step 2)" in str(failure[0])
+    detail = failure[0].detail
+    assert (detail["rank"], detail["operation"]) == (1, "forward_backward")
+    assert (detail["restored"]["checkpoint"], detail["restored"]["step"]) == ("after-2", 2)
     assert group.pids and set(group.pids).isdisjoint(pids)
-    assert model.step == 0 and model.info().step == 0
-    assert one_step(model, uneven_data())[1] > 0
-    assert model.step == 1
+
+    restored = model.info().restored
+    assert restored is not None and (restored.checkpoint, restored.step) == ("after-2", 2)
+    assert (restored.failed_rank, restored.failed_operation) == (1, "forward_backward")
+    assert model.step == model.info().step == 2
+    again = model.forward(data).logprobs
+    for row, expected in zip(again, saved, strict=True):
+        assert row == pytest.approx(expected, abs=1e-5)
+    assert one_step(model, data) == pytest.approx(third, rel=1e-5)
+    assert model.step == 3
+
+    with pytest.raises(RankFailed, match="bystander is back at its base weights") as told:
+        bystander.forward(data)
+    assert told.value.detail["restored"]["checkpoint"] is None
+    assert bystander.info().restored is not None and bystander.step == 0
+    assert one_step(bystander, data)[1] > 0
+    assert bystander.step == 1
 
 
 def test_bf16_with_activation_checkpointing_trains_near_fp32(
