@@ -3,8 +3,11 @@ supervisor `loom up` uses), optionally with services pinned to CPU cores."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -62,3 +65,16 @@ def local_stack(work: Path, env: Mapping[str, str] | None = None,
         supervisor.wait_ready()
         key = (data_dir / "admin_key").read_text().strip()
         yield LocalStack(settings, key, supervisor)
+
+
+async def until_ready(client: httpx2.AsyncClient, process: subprocess.Popen[bytes], what: str,
+                      timeout_s: float) -> None:
+    """Wait for a service process's `/readyz`; a RuntimeError if it exits or takes too long."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with suppress(httpx2.TransportError):
+            if (await client.get("/readyz")).status_code == 200:
+                return
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the {what} did not start")
+        await asyncio.sleep(0.2)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx2
 
+from bench._stack import until_ready
 from services.common.ports import free_port
 from services.common.service_token import service_headers
 from services.common.settings import LoomSettings
@@ -96,14 +97,7 @@ async def sandbox_service(backend: str, pool: int) -> AsyncIterator[Execute]:
                                   limits=limits, headers=service_headers(LoomSettings())
                                   ) as client:
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                with contextlib.suppress(httpx2.TransportError):
-                    if (await client.get("/readyz")).status_code == 200:
-                        break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the {backend} sandbox service did not start")
-                await asyncio.sleep(0.2)
+            await until_ready(client, process, f"{backend} sandbox service", 120)
 
             async def execute(code: str) -> bool:
                 response = await client.post("/v1/execute", json={"code": code})

@@ -25,6 +25,7 @@ from services.common.schemas import RESOURCE_ID_PATTERN
 MAX_SCOPED_BODY = 16 << 20
 
 JobOf = Callable[[re.Match[str], dict[str, str], Any], Any]
+JobsOf = Callable[[re.Match[str], dict[str, str], Any], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,11 @@ class Rule:
     job_of: JobOf | None  # None: open to any key
     reads_body: bool = False
     job_required: bool = False  # no job named → admin-only (shared, store-wide state)
-    also_of: JobOf | None = None  # a second job the call reads (the caller must own it too)
+    also_of: JobsOf | None = None  # other jobs the call reads (the caller must own each too)
 
 
 def _rule(methods: str, path: str, job_of: JobOf | None = None, *, body: bool = False,
-          required: bool = False, also: JobOf | None = None) -> Rule:
+          required: bool = False, also: JobsOf | None = None) -> Rule:
     return Rule(frozenset(methods.split()), re.compile(f"^{path}$"), job_of, body, required,
                 also)
 
@@ -55,8 +56,20 @@ def _body(match: re.Match[str], _query: dict[str, str], body: Any) -> str | None
     return _field(body, "job_id")
 
 
+def _bodies(match: re.Match[str], query: dict[str, str], body: Any) -> list[Any]:
+    return [_body(match, query, body)]
+
+
 def _score_params(match: re.Match[str], _query: dict[str, str], body: Any) -> str | None:
     return _field(_field(body, "params"), "job_id")
+
+
+def _batches_params(match: re.Match[str], query: dict[str, str], body: Any) -> list[Any]:
+    """The job of each batch's params (whose registered reward function it runs)."""
+    batches = _field(body, "batches")
+    if not isinstance(batches, list):
+        return []
+    return [_score_params(match, query, batch) for batch in batches]
 
 
 def _openai_model(match: re.Match[str], _query: dict[str, str], body: Any) -> str | None:
@@ -78,7 +91,7 @@ ANY_PATH = r"(?:/.*)?"
 RULES: dict[str, tuple[Rule, ...]] = {
     "trainer": (
         # A load may name another job, whose checkpoint it reads.
-        _rule("POST", rf"/models/{JOB}/load_state", _path, body=True, also=_body),
+        _rule("POST", rf"/models/{JOB}/load_state", _path, body=True, also=_bodies),
         _rule("GET POST PUT DELETE", rf"/models/{JOB}{ANY_PATH}", _path),
         _rule("GET", rf"/operations/{SEGMENT}"),
     ),
@@ -94,6 +107,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
     ),
     "reward": (
         _rule("POST", "/score", _score_params, body=True),
+        # Names no job of its own: each batch may name one (and the caller must own each).
+        _rule("POST", "/score/batch", body=True, also=_batches_params),
         _rule("GET", "/verifiers"),
         _rule("PUT", rf"/functions/{SEGMENT}", _body, body=True, required=True),
         _rule("GET", rf"/functions(?:/{SEGMENT})?", _query),
@@ -143,10 +158,9 @@ def jobs_named(service: str, method: str, path: str, query: dict[str, str], body
     found = rule_for(service, method, path)
     assert found is not None
     rule, match = found
-    also = rule.also_of(match, query, body) if rule.also_of is not None else None
-    if also is not None:
-        _checked_id(also)
-    return list(dict.fromkeys(j for j in (job, also) if j is not None))
+    also = rule.also_of(match, query, body) if rule.also_of is not None else []
+    others = [_checked_id(other) for other in also if other is not None]
+    return list(dict.fromkeys(j for j in (job, *others) if j is not None))
 
 
 def job_named(service: str, method: str, path: str, query: dict[str, str], body: Any

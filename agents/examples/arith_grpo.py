@@ -142,7 +142,8 @@ def encode(loom: LoomClient, splits: Splits) -> list[list[Encoded]]:
 
 
 def _adam(lr: float, config: ArithConfig) -> AdamParams:
-    return AdamParams(lr=lr, weight_decay=config.weight_decay)
+    # beta2 0.95 (not the default 0.999): what the demo was tuned and measured with.
+    return AdamParams(lr=lr, beta2=0.95, weight_decay=config.weight_decay)
 
 
 def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],

@@ -39,7 +39,7 @@ from services.common.errors import (
     Unavailable,
     UpstreamError,
 )
-from services.reward.schemas import ScoreItem
+from services.reward.schemas import ScoreItem, ScoreRequest
 from services.rollout.schemas import (
     CapturedSegment,
     CapturedTrajectory,
@@ -88,6 +88,7 @@ __all__ = [
     "SandboxSession",
     "SamplingParams",
     "ScoreItem",
+    "ScoreRequest",
     "StepResult",
     "Task",
     "Trajectory",

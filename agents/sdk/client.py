@@ -22,6 +22,8 @@ from gateway.task_schemas import BackgroundTask
 from services.reward.schemas import (
     RewardFunction,
     RewardFunctionPut,
+    ScoreBatchRequest,
+    ScoreBatchResponse,
     ScoreItem,
     ScoreRequest,
     ScoreResponse,
@@ -119,6 +121,15 @@ class AsyncLoomClient:
         request = ScoreRequest(verifier=verifier, items=list(items), params=params or {})
         body = await self._http.post_json("/v1/reward/score", request.model_dump(mode="json"))
         return ScoreResponse.model_validate(body)
+
+    async def score_batches(self, batches: Sequence[ScoreRequest]) -> ScoreBatchResponse:
+        """Several batches, each with its own verifier and params, in one request (e.g. every
+        group of a step): `results[i]` scores `batches[i]`, or holds the error that stopped
+        it (an unknown verifier, bad params) while the others are scored."""
+        request = ScoreBatchRequest(batches=list(batches))
+        body = await self._http.post_json("/v1/reward/score/batch",
+                                          request.model_dump(mode="json"))
+        return ScoreBatchResponse.model_validate(body)
 
     async def execute(self, code: str, **options: Any) -> ExecuteResponse:
         request = ExecuteRequest(code=code, **options)

@@ -31,9 +31,12 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
             # Start a worker and check it can verify before declaring the service up.
             await pool.run(60.0, run_verifier, "math", "1/2", "0.5", MathParams())
             app.state.scorer = Scorer(pool, settings.reward_item_timeout_s, sandbox,
-                                      settings.reward_sandbox_concurrency, functions)
+                                      settings.reward_sandbox_concurrency, functions,
+                                      threads=settings.reward_workers)
             yield
         finally:
+            if hasattr(app.state, "scorer"):
+                app.state.scorer.close()
             await sandbox.aclose()
             await pool.shutdown()
 

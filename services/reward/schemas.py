@@ -7,7 +7,9 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from services.common.schemas import LenientModel, StrictModel
+from services.common.schemas import ErrorBody, LenientModel, StrictModel
+
+MAX_ITEMS = 10_000  # per request, in one batch or across the batches of one
 
 
 class ScoreItem(StrictModel):
@@ -17,9 +19,26 @@ class ScoreItem(StrictModel):
 
 class ScoreRequest(StrictModel):
     verifier: str = Field(min_length=1, max_length=64,
-                          description="exact_match | math | regex | code | python")
+                          description="exact_match | first_integer | math | regex | countdown | "
+                          "code | python")
     params: dict[str, Any] = Field(default={}, description="Verifier options, e.g. a pattern")
-    items: list[ScoreItem] = Field(min_length=1, max_length=10_000)
+    items: list[ScoreItem] = Field(min_length=1, max_length=MAX_ITEMS)
+
+
+class ScoreBatchRequest(StrictModel):
+    """Several batches in one call (`POST /v1/score/batch`), e.g. every group of an RL step,
+    each with its own verifier and params; a batch that cannot be scored (unknown verifier,
+    bad params, a missing reference) gets an error of its own, the others their scores."""
+
+    batches: list[ScoreRequest] = Field(min_length=1, max_length=MAX_ITEMS)
+
+    @field_validator("batches")
+    @classmethod
+    def _bounded(cls, batches: list[ScoreRequest]) -> list[ScoreRequest]:
+        total = sum(len(batch.items) for batch in batches)
+        if total > MAX_ITEMS:
+            raise ValueError(f"at most {MAX_ITEMS} items in all, got {total}")
+        return batches
 
 
 class ItemScore(LenientModel):
@@ -31,6 +50,18 @@ class ItemScore(LenientModel):
 class ScoreResponse(LenientModel):
     verifier: str
     scores: list[ItemScore]
+
+
+class ScoreResult(LenientModel):
+    """One batch of a `ScoreBatchRequest`: its scores, or (nothing scored) its error."""
+
+    verifier: str
+    scores: list[ItemScore] = []
+    error: ErrorBody | None = None
+
+
+class ScoreBatchResponse(LenientModel):
+    results: list[ScoreResult] = Field(description="One per batch, in the request's order.")
 
 
 class VerifierInfo(LenientModel):

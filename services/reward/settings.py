@@ -10,8 +10,8 @@ from services.common.settings import LoomSettings
 class RewardSettings(LoomSettings):
     reward_workers: int = Field(
         default=2, ge=1, le=64,
-        description="Worker processes for isolated verifiers (math, regex); also how many such "
-        "items are scored at once across all requests.",
+        description="Worker processes for math (also how many math items are scored at once "
+        "across all requests), and threads for regex batches.",
     )
     reward_item_timeout_s: float = Field(
         default=20.0, gt=0, description="Deadline for one item (in a worker or the sandbox); "

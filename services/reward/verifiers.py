@@ -1,11 +1,18 @@
 """Every verifier in one registry: name → description, parameters and scoring function.
 
 A verifier turns (response, reference, params) into a reward in [0, 1] and a small detail dict.
-Where it runs (`runs_in`): `inline` in the service; `worker` in the worker pool (see
-`workers.py`): math-verify times itself out with `signal.alarm`, which needs a main thread, and
-a regular expression can backtrack for ever, which only killing a process stops (scoring
-functions are module-level so workers can run them); `sandbox`: verifiers that run code, through
-the sandbox service (see `sandboxed.py`).
+Where it runs (`runs_in`):
+- `inline`: in the service's event loop, a batch at a time: cheap, bounded work (microseconds
+  an item), where any hop to another thread or process would cost more than the verifier.
+- `thread`: a batch at a time on a thread of the scorer's, off the event loop, for trusted code
+  that bounds its own time (`timeout_s`): regular expressions run on the `regex` engine, whose
+  matching stops at a deadline (Python's `re` cannot be interrupted, so it needed a process
+  that could be killed: one process hop per item made 8 items cost ~2 ms and 16 groups at once
+  ~17 ms each, queued behind two workers) and releases the GIL while it matches.
+- `worker`: the worker pool (see `workers.py`): math-verify times itself out with
+  `signal.alarm`, which needs a main thread (scoring functions are module-level so workers can
+  run them).
+- `sandbox`: verifiers that run code, through the sandbox service (see `sandboxed.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import regex
 from pydantic import Field, ValidationError, field_validator
 
 from services.common.errors import InvalidInput, invalid_options
@@ -55,6 +63,40 @@ def score_exact_match(response: str, reference: str | None, params: ExactMatchPa
     return float(answer == expected), {"answer": answer}
 
 
+# --- first_integer -----------------------------------------------------------------------------
+
+# An optional sign right before the digits, then either digits with thousands commas (1,234 and
+# -12,345,678: groups of exactly three) or plain digits; ASCII digits only.
+FIRST_NUMBER = re.compile(r"([-+]?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?", re.ASCII)
+
+
+class FirstIntegerParams(StrictModel):
+    answer_after: str | None = Field(
+        default=None, description="Read the integer after the last such marker (\"####\").")
+
+
+def first_integer(text: str) -> int | None:
+    """The first number in `text` when it is an integer, else None.
+
+    "The answer is 42." → 42; "-7" → -7 and "+7" → 7 (a sign right before the digits, so
+    "3-5" → 3); "1,234" → 1234 but "1,23" → 1 (commas only as thousands separators); "3.5"
+    → None (the first number is not an integer: no later integer is taken instead) while
+    "42." → 42; "٤٢" (non-ASCII digits) is no number."""
+    match = FIRST_NUMBER.search(text)
+    if match is None or match.group(3):
+        return None
+    return int(match.group(1) + match.group(2).replace(",", ""))
+
+
+def score_first_integer(response: str, reference: str | None,
+                        params: FirstIntegerParams) -> Score:
+    expected = first_integer(reference or "")
+    if expected is None:
+        raise ValueError(f"the reference {reference!r} holds no integer")
+    answer = first_integer(answer_after(response, params.answer_after))
+    return float(answer == expected), {"answer": answer}
+
+
 # --- math --------------------------------------------------------------------------------------
 
 
@@ -87,15 +129,18 @@ class RegexParams(StrictModel):
     @classmethod
     def _compiles(cls, pattern: str) -> str:
         try:
-            re.compile(pattern)
-        except re.error as exc:
+            regex.compile(pattern)
+        except regex.error as exc:
             raise ValueError(f"invalid regular expression: {exc}") from exc
         return pattern
 
 
-def score_regex(response: str, _reference: str | None, params: RegexParams) -> Score:
-    compiled = re.compile(params.pattern)
-    match = compiled.search(response) if params.mode == "search" else compiled.fullmatch(response)
+def score_regex(response: str, _reference: str | None, params: RegexParams,
+                timeout_s: float) -> Score:
+    """Raises TimeoutError past `timeout_s` (a pattern that backtracks for ever)."""
+    compiled = regex.compile(params.pattern)  # cached by the regex module
+    find = compiled.search if params.mode == "search" else compiled.fullmatch
+    match = find(response, concurrent=True, timeout=timeout_s)
     return float(match is not None), {"match": match.group(0) if match else None}
 
 
@@ -108,10 +153,11 @@ class Verifier:
     description: str
     params_model: type[StrictModel]
     # inline/worker: (response, reference, params) -> Score;
+    # thread: (response, reference, params, timeout_s) -> Score;
     # sandbox: async (run_in_sandbox, response, reference, params) -> Score
     score: Callable[..., Any]
     needs_reference: bool
-    runs_in: Literal["inline", "worker", "sandbox"]
+    runs_in: Literal["inline", "thread", "worker", "sandbox"]
 
     def info(self) -> VerifierInfo:
         params = {name: field.description or "" for name, field in
@@ -125,11 +171,15 @@ VERIFIERS: dict[str, Verifier] = {
         Verifier("exact_match", "1.0 when the response equals the reference, whitespace "
                  "normalised.", ExactMatchParams, score_exact_match,
                  needs_reference=True, runs_in="inline"),
+        Verifier("first_integer", "1.0 when the first integer in the response equals the "
+                 "reference's (signs, thousands commas; a decimal first number scores 0).",
+                 FirstIntegerParams, score_first_integer, needs_reference=True,
+                 runs_in="inline"),
         Verifier("math", "1.0 when the response's final answer is mathematically equivalent to "
                  "the reference (math-verify: LaTeX, \\boxed{}, fractions, decimals, equations).",
                  MathParams, score_math, needs_reference=True, runs_in="worker"),
         Verifier("regex", "1.0 when the pattern matches the response.", RegexParams, score_regex,
-                 needs_reference=False, runs_in="worker"),
+                 needs_reference=False, runs_in="thread"),
         Verifier("countdown", "1.0 when the response is an expression over the reference's "
                  "numbers (each at most once; + - * / and parentheses) equal to its target; "
                  "reference: JSON {\"numbers\": [...], \"target\": n}.", CountdownParams,

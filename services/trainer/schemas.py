@@ -213,7 +213,9 @@ class AdamParams(StrictModel):
     # 0 is a step that moves nothing (warm-up schedules start there); Adam's moments update.
     lr: float = Field(default=1e-4, ge=0, le=1)
     beta1: float = Field(default=0.9, ge=0, lt=1)
-    beta2: float = Field(default=0.95, ge=0, lt=1)
+    # 0.999 as in torch.optim.AdamW, TRL and most papers (the Tinker and Weaver routes keep
+    # their own clients' defaults); recipes that want a shorter memory ask for 0.95.
+    beta2: float = Field(default=0.999, ge=0, lt=1)
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float | None = Field(default=1.0, gt=0)

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx2
+from fastapi import FastAPI
 
 from services.common.service_token import service_headers
 from services.reward.app import create_app
@@ -14,9 +15,15 @@ from services.reward.settings import RewardSettings
 
 
 @asynccontextmanager
-async def reward_client(settings: RewardSettings) -> AsyncIterator[httpx2.AsyncClient]:
+async def reward_app(settings: RewardSettings) -> AsyncIterator[FastAPI]:
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
+    async with app.router.lifespan_context(app):
+        yield app
+
+
+@asynccontextmanager
+async def reward_client(settings: RewardSettings) -> AsyncIterator[httpx2.AsyncClient]:
+    async with reward_app(settings) as app, httpx2.AsyncClient(
         transport=httpx2.ASGITransport(app=app), base_url="http://reward", timeout=60,
         headers=service_headers(settings),
     ) as client:

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING
 import httpx2
 import pytest
 
-from agents.sdk import AdamParams, AsyncLoomClient, Conflict, Datum, LoraConfig, NotFound
+from agents.sdk import (
+    AdamParams,
+    AsyncLoomClient,
+    Conflict,
+    Datum,
+    LoraConfig,
+    NotFound,
+    ScoreItem,
+    ScoreRequest,
+)
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.reward.app import create_app as create_reward_app
@@ -65,6 +74,17 @@ async def test_proxy_reaches_the_reward_service(real_gateway: httpx2.AsyncClient
         malformed = await client.post("/v1/reward/score", json={"verifier": "math", "items": []})
         assert malformed.status_code == 422
         assert malformed.json()["error"]["code"] == "invalid_input"
+        key = str(client.headers["X-API-Key"])
+        async with AsyncLoomClient(str(client.base_url), key) as loom:
+            results = (await loom.score_batches([
+                ScoreRequest(verifier="first_integer", items=[
+                    ScoreItem(response="= 12 apples", reference="12")]),
+                ScoreRequest(verifier="regex", params={"pattern": "^a"},
+                             items=[ScoreItem(response="b"), ScoreItem(response="a")]),
+                ScoreRequest(verifier="math", items=[ScoreItem(response="1")]),
+            ])).results
+        assert [[s.reward for s in r.scores] for r in results] == [[1.0], [0.0, 1.0], []]
+        assert results[2].error is not None and "needs a reference" in results[2].error.message
 
 
 async def test_a_job_key_reaches_only_its_own_jobs(real_gateway: httpx2.AsyncClient,
@@ -93,7 +113,13 @@ async def test_a_job_key_reaches_only_its_own_jobs(real_gateway: httpx2.AsyncCli
                      bob.post("/v1/reward/score", content=(
                          '{"verifier": "math", "items": [{"response": "1", "reference": "1"}], '
                          f'"params": {{"job_id": "job_bobs", "job_id": "{job}"}}}}').encode(),
-                              headers={"Content-Type": "application/json"})):
+                              headers={"Content-Type": "application/json"}),
+                     # A batch may name a job in any of its batches' params.
+                     bob.post("/v1/reward/score/batch", json={"batches": [
+                         {"verifier": "exact_match", "items": [{"response": "1",
+                                                                "reference": "1"}]},
+                         {"verifier": "python", "params": {"function": "f", "job_id": job},
+                          "items": [{"response": "1"}]}]})):
             refused = await call
             assert refused.status_code == 404, refused.text
             assert job in refused.json()["error"]["message"]

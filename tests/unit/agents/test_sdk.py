@@ -25,6 +25,7 @@ def test_public_surface_is_pinned() -> None:
         "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
         "LossConfig", "NotFound", "OperationFuture", "Pipeline", "RolloutGroup", "RolloutStream",
         "RolloutTask", "SampleResponse", "SamplingParams", "SandboxSession", "ScoreItem",
+        "ScoreRequest",
         "StepResult", "Task", "Trajectory", "TrainingMode", "Unauthorized", "Unavailable",
         "UpstreamError", "Version",
     ])

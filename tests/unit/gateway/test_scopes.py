@@ -29,7 +29,8 @@ ADMIN_ONLY = {
     ("modelstate", "GET", "/pins"), ("modelstate", "PUT", "/pins/{holder}"),
     ("modelstate", "DELETE", "/pins/{holder}"), ("modelstate", "POST", "/gc"),
     ("rollout", "GET", "/versions"), ("rollout", "POST", "/load"),
-    ("rollout", "GET", "/models"), ("rollout", "POST", "/drain"), ("trainer", "POST", "/models"),
+    ("rollout", "GET", "/models"), ("rollout", "POST", "/drain"),
+    ("rollout", "GET", "/blobs/{sha256}"), ("trainer", "POST", "/models"),
 }
 
 
@@ -114,3 +115,17 @@ def test_a_load_of_another_jobs_checkpoint_needs_both_jobs() -> None:
     assert jobs_named("rollout", "POST", "/sample", {}, {"job_id": "job_a"}) == ["job_a"]
     with pytest.raises(InvalidInput, match="job_id must be a string"):
         jobs_named("trainer", "POST", path, {}, {"name": "c", "job_id": ["job_b"]})
+
+
+def test_a_score_batch_needs_every_job_its_batches_name() -> None:
+    def batch(job_id: object = None) -> dict[str, object]:
+        params = {} if job_id is None else {"function": "f", "job_id": job_id}
+        return {"verifier": "python", "params": params, "items": [{"response": "x"}]}
+
+    named = jobs_named("reward", "POST", "/score/batch", {},
+                       {"batches": [batch("job_a"), batch(), batch("job_b"), batch("job_a")]})
+    assert named == ["job_a", "job_b"]
+    assert jobs_named("reward", "POST", "/score/batch", {}, {"batches": [batch()]}) == []
+    assert jobs_named("reward", "POST", "/score/batch", {}, {"batches": "x"}) == []
+    with pytest.raises(InvalidInput, match="job_id must be a string"):
+        jobs_named("reward", "POST", "/score/batch", {}, {"batches": [batch(["job_b"])]})

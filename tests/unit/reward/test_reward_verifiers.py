@@ -8,11 +8,14 @@ from services.common.errors import InvalidInput
 from services.reward.schemas import ScoreItem
 from services.reward.verifiers import (
     ExactMatchParams,
+    FirstIntegerParams,
     MathParams,
     RegexParams,
     answer_after,
+    first_integer,
     resolve,
     score_exact_match,
+    score_first_integer,
     score_math,
     score_regex,
     verifier_list,
@@ -70,16 +73,53 @@ def test_math_reference_without_an_answer_is_an_error() -> None:
     [("answer: 42", "search", 1.0), ("answer: 42", "fullmatch", 0.0), ("42", "fullmatch", 1.0)],
 )
 def test_regex(response: str, mode: str, reward: float) -> None:
-    assert score_regex(response, None, RegexParams(pattern=r"\d+", mode=mode))[0] == reward
+    params = RegexParams(pattern=r"\d+", mode=mode)
+    assert score_regex(response, None, params, 1.0)[0] == reward
+
+
+def test_a_regex_that_backtracks_for_ever_stops_at_its_deadline() -> None:
+    params = RegexParams(pattern="(a|aa)+$")
+    with pytest.raises(TimeoutError):
+        score_regex("a" * 60 + "b", None, params, 0.2)
+
+
+@pytest.mark.parametrize(
+    ("text", "integer"),
+    [("42", 42), ("The answer is 42.", 42), ("57\n12+3", 57), ("  -7 apples", -7),
+     ("+7", 7), ("3-5", 3), ("x = -12", -12), ("1,234 people", 1234), ("-12,345,678", -12345678),
+     ("1,23", 1), ("12345,678", 12345), ("3.5", None), ("1,234.5", None), ("no digits", None),
+     ("", None), ("٤٢", None), ("007", 7)],
+)
+def test_first_integer_edge_cases(text: str, integer: int | None) -> None:
+    assert first_integer(text) == integer
+
+
+@pytest.mark.parametrize(
+    ("response", "reference", "params", "reward"),
+    [("57", "57", {}, 1.0), ("57 and then 3", "57", {}, 1.0), ("=57", " 57 ", {}, 1.0),
+     ("5 7", "57", {}, 0.0), ("the sum is 1,000", "1000", {}, 1.0), ("", "57", {}, 0.0),
+     ("3 steps... #### 57", "57", {"answer_after": "####"}, 1.0),
+     ("3 steps, no marker", "3", {"answer_after": "####"}, 1.0)],
+)
+def test_first_integer_verifier(response: str, reference: str, params: dict[str, object],
+                                reward: float) -> None:
+    params_model = FirstIntegerParams(**params)
+    assert score_first_integer(response, reference, params_model)[0] == reward
+
+
+def test_first_integer_needs_an_integer_reference() -> None:
+    with pytest.raises(ValueError, match="holds no integer"):
+        score_first_integer("3", "three", FirstIntegerParams())
 
 
 def test_unknown_verifier_lists_the_known_ones() -> None:
-    with pytest.raises(InvalidInput, match="code, countdown, exact_match, math, python, regex"):
+    with pytest.raises(InvalidInput,
+                       match="code, countdown, exact_match, first_integer, math, python, regex"):
         resolve("nope", {}, [ScoreItem(response="x")])
 
 
 def test_invalid_regex_is_invalid_input_with_the_regex_error() -> None:
-    with pytest.raises(InvalidInput, match="missing \\), unterminated subpattern"):
+    with pytest.raises(InvalidInput, match="invalid regular expression: missing \\)"):
         resolve("regex", {"pattern": "(a"}, [ScoreItem(response="x")])
 
 
@@ -101,6 +141,7 @@ def test_missing_reference_is_invalid_input() -> None:
 
 def test_every_verifier_is_listed_with_its_params() -> None:
     listed = {v.name: v for v in verifier_list().verifiers}
-    assert set(listed) == {"exact_match", "math", "regex", "code", "python", "countdown"}
+    assert set(listed) == {"exact_match", "first_integer", "math", "regex", "code", "python",
+                           "countdown"}
     assert set(listed["regex"].params) == {"pattern", "mode"}
     assert all(v.description for v in listed.values())
