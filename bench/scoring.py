@@ -84,12 +84,11 @@ class Service:
 
 
 @contextlib.asynccontextmanager
-async def service(name: str, checkout: Path, module: str, data_dir: Path | None = None,
+async def service(name: str, checkout: Path, module: str, data_dir: Path,
                   env: dict[str, str] | None = None) -> AsyncIterator[Service]:
     """`python -m services.<module>` from `checkout` (its `services` package comes first on
     the path), on a free port, once ready."""
     port = free_port()
-    data_dir = data_dir or Path(tempfile.mkdtemp(prefix=f"bench-scoring-{name}-"))
     settings = LoomSettings(data_dir=data_dir)
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
@@ -108,8 +107,11 @@ async def service(name: str, checkout: Path, module: str, data_dir: Path | None 
         process.wait(timeout=60)
 
 
-def reward_service(name: str, checkout: Path) -> contextlib.AbstractAsyncContextManager[Service]:
-    return service(name, checkout, "reward")
+@contextlib.asynccontextmanager
+async def reward_service(name: str, checkout: Path) -> AsyncIterator[Service]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-scoring-{name}-") as data_dir:
+        async with service(name, checkout, "reward", Path(data_dir)) as started:
+            yield started
 
 
 @dataclass
@@ -202,25 +204,26 @@ async def rollout_requests(steps: int) -> RolloutCounts:
     from services.common.base_models import ensure_tiny_model
 
     model = ensure_tiny_model(REPO / ".loom-test-cache" / "models" / "tiny")
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-scoring-rollout-"))
     counts = RolloutCounts()
-    async with service("after", REPO, "reward", data_dir) as reward, service(
-            "after", REPO, "rollout", data_dir,
-            {"LOOM_REWARD_URL": reward.url, "LOOM_ROLLOUT_MODEL": str(model)}) as rollout:
-        tasks = [{"prompt": f"{a}+{a + 7}=", "reference": str(2 * a + 7)} for a in range(16)]
-        body = {"env": "arithmetic", "tasks": tasks, "group_size": GROUP_SIZE,
-                "params": {"max_tokens": 8, "temperature": 1.0}}
-        for step in range(steps + 1):  # the first warms the engine up
-            before = (await reward.server_seconds("/v1/score/batch"))[1]
-            started = time.perf_counter()
-            response = await rollout.client.post("/v1/rollouts", json=body)
-            wall = time.perf_counter() - started
-            assert response.status_code == 200, response.text
-            made = (await reward.server_seconds("/v1/score/batch"))[1] - before
-            if step:
-                counts.requests.append(made)
-                counts.walls.append(wall)
-                counts.unscored += response.text.count('"reward_error"')
+    with tempfile.TemporaryDirectory(prefix="bench-scoring-rollout-") as temp:
+        data_dir = Path(temp)
+        async with service("after", REPO, "reward", data_dir) as reward, service(
+                "after", REPO, "rollout", data_dir,
+                {"LOOM_REWARD_URL": reward.url, "LOOM_ROLLOUT_MODEL": str(model)}) as rollout:
+            tasks = [{"prompt": f"{a}+{a + 7}=", "reference": str(2 * a + 7)} for a in range(16)]
+            body = {"env": "arithmetic", "tasks": tasks, "group_size": GROUP_SIZE,
+                    "params": {"max_tokens": 8, "temperature": 1.0}}
+            for step in range(steps + 1):  # the first warms the engine up
+                before = (await reward.server_seconds("/v1/score/batch"))[1]
+                started = time.perf_counter()
+                response = await rollout.client.post("/v1/rollouts", json=body)
+                wall = time.perf_counter() - started
+                assert response.status_code == 200, response.text
+                made = (await reward.server_seconds("/v1/score/batch"))[1] - before
+                if step:
+                    counts.requests.append(made)
+                    counts.walls.append(wall)
+                    counts.unscored += response.text.count('"reward_error"')
     return counts
 
 
@@ -231,8 +234,9 @@ def report(results: dict[tuple[str, str, str], Samples], args: argparse.Namespac
         "# Scoring cost: reward service before and after (issue 38)",
         "",
         f"`python -m bench.scoring --rounds {args.rounds} --steps {args.steps} "
-        f"--base {args.base}`: both services run at once as processes (`python -m "
-        "services.reward`, default settings: 2 workers), the `before` one from a checkout of "
+        f"--base {args.base} --rollout-steps {args.rollout_steps}`: both services run at once "
+        "as processes (`python -m services.reward`, default settings: 2 workers), the `before` "
+        "one from a checkout of "
         f"`{args.base}`, rounds interleaved. A step is {GROUPS} groups of {GROUP_SIZE} short "
         "arithmetic answers. Server time: the service's own latency histogram (request in to "
         "response start), per request. Client wall: medians.",
