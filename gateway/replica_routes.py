@@ -10,10 +10,9 @@ from fastapi import APIRouter, Path, Response
 from fastapi.responses import JSONResponse
 
 from gateway.deps import AdminKey, ReplicasDep, ServiceCaller, UpstreamsDep
-from gateway.schemas import ReplicaList, ReplicaPublic
 from services.common.errors import NotFound
 from services.common.schemas import Health
-from services.rollout.schemas import ReplicaHeartbeat
+from services.rollout.schemas import ReplicaHeartbeat, ReplicaList, ReplicaPublic
 
 router = APIRouter(prefix="/v1", tags=["replicas"])
 ReplicaId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
@@ -21,6 +20,13 @@ ReplicaId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 
 @router.get("/rollout/replicas", response_model=ReplicaList)
 async def list_replicas(_admin: AdminKey, replicas: ReplicasDep) -> ReplicaList:
+    return ReplicaList(replicas=replicas.public())
+
+
+@router.get("/internal/replicas", response_model=ReplicaList)
+async def peer_table(_caller: ServiceCaller, replicas: ReplicasDep) -> ReplicaList:
+    """The routing table for the replicas themselves: a replica fetches a version's files from
+    one that already holds it (`services.rollout.fanout`)."""
     return ReplicaList(replicas=replicas.public())
 
 

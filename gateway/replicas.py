@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx2
 
-from gateway.schemas import ReplicaPublic
-from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat
+from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat, ReplicaPublic
 
 STATIC_ID = "static"
 VersionHeld = tuple[str | None, int]  # (job id, number); (None, 0) is the base model

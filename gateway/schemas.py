@@ -9,7 +9,6 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from services.common.schemas import Health, LenientModel, StrictModel
-from services.rollout.schemas import LoadedVersion
 from services.trainer.schemas import LoraConfig, TrainingMode
 
 
@@ -179,27 +178,3 @@ class ApiKeyList(LenientModel):
 class StackHealth(LenientModel):
     status: str
     services: dict[str, Health]
-
-
-class ReplicaPublic(LenientModel):
-    """A rollout replica as the gateway routes to it."""
-
-    id: str
-    url: str
-    static: bool = Field(description="The configured LOOM_ROLLOUT_URL, serving while no "
-                         "replica has registered")
-    ready: bool
-    set_aside: bool = Field(description="A connection failed since its last heartbeat: no "
-                            "request goes to it until the next one")
-    versions: list[LoadedVersion]
-    requests_in_flight: int = Field(description="As the replica last reported")
-    tokens_in_flight: int
-    gateway_in_flight: int = Field(description="This gateway's requests open on it")
-    routed: int = Field(description="Requests this gateway sent it")
-    failures: int = Field(description="Connections that failed")
-    heartbeat_s: float
-    last_heartbeat_s_ago: float | None
-
-
-class ReplicaList(LenientModel):
-    replicas: list[ReplicaPublic]

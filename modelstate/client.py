@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from modelstate.blobstore import check_relative_path, hash_file
 from modelstate.schemas import (
     FileRef,
     GcReport,
+    ManifestFile,
     PendingVersion,
     PinList,
     PublishRequest,
@@ -155,11 +156,15 @@ class ModelStateClient:
         dest = Path(dest)
         for entry in version.files:
             target = dest / check_relative_path(entry.path)
-            if target.exists() and target.stat().st_size == entry.size:
-                continue
-            url = f"{_version_url(version.job_id, version.number)}/files/{quote(entry.path)}"
-            await download_file(self._service.http, url, target, entry)
+            if not (target.exists() and target.stat().st_size == entry.size):
+                await self.download_entry(version, entry, target)
         return dest
+
+    async def download_entry(self, version: Version, entry: ManifestFile, target: Path) -> None:
+        """One file of `version` into `target`, checked against its sha256; resumed from a
+        `.part` an earlier try (from here or from a peer with the same content) left."""
+        url = f"{_version_url(version.job_id, version.number)}/files/{quote(entry.path)}"
+        await download_file(self._service.http, url, target, entry)
 
     async def download_archive(self, version: Version, target: Path, *,
                                merge_lora: bool = False) -> Path:
@@ -232,17 +237,20 @@ class ModelStateClient:
 
 
 async def local_or_download(
-    version: Version, cache_dir: Path, *, client: ModelStateClient | None = None
+    version: Version, cache_dir: Path, *, client: ModelStateClient | None = None,
+    in_place: bool = True, fetch: Callable[[Version, Path], Awaitable[Path]] | None = None,
 ) -> Path:
     """A directory holding `version`'s files: the store's own one when it is on this host
-    (read in place, no copy), else a download into `cache_dir/<job>/<number>` (reused when
-    already complete, resumed when a previous download was cut off). Without `client`, one is
-    made from the `LOOM_*` settings."""
-    if version.local_path and matches_manifest(Path(version.local_path), version):
+    and `in_place` (read there, no copy), else a download into `cache_dir/<job>/<number>`
+    (reused when already complete, resumed when a previous download was cut off) by `fetch`,
+    or from the store. Without `client`, one is made from the `LOOM_*` settings."""
+    if in_place and version.local_path and matches_manifest(Path(version.local_path), version):
         return Path(version.local_path)
     dest = Path(cache_dir) / version.job_id / str(version.number)
     if matches_manifest(dest, version):
         return dest
+    if fetch is not None:
+        return await fetch(version, dest)
     own_client = client is None
     client = client or ModelStateClient.from_settings(LoomSettings())
     try:

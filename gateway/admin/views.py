@@ -18,12 +18,13 @@ from gateway.admin.charts import Chart, build_charts, charts_payload
 from gateway.admin.upstream import Fetched, ReplicaView
 from gateway.keys import KeyIdentity
 from gateway.replicas import ReplicaRegistry
-from gateway.schemas import Job, LoggedSample, ReplicaPublic
+from gateway.schemas import Job, LoggedSample
 from gateway.task_schemas import BackgroundTask
 from gateway.upstreams import Upstreams
 from modelstate.schemas import Version
 from services.common.db import in_transaction
 from services.common.errors import Forbidden
+from services.rollout.schemas import ReplicaPublic
 
 SAMPLES_SHOWN = 20
 VERSIONS_PER_PAGE = 20

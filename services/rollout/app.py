@@ -14,22 +14,24 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from modelstate.client import ModelStateClient, local_or_download
-from modelstate.schemas import Version
+from modelstate.client import ModelStateClient
 from services.common.app_factory import create_service_app
 from services.common.base_models import resolve_base_model
 from services.common.busy import BusyClock
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.errors import Unavailable
-from services.common.service_token import service_client, service_token
+from services.common.http import DEFAULT_TIMEOUT
+from services.common.service_token import service_client, service_headers, service_token
 from services.rollout import routes
 from services.rollout.agent_loop import AgentLoop
 from services.rollout.announce import Announcer
 from services.rollout.capture import Capture, TrajectoryStore
 from services.rollout.engine import RolloutEngine
+from services.rollout.fanout import Fetcher, GatewayPeers
 from services.rollout.openai import routes as openai_routes
 from services.rollout.openai.chat import ChatCompletions
 from services.rollout.openai.completions import Completions
@@ -56,11 +58,12 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
             resolve_base_model, settings.rollout_model, settings.data_dir)
         engine = RolloutEngine(settings, model_path, busy)
         store = ModelStateClient.from_settings(settings)
-
-        async def materialize(version: Version) -> Path:
-            return await local_or_download(version, settings.cache_dir, client=store)
-
-        versions = Versions(engine, store, materialize, base_model=settings.rollout_model,
+        gateway = service_client(settings, "gateway", retries=0)  # the next beat is the retry
+        peers = httpx2.AsyncClient(headers=service_headers(settings), timeout=DEFAULT_TIMEOUT)
+        fetcher = Fetcher(store, GatewayPeers(gateway, settings.url_of("rollout")), peers,
+                          settings.cache_dir, in_place=settings.rollout_store_local_reads)
+        app.state.held_files = fetcher.held
+        versions = Versions(engine, store, fetcher.materialize, base_model=settings.rollout_model,
                             base_path=model_path, max_loras=settings.rollout_max_loras)
         sampler = Sampler(engine, versions)
         url = settings.database_url_for("rollout")
@@ -82,7 +85,6 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         app.state.rollouts = Rollouts(agent_loop, versions)
 
         keeper = PinKeeper(store, holder_name(settings.url_of("rollout")), versions.pinned_keys)
-        gateway = service_client(settings, "gateway", retries=0)  # the next beat is the retry
 
         def heartbeat() -> ReplicaHeartbeat:
             resident = versions.resident()
@@ -119,7 +121,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
             engine.shutdown()
             database.dispose()
             await asyncio.gather(store.aclose(), sandbox.aclose(), reward.aclose(),
-                                 gateway.aclose())
+                                 gateway.aclose(), peers.aclose())
 
     async def readiness() -> dict[str, Any]:
         engine: RolloutEngine = app.state.engine

@@ -9,6 +9,7 @@ from fastapi import Depends
 from services.common.deps import app_state
 from services.rollout.announce import Announcer
 from services.rollout.capture import Capture
+from services.rollout.fanout import HeldFiles
 from services.rollout.openai.chat import ChatCompletions
 from services.rollout.openai.completions import Completions
 from services.rollout.openai.serving import OpenAIServing
@@ -24,3 +25,4 @@ ChatDep = Annotated[ChatCompletions, Depends(app_state("chat"))]
 RolloutsDep = Annotated[Rollouts, Depends(app_state("rollouts"))]
 CaptureDep = Annotated[Capture, Depends(app_state("capture"))]
 AnnouncerDep = Annotated[Announcer, Depends(app_state("announcer"))]
+HeldFilesDep = Annotated[HeldFiles, Depends(app_state("held_files"))]

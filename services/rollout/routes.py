@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
-from fastapi.responses import StreamingResponse
+from typing import Annotated
 
-from services.rollout.deps import AnnouncerDep, CaptureDep, RolloutsDep, SamplerDep, VersionsDep
+from fastapi import APIRouter, Path, Response
+from fastapi.responses import FileResponse, StreamingResponse
+
+from services.common.errors import NotFound
+from services.rollout.deps import (
+    AnnouncerDep,
+    CaptureDep,
+    HeldFilesDep,
+    RolloutsDep,
+    SamplerDep,
+    VersionsDep,
+)
+from services.rollout.fanout import SHA256_PATTERN
 from services.rollout.openai.routes import TrajectoryId
 from services.rollout.schemas import (
     CapturedTrajectory,
@@ -82,3 +93,15 @@ async def drain(announcer: AnnouncerDep) -> Response:
     nothing new is routed here. Stop the process afterwards."""
     await announcer.drain()
     return Response(status_code=204)
+
+
+@router.get("/blobs/{sha256}", response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+async def blob(held: HeldFilesDep, sha256: Annotated[str, Path(pattern=SHA256_PATTERN)]
+               ) -> FileResponse:
+    """A file of a version this replica holds, by content, for a peer replica fetching the
+    version (`services.rollout.fanout`); Range requests are honoured, so a fetch resumes."""
+    path = held.path(sha256)
+    if path is None:
+        raise NotFound(f"This replica holds no file with sha256 {sha256}.", {"sha256": sha256})
+    return FileResponse(path, media_type="application/octet-stream")

@@ -305,3 +305,27 @@ class ReplicaHeartbeat(StrictModel):
                                   description="Prompt tokens plus token budgets of those requests")
     heartbeat_s: float = Field(gt=0, le=3600, description="Its interval: a replica silent for "
                                "a few intervals leaves the routing table")
+
+
+class ReplicaPublic(LenientModel):
+    """A rollout replica as the gateway routes to it."""
+
+    id: str
+    url: str
+    static: bool = Field(description="The configured LOOM_ROLLOUT_URL, serving while no "
+                         "replica has registered")
+    ready: bool
+    set_aside: bool = Field(description="A connection failed since its last heartbeat: no "
+                            "request goes to it until the next one")
+    versions: list[LoadedVersion]
+    requests_in_flight: int = Field(description="As the replica last reported")
+    tokens_in_flight: int
+    gateway_in_flight: int = Field(description="This gateway's requests open on it")
+    routed: int = Field(description="Requests this gateway sent it")
+    failures: int = Field(description="Connections that failed")
+    heartbeat_s: float
+    last_heartbeat_s_ago: float | None
+
+
+class ReplicaList(LenientModel):
+    replicas: list[ReplicaPublic]

@@ -75,6 +75,11 @@ class RolloutSettings(LoomSettings):
         default=None, description="Where the replicas of one host hold their core slots (a "
         "directory they all see: containers on one host mount the same one). Default: "
         "<temp dir>/loom-rollout-cores.")
+    rollout_store_local_reads: bool = Field(
+        default=True, description="Read a version's files where the store keeps them when that "
+        "directory is on this host (no copy). False: copy them into rollout_cache_dir from a "
+        "replica that holds the version, else from the store, as a replica on another host "
+        "does.")
     rollout_announce: bool = Field(
         default=True, description="Register with the gateway (LOOM_GATEWAY_URL) and heartbeat, "
         "so it routes to this replica by its versions and load.")

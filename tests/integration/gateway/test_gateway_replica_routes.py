@@ -1,6 +1,7 @@
 """The replica routes refuse whoever may not use them, and bad input changes nothing: the
 heartbeat needs the service token (an API key, even the admin's, is not one), the routing
-table is for admins, malformed ids and bodies are 4xx."""
+table is for admins (and, under /v1/internal, for the replicas with the token), malformed ids
+and bodies are 4xx."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ async def test_replica_routes_refuse_bad_callers_and_bad_input(stack: Stack) -> 
         assert (await admin.delete("/v1/internal/replicas/r2", headers=token)).status_code == 404
         listed = (await admin.get("/v1/rollout/replicas")).json()["replicas"]
         assert [r["id"] for r in listed if not r["static"]] == ["r1"]
+        # The replicas' own copy of the table (where to fetch a version from) takes the token.
+        assert (await admin.get("/v1/internal/replicas")).status_code == 401
+        async with stack.client(user_key) as user:
+            assert (await user.get("/v1/internal/replicas")).status_code == 401
+        peers = await admin.get("/v1/internal/replicas", headers=token)
+        assert peers.status_code == 200, peers.text
+        assert [r["id"] for r in peers.json()["replicas"]] == ["r1"]
 
 
 def _raw_put(stack: Stack, path: str, headers: dict[str, str]) -> int:
