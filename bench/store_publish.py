@@ -10,7 +10,14 @@ random bytes (new content every time) beside the small files a Hugging Face dire
 (config, generation config, tokenizer: the same content every time, as in training). Arms
 alternate repeat by repeat, so drift hits both alike.
 
+A second table: the store's whole share of `POST /v1/versions` for the tiny model's size
+(`link_pending` + `publish`) over a run of `--run-versions` publishes, as a fast training loop
+makes them, now and before issue 38: each publish then looked at every pending directory of
+the last ten minutes (and every file in them) for expired ones; now that happens once a minute.
+Both arms run in the same process, alternating publish by publish, each on a store of its own.
+
     .venv/bin/python -m bench.store_publish [--repeats 40] [--weights-mb 1 100]
+        [--run-versions 300]
 """
 
 from __future__ import annotations
@@ -28,7 +35,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from modelstate.app import ALEMBIC_DIR, VERSION_TABLE
-from modelstate.blobstore import BlobStore
+from modelstate.blobstore import (
+    PENDING_PREFIX,
+    PENDING_SWEEP_S,
+    PENDING_TTL_S,
+    BlobStore,
+    is_older_than,
+)
 from modelstate.schemas import PublishRequest, VersionKind
 from modelstate.store import ModelStore
 from services.common.db import make_engine, make_sessionmaker, migrate, scratch_database
@@ -102,6 +115,67 @@ def measure(backend: str, weights_bytes: int, repeats: int, work: Path) -> dict[
             "raw_p50": 1000 * raw_p50, "ratio": publish_p50 / raw_p50}
 
 
+def sweep_every_publish(blobs: BlobStore) -> None:
+    """The pending sweep as `BlobStore.link_pending` made it before issue 38, at every call."""
+    for old in blobs.tmp.glob(f"{PENDING_PREFIX}*"):
+        if is_older_than(old, PENDING_TTL_S):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def measure_run(weights_bytes: int, versions: int, work: Path) -> dict[str, list[float]]:
+    """Seconds of link_pending + publish for each publish of a run, by arm."""
+    constants = {name: os.urandom(size) for name, size in CONSTANT_FILES.items()}
+    stores, engines = {}, []
+    for arm in ("before", "now"):
+        url = f"sqlite:///{work / f'{arm}.db'}"
+        migrate(url, ALEMBIC_DIR, VERSION_TABLE)
+        engines.append(make_engine(url))
+        stores[arm] = ModelStore(make_sessionmaker(engines[-1]),
+                                 BlobStore(work / f"blobs-{arm}", 1 << 40))
+    times: dict[str, list[float]] = {arm: [] for arm in stores}
+    for step in range(versions):
+        for arm, store in stores.items():
+            name = store.blobs.new_staging_name()
+            write_version(store.blobs.staging / name, weights_bytes, constants)
+            request = PublishRequest(job_id="bench", kind=VersionKind.full, base_model="m",
+                                     step=step, staged=name)
+            start = time.perf_counter()
+            if arm == "before":
+                sweep_every_publish(store.blobs)
+            store.link_pending(request)
+            store.publish(request)
+            times[arm].append(time.perf_counter() - start)
+    for engine in engines:
+        engine.dispose()
+    return times
+
+
+def report_run(times: dict[str, list[float]], weights_bytes: int) -> str:
+    versions = len(times["now"])
+    parts = [(f"publishes 1-{versions // 10}", slice(0, versions // 10)),
+             (f"publishes {versions - versions // 10 + 1}-{versions}",
+              slice(versions - versions // 10, versions)),
+             (f"all {versions}", slice(0, versions))]
+    lines = [
+        "", f"## The store's share of a publish over a run of {versions} versions "
+        f"({weights_bytes / MiB:.1f} MiB of weights, SQLite)", "",
+        "`link_pending` + `publish`, as `POST /v1/versions` calls them (without HTTP). "
+        "*before*: every publish first looks through the pending directories of the last "
+        f"{PENDING_TTL_S / 60:.0f} minutes, as before issue 38; *now*: once every "
+        f"{PENDING_SWEEP_S:.0f} s. Load average at the end: {os.getloadavg()[0]:.1f} (a shared "
+        "machine: times are upper bounds).", "",
+        "| publishes | before p50 ms | now p50 ms | before mean ms | now mean ms |",
+        "|---|---|---|---|---|",
+    ]
+    for label, part in parts:
+        before, now = times["before"][part], times["now"][part]
+        lines.append(f"| {label} | {1000 * statistics.median(before):.1f} | "
+                     f"{1000 * statistics.median(now):.1f} | "
+                     f"{1000 * statistics.fmean(before):.1f} | "
+                     f"{1000 * statistics.fmean(now):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(rows: list[tuple[str, int, dict[str, float]]], repeats: int) -> str:
     lines = [
         f"# Staged publish vs the bytes made durable once ({repeats} repeats, "
@@ -129,6 +203,9 @@ def main() -> None:
     parser.add_argument("--weights-mb", type=float, nargs="+", default=[1, 100])
     parser.add_argument("--databases", nargs="+", choices=["sqlite", "postgresql"],
                         default=["sqlite", "postgresql"])
+    parser.add_argument("--run-versions", type=int, default=300)
+    parser.add_argument("--run-weights-mb", type=float, default=3.15,
+                        help="the tiny model's weight file")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     rows = []
@@ -139,6 +216,10 @@ def main() -> None:
                 rows.append((backend, size, measure(backend, size, args.repeats, Path(temp))))
                 print(backend, size_mb, rows[-1][2], flush=True)
     table = report(rows, args.repeats)
+    if args.run_versions:
+        with tempfile.TemporaryDirectory(prefix="loom-store-bench-") as temp:
+            size = int(args.run_weights_mb * MiB)
+            table += report_run(measure_run(size, args.run_versions, Path(temp)), size)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)
     print(table)

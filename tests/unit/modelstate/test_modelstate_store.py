@@ -305,12 +305,15 @@ def test_a_staged_publish_links_its_files_for_early_readers(store: ModelStore) -
     assert Path(str(version.local_path), "sub", "w.bin").stat().st_ino == early.stat().st_ino
 
     old = time.time() - PENDING_TTL_S - 1
-    os.utime(early, (old, old))
-    os.utime(early.parent, (old, old))
     os.utime(pending.local_path, (old, old))
     later = store.blobs.new_staging_name()
     (store.blobs.staging / later / "w.bin").write_bytes(b"more")
     assert store.link_pending(request.model_copy(update={"staged": later})) is not None
-    assert not Path(pending.local_path).exists()
+    assert Path(pending.local_path).exists()  # swept at most once every PENDING_SWEEP_S
+    restarted = ModelStore(store.sessions, BlobStore(store.blobs.root, 1 << 30))
+    again = restarted.blobs.new_staging_name()
+    (restarted.blobs.staging / again / "w.bin").write_bytes(b"more")
+    assert restarted.link_pending(request.model_copy(update={"staged": again})) is not None
+    assert not Path(pending.local_path).exists()  # a store's first publish sweeps
     assert store.link_pending(request.model_copy(update={
         "staged": None, "files": [FileRef(path="w.bin", sha256=sha(b"more"), size=4)]})) is None
