@@ -9,7 +9,8 @@ gateway process. Both arms run in the same run on the same replicas, round by ro
 Each round sends `--concurrency` sample calls at once, `--batches` times; tokens/s = completion
 tokens returned / wall time. Routing cost: `--calls` sequential `POST /v1/rollout/tokenize`
 (no engine work) through the gateway and straight to a replica, alternating; p50/p99 of each
-and of the difference. Fan-out of version files between replicas is not built yet: not measured.
+and of the difference. Fan-out of version files between replicas (services/rollout/fanout.py) is
+not measured here yet.
 Writes bench/results/replicas.md.
 
     .venv/bin/python -m bench.replicas [--rounds 3] [--concurrency 16] [--batches 3]
@@ -191,7 +192,8 @@ def report(args: argparse.Namespace, arms: dict[str, list[tuple[int, float]]],
         "<= 2 ms on loopback). The gateway's part includes API-key auth (cached), the "
         "routing decision, reading the body and a second HTTP hop.",
         "",
-        "Fan-out of version files between replicas: not measured (not built yet).",
+        "Fan-out of version files between replicas (services/rollout/fanout.py): not measured "
+        "here yet.",
         "",
     ]
     return "\n".join(lines)
