@@ -4,12 +4,14 @@ size 1 and 2 (`LOOM_TRAINER_WORLD_SIZE`), next to today's one-process trainer in
 A random-init Qwen2-shaped model ("100mb": 25M parameters, fp32) built locally, full
 fine-tuning, cross-entropy on rows of equal length, each rank one torch thread:
 - per rank: bytes of weights + gradients + AdamW moments it holds (its FSDP shards; exact
-  tensor sizes, read from the rank), and its peak RSS (VmHWM) over the run;
+  tensor sizes, read from the rank), its peak RSS (VmHWM) once the model is loaded (rank 0
+  reads the weights, the others build the model on the meta device and receive their
+  shards) and over the run;
 - step time: forward_backward + optim_step, median of the timed steps;
 - publish: save_weights' files (64 MB shards, one file gathered at a time, the files going
   round the ranks): time, and each rank's peak RSS during it over its RSS before.
 
-Writes bench/results/trainer_scale.md.
+Writes the first section of bench/results/trainer_scale.md (the sections after it stay).
 
     python -m bench.trainer_scale [--size 100mb] [--rows 8] [--tokens 128] [--steps 3]
 """
@@ -93,6 +95,7 @@ def sharded(world_size: int, spec: CreateModelRequest, data: list[Datum], steps:
     group.start()
     try:
         model, _ = RemoteRegistry(group).create(spec)
+        load_peak = [_status_kb(pid, "VmHWM") for pid in group.pids]
         step = _steps(model, data, steps)
         held = group.call("call", spec.job_id, "state_bytes", ())
         train_peak = [_status_kb(pid, "VmHWM") for pid in group.pids]
@@ -107,8 +110,9 @@ def sharded(world_size: int, spec: CreateModelRequest, data: list[Datum], steps:
         publish_peak = [_status_kb(pid, "VmHWM") for pid in group.pids]
     finally:
         group.stop()
-    ranks = [{"train_peak_mb": t / 1024, "publish_extra_mb": (p - b) / 1024}
-             for t, b, p in zip(train_peak, before, publish_peak, strict=True)]
+    ranks = [{"load_peak_mb": load / 1024, "train_peak_mb": t / 1024,
+              "publish_extra_mb": (p - b) / 1024}
+             for load, t, b, p in zip(load_peak, train_peak, before, publish_peak, strict=True)]
     return {"arm": f"{world_size} rank{'s' if world_size > 1 else ''} (FSDP2, gloo)",
             "step_s": step, "held": held, "publish_s": publish, "ranks": ranks}
 
@@ -125,9 +129,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, params: int,
         f"cross-entropy, full fine-tuning, {args.steps} timed steps (median). The machine has "
         "2 cores shared with other work: times are noisy, memory is not.", "",
         "| arm | weights+grads+AdamW held per rank (MB) | vs one process | step (s) | "
-        "publish (s) | per-rank peak RSS, run (MB) | per-rank publish peak over RSS "
-        "before (MB) |",
-        "|---|---|---|---|---|---|---|",
+        "publish (s) | per-rank peak RSS, loaded (MB) | per-rank peak RSS, run (MB) | "
+        "per-rank publish peak over RSS before (MB) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         held = sum(row["held"].values())
@@ -136,12 +140,14 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, params: int,
             f"| {row['arm']} | {held / MB:.1f} ({row['held']['weights'] / MB:.1f} + "
             f"{row['held']['gradients'] / MB:.1f} + {row['held']['optimizer'] / MB:.1f}) | "
             f"{held / sum(one.values()):.2f}x | {row['step_s']:.2f} | {row['publish_s']:.2f} | "
+            + (", ".join(f"{r['load_peak_mb']:.0f}" for r in ranks) or "-") + " | "
             + (", ".join(f"{r['train_peak_mb']:.0f}" for r in ranks) or "-") + " | "
             + (", ".join(f"{r['publish_extra_mb']:.0f}" for r in ranks) or "-") + " |")
     lines += ["", "Held bytes are the tensors' own sizes on rank 0 after a forward_backward "
               "(FSDP2 splits every parameter's first dimension; rank 1 holds the same to "
               "within one row per tensor). Peak RSS includes torch, transformers and the gloo "
-              "buffers of a rank, and the whole model each rank loads before it shards it. A "
+              "buffers of a rank; rank 0 reads the whole model from disk before it hands each "
+              "rank its shards, the other ranks never hold it whole. A "
               "publish gathers one file at a time (at most 64 MB of whole tensors here); its "
               "peak over the RSS before it is small because the allocator reuses the memory "
               "the step's activations freed.", ""]
@@ -166,7 +172,9 @@ def main() -> None:
         rows += [sharded(n, spec, data, args.steps, work) for n in (1, 2)]
         params = rows[0]["held"]["weights"] // 4  # fp32
         text = report(rows, args, params, file_mb)
-    RESULTS.write_text(text)
+    previous = RESULTS.read_text() if RESULTS.exists() else ""
+    later = previous.find("\n## ")  # sections written by hand after this one
+    RESULTS.write_text(text + (previous[later:] if later >= 0 else ""))
     print(text)
 
 

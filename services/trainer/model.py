@@ -8,13 +8,13 @@ Every method runs on the operation queue's worker thread, one at a time per mode
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import peft
 import torch
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from services.common.errors import Conflict, InvalidInput
@@ -67,6 +67,19 @@ def load_causal_lm(path: str, device: torch.device) -> PreTrainedModel:
     return model.to(device)
 
 
+def empty_causal_lm(path: str) -> PreTrainedModel:
+    """The model `load_causal_lm` loads, its weights not read (on the meta device, where a
+    sharded rank builds it, not even allocated)."""
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"Cannot load base model {path!r}: {exc}") from exc
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with suppress(OSError):  # as from_pretrained: the model's own, where it has one
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model
+
+
 class TrainerModel:
     def __init__(self, spec: CreateModelRequest, model_path: str, device: torch.device,
                  host: LoraHost | None, micro_batch_tokens: int,
@@ -81,7 +94,7 @@ class TrainerModel:
         self._host = host if spec.mode == TrainingMode.lora else None
         self._full: PreTrainedModel | None = None
         if self._host is None:
-            self._full = self.parallel.wrap(load_causal_lm(model_path, device))
+            self._full = self._load_base()
             base = self._full
             self._named = [(n, p) for n, p in base.named_parameters() if p.requires_grad]
         else:
@@ -268,6 +281,12 @@ class TrainerModel:
                 group.update(hyper)
         return self._optimizer
 
+    def _load_base(self) -> PreTrainedModel:
+        """The base model as this process trains it (on a rank: only its shards)."""
+        return self.parallel.load(lambda: empty_causal_lm(self.model_path),
+                                  lambda device: load_causal_lm(self.model_path, device),
+                                  self.device)
+
     def _loss(self, network: torch.nn.Module, batch: Batch, config: LossConfig, *,
               backward: bool) -> tuple[float, dict[str, float], torch.Tensor]:
         """The loss on `batch` under `network`'s mode (train or eval), its metrics, and the
@@ -358,8 +377,7 @@ class TrainerModel:
                 with network.disable_adapter():
                     return self._logprobs(network, batch, temperature)
             if self._frozen_reference is None:
-                self._frozen_reference = self.parallel.wrap(
-                    load_causal_lm(self.model_path, self.device)).eval()
+                self._frozen_reference = self._load_base().eval()
                 self._frozen_reference.requires_grad_(False)
             return self._logprobs(self._frozen_reference, batch, temperature)
 

@@ -11,6 +11,7 @@ rank runs the same passes and their collectives pair up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 import torch
@@ -28,6 +29,14 @@ class SingleProcess:
     def wrap(self, model: M) -> M:
         """The model as the ranks train it (sharded across them, in their precision)."""
         return model
+
+    def load(self, empty: Callable[[], M], whole: Callable[[torch.device], M],
+             device: torch.device) -> M:
+        """The model as the ranks train it, with the weights `whole` reads (from disk, onto a
+        device); `empty` builds the same model without reading any (on the meta device, it
+        allocates nothing), for ranks that need only their shards. One process reads it whole
+        onto `device`."""
+        return self.wrap(whole(device))
 
     def share(self, rows: list[int]) -> list[int]:
         """This rank's rows of a micro-batch."""

@@ -12,11 +12,13 @@ yet): their adapters' gradients are summed by an all-reduce at the optimizer ste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -61,6 +63,29 @@ class Sharded(SingleProcess):
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)  # a sum: see the module's docstring
                 module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        return model
+
+    def load(self, empty: Callable[[], M], whole: Callable[[torch.device], M],
+             device: torch.device) -> M:
+        """Every rank builds the model on the meta device and shards it, allocating only its
+        own shards; rank 0 alone reads the whole model (into CPU memory) and hands it round a
+        tensor at a time, each rank keeping its shard (`broadcast_from_rank0`): no other rank
+        ever holds the whole model. `device` is the rank's own (`self.device`)."""
+        with torch.device("meta"):
+            model = empty()
+        model = self.wrap(model)
+        model.to_empty(device=self.device)
+        source = whole(torch.device("cpu")) if self.rank == 0 else None
+        with torch.no_grad():
+            set_model_state_dict(model, {} if source is None else source.state_dict(),
+                                 options=StateDictOptions(full_state_dict=True,
+                                                          broadcast_from_rank0=True))
+            # Buffers outside the state dict (rotary frequencies) came out of the meta device
+            # unset: rank 0's, as the loaded model computed them.
+            for name, buffer in model.named_buffers():
+                if source is not None:
+                    buffer.copy_(source.get_buffer(name))
+                dist.broadcast(buffer, src=0)
         return model
 
     def share(self, rows: list[int]) -> list[int]:
