@@ -264,7 +264,8 @@ def test_bf16_with_activation_checkpointing_trains_near_fp32(
 async def test_the_trainer_service_runs_on_two_ranks(
         tmp_path: Path, tiny_model_dir: Path, modelstate_client: ModelStateClient) -> None:
     """LOOM_TRAINER_WORLD_SIZE=2 through the HTTP API: the same routes and results, a version
-    published from the ranks' files."""
+    published from the ranks' files; after a rank dies, the failed operation's error and the
+    model's info say which checkpoint the model was reloaded from."""
     settings = TrainerSettings(data_dir=tmp_path / "trainer", trainer_device="cpu",
                                trainer_world_size=2, trainer_collective_timeout_s=60)
     app = create_app(settings, modelstate=modelstate_client)
@@ -283,3 +284,21 @@ async def test_the_trainer_service_runs_on_two_ranks(
         assert saved["number"] == 1 and saved["step"] == 1
         version = await modelstate_client.get_version(JOB_FULL, 1)
         assert any(f.path.endswith(".safetensors") for f in version.files)
+
+        await trainer.run(JOB_FULL, "save_state", {"name": "after-1"})
+        saved = (await trainer.run(JOB_FULL, "forward", {"data": data}))["logprobs"]
+        await trainer.run(JOB_FULL, "forward_backward", {"data": data})
+        await trainer.run(JOB_FULL, "optim_step", {})
+        os.kill(trainer.service.registry.group.pids[1], signal.SIGKILL)  # type: ignore[union-attr]
+        failed = await trainer.wait((await trainer.submit(
+            JOB_FULL, "forward_backward", {"data": data}))["id"])
+        assert failed["status"] == "failed"
+        assert failed["error"]["code"] == "trainer_rank_failed"
+        assert failed["error"]["detail"]["rank"] == 1
+        assert failed["error"]["detail"]["restored"]["checkpoint"] == "after-1"
+        info = (await http.get(f"/v1/models/{JOB_FULL}")).json()
+        assert info["step"] == 1
+        assert (info["restored"]["checkpoint"], info["restored"]["step"]) == ("after-1", 1)
+        again = (await trainer.run(JOB_FULL, "forward", {"data": data}))["logprobs"]
+        for row, expected in zip(again, saved, strict=True):
+            assert row == pytest.approx(expected, abs=1e-5)
