@@ -179,16 +179,23 @@ def test_a_rank_killed_mid_operation_fails_it_and_the_models_come_back_at_their_
         ranks: RemoteRegistry, tiny_model_dir: Path, tmp_path: Path) -> None:
     """The operation fails naming the dead rank (no hang); the ranks are started again and
     every model is reloaded from its last checkpoint (weights and AdamW moments: the next
-    step is the one taken after the save), or is back at its base where it had none; the
+    step is the one taken after the save; a full model's DCP shards, a LoRA adapter's files),
+    or is back at its base where it had none; the
     next operation of a model whose client was not told yet fails once, saying so."""
     data = uneven_data()
     model, _ = ranks.create(CreateModelRequest(job_id="killed", base_model=str(tiny_model_dir),
                                                mode=TrainingMode.full))
     bystander, _ = ranks.create(CreateModelRequest(
         job_id="bystander", base_model=str(tiny_model_dir), mode=TrainingMode.full))
+    adapter, _ = ranks.create(CreateModelRequest(
+        job_id="killed-lora", base_model=str(tiny_model_dir), mode=TrainingMode.lora))
     one_step(model, data)
     one_step(model, data)
     one_step(bystander, data)
+    one_step(adapter, data)
+    state_files.save_state(adapter, tmp_path, "lora-1")
+    adapter_saved = adapter.forward(data).logprobs
+    one_step(adapter, data)
     state_files.save_state(model, tmp_path, "after-2")
     saved = model.forward(data).logprobs
     third = one_step(model, data)
@@ -233,6 +240,12 @@ def test_a_rank_killed_mid_operation_fails_it_and_the_models_come_back_at_their_
     assert bystander.info().restored is not None and bystander.step == 0
     assert one_step(bystander, data)[1] > 0
     assert bystander.step == 1
+
+    with pytest.raises(RankFailed, match=r"killed-lora is back at its checkpoint 'lora-1'"):
+        adapter.forward(data)
+    assert adapter.step == 1
+    for row, expected in zip(adapter.forward(data).logprobs, adapter_saved, strict=True):
+        assert row == pytest.approx(expected, abs=1e-5)
 
 
 def test_bf16_with_activation_checkpointing_trains_near_fp32(
