@@ -29,6 +29,8 @@ BASE = (("modelstate", "modelstate"), ("trainer", "services.trainer"),
         ("reward", "services.reward"), ("sandbox", "services.sandbox"), ("gateway", "gateway"))
 WORKER = ("worker", "services.worker")
 READY_TIMEOUT_S = 900.0
+LIVENESS_EVERY_S = 5.0
+TASK_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,10 @@ def _options(name: str, cpus: float, gpus: float, *, restarts: int, spread: bool
     nodes as possible (rollout replicas: a node lost takes as few as it can)."""
     options: dict[str, Any] = {
         "name": name, "namespace": NAMESPACE, "lifetime": "detached", "num_cpus": cpus,
-        "num_gpus": gpus, "max_restarts": restarts, "get_if_exists": True}
+        "num_gpus": gpus, "max_restarts": restarts, "get_if_exists": True,
+        # Every method is idempotent: a call that met the actor restarting, or unreachable for
+        # a moment on a busy node (ActorUnavailableError), is sent again.
+        "max_task_retries": TASK_RETRIES}
     if spread:
         options["scheduling_strategy"] = "SPREAD"
     return options
@@ -111,7 +116,8 @@ def up(spec: ClusterSpec, replicas: int) -> dict[str, str]:
     # The worker waits for rollout before a run: it asks the gateway, which knows the replicas.
     ray.get(actors[WORKER[0]].start.remote(
         {**stack_env, "LOOM_ROLLOUT_URL": f"{urls['gateway']}/v1/internal/rollout"}))
-    _wait_ready({name: url for name, url in urls.items() if name != WORKER[0]})
+    _wait_ready(actors, {name: url for name, url in urls.items() if name != WORKER[0]},
+                spec.log_dir)
     return {**urls, **scale(spec, replicas)}
 
 
@@ -140,7 +146,7 @@ def scale(spec: ClusterSpec, replicas: int) -> dict[str, str]:
         ray.kill(handle)
     urls = {name: info["url"] for name, info in
             zip(added, ray.get([a.where.remote() for a in added.values()]), strict=True)}
-    _wait_ready(urls)
+    _wait_ready(added, urls, spec.log_dir)
     return urls
 
 
@@ -178,9 +184,15 @@ def down(spec: ClusterSpec) -> None:
         ray.kill(handle)
 
 
-def _wait_ready(urls: dict[str, str], timeout_s: float = READY_TIMEOUT_S) -> None:
+def _wait_ready(actors: dict[str, Any], urls: dict[str, str], log_dir: str,
+                timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Until every service answers `/readyz`; a service whose process exited fails at once,
+    naming its log (a vLLM start-up takes minutes: nobody should wait them out for a crash)."""
+    import ray
+
     deadline = time.monotonic() + timeout_s
     waiting = dict(urls)
+    next_liveness = time.monotonic() + LIVENESS_EVERY_S
     while waiting:
         for name, url in list(waiting.items()):
             try:
@@ -188,6 +200,13 @@ def _wait_ready(urls: dict[str, str], timeout_s: float = READY_TIMEOUT_S) -> Non
                     del waiting[name]
             except httpx2.TransportError:
                 pass
+        if waiting and time.monotonic() > next_liveness:
+            next_liveness = time.monotonic() + LIVENESS_EVERY_S
+            alive = ray.get([actors[name].alive.remote() for name in waiting])
+            dead = [name for name, up in zip(waiting, alive, strict=True) if not up]
+            if dead:
+                raise RuntimeError(f"exited while starting: {', '.join(dead)} (see "
+                                   + ", ".join(f"{log_dir}/{name}.log" for name in dead) + ")")
         if waiting and time.monotonic() > deadline:
             raise TimeoutError(f"not ready after {timeout_s:.0f} s: {', '.join(waiting)}")
         time.sleep(0.5)

@@ -14,6 +14,9 @@ def test_replicas_spread_and_restart_while_other_services_stay_put() -> None:
     assert replica["lifetime"] == "detached" and replica["namespace"] == "loom"
     gateway = _options("gateway", 0, 0, restarts=0)
     assert "scheduling_strategy" not in gateway and gateway["max_restarts"] == 0
+    # A control call (drain, stop, where) that meets an actor unreachable for a moment is
+    # sent again: a scale-down on a busy node failed on the first ActorUnavailableError.
+    assert replica["max_task_retries"] > 0 and gateway["max_task_retries"] > 0
 
 
 def test_the_stack_environment_names_the_data_the_token_and_every_url(tmp_path: Path) -> None:
