@@ -162,7 +162,7 @@ class RankGroup:
             reason = reason or "its connection closed"
         return RankFailed(
             f"Trainer rank {rank} of {self.world_size} failed during {operation} ({reason}). "
-            "The trainer restarted its ranks and reloaded each model's last checkpoint "
+            "The trainer starts its ranks again and reloads each model's last checkpoint "
             "(save_state or load_state), or its base weights where it had none; training since "
             "is lost (the model's info says where it is: `restored`).",
             {"rank": rank, "operation": operation})
