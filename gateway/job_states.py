@@ -6,7 +6,8 @@ running   → the trainer holds the job's model; the script trains and samples
 paused    → the owner paused it (a managed job's runner stops between steps); can resume
 completed → the script said it is done, or its managed run succeeded
 failed    → the trainer refused or could not be reached at creation, the script gave up, or
-            its managed run failed for good (`jobs.end_with_run`)
+            its managed run failed for good (`jobs.end_with_run`); retrying that run
+            reopens it (`reopen_job`)
 cancelled → the owner stopped it (or its managed run) for good
 """
 
@@ -25,6 +26,15 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.failed: frozenset(),
     JobStatus.cancelled: frozenset(),
 }
+
+
+def reopen_job(job: JobRow) -> None:
+    """The one way out of a final state: a `failed` job whose failed managed run is retried
+    runs again (`jobs.reopen_for_retry` decides when). Not a move anyone can ask for."""
+    require_transition({JobStatus.failed: frozenset({JobStatus.running})},
+                       JobStatus(job.status), JobStatus.running, f"Job {job.id}",
+                       {"job_id": job.id})
+    job.status = JobStatus.running.value
 
 
 def move_job(job: JobRow, target: JobStatus) -> None:

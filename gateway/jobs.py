@@ -12,7 +12,7 @@ from sqlalchemy import ColumnElement, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.job_logs import progress
-from gateway.job_states import TRANSITIONS, move_job
+from gateway.job_states import TRANSITIONS, move_job, reopen_job
 from gateway.keys import KeyIdentity
 from gateway.models import BackgroundTaskRow, JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
@@ -115,6 +115,25 @@ def end_with_run(session: Session, task: BackgroundTaskRow) -> None:
     job = session.get(JobRow, task.job_id, with_for_update=True)
     if job is not None and target in TRANSITIONS[JobStatus(job.status)]:
         move_job(job, target)
+        session.flush()
+
+
+def reopen_for_retry(session: Session, task: BackgroundTaskRow) -> None:
+    """Retrying the managed run that failed its job reopens the job (`failed` → `running`):
+    an operator's retry after an outage resumes the run from its last checkpoint, as retries
+    did before runs ended their jobs. Only that run, and only while it is the job's latest:
+    a job failed any other way (by its script, or at creation) stays failed."""
+    if (task.kind != TaskKind.recipe.value or task.job_id is None or task.attempts == 0
+            or task.status != TaskStatus.failed.value):
+        return
+    job = session.get(JobRow, task.job_id, with_for_update=True)
+    latest = session.scalar(
+        select(BackgroundTaskRow.id)
+        .where(BackgroundTaskRow.job_id == task.job_id,
+               BackgroundTaskRow.kind == TaskKind.recipe.value)
+        .order_by(BackgroundTaskRow.created_at.desc(), BackgroundTaskRow.id.desc()).limit(1))
+    if job is not None and job.status == JobStatus.failed.value and latest == task.id:
+        reopen_job(job)
         session.flush()
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.jobs import end_with_run, get_job_row, visible_to
+from gateway.jobs import end_with_run, get_job_row, reopen_for_retry, visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import BackgroundTaskRow, JobRow, utcnow
 from gateway.schemas import JobStatus
@@ -128,10 +128,11 @@ def cancel_task(session: Session, task_id: str, viewer: KeyIdentity) -> Backgrou
 
 def requeue_failed(session: Session, task_id: str, viewer: KeyIdentity) -> BackgroundTask:
     """A failed task queued again (its attempts keep counting); the caller sends it. A
-    managed run is retried only on a live job (a run that failed after starting failed its
-    job: `end_with_run`)."""
+    managed run is retried only on a live job; the run that failed its job (`end_with_run`)
+    reopens it (`reopen_for_retry`)."""
     row = get_task_row(session, task_id, viewer, lock=True)
     if row.kind == TaskKind.recipe.value and row.job_id is not None:
+        reopen_for_retry(session, row)
         check_run(session, row.job_id, RecipeParams.model_validate(row.params))
     move_task(row, TaskStatus.queued, utcnow())
     row.result = row.error = None

@@ -208,11 +208,17 @@ async def test_a_run_that_fails_for_good_fails_its_job_and_a_cancelled_run_cance
         assert (done["status"], done["attempts"]) == ("failed", 1), done
         assert "vocabulary" in done["error"]["message"]
         assert await job_status(http, job_id) == "failed"
-        # The job is over: neither a retry of its run nor a new run is taken.
-        retried = await http.post(f"/v1/tasks/{task['id']}/retry")
-        assert retried.status_code == 409 and "failed" in retried.json()["error"]["message"]
+        # The job is over: a new run is not taken...
         again = await http.post(f"/v1/jobs/{job_id}/tasks", json=sft(steps=2, checkpoint_every=1))
-        assert again.status_code == 409
+        assert again.status_code == 409 and "failed" in again.json()["error"]["message"]
+        # ...but retrying the run that failed it reopens it (an operator's retry after an
+        # outage resumes the run), and the run failing again fails the job again.
+        retried = await http.post(f"/v1/tasks/{task['id']}/retry")
+        assert retried.status_code == 202, retried.text
+        assert await job_status(http, job_id) == "running"
+        done = await wait_for_task(http, task["id"], DONE, timeout_s=180)
+        assert (done["status"], done["attempts"]) == ("failed", 2), done
+        assert await job_status(http, job_id) == "failed"
 
         other = await run_stack.create_job(http)
         await http.post(f"/v1/jobs/{other}/status", json={"status": "paused"})  # held at step 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.jobs import end_with_run
+from gateway.jobs import end_with_run, reopen_for_retry
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE, BackgroundTaskRow, JobRow, utcnow
 from services.common.db import make_sessionmaker, transaction
 from tests.conftest import migrated_engine
@@ -64,3 +64,40 @@ def test_a_job_moved_meanwhile_moves_only_where_its_states_allow(
                      attempts=1) == "cancelled"
     assert job_after(sessions, job="completed", kind="recipe", task="failed",
                      attempts=1) == "completed"
+
+
+def job_after_retry(sessions: sessionmaker[Session], *, job: str, runs: list[tuple[str, int]],
+                    retried: int) -> str:
+    """The job's status after the run `runs[retried]` (status, attempts) is retried."""
+    with transaction(sessions) as session:
+        row = JobRow(name="j", base_model="m", mode="lora", config={}, status=job)
+        session.add(row)
+        session.flush()
+        tasks = [BackgroundTaskRow(job_id=row.id, kind="recipe", params={}, status=status,
+                                   attempts=attempts, created_at=utcnow())
+                 for status, attempts in runs]
+        for task in tasks:
+            session.add(task)
+            session.flush()
+        reopen_for_retry(session, tasks[retried])
+        return row.status
+
+
+def test_retrying_the_run_that_failed_its_job_reopens_the_job(
+        sessions: sessionmaker[Session]) -> None:
+    assert job_after_retry(sessions, job="failed", runs=[("failed", 1)], retried=0) == "running"
+    assert job_after_retry(sessions, job="failed", runs=[("succeeded", 1), ("failed", 3)],
+                           retried=1) == "running"
+
+
+def test_a_job_failed_any_other_way_stays_failed(sessions: sessionmaker[Session]) -> None:
+    # an earlier run, not the one that ended the job
+    assert job_after_retry(sessions, job="failed", runs=[("failed", 1), ("failed", 1)],
+                           retried=0) == "failed"
+    # a run that never started did not fail the job (its script or creation did)
+    assert job_after_retry(sessions, job="failed", runs=[("failed", 0)], retried=0) == "failed"
+    # other final states are final
+    assert job_after_retry(sessions, job="cancelled", runs=[("failed", 1)],
+                           retried=0) == "cancelled"
+    assert job_after_retry(sessions, job="completed", runs=[("failed", 1)],
+                           retried=0) == "completed"
