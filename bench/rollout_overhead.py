@@ -172,9 +172,9 @@ class Placement:
 # --- the direct arm: a bare AsyncLLM in its own process ---------------------------------------
 
 def engine_env(settings: RolloutSettings) -> dict[str, str]:
-    """What the rollout engine sets in its environment before vLLM spawns its processes."""
-    return {"VLLM_CPU_KVCACHE_SPACE": str(settings.rollout_kv_cache_gib),
-            BUSY_POLL_ENV: str(settings.rollout_cpu_busy_poll_ms)}
+    """What the rollout engine sets in its environment before vLLM spawns its processes (the
+    KV cache's size travels in `engine_args`)."""
+    return {BUSY_POLL_ENV: str(settings.rollout_cpu_busy_poll_ms)}
 
 
 async def direct_generate(llm: AsyncLLM, prompt: list[int],

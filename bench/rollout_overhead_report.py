@@ -232,9 +232,9 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         f"{settings.rollout_dtype}, enforce_eager={settings.rollout_enforce_eager}, "
         f"max_model_len {settings.rollout_max_model_len}, LoRA on (max rank "
         f"{settings.rollout_max_lora_rank}, {settings.rollout_max_loras} slots), seed "
-        f"{settings.rollout_seed}) and its environment (VLLM_CPU_KVCACHE_SPACE="
-        f"{settings.rollout_kv_cache_gib}, {BUSY_POLL_ENV}={settings.rollout_cpu_busy_poll_ms:g}"
-        "), given the service's own vLLM SamplingParams (`services.rollout.sampling."
+        f"{settings.rollout_seed}, a {settings.kv_cache_bytes >> 20} MiB KV cache) and its "
+        f"environment ({BUSY_POLL_ENV}={settings.rollout_cpu_busy_poll_ms:g}), given the "
+        "service's own vLLM SamplingParams (`services.rollout.sampling."
         "vllm_params`: logprobs=0, final output only, no detokenizing in vLLM), `generate()` "
         "per request, all at once, then each sample's text made as the service makes it "
         "(`services.rollout.sampling.span_texts`, once per sample).",

@@ -63,7 +63,6 @@ class RolloutEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # Read by the engine processes vLLM spawns, so they must be set before they start.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.rollout_kv_cache_gib)
         os.environ[BUSY_POLL_ENV] = str(self.settings.rollout_cpu_busy_poll_ms)
         if current_platform.is_cpu():
             settings = self.settings
@@ -262,7 +261,7 @@ def engine_args(settings: RolloutSettings, model_path: str) -> AsyncEngineArgs:
         gpu_memory_utilization=settings.rollout_gpu_memory_utilization,
         worker_extension_cls="services.rollout.worker_extension.LoomWorkerExtension",
         **_lora(settings),
-        **_cpu_scheduling(settings.rollout_max_model_len),
+        **_cpu_scheduling(settings),
     )
 
 
@@ -273,15 +272,21 @@ def _lora(settings: RolloutSettings) -> dict[str, Any]:
             "max_loras": settings.rollout_max_loras}
 
 
-def _cpu_scheduling(max_model_len: int) -> dict[str, Any]:
+def _cpu_scheduling(settings: RolloutSettings) -> dict[str, Any]:
     """On CPU, never split a prompt across engine steps. vLLM rewinds a seeded request's
     random generator after a partial prefill step, which the CPU generator cannot do
     (`RuntimeError: CPU Generator does not use offset`), and the engine dies: any seeded
     request arriving while more than a step's worth of prompt tokens is queued would kill it.
-    Whole prompts per step cost nothing here (no GPU memory peaks to smooth)."""
+    Whole prompts per step cost nothing here (no GPU memory peaks to smooth).
+    The KV cache is sized in bytes (`kv_cache_memory_bytes`): vLLM's VLLM_CPU_KVCACHE_SPACE
+    takes whole GiB, which is hundreds of times what a tiny model needs. vLLM lets that
+    variable override the argument, so it is dropped from the environment its processes
+    inherit."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return {}
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     return {"enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(CPU_BATCHED_TOKENS, max_model_len)}
+            "max_num_batched_tokens": max(CPU_BATCHED_TOKENS, settings.rollout_max_model_len),
+            "kv_cache_memory_bytes": settings.kv_cache_bytes}

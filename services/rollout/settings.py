@@ -5,10 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from services.common.base_models import TINY_MODEL
 from services.common.settings import LoomSettings
+
+MiB, GiB = 1 << 20, 1 << 30
+# The tiny model's K and V take 2 KiB a token (4 layers x 2 KV heads x 32 dims x 2 x 4 bytes):
+# 64 MiB holds a 16 x 8 GRPO batch of short rows twice over, and max_model_len rows 64 at once.
+TINY_MODEL_KV_CACHE_BYTES = 64 * MiB
 
 
 class RolloutSettings(LoomSettings):
@@ -17,8 +22,15 @@ class RolloutSettings(LoomSettings):
     )
     rollout_dtype: str = Field(default="float32", description="float32 on CPU; bfloat16 on GPU.")
     rollout_max_model_len: int = Field(default=512, ge=16)
-    rollout_kv_cache_gib: int = Field(
-        default=1, ge=1, description="KV cache GiB on CPU (sets VLLM_CPU_KVCACHE_SPACE)."
+    rollout_kv_cache_gib: float | None = Field(
+        default=None,
+        description="KV cache on CPU, in GiB; a fraction sizes it in MiB for small models "
+        "(0.0625 = 64 MiB), at least 1 MiB. Default: 64 MiB for `loom/tiny` (32k tokens of "
+        "that model: 256 of vLLM's 128-token CPU blocks), 1 GiB for any other model. The "
+        "engine fills all of it at start-up: at 1 GiB, the tiny model's vLLM worker held "
+        "1.8 GB RSS, at 64 MiB 0.8 GB. An engine given less than one max_model_len sequence "
+        "needs fails to start (its log says how much it needs). Unused on GPU (see "
+        "rollout_gpu_memory_utilization).",
     )
     rollout_cpu_busy_poll_ms: float = Field(
         default=20.0, ge=1,
@@ -90,6 +102,21 @@ class RolloutSettings(LoomSettings):
         default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
         description="This replica's name in the gateway's table. Default: host:port of "
         "LOOM_ROLLOUT_URL, which is also the URL it announces.")
+
+    @field_validator("rollout_kv_cache_gib")
+    @classmethod
+    def _at_least_a_mib(cls, value: float | None) -> float | None:
+        if value is not None and not value * GiB >= MiB:  # `not >=` also refuses NaN
+            raise ValueError(f"LOOM_ROLLOUT_KV_CACHE_GIB must be at least 1 MiB "
+                             f"({MiB / GiB}); got {value}.")
+        return value
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The CPU KV cache's size (vLLM's `kv_cache_memory_bytes`)."""
+        if self.rollout_kv_cache_gib is not None:
+            return int(self.rollout_kv_cache_gib * GiB)
+        return TINY_MODEL_KV_CACHE_BYTES if self.rollout_model == TINY_MODEL else GiB
 
     @property
     def cache_dir(self) -> Path:

@@ -7,11 +7,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx2
 import psutil
 import pytest
+from fastapi import FastAPI
 
 from modelstate.app import create_app as create_modelstate_app
 from modelstate.client import ModelStateClient
@@ -53,7 +55,16 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
         data_dir=tmp_path_factory.mktemp("rollout"), rollout_model=str(tiny_model_dir),
         modelstate_url=f"http://127.0.0.1:{modelstate_port}",
     )
-    app = create_app(settings)
+    async with serve_rollout(create_app(settings), settings) as client:
+        yield client
+    print("\nrollout timings:", json.dumps({k: round(v, 3) for k, v in TIMINGS.items()}))
+
+
+@asynccontextmanager
+async def serve_rollout(app: FastAPI,
+                        settings: RolloutSettings) -> AsyncIterator[httpx2.AsyncClient]:
+    """A client of the rollout app (built with `settings`) once its engine is ready;
+    afterwards, no engine process may be left."""
     earlier = frozenset(child.pid for child in psutil.Process().children(recursive=True))
     started = time.perf_counter()
     async with app.router.lifespan_context(app), httpx2.AsyncClient(
@@ -73,7 +84,6 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
     # vLLM's EngineCore and Worker are spawned processes (Python's resource tracker may stay).
     leftovers = vllm_children(ignore=earlier)
     assert not leftovers, f"engine processes left after shutdown: {leftovers}"
-    print("\nrollout timings:", json.dumps({k: round(v, 3) for k, v in TIMINGS.items()}))
 
 
 @pytest.fixture(scope="package")

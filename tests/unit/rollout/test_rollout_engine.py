@@ -95,3 +95,32 @@ def test_lora_layers_only_where_adapters_may_be_served(
     settings = RolloutSettings(rollout_max_loras=max_loras)
     config = engine_args(settings, str(tiny_model_dir)).create_engine_config()
     assert (config.lora_config.max_loras if config.lora_config else None) == lora_slots
+
+
+@pytest.mark.parametrize(("model", "gib", "kv_bytes"), [
+    ("loom/tiny", None, 64 << 20), ("/models/other", None, 1 << 30),
+    ("loom/tiny", 2, 2 << 30), ("/models/other", 1 / 1024, 1 << 20),
+    ("loom/tiny", 0.0625, 64 << 20),
+])
+def test_the_kv_cache_is_small_for_the_tiny_model_and_sized_in_bytes(
+        tiny_model_dir: Path, model: str, gib: float | None, kv_bytes: int) -> None:
+    settings = RolloutSettings(rollout_model=model, rollout_kv_cache_gib=gib)
+    assert settings.kv_cache_bytes == kv_bytes
+    args = engine_args(settings, str(tiny_model_dir))
+    assert args.kv_cache_memory_bytes == kv_bytes
+
+
+def test_vllms_gib_variable_cannot_override_the_setting(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU platform replaces `kv_cache_memory_bytes` with VLLM_CPU_KVCACHE_SPACE GiB
+    when that variable is set."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    settings = RolloutSettings(rollout_kv_cache_gib=1 / 64)
+    config = engine_args(settings, str(tiny_model_dir)).create_engine_config()
+    assert config.cache_config.kv_cache_memory_bytes == 16 << 20
+
+
+@pytest.mark.parametrize("gib", [0, -1, 0.5 / 1024, float("nan")])
+def test_a_kv_cache_under_a_mib_is_refused(gib: float) -> None:
+    with pytest.raises(ValueError, match="LOOM_ROLLOUT_KV_CACHE_GIB must be at least 1 MiB"):
+        RolloutSettings(rollout_kv_cache_gib=gib)
