@@ -145,7 +145,13 @@ def main() -> None:
                         "moments the machine is quiet)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="loom-bench-placement-"))
+    with tempfile.TemporaryDirectory(prefix="loom-bench-placement-") as temp:
+        rows, load = measure(args, Path(temp))
+    write(args, rows, load)
+
+
+def measure(args: argparse.Namespace,
+            work: Path) -> tuple[dict[str, list[float]], list[float]]:
     model = ensure_tiny_model(work / "models" / "tiny")
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     data = grpo_batch(vocab)
@@ -170,8 +176,7 @@ def main() -> None:
                      for name, t in timed(trainers, args.rounds).items()})
         load.append(os.getloadavg()[0])
         if args.trainer_only:
-            write(args, rows, load)
-            return
+            return rows, load
         with service("services.rollout", "rollout-auto", work, engine_env) as auto:
             with service("services.rollout", "rollout-all", work, {
                     **engine_env, "VLLM_CPU_OMP_THREADS_BIND": all_cores,
@@ -187,7 +192,7 @@ def main() -> None:
                 rows.update({f"{name}, engine sampling without pause (auto binding)": t
                              for name, t in timed(trainers, args.rounds).items()})
             load.append(os.getloadavg()[0])
-    write(args, rows, load)
+    return rows, load
 
 
 def write(args: argparse.Namespace, rows: dict[str, list[float]], load: list[float]) -> None:
