@@ -3,8 +3,10 @@ version table (set by `db.migrate`), type comparison on, SQLite batch mode for A
 
 from __future__ import annotations
 
+import hashlib
+
 from alembic import context
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, text
 
 from services.common.db import make_engine
 
@@ -29,6 +31,18 @@ def run_migrations(target_metadata: MetaData, default_version_table: str) -> Non
             render_as_batch=url.startswith("sqlite"),
         )
         with context.begin_transaction():
+            if connection.dialect.name == "postgresql":
+                # Replicas started at once migrate one shared database: without a lock two
+                # both find no version table and race to create it (one fails to start).
+                # The lock ends with the transaction; the one that waited finds it at head.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                                   {"key": migration_lock_key(version_table)})
             context.run_migrations()
         connection.commit()
     engine.dispose()
+
+
+def migration_lock_key(version_table: str) -> int:
+    """A PostgreSQL advisory lock key (a signed 64-bit integer) of one migration history."""
+    digest = hashlib.sha256(f"loom-migrations:{version_table}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
