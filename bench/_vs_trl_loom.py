@@ -15,13 +15,12 @@ import os
 import random
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from agents.algorithms import group_advantages, grpo, rl_datum
 from agents.sdk import AdamParams, Job, LoomClient, Pipeline, SamplingParams, ScoreItem
 from agents.tasks.arithmetic import Problem
-from bench._vs_trl_task import GrpoSetup, splits
+from bench._vs_trl_task import GrpoSetup, arm_arguments, splits
 
 STARTED = time.perf_counter()
 VERIFIER = "first_integer"  # the arithmetic environment's default, TRL's reward function
@@ -32,13 +31,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--api-key", default=os.environ.get("LOOM_API_KEY"))
-    parser.add_argument("--start", type=Path, required=True)
     parser.add_argument("--mode", choices=["sync", "async"], default="sync")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True)
+    arm_arguments(parser)
     args = parser.parse_args()
-    setup = GrpoSetup(seed=args.seed)
+    setup = GrpoSetup(seed=args.seed, lr=args.lr)
     with LoomClient(args.url, args.api_key) as loom, \
             loom.create_job(str(args.start), name=f"vs-trl-{args.mode}", mode="full") as job:
         record = run(loom, job, args.mode, args.steps, setup)

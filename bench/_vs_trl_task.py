@@ -4,6 +4,7 @@ tiny model after a short supervised warm-up, saved as a Hugging Face directory).
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import shutil
@@ -35,6 +36,15 @@ class GrpoSetup:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def arm_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every arm's process is given: the start, the steps, its file, seed and rate."""
+    parser.add_argument("--start", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=GrpoSetup.lr)
+    parser.add_argument("--out", type=Path, required=True)
 
 
 # The warm-up: the demo's SFT settings (ArithConfig's sft_* fields, weight decay, seed) and

@@ -16,19 +16,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench._vs_trl_task import GrpoSetup, hf_greedy_accuracy, reward, splits
+from bench._vs_trl_task import GrpoSetup, arm_arguments, hf_greedy_accuracy, reward, splits
 
 STARTED = time.perf_counter()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--start", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True)
+    arm_arguments(parser)
     args = parser.parse_args()
-    args.out.write_text(json.dumps(run(args.start, args.steps, GrpoSetup(seed=args.seed))))
+    setup = GrpoSetup(seed=args.seed, lr=args.lr)
+    args.out.write_text(json.dumps(run(args.start, args.steps, setup)))
 
 
 def run(start: Path, steps: int, setup: GrpoSetup) -> dict[str, Any]:

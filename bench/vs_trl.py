@@ -11,9 +11,9 @@ start and GRPO settings, arms interleaved round by round. Writes bench/results/v
   as TRL's reward function); held-out accuracy is greedy on the demo's 200 held-out problems,
   before and after the steps, outside the timed steps.
 - GRPO (bench/_vs_trl_task.py `GrpoSetup`): 16 prompts x 8 samples, 8 new tokens,
-  temperature 1, full weights, AdamW (lr 1e-3 constant, betas 0.9/0.999, weight decay 0.01,
-  gradient norm clipped at 1), group-normalised advantages (sample std), the clipped ratio
-  (0.2 both sides), each sequence's token mean averaged over sequences (TRL's
+  temperature 1, full weights, AdamW (lr 1e-3 constant unless --lr, betas 0.9/0.999, weight
+  decay 0.01, gradient norm clipped at 1), group-normalised advantages (sample std), the
+  clipped ratio (0.2 both sides), each sequence's token mean averaged over sequences (TRL's
   loss_type="grpo", Loom's `grpo()`), no KL, one optimizer step per batch.
 - Arms: `trl` (bench/_vs_trl_trl.py, one process, transformers generation on CPU, torch's
   own thread count), `loom-sync` (the demo's loop, bench/_vs_trl_loom.py) and `loom-async` (the
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--lr", type=float, default=GrpoSetup.lr, help="both arms' learning rate")
     parser.add_argument("--start", type=Path, default=REPO / "runs" / "bench_vs_trl" / "start")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -81,7 +82,7 @@ def measure(work: Path, start: Path, arms: list[str], args: argparse.Namespace
         for round_ in range(1, args.rounds + 1):
             order = arms if round_ % 2 else arms[::-1]
             for arm in order:
-                runs.append(run_arm(work, stack, start, arm, round_, args.steps))
+                runs.append(run_arm(work, stack, start, arm, round_, args))
                 print(f"round {round_} {arm}: {runs[-1].record['wall_s']:.1f} s, "
                       f"{runs[-1].peak_rss / 1e9:.2f} GB", flush=True)
     return runs, at_rest
@@ -100,7 +101,7 @@ def stack_pids(stack: LocalStack) -> list[int]:
 
 
 def run_arm(work: Path, stack: LocalStack, start: Path, arm: str, round_: int,
-            steps: int) -> Run:
+            args: argparse.Namespace) -> Run:
     """The arm's client process, its peak RSS (with the stack's, for Loom) sampled meanwhile."""
     out = work / f"{arm}-{round_}.json"
     if arm == "trl":
@@ -108,7 +109,8 @@ def run_arm(work: Path, stack: LocalStack, start: Path, arm: str, round_: int,
     else:
         command = ["-m", "bench._vs_trl_loom", "--url", stack.settings.gateway_url,
                    "--mode", arm.removeprefix("loom-")]
-    command += ["--start", str(start), "--steps", str(steps), "--out", str(out)]
+    command += ["--start", str(start), "--steps", str(args.steps), "--lr", str(args.lr),
+                "--out", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LOOM_API_KEY": stack.api_key}
     load_before = os.getloadavg()[0]
     with (work / f"{arm}-{round_}.log").open("w") as log:
@@ -125,6 +127,8 @@ def run_arm(work: Path, stack: LocalStack, start: Path, arm: str, round_: int,
 
 def write(args: argparse.Namespace, start: Path, runs: list[Run], stack: Stack,
           began: datetime) -> None:
+    raw = start.parent / f"runs-{began:%Y%m%dT%H%M}.json"  # every record, to render again
+    raw.write_text(json.dumps([asdict(r) for r in runs] + [asdict(stack)]))
     arms = summarize(runs)
     warm_up = json.loads((start / "start.json").read_text())
     threads = {r.record["threads"] for r in runs if "threads" in r.record}
@@ -133,8 +137,8 @@ def write(args: argparse.Namespace, start: Path, runs: list[Run], stack: Stack,
         f"{began:%Y-%m-%d %H:%M} UTC",
         "",
         f"Start: the tiny model after {warm_up['steps']} warm-up steps (validation accuracy "
-        f"{warm_up['validation_accuracy']:.1%}). Settings: {GrpoSetup().to_json()}. TRL's "
-        f"torch threads: {', '.join(map(str, sorted(threads))) or '-'}. The stack took "
+        f"{warm_up['validation_accuracy']:.1%}). Settings: {GrpoSetup(lr=args.lr).to_json()}. "
+        f"TRL's torch threads: {', '.join(map(str, sorted(threads))) or '-'}. The stack took "
         f"{stack.start_s:.0f} s to start and held {stack.rss / 1e9:.2f} GB RSS summed at rest "
         "before the first round. Start-up in the rounds table: the arm's process start to "
         "its first step (TRL: imports, model load, trainer; Loom: job creation; the held-out "
