@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 import psutil
 
-from gateway.cli.supervisor import Supervisor, terminate_on_sigterm
+from cli.supervisor import Supervisor, terminate_on_sigterm
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 

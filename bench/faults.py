@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx2
 
 from bench._stack import local_stack
-from gateway.cli.supervisor import SupervisionThread
+from cli.supervisor import SupervisionThread
 
 RESULTS = Path(__file__).parent / "results" / "faults.md"
 ORDER = ("trainer", "modelstate", "worker", "reward", "sandbox", "rollout", "gateway")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agents.algorithms import sft_datum
 from agents.sdk import AdamParams, Datum, Job, LoomClient, LoraConfig, SamplingParams
-from gateway.cli.supervisor import Supervisor
+from cli.supervisor import Supervisor
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 from services.common.tiny_model import MODEL_SIZES, build_random_model

@@ -221,7 +221,7 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         placement,
         "",
         "- **loom**: the real local stack (every service a local process, embedded defaults, "
-        "`gateway.cli.supervisor.Supervisor`), sampled with the SDK "
+        "`cli.supervisor.Supervisor`), sampled with the SDK "
         "(`AsyncLoomClient.sample(SampleRequest(...))`, job_id None = the base model) "
         "through the gateway → rollout `/v1/sample` → its `AsyncLLM`.",
         *(["- **loom, no gateway** (--breakdown): the same stack and requests, posted straight "

@@ -10,7 +10,7 @@ import pytest
 
 from agents.envs.python_tool import PYTHON_TOOL
 from agents.sdk import AdamParams, Datum, LoomClient
-from gateway.cli.supervisor import Supervisor
+from cli.supervisor import Supervisor
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 from services.rollout.tool_calls import format_tool_call

@@ -11,7 +11,7 @@ from typer.testing import CliRunner, Result
 
 from agents.algorithms import sft_datum
 from agents.sdk import AdamParams, LoomClient
-from gateway.cli.main import app
+from cli.main import app
 from modelstate.client import matches_manifest
 from services.common.ports import free_port
 

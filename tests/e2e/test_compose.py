@@ -163,7 +163,7 @@ def test_loom_demo_completes_against_the_stack_and_survives_a_restart(
         compose: Compose, tmp_path: Path) -> None:
     key = compose.env["LOOM_API_KEY"]
     demo = subprocess.run(
-        [sys.executable, "-m", "gateway.cli.main", "demo", "--url", GATEWAY,
+        [sys.executable, "-m", "cli.main", "demo", "--url", GATEWAY,
          "--out", str(tmp_path)],
         env={**os.environ, "LOOM_API_KEY": key}, cwd=ROOT, capture_output=True, text=True,
         timeout=1800)

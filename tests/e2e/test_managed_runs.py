@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agents.sdk import LoomClient
-from gateway.cli.main import app
+from cli.main import app
 from gateway.task_schemas import TaskStatus
 
 pytestmark = pytest.mark.e2e

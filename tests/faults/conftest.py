@@ -16,7 +16,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from gateway.cli.supervisor import STACK, SupervisionThread, Supervisor
+from cli.supervisor import STACK, SupervisionThread, Supervisor
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
 from tests.conftest import PG_ADMIN_URL, port_open, require

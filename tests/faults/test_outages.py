@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from gateway.cli import supervisor
-from gateway.cli.supervisor import SupervisionThread
+from cli import supervisor
+from cli.supervisor import SupervisionThread
 from tests.faults.conftest import DONE, Deployment, published_steps, task_of
 from tests.faults.test_managed_run_survives_kills import DATA, USED
 from tests.support.tcp_proxy import tcp_proxy

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx2
 
-from gateway.cluster import placement
-from gateway.cluster.placement import ClusterSpec
+from cli.cluster import placement
+from cli.cluster.placement import ClusterSpec
 from services.common.ports import free_port
 from services.common.settings import LoomSettings
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agents", "gateway", "modelstate", "services")
+PACKAGES = ("agents", "cli", "gateway", "modelstate", "services")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -38,6 +38,8 @@ def test_the_source_tree_keeps_every_contract(tree: Path) -> None:
 
 
 @pytest.mark.parametrize(("module", "planted", "contract"), [
+    # the gateway reaching up into the CLI
+    ("gateway/formatting.py", "import cli.common", "One way down"),
     # the service kit reaching up into the gateway
     ("services/common/errors.py", "import gateway.app", "One way down"),
     # a service reaching into a sibling it may not know

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gateway.cli.main import app
+from cli.main import app
 from services.common.tiny_model import is_tiny_model
 
 

@@ -17,8 +17,8 @@ import httpx2
 import psutil
 import pytest
 
-from gateway.cli import supervisor as supervisor_module
-from gateway.cli.supervisor import (
+from cli import supervisor as supervisor_module
+from cli.supervisor import (
     ServiceFailed,
     ServiceSpec,
     Supervisor,
@@ -74,7 +74,7 @@ def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
                                                 tmp_path: Path) -> None:
     gateway_url = ports_env["LOOM_GATEWAY_URL"]
     loom = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "up", "--only", "gateway",
+        [sys.executable, "-m", "cli.main", "up", "--only", "gateway",
          "--only", "modelstate"],
         env={**ports_env, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
@@ -91,7 +91,7 @@ def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
         assert len(services) >= 2
 
         status = subprocess.run(
-            [sys.executable, "-m", "gateway.cli.main", "status", "--url", gateway_url],
+            [sys.executable, "-m", "cli.main", "status", "--url", gateway_url],
             env={**ports_env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60,
         )
         assert status.returncode == 1, status.stdout + status.stderr  # degraded: 4 are absent

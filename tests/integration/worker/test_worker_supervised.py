@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx2
 
-from gateway.cli.supervisor import STACK, Supervisor, group_members
+from cli.supervisor import STACK, Supervisor, group_members
 from services.common.ports import free_port
 from services.common.settings import LoomSettings
 from services.worker.settings import WorkerSettings

@@ -1,7 +1,7 @@
 """One Loom service as a Ray actor: the actor runs the service as a process on its node
 (`python -m <module>`, an HTTP service on that node's address, as on one host) and lives as long
 as the process should. Ray places the actor by its resource request; the process dies with the
-actor (through `gateway.cluster.keeper`), and the actor's `stop` ends the process's whole
+actor (through `cli.cluster.keeper`), and the actor's `stop` ends the process's whole
 session (vLLM's engine processes included).
 
 Imported by Ray's workers: this module must not import Ray at module level (the CLI imports it
@@ -64,7 +64,7 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cluster.keeper", self.module], env=env,
+                [sys.executable, "-m", "cli.cluster.keeper", self.module], env=env,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self.url
 

@@ -1,5 +1,5 @@
 """The stack on an existing Ray cluster: every service a named, detached Ray actor
-(`gateway.cluster.actors.ServiceProcess`) in the `loom` namespace, placed by its resource
+(`cli.cluster.actors.ServiceProcess`) in the `loom` namespace, placed by its resource
 request, still an HTTP service. Rollout replicas are actors `rollout-0..N-1`: each announces
 itself to the gateway, so scaling is adding or removing actors, and Ray restarts a replica
 whose node died on another node (it comes back with a new URL and registers again).
@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx2
 
-from gateway.cluster.actors import ServiceProcess
+from cli.cluster.actors import ServiceProcess
 from services.common.service_token import service_token, token_environment
 from services.common.settings import LoomSettings
 

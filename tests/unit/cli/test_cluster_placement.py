@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.cluster.placement import ClusterSpec, _options, _urls_env
+from cli.cluster.placement import ClusterSpec, _options, _urls_env
 from services.common.settings import LoomSettings
 
 

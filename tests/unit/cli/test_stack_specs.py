@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.cli.supervisor import STACK, ServiceSpec
+from cli.supervisor import STACK, ServiceSpec
 
 
 def _spec(name: str) -> ServiceSpec:

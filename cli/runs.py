@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from agents.sdk import LoomClient
-from gateway.cli.common import (
+from cli.common import (
     ApiKeyOption,
     DataDirOption,
     UrlOption,

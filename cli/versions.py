@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from agents.sdk import Job, LoomClient
-from gateway.cli.common import (
+from cli.common import (
     ApiKeyOption,
     DataDirOption,
     UrlOption,

@@ -16,9 +16,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from gateway.cli import runs
-from gateway.cli.cluster import cluster_app
-from gateway.cli.common import (
+from cli import runs
+from cli.cluster.commands import cluster_app
+from cli.common import (
     ApiKeyOption,
     DataDirOption,
     UrlOption,
@@ -30,7 +30,7 @@ from gateway.cli.common import (
     gateway_answers,
     settings_for,
 )
-from gateway.cli.supervisor import (
+from cli.supervisor import (
     STACK,
     RunningService,
     ServiceFailed,
@@ -38,7 +38,7 @@ from gateway.cli.supervisor import (
     supervised_state,
     terminate_on_sigterm,
 )
-from gateway.cli.versions import versions_app
+from cli.versions import versions_app
 from gateway.schemas import StackHealth
 from services.common.service_token import ServiceTokenError
 
@@ -152,7 +152,7 @@ def fetch_health(url: str, api_key: str) -> StackHealth:
 @app.command()
 def config() -> None:
     """Print every LOOM_* setting with its default and meaning (Markdown)."""
-    from gateway.cli.settings_doc import settings_markdown
+    from cli.settings_doc import settings_markdown
 
     print(settings_markdown())
 
@@ -239,5 +239,5 @@ def demo(
     console.print(f"Demo finished in {result.wall_s:.0f} s; output in {out.resolve()}")
 
 
-if __name__ == "__main__":  # `python -m gateway.cli.main`
+if __name__ == "__main__":  # `python -m cli.main`
     app()

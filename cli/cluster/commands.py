@@ -1,4 +1,4 @@
-"""`loom cluster`: the stack on an existing Ray cluster (see `gateway.cluster.placement`)."""
+"""`loom cluster`: the stack on an existing Ray cluster (see `cli.cluster.placement`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gateway.cli.common import DataDirOption, console, fail
-from gateway.cluster import placement
-from gateway.cluster.placement import ClusterSpec
+from cli.cluster import placement
+from cli.cluster.placement import ClusterSpec
+from cli.common import DataDirOption, console, fail
 from services.common.settings import LoomSettings
 
 cluster_app = typer.Typer(help="Run Loom on a Ray cluster: each service a Ray actor.",

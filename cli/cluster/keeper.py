@@ -1,4 +1,4 @@
-"""`python -m gateway.cluster.keeper <module>`: runs `python -m <module>` and takes its whole
+"""`python -m cli.cluster.keeper <module>`: runs `python -m <module>` and takes its whole
 process group down with it. A Ray actor starts each service through a keeper: the keeper gets
 SIGTERM when the actor's process dies (a parent-death signal), as when the actor stops it, and
 then stops the service (SIGTERM, a grace period) and SIGKILLs what is left of the group, so no

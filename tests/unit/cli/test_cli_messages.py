@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import typer
 
-from gateway.cli.common import fail
+from cli.common import fail
 
 
 def test_fail_prints_the_message_as_is_and_exits_with_its_code(
