@@ -14,18 +14,18 @@ from starlette.middleware import Middleware
 from gateway import proxy, replica_routes, routes, tasks_routes
 from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
+from gateway.compat.tinker import routes as tinker_routes
+from gateway.compat.tinker.service import TinkerService
+from gateway.compat.weaver import routes as weaver_routes
+from gateway.compat.weaver.service import WeaverService
 from gateway.jobs import JobOwners
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
 from gateway.replica_transport import ReplicaTransport
 from gateway.schemas import parse_trackers
 from gateway.settings import GatewaySettings
-from gateway.tinker import routes as tinker_routes
-from gateway.tinker.service import TinkerService
 from gateway.trackers.mirror import TrackerMirror
 from gateway.trackers.mirror import attach as attach_trackers
 from gateway.upstreams import Upstreams
-from gateway.weaver import routes as weaver_routes
-from gateway.weaver.service import WeaverService
 from services.common.app_factory import create_service_app, token_digest
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.service_token import service_client, service_token

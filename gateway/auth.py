@@ -16,6 +16,8 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.compat.weaver.errors import error_response as weaver_error_response
+from gateway.compat.weaver.errors import is_weaver_path
 from gateway.keys import (
     KeyIdentity,
     authenticate,
@@ -25,8 +27,6 @@ from gateway.keys import (
     key_exists,
 )
 from gateway.settings import GatewaySettings
-from gateway.weaver.errors import error_response as weaver_error_response
-from gateway.weaver.errors import is_weaver_path
 from services.common.app_factory import error_response
 from services.common.db import in_transaction, transaction
 from services.common.errors import Unauthorized

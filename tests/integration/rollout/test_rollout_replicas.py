@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from gateway.app import create_app
+from gateway.compat.tinker import wire
 from gateway.settings import GatewaySettings
-from gateway.tinker import wire
 from services.common.ports import free_port
 from tests.support.rollout_process import RolloutProcess
 from tests.support.servers import serve_in_thread

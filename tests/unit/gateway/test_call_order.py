@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.futures import Futures
-from gateway.sdk_calls import CallOrder, numbered
+from gateway.compat.common.calls import CallOrder, numbered
+from gateway.compat.common.futures import Futures
 from services.common.errors import InvalidInput
 
 

@@ -7,12 +7,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from gateway.futures import Futures
-from gateway.sdk_calls import CLIENT_LOSS
-from gateway.tinker import wire
-from gateway.tinker.convert import TinkerDatum, loom_batch, sampling_params, tinker_datum
-from gateway.tinker.futures import PENDING, retrieve
-from gateway.tinker.schemas import TinkerSamplingParams
+from gateway.compat.common.calls import CLIENT_LOSS
+from gateway.compat.common.futures import Futures
+from gateway.compat.tinker import wire
+from gateway.compat.tinker.convert import TinkerDatum, loom_batch, sampling_params, tinker_datum
+from gateway.compat.tinker.futures import PENDING, retrieve
+from gateway.compat.tinker.schemas import TinkerSamplingParams
 from services.common.errors import InvalidInput, NotFound
 from services.rollout.schemas import Sample
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.futures import Futures
-from gateway.sdk_calls import CLIENT_LOSS, CallOrder
-from gateway.weaver import convert, operations, paths, schemas
+from gateway.compat.common.calls import CLIENT_LOSS, CallOrder
+from gateway.compat.common.futures import Futures
+from gateway.compat.weaver import convert, operations, paths, schemas
 from services.common.errors import InvalidInput, NotFound, Unavailable
 from services.trainer.schemas import LossName
 

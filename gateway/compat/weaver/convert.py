@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from gateway.sdk_calls import (
+from gateway.compat.common.calls import (
     CLIENT_LOSS,
     builtin_loss,
     check_shifted_targets,
     client_loss_datum,
 )
-from gateway.weaver import schemas
+from gateway.compat.weaver import schemas
 from services.common.errors import InvalidInput
 from services.rollout.schemas import SampleResponse, SamplingParams
 from services.trainer.schemas import LOSS_INPUTS, Datum, LossConfig

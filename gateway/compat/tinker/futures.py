@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.futures import Futures, Payload
+from gateway.compat.common.futures import Futures, Payload
 from services.common.errors import LoomError
 
 PENDING = object()  # retrieve's answer while the call still runs

@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from gateway.compat.weaver import schemas
+from gateway.compat.weaver.service import MODES, WeaverService
 from gateway.jobs import visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import JobRow
-from gateway.weaver import schemas
-from gateway.weaver.service import MODES, WeaverService
 from services.common.errors import NotFound
 
 JOB_PREFIX = "weaver "  # every Weaver model's job name starts so

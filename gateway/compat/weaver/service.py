@@ -17,10 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from gateway import job_logs, jobs
-from gateway.futures import Futures, Payload
-from gateway.keys import KeyIdentity
-from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
-from gateway.sdk_calls import (
+from gateway.compat.common.base_models import ServedModels
+from gateway.compat.common.calls import (
     CallOrder,
     Scoring,
     TrainerCalls,
@@ -33,8 +31,10 @@ from gateway.sdk_calls import (
     sample,
     user_input,
 )
-from gateway.sdk_models import ServedModels
-from gateway.weaver import convert, paths, schemas
+from gateway.compat.common.futures import Futures, Payload
+from gateway.compat.weaver import convert, paths, schemas
+from gateway.keys import KeyIdentity
+from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
 from services.common.errors import Conflict, InvalidInput, NotFound

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.futures import Futures, Payload
-from gateway.weaver.errors import retryable
+from gateway.compat.common.futures import Futures, Payload
+from gateway.compat.weaver.errors import retryable
 from services.common.errors import LoomError
 
 # Well under the SDK's 60 s read timeout.

@@ -17,10 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from gateway import jobs
-from gateway.futures import Futures, Payload
-from gateway.keys import KeyIdentity
-from gateway.schemas import JobCreate, JobStatus
-from gateway.sdk_calls import (
+from gateway.compat.common.base_models import ServedModels
+from gateway.compat.common.calls import (
     CallOrder,
     Scoring,
     TrainerCalls,
@@ -33,9 +31,11 @@ from gateway.sdk_calls import (
     sample,
     user_input,
 )
-from gateway.sdk_models import ServedModels
-from gateway.tinker import checkpoints, schemas, wire
-from gateway.tinker.convert import loom_batch, sampling_params, tinker_datum
+from gateway.compat.common.futures import Futures, Payload
+from gateway.compat.tinker import checkpoints, schemas, wire
+from gateway.compat.tinker.convert import loom_batch, sampling_params, tinker_datum
+from gateway.keys import KeyIdentity
+from gateway.schemas import JobCreate, JobStatus
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
 from services.common.errors import (

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.compat.tinker import schemas
 from gateway.jobs import visible_to
 from gateway.keys import KeyIdentity
 from gateway.models import ApiKeyRow, JobRow
 from gateway.schemas import JobStatus
-from gateway.tinker import schemas
 from services.common.errors import InvalidInput
 from services.trainer.schemas import LoraConfig, SaveStateRequest, StateCheckpoint
 

@@ -6,12 +6,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
+from gateway.compat.common.params import Limit, Offset
+from gateway.compat.tinker import runs, schemas
+from gateway.compat.tinker.futures import PENDING, failure, retrieve
+from gateway.compat.tinker.service import TinkerService
 from gateway.deps import CurrentKey
 from gateway.request_body import read_capped
-from gateway.sdk_params import Limit, Offset
-from gateway.tinker import runs, schemas
-from gateway.tinker.futures import PENDING, failure, retrieve
-from gateway.tinker.service import TinkerService
 from services.common.deps import app_state
 from services.common.errors import InvalidInput, NotFound
 

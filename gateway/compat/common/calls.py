@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from gateway.futures import Futures, Payload
+from gateway.compat.common.futures import Futures, Payload
 from gateway.keys import KeyIdentity
 from services.common.errors import (
     Forbidden,

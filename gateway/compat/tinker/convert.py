@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from gateway.sdk_calls import (
+from gateway.compat.common.calls import (
     CLIENT_LOSS,
     builtin_loss,
     check_shifted_targets,
     client_loss_datum,
 )
-from gateway.tinker import schemas, wire
+from gateway.compat.tinker import schemas, wire
 from services.common.errors import InvalidInput
 from services.rollout.schemas import SamplingParams
 from services.trainer.schemas import LOSS_INPUTS, Datum, LossConfig, LossName

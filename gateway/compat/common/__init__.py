@@ -1,0 +1,2 @@
+"""What the Tinker and Weaver layers share: ordered training calls, calls that answer later,
+the base models served and the listing parameters."""
