@@ -47,6 +47,10 @@ class Restored(LenientModel):
     checkpoint_job_id: str | None = Field(
         default=None, description="Whose checkpoint it was, when another job's (load_state "
         "with job_id).")
+    unreadable_checkpoint: str | None = Field(
+        default=None, description="The last checkpoint, when it could not be read back, and "
+        "why: the model came back at its base weights instead (load_state loads it again if "
+        "the cause has passed).")
     step: int
 
 

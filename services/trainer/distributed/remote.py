@@ -62,6 +62,7 @@ class RemoteModel:
         self.restored: Restored | None = None
         self._restored_after: RankFailed | None = None  # the failure `restored` followed
         self._untold = False  # restored, and its client not told yet
+        self._unreadable: str | None = None  # a checkpoint a re-forming could not read
 
     def info(self) -> ModelInfo:
         return self._info.model_copy(update={"step": self.step, "restored": self.restored,
@@ -119,14 +120,24 @@ class RemoteModel:
             point = None  # deleted or expired since: the base is all there is
         self.step = 0
         if point is not None:
-            self._read(point, lambda name, *args: run(("run", self.spec.job_id, name, args)))
+            try:
+                self._read(point, lambda name, *args: run(("run", self.spec.job_id, name, args)))
+            except Exception as exc:
+                # A checkpoint that cannot be read must not keep the trainer from forming
+                # again for every model: this re-forming fails, the next one brings this
+                # model back at its base and says why.
+                self.checkpointed = None
+                self._unreadable = f"{point.directory.name!r} ({exc})"
+                raise
         directory = None if point is None else point.directory
         self.restored = Restored(
             at=datetime.now(UTC), failed_rank=failure.detail["rank"],
             failed_operation=failure.detail["operation"], step=self.step,
             checkpoint=None if directory is None else directory.name,
             checkpoint_job_id=None if directory is None or directory.parent.name == self.spec.job_id
-            else directory.parent.name)
+            else directory.parent.name,
+            unreadable_checkpoint=None if directory is not None else self._unreadable)
+        self._unreadable = None
         self._restored_after, self._untold = failure, True
 
     def _read(self, point: Checkpointed, call: Callable[..., Any]) -> None:
@@ -156,7 +167,9 @@ class RemoteModel:
         restored = self.restored
         assert restored is not None
         if restored.checkpoint is None:
-            return f"model {self.spec.job_id} is back at its base weights (step 0)"
+            why = ("" if restored.unreadable_checkpoint is None else
+                   f" since its checkpoint {restored.unreadable_checkpoint} could not be read")
+            return f"model {self.spec.job_id} is back at its base weights (step 0){why}"
         return (f"model {self.spec.job_id} is back at its checkpoint {restored.checkpoint!r} "
                 f"(step {restored.step})")
 

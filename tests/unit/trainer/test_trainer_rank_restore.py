@@ -140,3 +140,31 @@ def test_loading_a_checkpoint_after_a_roll_back_needs_no_telling(tmp_path: Path)
     assert (m.step, m.last_version) == (3, 2)
     m.forward([])
     assert commands.sent[-1][:3] == ("call", "job", "forward")
+
+
+def test_an_unreadable_checkpoint_fails_one_re_forming_then_the_model_is_at_its_base(
+        tmp_path: Path) -> None:
+    commands = Commands()
+    m = model(commands)
+    m.step = 3
+    m.wrote_checkpoint(checkpoint(tmp_path, "job", "torn"), optimizer=True)
+
+    def unreadable(command: tuple[Any, ...]) -> None:
+        raise RankFailed("Trainer rank 0 of 2 failed during read_checkpoint (corrupt shard)",
+                         {"rank": 0, "operation": "read_checkpoint"})
+
+    with pytest.raises(RankFailed, match="corrupt shard"):
+        m.restore(unreadable, FAILURE)  # this re-forming fails: the group is stopped
+
+    m.restore(commands.run, FAILURE)  # the next one does not try that checkpoint again
+    assert commands.sent == []
+    assert m.step == 0
+    assert m.restored is not None and m.restored.checkpoint is None
+    assert m.restored.unreadable_checkpoint is not None
+    assert "'torn'" in m.restored.unreadable_checkpoint
+    assert "corrupt shard" in m.restored.unreadable_checkpoint
+    with pytest.raises(RankFailed, match=r"base weights \(step 0\) since its checkpoint 'torn'"):
+        m.forward([])
+
+    m.restore(commands.run, FAILURE)  # a later failure: nothing unreadable to report any more
+    assert m.restored.unreadable_checkpoint is None
