@@ -11,7 +11,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 
-from gateway import proxy, replica_routes, routes, tasks_routes
+from gateway import routes, tasks_routes
 from gateway.admin import install_admin
 from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
 from gateway.compat.tinker import routes as tinker_routes
@@ -20,12 +20,14 @@ from gateway.compat.weaver import routes as weaver_routes
 from gateway.compat.weaver.service import WeaverService
 from gateway.jobs import JobOwners
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
-from gateway.replica_transport import ReplicaTransport
+from gateway.proxy import replica_routes
+from gateway.proxy import routes as proxy_routes
+from gateway.proxy.replica_transport import ReplicaTransport
+from gateway.proxy.upstreams import Upstreams
 from gateway.schemas import parse_trackers
 from gateway.settings import GatewaySettings
 from gateway.trackers.mirror import TrackerMirror
 from gateway.trackers.mirror import attach as attach_trackers
-from gateway.upstreams import Upstreams
 from services.common.app_factory import create_service_app, token_digest
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.service_token import service_client, service_token
@@ -94,7 +96,7 @@ def create_app(settings: GatewaySettings | None = None,
     # call) comes before the SDK-compatible APIs and the admin pages, whose paths it cannot
     # match anyway.
     app = create_service_app("gateway", routers=[routes.router, tasks_routes.router,
-                                                 replica_routes.router, proxy.router,
+                                                 replica_routes.router, proxy_routes.router,
                                                  tinker_routes.router, weaver_routes.router],
                              lifespan=lifespan, readiness=readiness, service_token=None)
     app.state.settings = settings

@@ -12,10 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.auth import AuthCache
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
-from gateway.replicas import ReplicaRegistry
-from gateway.request_body import BodyLimits
+from gateway.proxy.replicas import ReplicaRegistry
+from gateway.proxy.request_body import BodyLimits
+from gateway.proxy.upstreams import Upstreams
 from gateway.settings import GatewaySettings
-from gateway.upstreams import Upstreams
 from services.common.app_factory import presents_token
 from services.common.db import transaction
 from services.common.deps import app_state

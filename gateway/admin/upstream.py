@@ -15,8 +15,8 @@ from typing import Generic, TypeVar
 import httpx2
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.replicas import Replica
-from gateway.upstreams import Upstreams
+from gateway.proxy.replicas import Replica
+from gateway.proxy.upstreams import Upstreams
 from modelstate.schemas import AliasName, MoveAlias, Version, VersionList
 from services.common.errors import InvalidInput, LoomError, Unavailable, UpstreamError
 from services.common.http import raise_for_envelope

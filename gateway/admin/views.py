@@ -17,10 +17,10 @@ from gateway.admin import upstream
 from gateway.admin.charts import Chart, build_charts, charts_payload
 from gateway.admin.upstream import Fetched, ReplicaView
 from gateway.keys import KeyIdentity
-from gateway.replicas import ReplicaRegistry
+from gateway.proxy.replicas import ReplicaRegistry
+from gateway.proxy.upstreams import Upstreams
 from gateway.schemas import Job, LoggedSample
 from gateway.task_schemas import BackgroundTask
-from gateway.upstreams import Upstreams
 from modelstate.schemas import Version
 from services.common.db import in_transaction
 from services.common.errors import Forbidden

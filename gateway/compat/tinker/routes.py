@@ -11,7 +11,7 @@ from gateway.compat.tinker import runs, schemas
 from gateway.compat.tinker.futures import PENDING, failure, retrieve
 from gateway.compat.tinker.service import TinkerService
 from gateway.deps import CurrentKey
-from gateway.request_body import read_capped
+from gateway.proxy.request_body import read_capped
 from services.common.deps import app_state
 from services.common.errors import InvalidInput, NotFound
 

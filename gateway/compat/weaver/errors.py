@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import Message
 
-from gateway.request_body import read_capped
+from gateway.proxy.request_body import read_capped
 from services.common.app_factory import validation_error
 from services.common.errors import LoomError
 

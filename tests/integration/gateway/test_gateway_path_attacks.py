@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from agents.sdk import AsyncLoomClient
 from gateway.app import create_app
-from gateway.proxy_target import proxy_target
+from gateway.proxy.target import proxy_target
 from gateway.settings import UPSTREAMS, GatewaySettings
 from services.common.errors import BadRequest
 from tests.support.servers import serve_in_thread

@@ -8,7 +8,7 @@ from gateway.auth import AuthCache, is_public, presented_secret
 from gateway.job_states import TRANSITIONS, move_job
 from gateway.keys import DISPLAY_CHARS, KeyIdentity, generate_secret, hash_secret
 from gateway.models import JobRow
-from gateway.proxy import NOT_FORWARDED, NOT_RETURNED, forwarded_headers
+from gateway.proxy.forward import NOT_FORWARDED, NOT_RETURNED, forwarded_headers
 from gateway.schemas import JobStatus
 from services.common.errors import InvalidTransition
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx2
 import pytest
 
-from gateway.proxy import guarded
+from gateway.proxy.forward import guarded
 
 
 class Breaks(httpx2.AsyncByteStream):

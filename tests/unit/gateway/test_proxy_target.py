@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gateway.proxy_target import proxy_target
+from gateway.proxy.target import proxy_target
 from services.common.errors import BadRequest
 
 

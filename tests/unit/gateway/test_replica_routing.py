@@ -8,9 +8,9 @@ import json
 import httpx2
 import pytest
 
-from gateway.replicas import ReplicaRegistry
-from gateway.routing import RouteKey, order, reads_body, route_key
-from gateway.upstreams import replicas_health
+from gateway.proxy.replicas import ReplicaRegistry
+from gateway.proxy.routing import RouteKey, order, reads_body, route_key
+from gateway.proxy.upstreams import replicas_health
 from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat
 
 STATIC = "http://127.0.0.1:8001"

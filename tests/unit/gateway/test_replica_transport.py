@@ -9,8 +9,8 @@ import json
 import httpx2
 import pytest
 
-from gateway.replica_transport import ReplicaTransport
-from gateway.replicas import ReplicaRegistry
+from gateway.proxy.replica_transport import ReplicaTransport
+from gateway.proxy.replicas import ReplicaRegistry
 from services.common.errors import Unavailable
 from services.common.http import ServiceClient
 from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat

@@ -1,7 +1,8 @@
-"""Sending a rollout call to a replica: picked by `gateway.routing`, retried on the next one
-when it cannot be reached (nothing started there), and counted while it runs so that
+"""Sending a rollout call to a replica: picked by `gateway.proxy.routing`, retried on the next
+one when it cannot be reached (nothing started there), and counted while it runs so that
 least-outstanding-work sees this gateway's own load at once. The proxy (`/v1/rollout/*`) and
-the gateway's own rollout client (`gateway.replica_transport`: Tinker, Weaver) both send here."""
+the gateway's own rollout client (`gateway.proxy.replica_transport`: Tinker, Weaver) both send
+here."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from dataclasses import dataclass
 
 import httpx2
 
-from gateway import routing
-from gateway.proxy_target import ProxyTarget
-from gateway.replicas import Replica, ReplicaRegistry
+from gateway.proxy import routing
+from gateway.proxy.replicas import Replica, ReplicaRegistry
+from gateway.proxy.target import ProxyTarget
 from services.common.errors import Unavailable, UpstreamError
 
 log = logging.getLogger(__name__)

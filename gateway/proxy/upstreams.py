@@ -6,7 +6,7 @@ import asyncio
 
 import httpx2
 
-from gateway.replicas import Replica, ReplicaRegistry
+from gateway.proxy.replicas import Replica, ReplicaRegistry
 from gateway.schemas import StackHealth
 from gateway.settings import UPSTREAMS, GatewaySettings
 from services.common.errors import NotFound

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
 
-from gateway.proxy_target import proxy_target
-from gateway.replica_proxy import send_routed
-from gateway.replicas import ReplicaRegistry
-from gateway.routing import AFFINITY_HEADER
+from gateway.proxy.replicas import ReplicaRegistry
+from gateway.proxy.routing import AFFINITY_HEADER
+from gateway.proxy.send import send_routed
+from gateway.proxy.target import proxy_target
 
 # The request was built for the client's placeholder base URL: its Host names no replica, and
 # the replica's own client frames the body it sends.

@@ -1,6 +1,6 @@
 """Rollout replicas: the routing table (admins), the heartbeat replicas send (service token)
 and rollout's readiness as a whole (open). Routes parse, call, return; the registry is
-`gateway.replicas`."""
+`gateway.proxy.replicas`."""
 
 from __future__ import annotations
 

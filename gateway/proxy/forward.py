@@ -13,26 +13,25 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
-from fastapi import APIRouter, Request
+from fastapi import Request
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from gateway import scopes
-from gateway.deps import BodyLimitsDep, CurrentKey, JobOwnersDep, UpstreamsDep
 from gateway.jobs import JobOwners
 from gateway.keys import KeyIdentity
-from gateway.proxy_target import ProxyTarget, proxy_target
-from gateway.replica_proxy import Sent, send, send_routed
-from gateway.request_body import BodyLimits, body_too_large, capped_stream, read_capped
-from gateway.routing import AFFINITY_HEADER
-from gateway.upstreams import Upstreams
+from gateway.proxy.request_body import BodyLimits, body_too_large, capped_stream, read_capped
+from gateway.proxy.routing import AFFINITY_HEADER
+from gateway.proxy.send import Sent, send, send_routed
+from gateway.proxy.target import ProxyTarget, proxy_target
+from gateway.proxy.upstreams import Upstreams
 from services.common.logs import request_id_var
 from services.common.schemas import ErrorBody, ErrorEnvelope
 from services.common.service_token import SERVICE_TOKEN_HEADER
 from services.rollout.schemas import RolloutEvent
 
 log = logging.getLogger(__name__)
-ROLLOUT = "rollout"  # routed over its replicas (`gateway.replica_proxy`)
+ROLLOUT = "rollout"  # routed over its replicas (`gateway.proxy.send`)
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -46,7 +45,6 @@ NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "x-api-key", "x-request-i
 NOT_RETURNED = HOP_BY_HOP | {"x-request-id"}
 # `/v1/<service>` before the service's own path.
 PREFIX_SEGMENTS = 2
-METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 async def forward(upstreams: Upstreams, service: str, request: Request, key: KeyIdentity,
@@ -162,16 +160,3 @@ def forwarded_headers(raw: list[tuple[bytes, bytes]], dropped: frozenset[str]
 
 def has_body(request: Request) -> bool:
     return "content-length" in request.headers or "transfer-encoding" in request.headers
-
-
-async def proxy(service: str, path: str, request: Request, upstreams: UpstreamsDep,
-                key: CurrentKey, owners: JobOwnersDep, limits: BodyLimitsDep
-                ) -> StreamingResponse:
-    """Forward to a Loom service: /v1/<service>/<rest> → <service>/v1/<rest>."""
-    return await forward(upstreams, service, request, key, owners, limits)
-
-
-router = APIRouter(tags=["proxy"])
-for _method in METHODS:  # one route per method, so each gets its own OpenAPI operation id
-    router.add_api_route("/v1/{service}/{path:path}", proxy, methods=[_method],
-                         operation_id=f"proxy_{_method.lower()}")

@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.replicas import Replica, VersionHeld
+from gateway.proxy.replicas import Replica, VersionHeld
 from services.rollout.openai.schemas import BASE_ALIAS, job_model
 
 AFFINITY_HEADER = "X-Loom-Affinity"
