@@ -248,6 +248,40 @@ def test_a_rank_killed_mid_operation_fails_it_and_the_models_come_back_at_their_
         assert row == pytest.approx(expected, abs=1e-5)
 
 
+def test_an_unreadable_checkpoint_does_not_keep_the_ranks_from_forming_again(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A model's last checkpoint torn on disk: the re-forming that tries it fails, the next
+    one brings that model back at its base and says why; the trainer works on."""
+    group = RankGroup(RankConfig(
+        world_size=2, master_port=0, data_dir=tmp_path / "ranks", device="cpu",
+        micro_batch_tokens=MICRO_BATCH_TOKENS, threads=1, sharding=Sharding(), timeout_s=30))
+    group.start()
+    try:
+        model, _ = RemoteRegistry(group).create(CreateModelRequest(
+            job_id="torn", base_model=str(tiny_model_dir), mode=TrainingMode.full))
+        data = uneven_data()
+        one_step(model, data)
+        state_files.save_state(model, tmp_path / "states", "torn-1")
+        shards = [p for p in (tmp_path / "states" / "torn" / "torn-1").rglob("*")
+                  if p.is_file() and p.name != "state.json"]
+        assert shards
+        for shard in shards:
+            shard.write_bytes(b"not a checkpoint")
+        os.kill(group.pids[1], signal.SIGKILL)
+        with pytest.raises(RankFailed, match="rank 1 of 2"):
+            model.forward(data)
+        with pytest.raises(RankFailed, match="base weights .* its checkpoint 'torn-1'"):
+            model.forward(data)
+        restored = model.info().restored
+        assert restored is not None and restored.checkpoint is None
+        assert restored.unreadable_checkpoint is not None
+        assert model.step == 0
+        assert one_step(model, data)[1] > 0
+        assert model.step == 1
+    finally:
+        group.stop()
+
+
 def test_bf16_with_activation_checkpointing_trains_near_fp32(
         one_process: ModelRegistry, tiny_model_dir: Path, tmp_path: Path) -> None:
     """bf16 compute (fp32 master weights, reductions and moments) with activation
