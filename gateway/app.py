@@ -13,7 +13,9 @@ from starlette.middleware import Middleware
 
 from gateway import routes, tasks_routes
 from gateway.admin import install_admin
-from gateway.auth import ApiKeyAuthMiddleware, AuthCache, bootstrap_admin_key
+from gateway.auth import routes as auth_routes
+from gateway.auth.bootstrap import bootstrap_admin_key
+from gateway.auth.middleware import ApiKeyAuthMiddleware, AuthCache
 from gateway.compat.tinker import routes as tinker_routes
 from gateway.compat.tinker.service import TinkerService
 from gateway.compat.weaver import routes as weaver_routes
@@ -32,6 +34,7 @@ from services.common.app_factory import create_service_app, token_digest
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.service_token import service_client, service_token
 from services.common.settings import LoomSettings
+from services.worker import models as worker_models
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
 
@@ -48,6 +51,10 @@ def create_app(settings: GatewaySettings | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.database_url_for("gateway")
         await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
+        # The worker's tables too: the gateway inserts tasks when it dispatches them, and
+        # may start before any worker (the worker migrates them at its start as well).
+        await run_in_threadpool(migrate, url, worker_models.ALEMBIC_DIR,
+                                worker_models.VERSION_TABLE)
         engine = make_engine(url)
         app.state.sessions = make_sessionmaker(engine)
         app.state.trackers = TrackerMirror(
@@ -95,9 +102,10 @@ def create_app(settings: GatewaySettings | None = None,
     # over the /v1/{service} proxy. Routes are matched in order, so the proxy (every sample
     # call) comes before the SDK-compatible APIs and the admin pages, whose paths it cannot
     # match anyway.
-    app = create_service_app("gateway", routers=[routes.router, tasks_routes.router,
-                                                 replica_routes.router, proxy_routes.router,
-                                                 tinker_routes.router, weaver_routes.router],
+    app = create_service_app("gateway", routers=[routes.router, auth_routes.router,
+                                                 tasks_routes.router, replica_routes.router,
+                                                 proxy_routes.router, tinker_routes.router,
+                                                 weaver_routes.router],
                              lifespan=lifespan, readiness=readiness, service_token=None)
     app.state.settings = settings
     install_admin(app, settings)  # /admin: pages, static files, session signer

@@ -9,9 +9,9 @@ from celery import Celery
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.auth import AuthCache
+from gateway.auth.keys import KeyIdentity
+from gateway.auth.middleware import AuthCache
 from gateway.jobs import JobOwners
-from gateway.keys import KeyIdentity
 from gateway.proxy.replicas import ReplicaRegistry
 from gateway.proxy.request_body import BodyLimits
 from gateway.proxy.upstreams import Upstreams

@@ -1,4 +1,4 @@
-"""The gateway's own API: jobs, API keys, the stack's health. Routes parse, call, return."""
+"""The gateway's own API: jobs and the stack's health. Routes parse, call, return."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
 
-from gateway import health, job_logs, jobs, keys
+from gateway import health, job_logs, jobs
 from gateway.deps import (
-    AdminKey,
-    AuthCacheDep,
     CurrentKey,
     SessionDep,
     SessionsDep,
@@ -17,10 +15,6 @@ from gateway.deps import (
     TrainerDep,
 )
 from gateway.schemas import (
-    ApiKeyCreate,
-    ApiKeyCreated,
-    ApiKeyList,
-    ApiKeyPublic,
     Job,
     JobCreate,
     JobList,
@@ -102,25 +96,6 @@ def get_samples(job_id: str, key: CurrentKey, session: SessionDep,
                 limit: Annotated[int, Query(ge=1, le=1_000)] = 50) -> JobSamples:
     job = jobs.get_job_row(session, job_id, key)
     return JobSamples(job_id=job.id, samples=job_logs.recent_samples(session, job.id, limit))
-
-
-@router.post("/keys", response_model=ApiKeyCreated, status_code=status.HTTP_201_CREATED,
-             tags=["keys"])
-def create_key(body: ApiKeyCreate, _admin: AdminKey, session: SessionDep) -> ApiKeyCreated:
-    return keys.create_key(session, body.name, body.admin)
-
-
-@router.get("/keys", response_model=ApiKeyList, tags=["keys"])
-def list_keys(_admin: AdminKey, session: SessionDep) -> ApiKeyList:
-    return ApiKeyList(keys=keys.list_keys(session))
-
-
-@router.delete("/keys/{key_id}", response_model=ApiKeyPublic, tags=["keys"])
-def revoke_key(key_id: str, _admin: AdminKey, session: SessionDep,
-               cache: AuthCacheDep) -> ApiKeyPublic:
-    revoked = keys.revoke_key(session, key_id)
-    cache.evict(key_id)
-    return revoked
 
 
 @router.get("/health", response_model=StackHealth, tags=["ops"])

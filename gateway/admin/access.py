@@ -28,7 +28,7 @@ from gateway.admin.session import (
     same_origin,
 )
 from gateway.admin.templating import login_redirect, render_error
-from gateway.keys import KeyIdentity, active_identity, authenticate
+from gateway.auth.keys import KeyIdentity, active_identity, authenticate
 from services.common.db import in_transaction
 from services.common.errors import LoomError
 

@@ -16,7 +16,7 @@ from gateway import job_logs, jobs, tasks
 from gateway.admin import upstream
 from gateway.admin.charts import Chart, build_charts, charts_payload
 from gateway.admin.upstream import Fetched, ReplicaView
-from gateway.keys import KeyIdentity
+from gateway.auth.keys import KeyIdentity
 from gateway.proxy.replicas import ReplicaRegistry
 from gateway.proxy.upstreams import Upstreams
 from gateway.schemas import Job, LoggedSample

@@ -3,7 +3,7 @@
 Method, query string, headers and body go through; the body is streamed both ways, so an SSE
 stream from rollout reaches the client event by event. Hop-by-hop headers, `Host` and the
 client's credentials stay behind (services trust the gateway, not the caller's key). A
-non-admin key reaches only its own jobs (`gateway.scopes`).
+non-admin key reaches only its own jobs (`gateway.auth.scopes`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
-from gateway import scopes
+from gateway.auth import scopes
+from gateway.auth.keys import KeyIdentity
 from gateway.jobs import JobOwners
-from gateway.keys import KeyIdentity
 from gateway.proxy.request_body import BodyLimits, body_too_large, capped_stream, read_capped
 from gateway.proxy.routing import AFFINITY_HEADER
 from gateway.proxy.send import Sent, send, send_routed

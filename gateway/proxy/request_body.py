@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from gateway.keys import KeyIdentity
+from gateway.auth.keys import KeyIdentity
 from gateway.settings import GatewaySettings
 from services.common.errors import PayloadTooLarge
 

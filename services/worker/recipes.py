@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RecipeRun
 from agents.sdk.sync import LoomClient
-from gateway.keys import create_job_key, revoke_job_keys
+from gateway.auth.keys import create_job_key, revoke_job_keys
 from gateway.models import BackgroundTaskRow, JobRow
 from gateway.schemas import JobStatus
 from gateway.task_leases import record_progress

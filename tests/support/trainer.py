@@ -16,7 +16,7 @@ import httpx2
 from fastapi import APIRouter, FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.keys import KeyIdentity, create_key
+from gateway.auth.keys import KeyIdentity, create_key
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate, transaction

@@ -15,8 +15,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
+from gateway.auth.keys import KeyIdentity
 from gateway.compat.common.futures import Futures, Payload
-from gateway.keys import KeyIdentity
 from services.common.errors import (
     Forbidden,
     InvalidInput,

@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.auth.keys import KeyIdentity
 from gateway.compat.tinker import schemas
 from gateway.jobs import visible_to
-from gateway.keys import KeyIdentity
 from gateway.models import ApiKeyRow, JobRow
 from gateway.schemas import JobStatus
 from services.common.errors import InvalidInput

@@ -11,10 +11,10 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from gateway.auth.keys import KeyIdentity
 from gateway.compat.common.calls import expiry
 from gateway.compat.tinker import checkpoints, schemas
 from gateway.compat.tinker.service import TinkerService
-from gateway.keys import KeyIdentity
 from services.common.errors import InvalidInput, NotFound
 from services.trainer.schemas import CheckpointExpiry, CheckpointList
 

@@ -12,10 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from gateway.auth.keys import KeyIdentity
 from gateway.compat.weaver import schemas
 from gateway.compat.weaver.service import MODES, WeaverService
 from gateway.jobs import visible_to
-from gateway.keys import KeyIdentity
 from gateway.models import JobRow
 from services.common.errors import NotFound
 

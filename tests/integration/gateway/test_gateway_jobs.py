@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.app import create_app
-from gateway.keys import create_job_key
+from gateway.auth.keys import create_job_key
 from services.common.db import make_engine, make_sessionmaker, transaction
 
 if TYPE_CHECKING:

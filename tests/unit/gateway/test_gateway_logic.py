@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import AuthCache, is_public, presented_secret
+from gateway.auth.keys import DISPLAY_CHARS, KeyIdentity, generate_secret, hash_secret
+from gateway.auth.middleware import AuthCache, is_public, presented_secret
 from gateway.job_states import TRANSITIONS, move_job
-from gateway.keys import DISPLAY_CHARS, KeyIdentity, generate_secret, hash_secret
 from gateway.models import JobRow
 from gateway.proxy.forward import NOT_FORWARDED, NOT_RETURNED, forwarded_headers
 from gateway.schemas import JobStatus
@@ -85,10 +85,10 @@ def test_forwarded_headers_drop_hop_by_hop_and_credentials() -> None:
 
 
 def test_auth_cache_expires_and_evicts(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gateway.auth
+    import gateway.auth.middleware
 
     now = [100.0]
-    monkeypatch.setattr(gateway.auth.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(gateway.auth.middleware.time, "monotonic", lambda: now[0])
     cache = AuthCache(ttl_s=10)
     alice = KeyIdentity(id="key_a", name="alice", admin=False)
     cache.put("h1", alice)

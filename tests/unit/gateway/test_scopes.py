@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.routing import APIRoute
 
-from gateway.scopes import job_named, jobs_named, parse_body, rule_for
+from gateway.auth.scopes import job_named, jobs_named, parse_body, rule_for
 from modelstate.app import create_app as modelstate_app
 from modelstate.settings import ModelStateSettings
 from services.common.errors import Forbidden, InvalidInput

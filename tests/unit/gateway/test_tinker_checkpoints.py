@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from gateway.auth.keys import KeyIdentity
 from gateway.compat.tinker import runs, schemas
 from gateway.compat.tinker.checkpoints import checkpoint_name, parse_path, training_path
 from gateway.compat.tinker.futures import PENDING, retrieve
 from gateway.compat.tinker.service import TinkerService, TrainingModel
-from gateway.keys import KeyIdentity
 from services.common.errors import InvalidInput, NotFound
 from tests.support.trainer import FakeTrainer, adapter_parts
 

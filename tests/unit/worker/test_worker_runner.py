@@ -16,8 +16,8 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RunStopped
+from gateway.auth.keys import KeyIdentity
 from gateway.job_logs import log_metrics, metric_series
-from gateway.keys import KeyIdentity
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE, BackgroundTaskRow, JobRow, utcnow
 from gateway.schemas import MetricPoint
 from gateway.task_leases import (

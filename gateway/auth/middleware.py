@@ -1,37 +1,21 @@
-"""Authentication: a small ASGI middleware in front of every route but the operational ones,
-and the bootstrap admin key created at first start.
+"""Authentication: a small ASGI middleware in front of every route but the operational ones.
 
-The middleware is pure ASGI so proxied streams pass through it untouched. It attaches the
-caller's `KeyIdentity` to `request.state.api_key`; `deps.CurrentKey` / `deps.AdminKey` read it.
+It is pure ASGI so proxied streams pass through it untouched. It attaches the caller's
+`KeyIdentity` to `request.state.api_key`; `deps.CurrentKey` / `deps.AdminKey` read it.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 import time
-from pathlib import Path
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.auth.keys import KeyIdentity, authenticate, hash_secret
 from gateway.compat.weaver.errors import error_response as weaver_error_response
 from gateway.compat.weaver.errors import is_weaver_path
-from gateway.keys import (
-    KeyIdentity,
-    authenticate,
-    count_keys,
-    create_key,
-    hash_secret,
-    key_exists,
-)
-from gateway.settings import GatewaySettings
 from services.common.app_factory import error_response
-from services.common.db import in_transaction, transaction
+from services.common.db import in_transaction
 from services.common.errors import Unauthorized
-
-log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs", "/redoc")
@@ -134,46 +118,3 @@ def _unauthorized(message: str, path: str) -> ASGIApp:
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
 
-
-# --- bootstrap ------------------------------------------------------------------------------
-
-
-def bootstrap_admin_key(sessions: sessionmaker[Session], settings: GatewaySettings) -> str | None:
-    """Make sure an admin can get in. Returns the secret when one was generated just now.
-
-    A configured `gateway_admin_key` is registered if missing. Otherwise, with no key at all,
-    a random admin key is created, printed once and (by default) written to the data dir.
-    """
-    configured = settings.gateway_admin_key
-    with transaction(sessions) as session:
-        if configured is not None:
-            if not key_exists(session, configured.get_secret_value()):
-                create_key(session, "admin (configured)", admin=True,
-                           secret=configured.get_secret_value())
-            return None
-        if count_keys(session) > 0:
-            return None
-        secret = create_key(session, "bootstrap admin", admin=True).key
-        # Inside the transaction: if the key cannot be shown or saved, it is not kept either.
-        _announce(secret, settings)
-    return secret
-
-
-def _announce(secret: str, settings: GatewaySettings) -> None:
-    where = "not written to disk (gateway_write_admin_key_file is off)"
-    if settings.gateway_write_admin_key_file:
-        write_secret_file(settings.admin_key_file, secret)
-        where = f"also written to {settings.admin_key_file} (mode 0600): delete it in production"
-    lines = ["Loom gateway: bootstrap admin API key (shown once)", "", secret, "", where]
-    width = max(len(line) for line in lines) + 2
-    box = ["+" + "-" * width + "+", *(f"| {line.ljust(width - 2)} |" for line in lines),
-           "+" + "-" * width + "+"]
-    print("\n".join(box), file=sys.stderr, flush=True)
-
-
-def write_secret_file(path: Path, secret: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        os.fchmod(handle.fileno(), 0o600)  # the file may have existed with looser bits
-        handle.write(secret + "\n")
