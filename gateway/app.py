@@ -34,7 +34,6 @@ from services.common.app_factory import create_service_app, token_digest
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.service_token import service_client, service_token
 from services.common.settings import LoomSettings
-from services.worker import models as worker_models
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
 
@@ -51,10 +50,6 @@ def create_app(settings: GatewaySettings | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.database_url_for("gateway")
         await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
-        # The worker's tables too: the gateway inserts tasks when it dispatches them, and
-        # may start before any worker (the worker migrates them at its start as well).
-        await run_in_threadpool(migrate, url, worker_models.ALEMBIC_DIR,
-                                worker_models.VERSION_TABLE)
         engine = make_engine(url)
         app.state.sessions = make_sessionmaker(engine)
         app.state.trackers = TrackerMirror(
