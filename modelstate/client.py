@@ -14,20 +14,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx2
 
 from modelstate.blobstore import check_relative_path, hash_file
 from modelstate.schemas import (
+    Alias,
     FileRef,
     GcReport,
+    Lineage,
+    ManifestDiff,
     ManifestFile,
+    MoveAlias,
     PendingVersion,
     PinList,
+    PinRequest,
     PublishRequest,
     Retention,
     RetentionPolicy,
+    StoredBlob,
     StoreInfo,
     Version,
     VersionKey,
@@ -36,28 +41,47 @@ from modelstate.schemas import (
 )
 from modelstate.transfer import download_archive, download_file, raise_for_status, upload_blob
 from services.common.errors import Conflict, InvalidInput, NotFound
-from services.common.http import ServiceClient
-from services.common.paths import segment
-from services.common.service_token import service_headers
+from services.common.http import Route, ServiceClient
+from services.common.service_token import client_of
 from services.common.settings import LoomSettings
 
 RECONNECT_MIN_S = 0.2
 RECONNECT_MAX_S = 10.0
 
+STORE_INFO = Route("GET", "/v1/store", StoreInfo)
+GET_BLOB = Route("GET", "/v1/blobs/{sha256}", StoredBlob)
+# The body is the file's raw bytes (`transfer.upload_blob` streams them).
+PUT_BLOB = Route("PUT", "/v1/blobs/{sha256}", StoredBlob)
+PUBLISH = Route("POST", "/v1/versions", Version, PublishRequest)
+LIST_VERSIONS = Route("GET", "/v1/jobs/{job_id}/versions", VersionList)
+GET_VERSION = Route("GET", "/v1/jobs/{job_id}/versions/{ref}", Version)
+DELETE_VERSION = Route("DELETE", "/v1/jobs/{job_id}/versions/{number}", Version)
+LINEAGE = Route("GET", "/v1/jobs/{job_id}/versions/{ref}/lineage", Lineage)
+COMPARE = Route("GET", "/v1/jobs/{job_id}/compare", ManifestDiff)
+# Streamed, not JSON: read by `transfer.download_file` and `transfer.download_archive`.
+VERSION_FILE: Route[None] = Route("GET", "/v1/jobs/{job_id}/versions/{ref}/files/{path}", None,
+                                  whole_paths=frozenset({"path"}))
+ARCHIVE: Route[None] = Route("GET", "/v1/jobs/{job_id}/versions/{ref}/archive", None)
+MOVE_ALIAS = Route("PUT", "/v1/jobs/{job_id}/aliases/{name}", Alias, MoveAlias)
+DELETE_ALIAS: Route[None] = Route("DELETE", "/v1/jobs/{job_id}/aliases/{name}", None)
+SET_PINS = Route("PUT", "/v1/pins/{holder}", PinList, PinRequest)
+CLEAR_PINS: Route[None] = Route("DELETE", "/v1/pins/{holder}", None)
+LIST_PINS = Route("GET", "/v1/pins", PinList)
+GET_RETENTION = Route("GET", "/v1/jobs/{job_id}/retention", Retention)
+SET_RETENTION = Route("PUT", "/v1/jobs/{job_id}/retention", Retention, RetentionPolicy)
+GC = Route("POST", "/v1/gc", GcReport)
+# Server-sent events, read by `subscribe_events`.
+EVENTS: Route[None] = Route("GET", "/v1/events", None)
 
-class ModelStateClient:
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        transport: httpx2.AsyncBaseTransport | None = None,
-        event_read_timeout_s: float = 60.0,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        """`headers`: sent with every request (a service's own client passes the service
-        token's; see `from_settings`)."""
-        self._service = ServiceClient(base_url, service="modelstate", transport=transport,
-                                      headers=headers)
+
+class ModelStateClient(ServiceClient):
+    SERVICE = "modelstate"
+
+    def __init__(self, base_url: str, *, event_read_timeout_s: float = 60.0,
+                 **options: Any) -> None:
+        """`options`: `ServiceClient`'s (`headers`: sent with every request; a service's
+        own client passes the service token's, see `from_settings`)."""
+        super().__init__(base_url, **options)
         # Longer than the server's heartbeat period: silence this long means a dead connection.
         self._event_timeout = httpx2.Timeout(connect=5.0, read=event_read_timeout_s,
                                              write=30.0, pool=30.0)
@@ -66,13 +90,13 @@ class ModelStateClient:
     @classmethod
     def from_settings(cls, settings: LoomSettings, **options: Any) -> ModelStateClient:
         """The store at `settings.modelstate_url`, called with the service token."""
-        return cls(settings.url_of("modelstate"), headers=service_headers(settings), **options)
+        return client_of(settings, cls, **options)
 
     # --- publishing --------------------------------------------------------------------------
 
     async def store_info(self) -> StoreInfo:
         if self._info is None:
-            self._info = StoreInfo.model_validate(await self._service.get_json("/v1/store"))
+            self._info = await self.call(STORE_INFO)
         return self._info
 
     async def staging_dir(self) -> Path | None:
@@ -127,28 +151,35 @@ class ModelStateClient:
     async def _upload_missing(self, refs: list[FileRef], paths: dict[str, Path]) -> None:
         for ref in {r.sha256: r for r in refs}.values():
             if not await self.has_blob(ref.sha256):
-                await upload_blob(self._service.http, paths[ref.path], ref.sha256, ref.size)
+                await upload_blob(self.http, self.path(PUT_BLOB.url(sha256=ref.sha256)),
+                                  paths[ref.path], ref.size)
+
+    async def get_blob(self, sha256: str) -> StoredBlob:
+        return await self.call(GET_BLOB, sha256=sha256)
 
     async def has_blob(self, sha256: str) -> bool:
         try:
-            await self._service.get_json(f"/v1/blobs/{sha256}")
+            await self.get_blob(sha256)
         except NotFound:
             return False
         return True
 
     async def _commit(self, request: PublishRequest) -> Version:
-        response = await self._service.request(
-            "POST", "/v1/versions", json=request.model_dump(mode="json"))
-        return Version.model_validate(response.json())
+        return await self.call(PUBLISH, request)
 
     # --- reads -------------------------------------------------------------------------------
 
     async def get_version(self, job_id: str, ref: int | str) -> Version:
-        return Version.model_validate(await self._service.get_json(_version_url(job_id, ref)))
+        return await self.call(GET_VERSION, job_id=job_id, ref=ref)
 
     async def list_versions(self, job_id: str) -> list[Version]:
-        body = await self._service.get_json(f"/v1/jobs/{segment(job_id)}/versions")
-        return VersionList.model_validate(body).versions
+        return (await self.call(LIST_VERSIONS, job_id=job_id)).versions
+
+    async def lineage(self, job_id: str, ref: int | str) -> Lineage:
+        return await self.call(LINEAGE, job_id=job_id, ref=ref)
+
+    async def compare(self, job_id: str, a: int | str, b: int | str) -> ManifestDiff:
+        return await self.call(COMPARE, params={"a": a, "b": b}, job_id=job_id)
 
     async def download(self, version: Version, dest: Path) -> Path:
         """Fetch every file of `version` into `dest`, each checked against its sha256 and
@@ -163,35 +194,52 @@ class ModelStateClient:
     async def download_entry(self, version: Version, entry: ManifestFile, target: Path) -> None:
         """One file of `version` into `target`, checked against its sha256; resumed from a
         `.part` an earlier try (from here or from a peer with the same content) left."""
-        url = f"{_version_url(version.job_id, version.number)}/files/{quote(entry.path)}"
-        await download_file(self._service.http, url, target, entry)
+        url = VERSION_FILE.url(job_id=version.job_id, ref=version.number, path=entry.path)
+        await download_file(self.http, self.path(url), target, entry)
 
     async def download_archive(self, version: Version, target: Path, *,
                                merge_lora: bool = False) -> Path:
         """The version as one tar file `target` (with `merge_lora`, a LoRA version merged into
         its base model: a full Hugging Face directory)."""
-        url = f"{_version_url(version.job_id, version.number)}/archive"
-        await download_archive(self._service.http, url, target, {"merge_lora": merge_lora})
+        url = self.path(ARCHIVE.url(job_id=version.job_id, ref=version.number))
+        await download_archive(self.http, url, target, {"merge_lora": merge_lora})
         return target
+
+    # --- versions and aliases ----------------------------------------------------------------
+
+    async def delete_version(self, job_id: str, number: int) -> Version:
+        """409 while an alias points at it or a serving engine pins it."""
+        return await self.call(DELETE_VERSION, job_id=job_id, number=number)
+
+    async def move_alias(self, job_id: str, name: str, number: int) -> Alias:
+        return await self.call(MOVE_ALIAS, MoveAlias(number=number), job_id=job_id, name=name)
+
+    async def delete_alias(self, job_id: str, name: str) -> None:
+        await self.call(DELETE_ALIAS, job_id=job_id, name=name)
 
     # --- housekeeping ------------------------------------------------------------------------
 
-    async def set_retention(self, job_id: str, policy: RetentionPolicy) -> Retention:
-        response = await self._service.request(
-            "PUT", f"/v1/jobs/{segment(job_id)}/retention", json=policy.model_dump())
-        return Retention.model_validate(response.json())
+    async def get_retention(self, job_id: str) -> Retention:
+        return await self.call(GET_RETENTION, job_id=job_id)
 
-    async def collect_garbage(self) -> GcReport:
+    async def set_retention(self, job_id: str, policy: RetentionPolicy) -> Retention:
+        return await self.call(SET_RETENTION, policy, job_id=job_id)
+
+    async def collect_garbage(self, grace_s: float | None = None) -> GcReport:
         """Apply every job's retention, delete unreferenced blobs, sweep crash leftovers."""
-        return GcReport.model_validate(await self._service.post_json("/v1/gc"))
+        return await self.call(GC, params={} if grace_s is None else {"grace_s": grace_s})
 
     # --- pins --------------------------------------------------------------------------------
 
     async def set_pins(self, holder: str, versions: list[VersionKey], ttl_s: float) -> PinList:
-        response = await self._service.request(
-            "PUT", f"/v1/pins/{segment(holder)}",
-            json={"versions": [v.model_dump() for v in versions], "ttl_s": ttl_s})
-        return PinList.model_validate(response.json())
+        return await self.call(SET_PINS, PinRequest(versions=versions, ttl_s=ttl_s),
+                               holder=holder)
+
+    async def clear_pins(self, holder: str) -> None:
+        await self.call(CLEAR_PINS, holder=holder)
+
+    async def list_pins(self) -> PinList:
+        return await self.call(LIST_PINS)
 
     # --- events ------------------------------------------------------------------------------
 
@@ -213,9 +261,9 @@ class ModelStateClient:
             if job_id is not None:
                 params["job_id"] = job_id
             try:
-                async with self._service.http.stream(
-                    "GET", "/v1/events", params=params, timeout=self._event_timeout,
-                    headers={"Accept": "text/event-stream"},
+                async with self.http.stream(
+                    EVENTS.method, self.path(EVENTS.path), params=params,
+                    timeout=self._event_timeout, headers={"Accept": "text/event-stream"},
                 ) as response:
                     if response.status_code < 500:
                         await raise_for_status(response)
@@ -231,10 +279,6 @@ class ModelStateClient:
                 pass  # server gone or silent for too long: reconnect below
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)
-
-    async def aclose(self) -> None:
-        await self._service.aclose()
-
 
 async def local_or_download(
     version: Version, cache_dir: Path, *, client: ModelStateClient | None = None,
@@ -278,10 +322,6 @@ def _files_of(directory: Path) -> list[tuple[str, Path]]:
     for name, _ in files:
         check_relative_path(name)
     return files
-
-
-def _version_url(job_id: str, ref: int | str) -> str:
-    return f"/v1/jobs/{segment(job_id)}/versions/{segment(ref)}"
 
 
 @dataclass

@@ -15,10 +15,9 @@ import httpx2
 from modelstate.blobstore import CHUNK_BYTES, hash_file
 from modelstate.schemas import ManifestFile
 from services.common.errors import UpstreamError
-from services.common.http import raise_for_envelope
+from services.common.http import raise_for_envelope, retrying
 
 ATTEMPTS = 4
-BACKOFF_S = 0.2
 
 
 async def file_chunks(path: Path) -> AsyncIterator[bytes]:
@@ -33,21 +32,15 @@ async def raise_for_status(response: httpx2.Response) -> None:
         raise_for_envelope(response, "modelstate")
 
 
-async def upload_blob(http: httpx2.AsyncClient, path: Path, sha256: str, size: int) -> None:
-    """PUT one file's content (idempotent: retried from the start after a broken transfer)."""
-    for attempt in range(ATTEMPTS):
-        try:
-            response = await http.put(
-                f"/v1/blobs/{sha256}", content=file_chunks(path),
-                headers={"Content-Length": str(size),
-                         "Content-Type": "application/octet-stream"})
-        except httpx2.TransportError as exc:
-            if attempt + 1 == ATTEMPTS:
-                raise UpstreamError(f"modelstate: uploading {path.name}: {exc!r}") from exc
-            await asyncio.sleep(BACKOFF_S * 2**attempt)
-            continue
-        raise_for_envelope(response, "modelstate")
-        return
+async def upload_blob(http: httpx2.AsyncClient, url: str, path: Path, size: int) -> None:
+    """PUT one file's content to its blob `url` (idempotent: retried from the start after a
+    broken transfer)."""
+    response = await retrying(
+        lambda: http.put(url, content=file_chunks(path),
+                         headers={"Content-Length": str(size),
+                                  "Content-Type": "application/octet-stream"}),
+        ATTEMPTS, lambda exc: UpstreamError(f"modelstate: uploading {path.name}: {exc!r}"))
+    raise_for_envelope(response, "modelstate")
 
 
 async def download_file(http: httpx2.AsyncClient, url: str, target: Path,
@@ -57,14 +50,9 @@ async def download_file(http: httpx2.AsyncClient, url: str, target: Path,
     against the manifest before it is renamed into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(f".{target.name}.part")
-    for attempt in range(ATTEMPTS):
-        try:
-            await _fetch_rest(http, url, part, entry.size)
-            break
-        except httpx2.TransportError as exc:
-            if attempt + 1 == ATTEMPTS:
-                raise UpstreamError(f"modelstate: downloading {entry.path!r}: {exc!r}") from exc
-            await asyncio.sleep(BACKOFF_S * 2**attempt)
+    await retrying(
+        lambda: _fetch_rest(http, url, part, entry.size), ATTEMPTS,
+        lambda exc: UpstreamError(f"modelstate: downloading {entry.path!r}: {exc!r}"))
     sha256, size = await asyncio.to_thread(hash_file, part)
     if sha256 != entry.sha256 or size != entry.size:
         part.unlink()

@@ -2,8 +2,11 @@
 
 Operations with the same key (a trainer model, say) run strictly in submission order; their
 bodies run on one shared worker thread, because they compete for one device anyway.
-Status changes go through `_TRANSITIONS` only. An operation submitted inside a recorded trace
-runs in a span of its own, a child of the request that submitted it (`tracing.span_in`).
+Status changes go through `_TRANSITIONS` only. A submission may carry an idempotency key
+(chosen by the client, unique per key of the queue): sent again, after an answer that was lost,
+it gets the first submission's operation instead of running twice. An operation submitted
+inside a recorded trace runs in a span of its own, a child of the request that submitted it
+(`tracing.span_in`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.common.busy import BusyClock
-from services.common.errors import InvalidTransition, LoomError, NotFound
+from services.common.errors import Conflict, InvalidTransition, LoomError, NotFound
 from services.common.schemas import ErrorBody, Operation, OperationStatus
 from services.common.tracing import capture, span_in
 
@@ -37,10 +40,17 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+# What a submission with an idempotency key is remembered by: (queue key, idempotency key).
+_Submission = tuple[str, str]
+
+
 class _Entry:
-    def __init__(self, op: Operation, fn: Callable[[], Any]) -> None:
+    def __init__(self, op: Operation, fn: Callable[[], Any], submission: _Submission | None,
+                 fingerprint: str) -> None:
         self.op = op
         self.fn = fn
+        self.submission = submission
+        self.fingerprint = fingerprint  # the submitted request, to refuse a key used twice
         self.done = asyncio.Event()
         self.trace = capture()  # the submitting request's, when it is traced
 
@@ -64,16 +74,30 @@ class OperationQueue:
     def __init__(self, history: int = 10_000, busy: BusyClock | None = None) -> None:
         self._busy = busy or BusyClock("operations_busy_seconds", "Operations running")
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._submissions: dict[_Submission, _Entry] = {}
         self._queues: dict[str, asyncio.Queue[_Entry]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-op")
         self._history = history
 
-    def submit(self, key: str, kind: str, fn: Callable[[], Any]) -> Operation:
+    def submit(self, key: str, kind: str, fn: Callable[[], Any], *,
+               idempotency_key: str | None = None, fingerprint: str = "") -> Operation:
+        """Queue `fn` behind `key`'s earlier operations. With `idempotency_key`, a submission
+        of the same `kind` and `fingerprint` (the request) seen before, and still kept, is
+        answered with that operation as it stands; another request with the key is refused."""
+        submission = None if idempotency_key is None else (key, idempotency_key)
+        if submission is not None and (seen := self._submissions.get(submission)):
+            if (seen.op.kind, seen.fingerprint) != (kind, fingerprint):
+                raise Conflict(
+                    f"Idempotency key {idempotency_key!r} was used for another request "
+                    f"({seen.op.kind}, operation {seen.op.id}); send a new key.")
+            return seen.op
         op = Operation(id=f"op_{uuid.uuid4().hex}", kind=kind,
                        status=OperationStatus.pending, created_at=_now())
-        entry = _Entry(op, fn)
+        entry = _Entry(op, fn, submission, fingerprint)
         self._entries[op.id] = entry
+        if submission is not None:
+            self._submissions[submission] = entry
         self._forget_oldest()
         queue = self._queues.setdefault(key, asyncio.Queue())
         queue.put_nowait(entry)
@@ -125,6 +149,8 @@ class OperationQueue:
             if not oldest.op.done:
                 break
             del self._entries[oldest_id]
+            if oldest.submission is not None:
+                del self._submissions[oldest.submission]
 
     def shutdown(self) -> None:
         for task in self._workers.values():

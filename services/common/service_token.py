@@ -6,7 +6,7 @@ process that could open a TCP connection to a service port (another user on the 
 container on the compose network) could skip the gateway. The token closes that door: every
 route but `/healthz`, `/readyz` and `/metrics` wants it (`ServiceTokenMiddleware` in
 `services.common.app_factory`), and every Loom caller sends it: `service_headers` is the one
-place the header is made, used by `service_client`, `ModelStateClient.from_settings` and the
+place the header is made, used by `service_client`, `client_of` (the typed clients) and the
 gateway's upstream clients.
 
 The header is `X-Loom-Service-Token`, not `Authorization`: the gateway takes users' keys in
@@ -29,7 +29,7 @@ import secrets
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from services.common.http import ServiceClient
 from services.common.settings import LoomSettings
@@ -38,6 +38,8 @@ SERVICE_TOKEN_HEADER = "X-Loom-Service-Token"
 TOKEN_FILE_NAME = "service_token"
 # Shorter tokens are guessable by a patient local process; the generated ones have 256 bits.
 MIN_TOKEN_CHARS = 16
+
+ClientT = TypeVar("ClientT", bound=ServiceClient)
 
 
 class ServiceTokenError(RuntimeError):
@@ -84,6 +86,12 @@ def service_client(settings: LoomSettings, service: str, **options: Any) -> Serv
     """A client of one internal service, at its URL setting, sending the service token."""
     return ServiceClient(settings.url_of(service), service=service,
                          headers=service_headers(settings), **options)
+
+
+def client_of(settings: LoomSettings, client: type[ClientT], **options: Any) -> ClientT:
+    """A service's typed client (`client.SERVICE`), at its URL setting, sending the service
+    token."""
+    return client(settings.url_of(client.SERVICE), headers=service_headers(settings), **options)
 
 
 def _read(path: Path) -> str:

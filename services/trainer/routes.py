@@ -1,4 +1,5 @@
-"""HTTP routes of the trainer: parse, call the service, return."""
+"""HTTP routes of the trainer: parse, call the service, return. Every submission of an operation
+takes an `Idempotency-Key` header: the same submission sent again gets the same operation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from services.common.schemas import RESOURCE_ID_PATTERN, Operation
-from services.trainer.deps import ServiceDep
+from services.trainer.deps import IdempotencyKeyDep, ServiceDep
 from services.trainer.schemas import (
     CheckpointExpiry,
     CheckpointList,
@@ -44,50 +45,55 @@ async def get_model(model_id: str, service: ServiceDep) -> ModelInfo:
 @router.post("/models/{model_id}/forward_backward", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
 async def forward_backward(model_id: str, body: ForwardBackwardRequest,
-                           service: ServiceDep) -> Operation:
-    return service.forward_backward(model_id, body)
+                           service: ServiceDep, key: IdempotencyKeyDep = None) -> Operation:
+    return service.forward_backward(model_id, body, key)
 
 
 @router.post("/models/{model_id}/forward", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
-async def forward(model_id: str, body: ForwardRequest, service: ServiceDep) -> Operation:
-    return service.forward(model_id, body)
+async def forward(model_id: str, body: ForwardRequest, service: ServiceDep,
+                  key: IdempotencyKeyDep = None) -> Operation:
+    return service.forward(model_id, body, key)
 
 
 @router.post("/models/{model_id}/optim_step", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
-async def optim_step(model_id: str, body: OptimStepRequest, service: ServiceDep) -> Operation:
-    return service.optim_step(model_id, body)
+async def optim_step(model_id: str, body: OptimStepRequest, service: ServiceDep,
+                     key: IdempotencyKeyDep = None) -> Operation:
+    return service.optim_step(model_id, body, key)
 
 
 @router.post("/models/{model_id}/reset_optimizer", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
-async def reset_optimizer(model_id: str, service: ServiceDep) -> Operation:
+async def reset_optimizer(model_id: str, service: ServiceDep,
+                          key: IdempotencyKeyDep = None) -> Operation:
     """Forget AdamW's moments and any gradients not yet applied (queued in order): a new
     phase (RL after SFT) starts without the previous phase's momentum."""
-    return service.reset_optimizer(model_id)
+    return service.reset_optimizer(model_id, key)
 
 
 @router.post("/models/{model_id}/save_weights", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
 async def save_weights(model_id: str, body: SaveWeightsRequest,
-                       service: ServiceDep) -> Operation:
-    return service.save_weights(model_id, body)
+                       service: ServiceDep, key: IdempotencyKeyDep = None) -> Operation:
+    return service.save_weights(model_id, body, key)
 
 
 @router.post("/models/{model_id}/save_state", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
-async def save_state(model_id: str, body: SaveStateRequest, service: ServiceDep) -> Operation:
+async def save_state(model_id: str, body: SaveStateRequest, service: ServiceDep,
+                     key: IdempotencyKeyDep = None) -> Operation:
     """Checkpoint weights, optimizer moments and step (queued behind earlier operations)."""
-    return service.save_state(model_id, body)
+    return service.save_state(model_id, body, key)
 
 
 @router.post("/models/{model_id}/load_state", status_code=status.HTTP_202_ACCEPTED,
              response_model=Operation)
-async def load_state(model_id: str, body: LoadStateRequest, service: ServiceDep) -> Operation:
+async def load_state(model_id: str, body: LoadStateRequest, service: ServiceDep,
+                     key: IdempotencyKeyDep = None) -> Operation:
     """Restore a checkpoint of this job (or of `job_id`, a job of the same configuration);
     `optimizer: false` loads weights and step, and resets the optimizer's moments."""
-    return service.load_state(model_id, body)
+    return service.load_state(model_id, body, key)
 
 
 @router.get("/models/{model_id}/checkpoints", response_model=CheckpointList)

@@ -1,8 +1,10 @@
 """The trainer's use cases, independent of HTTP: every model operation is validated when it is
-submitted, then queued behind the model's earlier operations (strict submission order)."""
+submitted, then queued behind the model's earlier operations (strict submission order). A
+submission with an idempotency key (`key`) sent again gets its first operation."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,20 +66,22 @@ class TrainerService:
     def model_info(self, model_id: str) -> ModelInfo:
         return self.registry.get(model_id).info()
 
-    def forward_backward(self, model_id: str, request: ForwardBackwardRequest) -> Operation:
+    def forward_backward(self, model_id: str, request: ForwardBackwardRequest,
+                         key: str | None = None) -> Operation:
         model = self.registry.get(model_id)
         self._check_size(request.data)
         model.validate(request.data, needs_loss=True)
-        return self._submit(model_id, "forward_backward",
+        return self._submit(model_id, "forward_backward", request, key,
                             lambda: model.forward_backward(request.data, request.loss,
                                                            request.return_logprobs))
 
-    def forward(self, model_id: str, request: ForwardRequest) -> Operation:
+    def forward(self, model_id: str, request: ForwardRequest, key: str | None = None
+                ) -> Operation:
         model = self.registry.get(model_id)
         self._check_size(request.data)
         model.validate(request.data, needs_loss=False)
-        return self._submit(model_id, "forward", lambda: model.forward(request.data,
-                                                                        request.loss))
+        return self._submit(model_id, "forward", request, key,
+                            lambda: model.forward(request.data, request.loss))
 
     def _check_size(self, data: list[Datum]) -> None:
         padded = len(data) * max((len(d.input_ids) for d in data), default=0)
@@ -89,21 +93,24 @@ class TrainerService:
                 "calls: their gradients add up until optim_step.",
                 {"padded_tokens": padded, "limit": self.max_request_tokens})
 
-    def optim_step(self, model_id: str, request: OptimStepRequest) -> Operation:
+    def optim_step(self, model_id: str, request: OptimStepRequest, key: str | None = None
+                   ) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(model_id, "optim_step", lambda: model.optim_step(request.adam))
+        return self._submit(model_id, "optim_step", request, key,
+                            lambda: model.optim_step(request.adam))
 
-    def reset_optimizer(self, model_id: str) -> Operation:
+    def reset_optimizer(self, model_id: str, key: str | None = None) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(model_id, "reset_optimizer", model.reset_optimizer)
+        return self._submit(model_id, "reset_optimizer", None, key, model.reset_optimizer)
 
-    def save_weights(self, model_id: str, request: SaveWeightsRequest) -> Operation:
+    def save_weights(self, model_id: str, request: SaveWeightsRequest, key: str | None = None
+                     ) -> Operation:
         model = self.registry.get(model_id)
         reserve = self._reserves.get(model_id)
         if reserve is None:
             reserve = self._reserves[model_id] = PageReserve(self.page_reserve_bytes)
         return self._submit(
-            model_id, "save_weights",
+            model_id, "save_weights", request, key,
             lambda: save_weights(model, request, self.publisher, self.work_dir,
                                  self.shard_bytes, reserve),
         )
@@ -115,9 +122,10 @@ class TrainerService:
             reserve.release()
         remove_leftovers(self.work_dir)
 
-    def save_state(self, model_id: str, request: SaveStateRequest) -> Operation:
+    def save_state(self, model_id: str, request: SaveStateRequest, key: str | None = None
+                   ) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(model_id, "save_state", lambda: state_files.save_state(
+        return self._submit(model_id, "save_state", request, key, lambda: state_files.save_state(
             model, self.checkpoint_dir, request.name, request.series,
             self.keep_series_checkpoints, request.expires_at))
 
@@ -130,11 +138,12 @@ class TrainerService:
                               ) -> StateCheckpoint:
         return state_files.set_expiry(self.checkpoint_dir, model_id, name, request.expires_at)
 
-    def load_state(self, model_id: str, request: LoadStateRequest) -> Operation:
+    def load_state(self, model_id: str, request: LoadStateRequest, key: str | None = None
+                   ) -> Operation:
         model = self.registry.get(model_id)
         source = request.job_id or model_id
         state_files.describe(self.checkpoint_dir / source / request.name)  # 404 at once
-        return self._submit(model_id, "load_state", lambda: state_files.load_state(
+        return self._submit(model_id, "load_state", request, key, lambda: state_files.load_state(
             model, self.checkpoint_dir, request.name, source, request.optimizer))
 
     def checkpoints(self, model_id: str) -> list[StateCheckpoint]:
@@ -144,6 +153,11 @@ class TrainerService:
     async def operation(self, op_id: str, wait: float) -> Operation:
         return await self.queue.wait(op_id, wait) if wait > 0 else self.queue.get(op_id)
 
-    def _submit(self, model_id: str, kind: str, body: Callable[[], BaseModel]) -> Operation:
-        """Must run on the event loop (the queue schedules its worker there)."""
-        return self.queue.submit(model_id, kind, lambda: body().model_dump(mode="json"))
+    def _submit(self, model_id: str, kind: str, request: BaseModel | None, key: str | None,
+                body: Callable[[], BaseModel]) -> Operation:
+        """Must run on the event loop (the queue schedules its worker there). A key is
+        checked against its first request by the request's hash."""
+        fingerprint = "" if key is None or request is None else hashlib.sha256(
+            request.model_dump_json().encode()).hexdigest()
+        return self.queue.submit(model_id, kind, lambda: body().model_dump(mode="json"),
+                                 idempotency_key=key, fingerprint=fingerprint)
