@@ -20,7 +20,8 @@ from gateway.compat.tinker import routes as tinker_routes
 from gateway.compat.tinker.service import TinkerService
 from gateway.compat.weaver import routes as weaver_routes
 from gateway.compat.weaver.service import WeaverService
-from gateway.jobs import JobOwners
+from gateway.jobs import routes as jobs_routes
+from gateway.jobs.jobs import JobOwners
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
 from gateway.proxy import replica_routes
 from gateway.proxy import routes as proxy_routes
@@ -97,10 +98,10 @@ def create_app(settings: GatewaySettings | None = None,
     # over the /v1/{service} proxy. Routes are matched in order, so the proxy (every sample
     # call) comes before the SDK-compatible APIs and the admin pages, whose paths it cannot
     # match anyway.
-    app = create_service_app("gateway", routers=[routes.router, auth_routes.router,
-                                                 tasks_routes.router, replica_routes.router,
-                                                 proxy_routes.router, tinker_routes.router,
-                                                 weaver_routes.router],
+    app = create_service_app("gateway", routers=[jobs_routes.router, auth_routes.router,
+                                                 routes.router, tasks_routes.router,
+                                                 replica_routes.router, proxy_routes.router,
+                                                 tinker_routes.router, weaver_routes.router],
                              lifespan=lifespan, readiness=readiness, service_token=None)
     app.state.settings = settings
     install_admin(app, settings)  # /admin: pages, static files, session signer

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import tasks
 from gateway.auth.keys import KeyIdentity
-from gateway.jobs import get_job_row
+from gateway.jobs.jobs import get_job_row
 from gateway.task_schemas import BackgroundTask, TaskCreate
 from services.common.db import in_transaction
 from services.common.errors import Unavailable

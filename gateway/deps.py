@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.auth.keys import KeyIdentity
 from gateway.auth.middleware import AuthCache
-from gateway.jobs import JobOwners
+from gateway.jobs.jobs import JobOwners
 from gateway.proxy.replicas import ReplicaRegistry
 from gateway.proxy.request_body import BodyLimits
 from gateway.proxy.upstreams import Upstreams

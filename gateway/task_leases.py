@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.jobs import end_with_run
+from gateway.jobs.jobs import end_with_run
 from gateway.models import BackgroundTaskRow
 from gateway.task_schemas import TaskStatus
 from gateway.task_states import move_task

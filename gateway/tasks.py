@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.auth.keys import KeyIdentity
-from gateway.jobs import end_with_run, get_job_row, reopen_for_retry, visible_to
+from gateway.jobs.jobs import end_with_run, get_job_row, reopen_for_retry, visible_to
 from gateway.models import BackgroundTaskRow, JobRow, utcnow
 from gateway.schemas import JobStatus
 from gateway.task_schemas import BackgroundTask, RecipeTaskCreate, TaskCreate, TaskStatus

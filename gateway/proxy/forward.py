@@ -19,7 +19,7 @@ from starlette.responses import StreamingResponse
 
 from gateway.auth import scopes
 from gateway.auth.keys import KeyIdentity
-from gateway.jobs import JobOwners
+from gateway.jobs.jobs import JobOwners
 from gateway.proxy.request_body import BodyLimits, body_too_large, capped_stream, read_capped
 from gateway.proxy.routing import AFFINITY_HEADER
 from gateway.proxy.send import Sent, send, send_routed

@@ -105,7 +105,7 @@ def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str,
         except asyncio.CancelledError:
             stop.set()
             raise
-        return Done(result)  # its job ends with it: `gateway.jobs.end_with_run`
+        return Done(result)  # its job ends with it: `gateway.jobs.jobs.end_with_run`
 
     _deliver(task, task_id, job_id, work, outage, needs=("gateway", *_recipe_services(run_params)))
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from gateway.auth.keys import KeyIdentity
 from gateway.compat.tinker import schemas
-from gateway.jobs import visible_to
+from gateway.jobs.jobs import visible_to
 from gateway.models import ApiKeyRow, JobRow
 from gateway.schemas import JobStatus
 from services.common.errors import InvalidInput

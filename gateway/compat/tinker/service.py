@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from gateway import jobs
 from gateway.auth.keys import KeyIdentity
 from gateway.compat.common.base_models import ServedModels
 from gateway.compat.common.calls import (
@@ -35,6 +34,7 @@ from gateway.compat.common.calls import (
 from gateway.compat.common.futures import Futures, Payload
 from gateway.compat.tinker import checkpoints, schemas, wire
 from gateway.compat.tinker.convert import loom_batch, sampling_params, tinker_datum
+from gateway.jobs import jobs
 from gateway.schemas import JobCreate, JobStatus
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from gateway.auth.keys import KeyIdentity
 from gateway.compat.weaver import schemas
 from gateway.compat.weaver.service import MODES, WeaverService
-from gateway.jobs import visible_to
+from gateway.jobs.jobs import visible_to
 from gateway.models import JobRow
 from services.common.errors import NotFound
 

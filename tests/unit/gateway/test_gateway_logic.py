@@ -6,7 +6,7 @@ import pytest
 
 from gateway.auth.keys import DISPLAY_CHARS, KeyIdentity, generate_secret, hash_secret
 from gateway.auth.middleware import AuthCache, is_public, presented_secret
-from gateway.job_states import TRANSITIONS, move_job
+from gateway.jobs.states import TRANSITIONS, move_job
 from gateway.models import JobRow
 from gateway.proxy.forward import NOT_FORWARDED, NOT_RETURNED, forwarded_headers
 from gateway.schemas import JobStatus

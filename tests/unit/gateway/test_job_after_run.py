@@ -1,4 +1,4 @@
-"""A managed run that ends for good ends its job (`gateway.jobs.end_with_run`): only a run
+"""A managed run that ends for good ends its job (`gateway.jobs.jobs.end_with_run`): only a run
 that started, only a recipe task, only by a move the job's state machine allows."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.jobs import end_with_run, reopen_for_retry
+from gateway.jobs.jobs import end_with_run, reopen_for_retry
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE, BackgroundTaskRow, JobRow, utcnow
 from services.common.db import make_sessionmaker, transaction
 from tests.conftest import migrated_engine

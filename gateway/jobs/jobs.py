@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.auth.keys import KeyIdentity
 from gateway.job_logs import progress
-from gateway.job_states import TRANSITIONS, move_job, reopen_job
+from gateway.jobs.states import TRANSITIONS, move_job, reopen_job
 from gateway.models import BackgroundTaskRow, JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
 from gateway.task_schemas import TaskStatus

@@ -1,0 +1,1 @@
+"""Jobs: their rows and state machine, the trainer model each owns, and their routes."""
