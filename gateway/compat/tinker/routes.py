@@ -29,34 +29,35 @@ AccessScope = Annotated[Literal["owned", "accessible"], Query()]
 
 
 @router.post("/client/config")
-async def client_config() -> dict[str, Any]:
-    return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False}
+async def client_config() -> schemas.ClientConfig:
+    return schemas.ClientConfig()
 
 
 @router.post("/client/dynamic_config")
-async def dynamic_config() -> dict[str, Any]:
-    return {"refresh_interval_sec": 300}
+async def dynamic_config() -> schemas.DynamicConfig:
+    return schemas.DynamicConfig(refresh_interval_sec=300)
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz() -> schemas.Status:
+    return schemas.Status(status="ok")
 
 
 @router.post("/telemetry")
-async def telemetry() -> dict[str, str]:
-    return {"status": "accepted"}  # the SDK's events are not kept
+async def telemetry() -> schemas.Status:
+    return schemas.Status(status="accepted")  # the SDK's events are not kept
 
 
 @router.post("/create_session")
-async def create_session(tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
-    return {"type": "create_session", "session_id": tinker.create_session(key)}
+async def create_session(tinker: TinkerDep, key: CurrentKey) -> schemas.SessionCreated:
+    return schemas.SessionCreated(session_id=tinker.create_session(key))
 
 
 @router.post("/session_heartbeat")
-async def heartbeat(body: schemas.Heartbeat, tinker: TinkerDep, key: CurrentKey) -> dict[str, str]:
+async def heartbeat(body: schemas.Heartbeat, tinker: TinkerDep, key: CurrentKey
+                    ) -> schemas.HeartbeatDone:
     tinker.check_session(body.session_id, key)
-    return {"type": "session_heartbeat"}
+    return schemas.HeartbeatDone()
 
 
 @router.post("/sessions/{session_id}/finish", status_code=status.HTTP_204_NO_CONTENT)
@@ -64,20 +65,21 @@ async def finish_session(session_id: str, tinker: TinkerDep, key: CurrentKey) ->
     tinker.check_session(session_id, key)
 
 
-@router.post("/create_model")
+@router.post("/create_model", response_model_exclude_none=True)
 async def create_model(body: schemas.CreateModel, tinker: TinkerDep, key: CurrentKey
-                 ) -> dict[str, Any]:
+                       ) -> schemas.Future:
     return await tinker.create_model(body, key)
 
 
 @router.post("/get_info")
-async def get_info(body: schemas.ModelRef, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+async def get_info(body: schemas.ModelRef, tinker: TinkerDep, key: CurrentKey
+                   ) -> schemas.ModelInfo:
     return tinker.get_info(body.model_id, key)
 
 
-@router.post("/forward_backward")
+@router.post("/forward_backward", response_model_exclude_none=True)
 async def forward_backward(request: Request, tinker: TinkerDep, key: CurrentKey
-                           ) -> dict[str, Any]:
+                           ) -> schemas.Future:
     if request.headers.get("content-encoding"):
         raise InvalidInput("Compressed forward_backward bodies are not supported.")
     body = await read_capped(request, MAX_FORWARD_BACKWARD_BYTES, ": send fewer data per "
@@ -85,35 +87,35 @@ async def forward_backward(request: Request, tinker: TinkerDep, key: CurrentKey
     return await tinker.forward_backward(body, key)
 
 
-@router.post("/optim_step")
+@router.post("/optim_step", response_model_exclude_none=True)
 async def optim_step(body: schemas.OptimStep, tinker: TinkerDep, key: CurrentKey
-                     ) -> dict[str, Any]:
+                     ) -> schemas.Future:
     return await tinker.optim_step(body, key)
 
 
-@router.post("/save_weights_for_sampler")
+@router.post("/save_weights_for_sampler", response_model_exclude_none=True)
 async def save_weights_for_sampler(body: schemas.SaveForSampler, tinker: TinkerDep,
-                                   key: CurrentKey) -> dict[str, Any]:
+                                   key: CurrentKey) -> schemas.Future:
     return await tinker.save_for_sampler(body, key)
 
 
-@router.post("/save_weights")
+@router.post("/save_weights", response_model_exclude_none=True)
 async def save_weights(body: schemas.SaveState, tinker: TinkerDep, key: CurrentKey
-                       ) -> dict[str, Any]:
+                       ) -> schemas.Future:
     """The SDK's save_state: a trainer checkpoint of the model's job."""
     return await tinker.save_state(body, key)
 
 
-@router.post("/load_weights")
+@router.post("/load_weights", response_model_exclude_none=True)
 async def load_weights(body: schemas.LoadState, tinker: TinkerDep, key: CurrentKey
-                       ) -> dict[str, Any]:
+                       ) -> schemas.Future:
     """load_state(_with_optimizer), and create_training_client_from_state(_with_optimizer)."""
     return await tinker.load_state(body, key)
 
 
 @router.post("/weights_info")
 async def weights_info(body: schemas.WeightsInfo, tinker: TinkerDep, key: CurrentKey
-                       ) -> dict[str, Any]:
+                       ) -> schemas.WeightsInfoResponse:
     return await runs.weights_info(tinker, body.tinker_path, key)
 
 
@@ -180,19 +182,21 @@ async def get_session(session_id: str, tinker: TinkerDep, key: CurrentKey,
 
 @router.post("/create_sampling_session")
 async def create_sampling_session(body: schemas.CreateSamplingSession, tinker: TinkerDep,
-                            key: CurrentKey) -> dict[str, Any]:
+                                  key: CurrentKey) -> schemas.SamplingSessionCreated:
     return await tinker.create_sampling_session(body, key)
 
 
 @router.get("/samplers/{sampler_id:path}")
-async def get_sampler(sampler_id: str, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+async def get_sampler(sampler_id: str, tinker: TinkerDep, key: CurrentKey
+                      ) -> schemas.SamplerInfo:
     ref = tinker.sampler(sampler_id, key)
-    return {"sampler_id": sampler_id, "base_model": ref.base_model,
-            "model_path": ref.model_path}
+    return schemas.SamplerInfo(sampler_id=sampler_id, base_model=ref.base_model,
+                               model_path=ref.model_path)
 
 
 @router.post("/asample")
-async def asample(body: schemas.Sample, tinker: TinkerDep, key: CurrentKey) -> dict[str, Any]:
+async def asample(body: schemas.Sample, tinker: TinkerDep, key: CurrentKey
+                  ) -> schemas.SampleFuture:
     return tinker.sample(body, key)
 
 
@@ -207,9 +211,9 @@ async def retrieve_future(body: schemas.RetrieveFuture, tinker: TinkerDep,
     return result  # type: ignore[return-value]
 
 
-@router.post("/{call}")
+@router.post("/{call}", response_model_exclude_none=True)
 async def unsupported(call: str, request: Request, tinker: TinkerDep, _key: CurrentKey
-                      ) -> dict[str, Any]:
+                      ) -> schemas.Future:
     """Calls Loom does not serve yet fail as the SDK expects a failed call to (its own
     error shape, category `user`), never hang; a numbered one uses its number up, so the
     model's next call proceeds."""
@@ -218,7 +222,7 @@ async def unsupported(call: str, request: Request, tinker: TinkerDep, _key: Curr
     async def refuse() -> Any:
         return failure(InvalidInput(f"Loom does not serve the Tinker call {call!r} yet."))
 
-    return {"request_id": tinker.futures.submit(refuse())}
+    return schemas.Future(request_id=tinker.futures.submit(refuse()))
 
 
 # Not an operation of the API, so not in its OpenAPI description.

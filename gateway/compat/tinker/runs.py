@@ -7,7 +7,6 @@ expiry on the trainer); sampler weights saved by name live in the gateway's memo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -97,12 +96,12 @@ async def set_ttl(tinker: TinkerService, model_id: str, checkpoint_id: str,
 
 
 async def weights_info(tinker: TinkerService, tinker_path: str, owner: KeyIdentity
-                       ) -> dict[str, Any]:
+                       ) -> schemas.WeightsInfoResponse:
     path = checkpoints.parse_path(tinker_path)
     run = await tinker.training_run(path.model_id, owner)
     if all(c.tinker_path != str(path) for c in await run_checkpoints(tinker, run)):
         raise NotFound(f"No checkpoint {tinker_path!r}.")
-    return {"base_model": run.base_model, "is_lora": True, "lora_rank": run.lora.rank}
+    return schemas.WeightsInfoResponse(base_model=run.base_model, lora_rank=run.lora.rank)
 
 
 # --- training runs --------------------------------------------------------------------------

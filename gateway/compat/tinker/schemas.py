@@ -201,3 +201,72 @@ class Sessions(LenientModel):
 
 class CheckpointTtl(LenientModel):
     ttl_seconds: TtlSeconds = None
+
+
+# --- responses of the calls the SDK makes (its types' fields, as Loom fills them) ----------
+
+
+class ClientConfig(LenientModel):
+    pjwt_auth_enabled: bool = False
+    use_pyqwest_transport: bool = False
+
+
+class DynamicConfig(LenientModel):
+    refresh_interval_sec: int
+
+
+class Status(LenientModel):
+    status: str
+
+
+class SessionCreated(LenientModel):
+    type: Literal["create_session"] = "create_session"
+    session_id: str
+
+
+class HeartbeatDone(LenientModel):
+    type: Literal["session_heartbeat"] = "session_heartbeat"
+
+
+class Future(LenientModel):
+    """A call that answers later: its result is read with retrieve_future."""
+
+    request_id: str
+    model_id: str | None = None  # create_model and create_training_client_from_state only
+
+
+class SampleFuture(LenientModel):
+    request_id: str
+    sample_sequence_ids: list[str]
+
+
+class ModelData(LenientModel):
+    model_name: str
+    arch: str | None = None
+    tokenizer_id: str
+
+
+class ModelInfo(LenientModel):
+    type: Literal["get_info"] = "get_info"
+    model_id: str
+    is_lora: bool = True
+    lora_rank: int
+    model_name: str
+    model_data: ModelData
+
+
+class WeightsInfoResponse(LenientModel):
+    base_model: str
+    is_lora: bool = True
+    lora_rank: int
+
+
+class SamplingSessionCreated(LenientModel):
+    sampling_session_id: str
+    type: Literal["create_sampling_session"] = "create_sampling_session"
+
+
+class SamplerInfo(LenientModel):
+    sampler_id: str
+    base_model: str
+    model_path: str | None

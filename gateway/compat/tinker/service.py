@@ -113,7 +113,7 @@ class TinkerService:
     # --- training ---------------------------------------------------------------------
 
     async def create_model(self, body: schemas.CreateModel, owner: KeyIdentity
-                           ) -> dict[str, Any]:
+                           ) -> schemas.Future:
         self.check_session(body.session_id, owner)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
         rank = (body.lora_config or schemas.LoraSpec()).rank
@@ -128,7 +128,7 @@ class TinkerService:
                                                   await self.tokenizer_id(base))
             return {"model_id": model_id, "type": "create_model"}
 
-        return {"request_id": self.futures.submit(create()), "model_id": model_id}
+        return schemas.Future(request_id=self.futures.submit(create()), model_id=model_id)
 
     async def tokenizer_id(self, loom_base_model: str) -> str:
         return await run_in_threadpool(resolve_base_model, loom_base_model, self.data_dir)
@@ -137,15 +137,15 @@ class TinkerService:
         return find_owned(self.models, model_id, owner, "Model",
                           " (created with create_model in this gateway's lifetime)")
 
-    def get_info(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
+    def get_info(self, model_id: str, owner: KeyIdentity) -> schemas.ModelInfo:
         model = self.model(model_id, owner)
-        return {"type": "get_info", "model_id": model_id, "is_lora": True,
-                "lora_rank": model.lora_rank, "model_name": model.base_model,
-                "model_data": {"model_name": model.base_model, "arch": None,
-                               "tokenizer_id": model.tokenizer_id}}
+        return schemas.ModelInfo(
+            model_id=model_id, lora_rank=model.lora_rank, model_name=model.base_model,
+            model_data=schemas.ModelData(model_name=model.base_model,
+                                         tokenizer_id=model.tokenizer_id))
 
     @numbered(lambda body, _owner: wire.numbering(body))
-    async def forward_backward(self, body: bytes, owner: KeyIdentity) -> dict[str, Any]:
+    async def forward_backward(self, body: bytes, owner: KeyIdentity) -> schemas.Future:
         request = wire.ForwardBackwardRequest()
         try:
             request.ParseFromString(body)
@@ -173,7 +173,7 @@ class TinkerService:
         return await self._in_order(model, request.seq_id, submit, result)
 
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
-    async def optim_step(self, body: schemas.OptimStep, owner: KeyIdentity) -> dict[str, Any]:
+    async def optim_step(self, body: schemas.OptimStep, owner: KeyIdentity) -> schemas.Future:
         model = self.model(body.model_id, owner)
         step = optim_step_request(body.adam_params)
 
@@ -188,7 +188,7 @@ class TinkerService:
 
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def save_for_sampler(self, body: schemas.SaveForSampler, owner: KeyIdentity
-                               ) -> dict[str, Any]:
+                               ) -> schemas.Future:
         model = self.model(body.model_id, owner)
         if body.path is None and body.sampling_session_seq_id is None:
             raise InvalidInput("save_weights_for_sampler needs a path or a "
@@ -216,7 +216,7 @@ class TinkerService:
     # --- training state ---------------------------------------------------------------
 
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
-    async def save_state(self, body: schemas.SaveState, owner: KeyIdentity) -> dict[str, Any]:
+    async def save_state(self, body: schemas.SaveState, owner: KeyIdentity) -> schemas.Future:
         model = self.model(body.model_id, owner)
 
         async def submit() -> str:
@@ -238,7 +238,7 @@ class TinkerService:
         return await self._in_order(model, body.seq_id, submit, result)
 
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
-    async def load_state(self, body: schemas.LoadState, owner: KeyIdentity) -> dict[str, Any]:
+    async def load_state(self, body: schemas.LoadState, owner: KeyIdentity) -> schemas.Future:
         if body.model_id is not None and body.seq_id is not None:
             return await self._load_into(body, body.model_id, body.seq_id, owner)
         if body.session_id is not None and body.model_seq_id is not None:
@@ -247,7 +247,7 @@ class TinkerService:
                            "session_id and a model_seq_id (create_training_client_from_state).")
 
     async def _load_into(self, body: schemas.LoadState, model_id: str, seq_id: int,
-                         owner: KeyIdentity) -> dict[str, Any]:
+                         owner: KeyIdentity) -> schemas.Future:
         """load_state / load_state_with_optimizer, in the model's order of calls."""
         model = self.model(model_id, owner)
 
@@ -266,7 +266,7 @@ class TinkerService:
         return await self._in_order(model, seq_id, submit, result)
 
     def _create_from_state(self, body: schemas.LoadState, session_id: str, model_seq_id: int,
-                           owner: KeyIdentity) -> dict[str, Any]:
+                           owner: KeyIdentity) -> schemas.Future:
         """create_training_client_from_state(_with_optimizer): a new job with the source's
         LoRA, its model loaded with the source job's checkpoint before any call reaches it."""
         self.check_session(session_id, owner)
@@ -298,7 +298,7 @@ class TinkerService:
                                                   await self.tokenizer_id(job.base_model))
             return {"path": body.path, "model_id": model_id, "type": "load_weights"}
 
-        return {"request_id": self.futures.submit(create()), "model_id": model_id}
+        return schemas.Future(request_id=self.futures.submit(create()), model_id=model_id)
 
     async def training_run(self, model_id: str, owner: KeyIdentity) -> checkpoints.TrainingRun:
         """The run a Tinker model id names: a model of this gateway's lifetime, else the job
@@ -328,7 +328,7 @@ class TinkerService:
     # --- sampling ---------------------------------------------------------------------
 
     async def create_sampling_session(self, body: schemas.CreateSamplingSession,
-                                      owner: KeyIdentity) -> dict[str, Any]:
+                                      owner: KeyIdentity) -> schemas.SamplingSessionCreated:
         self.check_session(body.session_id, owner)
         if body.model_path is not None:
             ref = self.live_sampler_paths().get(body.model_path)
@@ -343,12 +343,12 @@ class TinkerService:
         sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
         self.samplers[sampler_id] = SamplerRef(owner.id, ref.base_model, ref.job_id,
                                                ref.version, body.model_path)
-        return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
+        return schemas.SamplingSessionCreated(sampling_session_id=sampler_id)
 
     def sampler(self, sampler_id: str, owner: KeyIdentity) -> SamplerRef:
         return find_owned(self.samplers, sampler_id, owner, "Sampler")
 
-    def sample(self, body: schemas.Sample, owner: KeyIdentity) -> dict[str, Any]:
+    def sample(self, body: schemas.Sample, owner: KeyIdentity) -> schemas.SampleFuture:
         ref = self.sampler(body.sampling_session_id, owner)
         check_top_k(topk_prompt_logprobs=body.topk_prompt_logprobs,
                     topk_sample_logprobs=body.topk_sample_logprobs)
@@ -379,7 +379,8 @@ class TinkerService:
                                         body.topk_sample_logprobs, body.topk_prompt_logprobs)
 
         ids = [f"{body.sampling_session_id}:{body.seq_id}:{i}" for i in range(body.num_samples)]
-        return {"request_id": self.futures.submit(run()), "sample_sequence_ids": ids}
+        return schemas.SampleFuture(request_id=self.futures.submit(run()),
+                                    sample_sequence_ids=ids)
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -398,8 +399,9 @@ class TinkerService:
             await model.calls.skip(seq_id)
 
     async def _in_order(self, model: TrainingModel, seq_id: int, submit: Any, result: Any
-                        ) -> dict[str, Any]:
-        return {"request_id": await model.calls.place(self.futures, seq_id, submit, result)}
+                        ) -> schemas.Future:
+        return schemas.Future(
+            request_id=await model.calls.place(self.futures, seq_id, submit, result))
 
 
 def last_n(per_position: list[T] | None, n: int) -> list[T | None] | None:

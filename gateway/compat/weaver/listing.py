@@ -6,7 +6,6 @@ they outlive the gateway's memory."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -84,8 +83,7 @@ async def training_run(weaver: WeaverService, model_id: str, viewer: KeyIdentity
     found = await run_in_threadpool(query)
     if not found:
         raise NotFound(f"No training run {model_id!r} (or it belongs to another API key).")
-    checkpoints: list[dict[str, Any]] = (await weaver.list_checkpoints(model_id, viewer))["items"]
-    times = [found[0].created_at, *(datetime.fromisoformat(c["created_at"])
-                                    for c in checkpoints)]
+    checkpoints = (await weaver.list_checkpoints(model_id, viewer)).items
+    times = [found[0].created_at, *(datetime.fromisoformat(c.created_at) for c in checkpoints)]
     return schemas.TrainingRunDetail(**{**found[0].model_dump(), "last_request_at": max(times)},
                                      checkpoints=checkpoints)

@@ -3,7 +3,7 @@ Each route checks its body and hands it to `WeaverService`; errors take Weaver's
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, status
 
@@ -33,24 +33,26 @@ router = APIRouter(prefix=f"{PREFIX}/api/v1", tags=["weaver"], route_class=Weave
 
 @router.post("/sessions", status_code=status.HTTP_201_CREATED)
 async def create_session(body: schemas.CreateSession, weaver: WeaverDep, key: CurrentKey
-                         ) -> dict[str, Any]:
+                         ) -> schemas.SessionInfo:
     return weaver.create_session(body, key)
 
 
 @router.get("/sessions/{session_id}")
-async def get_session(session_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+async def get_session(session_id: str, weaver: WeaverDep, key: CurrentKey
+                      ) -> schemas.SessionInfo:
     return weaver.session(session_id, key).public(session_id)
 
 
 @router.post("/sessions/{session_id}/heartbeat")
-async def heartbeat(session_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+async def heartbeat(session_id: str, weaver: WeaverDep, key: CurrentKey
+                    ) -> schemas.SessionAlive:
     weaver.session(session_id, key)
-    return {"id": session_id, "status": "active"}
+    return schemas.SessionAlive(id=session_id)
 
 
 @router.post("/sessions/{session_id}/metrics")
 async def log_metrics(session_id: str, body: schemas.LogMetrics, weaver: WeaverDep,
-                      key: CurrentKey) -> dict[str, Any]:
+                      key: CurrentKey) -> schemas.MetricsAccepted:
     return await weaver.log_metrics(session_id, body, key)
 
 
@@ -88,77 +90,79 @@ async def get_training_run(model_id: str, weaver: WeaverDep, key: CurrentKey
 
 @router.post("/sessions/{session_id}/models", status_code=status.HTTP_201_CREATED)
 async def create_model(session_id: str, body: schemas.CreateModel, weaver: WeaverDep,
-                       key: CurrentKey) -> dict[str, Any]:
+                       key: CurrentKey) -> schemas.TrainingModel:
     return await weaver.create_model(session_id, body, key)
 
 
 @router.get("/models/{model_id}")
-async def get_model(model_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+async def get_model(model_id: str, weaver: WeaverDep, key: CurrentKey
+                    ) -> schemas.TrainingModel:
     return (await weaver.model(model_id, key)).public()
 
 
 @router.post("/models/{model_id}/terminate")
-async def terminate(model_id: str, weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+async def terminate(model_id: str, weaver: WeaverDep, key: CurrentKey) -> schemas.Terminated:
     return await weaver.terminate(model_id, key)
 
 
-@router.post("/models/{model_id}/forward-passes")
+@router.post("/models/{model_id}/forward-passes", response_model_exclude_unset=True)
 async def forward(model_id: str, body: schemas.PassBody, weaver: WeaverDep, key: CurrentKey
-                  ) -> dict[str, Any]:
+                  ) -> schemas.Operation:
     op_id = await weaver.forward(model_id, body, key, backward=False)
     return await operations.submitted(weaver.futures, op_id)
 
 
-@router.post("/models/{model_id}/forward-backward-passes")
+@router.post("/models/{model_id}/forward-backward-passes", response_model_exclude_unset=True)
 async def forward_backward(model_id: str, body: schemas.PassBody, weaver: WeaverDep,
-                           key: CurrentKey) -> dict[str, Any]:
+                           key: CurrentKey) -> schemas.Operation:
     op_id = await weaver.forward(model_id, body, key, backward=True)
     return await operations.submitted(weaver.futures, op_id)
 
 
-@router.post("/models/{model_id}/optimizer-steps")
+@router.post("/models/{model_id}/optimizer-steps", response_model_exclude_unset=True)
 async def optim_step(model_id: str, body: schemas.OptimBody, weaver: WeaverDep,
-                     key: CurrentKey) -> dict[str, Any]:
+                     key: CurrentKey) -> schemas.Operation:
     op_id = await weaver.optim_step(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
-@router.post("/models/{model_id}/export-sampler")
+@router.post("/models/{model_id}/export-sampler", response_model_exclude_unset=True)
 async def export_sampler(model_id: str, body: schemas.ExportSampler, weaver: WeaverDep,
-                         key: CurrentKey) -> dict[str, Any]:
+                         key: CurrentKey) -> schemas.Operation:
     op_id = await weaver.export_sampler(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
-@router.post("/models/{model_id}/checkpoints")
+@router.post("/models/{model_id}/checkpoints", response_model_exclude_unset=True)
 async def save_checkpoint(model_id: str, body: schemas.SaveCheckpoint, weaver: WeaverDep,
-                          key: CurrentKey) -> dict[str, Any]:
+                          key: CurrentKey) -> schemas.Operation:
     op_id = await weaver.save_checkpoint(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.get("/models/{model_id}/checkpoints")
 async def list_checkpoints(model_id: str, weaver: WeaverDep, key: CurrentKey
-                           ) -> dict[str, Any]:
+                           ) -> schemas.Checkpoints:
     return await weaver.list_checkpoints(model_id, key)
 
 
-@router.post("/models/{model_id}/load")
+@router.post("/models/{model_id}/load", response_model_exclude_unset=True)
 async def load_checkpoint(model_id: str, body: schemas.LoadCheckpoint, weaver: WeaverDep,
-                          key: CurrentKey) -> dict[str, Any]:
+                          key: CurrentKey) -> schemas.Operation:
     op_id = await weaver.load_checkpoint(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/sessions/{session_id}/sampling-sessions", status_code=status.HTTP_201_CREATED)
 async def create_sampling_session(session_id: str, body: schemas.CreateSamplingSession,
-                                  weaver: WeaverDep, key: CurrentKey) -> dict[str, Any]:
+                                  weaver: WeaverDep, key: CurrentKey
+                                  ) -> schemas.SamplingSession:
     return await weaver.create_sampling_session(session_id, body, key)
 
 
 @router.get("/sampling-sessions/{sampling_id}")
 async def get_sampling_session(sampling_id: str, weaver: WeaverDep, key: CurrentKey
-                               ) -> dict[str, Any]:
+                               ) -> schemas.SamplingSession:
     return weaver.sampling_session(sampling_id, key).public(sampling_id)
 
 
@@ -167,22 +171,22 @@ async def close_sampling_session(sampling_id: str, weaver: WeaverDep, key: Curre
     weaver.close_sampling_session(sampling_id, key)
 
 
-@router.post("/sampling-sessions/{sampling_id}/samples")
+@router.post("/sampling-sessions/{sampling_id}/samples", response_model_exclude_unset=True)
 async def sample(sampling_id: str, body: schemas.SampleBody, weaver: WeaverDep,
-                 key: CurrentKey) -> dict[str, Any]:
+                 key: CurrentKey) -> schemas.Operation:
     op_id = weaver.sample(sampling_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
-@router.post("/sampling-sessions/{sampling_id}/logprobs")
+@router.post("/sampling-sessions/{sampling_id}/logprobs", response_model_exclude_unset=True)
 async def compute_logprobs(sampling_id: str, body: schemas.LogprobsBody, weaver: WeaverDep,
-                           key: CurrentKey) -> dict[str, Any]:
+                           key: CurrentKey) -> schemas.Operation:
     op_id = weaver.compute_logprobs(sampling_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
-@router.get("/operations/{op_id}")
-async def get_operation(op_id: str, weaver: WeaverDep, _key: CurrentKey) -> dict[str, Any]:
+@router.get("/operations/{op_id}", response_model_exclude_unset=True)
+async def get_operation(op_id: str, weaver: WeaverDep, _key: CurrentKey) -> schemas.Operation:
     return await operations.poll(weaver.futures, op_id)
 
 

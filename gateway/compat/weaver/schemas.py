@@ -215,5 +215,78 @@ class ModelPage(WeaverBody):
     pagination: Pagination
 
 
+# --- responses of the other calls (the SDK's types' fields, as Loom fills them) ------------
+
+
+class SessionInfo(WeaverBody):
+    id: str
+    name: str | None
+    status: Literal["active"] = "active"
+    created_at: str  # ISO 8601
+
+
+class SessionAlive(WeaverBody):
+    id: str
+    status: Literal["active"] = "active"
+
+
+class MetricsAccepted(WeaverBody):
+    accepted: int
+
+
+class TrainingModel(WeaverBody):
+    id: str
+    base_model: str
+    training_mode: Literal["lora", "full_ft"]
+    lora_config: LoraSummary | None
+    tokenizer_path: str
+    status: Literal["active", "terminated"]
+    created_at: str  # ISO 8601
+
+
+class Terminated(WeaverBody):
+    model_id: str
+    trainer: Literal["terminated"] = "terminated"
+    inference: Literal["terminated"] = "terminated"
+
+
+class Operation(WeaverBody):
+    """A call that answers later, polled with GET /operations/{id}; the error fields are
+    present only when it failed (routes answer it with `response_model_exclude_unset`)."""
+
+    id: str
+    status: Literal["pending", "done", "error"]
+    response: dict[str, Any] | None
+    error_code: str | None = None
+    error_message: str | None = None
+    retryable: bool | None = None
+
+
+class Checkpoint(WeaverBody):
+    id: str
+    path: str
+    name: str
+    checkpoint_type: str
+    status: Literal["completed"] = "completed"
+    size_bytes: int | None
+    step: int | None
+    ttl_seconds: int | None
+    created_at: str  # ISO 8601
+    expires_at: str | None
+
+
+class Checkpoints(WeaverBody):
+    items: list[Checkpoint]
+
+
+class SamplingSession(WeaverBody):
+    id: str
+    base_model: str
+    model_path: str | None
+    model_id: str | None
+    weight_version: int
+    tokenizer_path: str
+
+
 class TrainingRunDetail(ModelSummary):
-    checkpoints: list[dict[str, Any]]  # as list_checkpoints gives them
+    checkpoints: list[Checkpoint]

@@ -11,7 +11,6 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -64,9 +63,9 @@ class WeaverSession:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     models: dict[int, str] = field(default_factory=dict)  # model_seq_id -> model id
 
-    def public(self, session_id: str) -> dict[str, Any]:
-        return {"id": session_id, "name": self.name, "status": "active",
-                "created_at": self.created_at.isoformat()}
+    def public(self, session_id: str) -> schemas.SessionInfo:
+        return schemas.SessionInfo(id=session_id, name=self.name,
+                                   created_at=self.created_at.isoformat())
 
 
 @dataclass
@@ -82,14 +81,15 @@ class TrainingModel:
     def id(self) -> str:
         return self.job.id
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> schemas.TrainingModel:
         lora = self.job.lora
-        mode = "lora" if self.job.mode == TrainingMode.lora else "full_ft"
-        return {"id": self.id, "base_model": self.base_model, "training_mode": mode,
-                "lora_config": None if lora is None else {"rank": lora.rank},
-                "tokenizer_path": self.tokenizer_path,
-                "status": "terminated" if self.terminated else "active",
-                "created_at": self.job.created_at.isoformat()}
+        return schemas.TrainingModel(
+            id=self.id, base_model=self.base_model,
+            training_mode="lora" if self.job.mode == TrainingMode.lora else "full_ft",
+            lora_config=None if lora is None else schemas.LoraSummary(rank=lora.rank),
+            tokenizer_path=self.tokenizer_path,
+            status="terminated" if self.terminated else "active",
+            created_at=self.job.created_at.isoformat())
 
 
 @dataclass(frozen=True)
@@ -101,10 +101,11 @@ class SamplingSession:
     version: int
     model_path: str | None
 
-    def public(self, session_id: str) -> dict[str, Any]:
-        return {"id": session_id, "base_model": self.base_model, "model_path": self.model_path,
-                "model_id": self.job_id, "weight_version": self.version,
-                "tokenizer_path": self.tokenizer_path}
+    def public(self, session_id: str) -> schemas.SamplingSession:
+        return schemas.SamplingSession(
+            id=session_id, base_model=self.base_model, model_path=self.model_path,
+            model_id=self.job_id, weight_version=self.version,
+            tokenizer_path=self.tokenizer_path)
 
 
 class WeaverService:
@@ -125,7 +126,8 @@ class WeaverService:
 
     # --- sessions and base models -----------------------------------------------------
 
-    def create_session(self, body: schemas.CreateSession, owner: KeyIdentity) -> dict[str, Any]:
+    def create_session(self, body: schemas.CreateSession, owner: KeyIdentity
+                       ) -> schemas.SessionInfo:
         session_id = f"ws-{uuid.uuid4().hex[:16]}"
         self.sessions[session_id] = WeaverSession(owner.id, body.name)
         return self.sessions[session_id].public(session_id)
@@ -140,7 +142,7 @@ class WeaverService:
         return resolve_base_model(loom_base_model, self.data_dir)
 
     async def log_metrics(self, session_id: str, body: schemas.LogMetrics, owner: KeyIdentity
-                          ) -> dict[str, Any]:
+                          ) -> schemas.MetricsAccepted:
         """The script's own metrics (rewards, evals) as its job's metrics: charted by the web
         admin like any job's."""
         self.session(session_id, owner)
@@ -155,12 +157,12 @@ class WeaverService:
             return sum(job_logs.log_metrics(session, model.id, by_model[model.id])
                        for model in models)
 
-        return {"accepted": await in_transaction(self.db, record)}
+        return schemas.MetricsAccepted(accepted=await in_transaction(self.db, record))
 
     # --- training models --------------------------------------------------------------
 
     async def create_model(self, session_id: str, body: schemas.CreateModel,
-                           owner: KeyIdentity) -> dict[str, Any]:
+                           owner: KeyIdentity) -> schemas.TrainingModel:
         session = self.session(session_id, owner)
         if body.model_seq_id in session.models:  # the SDK resent it: one model
             return (await self.model(session.models[body.model_seq_id], owner)).public()
@@ -218,14 +220,14 @@ class WeaverService:
                            "checkpoints load into it).")
         return model
 
-    async def terminate(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
+    async def terminate(self, model_id: str, owner: KeyIdentity) -> schemas.Terminated:
         model = await self.model(model_id, owner)
         if not model.terminated:
             model.terminated = True
             with suppress(Conflict):  # already finished through Loom's own API
                 await in_transaction(self.db, lambda s: jobs.set_status(
                     s, model.id, JobStatus.completed, owner))
-        return {"model_id": model_id, "trainer": "terminated", "inference": "terminated"}
+        return schemas.Terminated(model_id=model_id)
 
     @numbered(lambda model_id, body, *_, **__: (model_id, body.payload.seq_id))
     async def forward(self, model_id: str, body: schemas.PassBody, owner: KeyIdentity,
@@ -343,17 +345,18 @@ class WeaverService:
 
         return await model.calls.place(self.futures, None, submit, result)
 
-    async def list_checkpoints(self, model_id: str, owner: KeyIdentity) -> dict[str, Any]:
+    async def list_checkpoints(self, model_id: str, owner: KeyIdentity) -> schemas.Checkpoints:
         model = await self.model(model_id, owner)
         listed = CheckpointList.model_validate(
             await self.trainer.get_json(f"/v1/models/{model.id}/checkpoints"))
-        return {"items": [paths.checkpoint(model.id, c) for c in listed.checkpoints]}
+        return schemas.Checkpoints.model_validate(
+            {"items": [paths.checkpoint(model.id, c) for c in listed.checkpoints]})
 
     # --- sampling ---------------------------------------------------------------------
 
     async def create_sampling_session(self, session_id: str,
                                       body: schemas.CreateSamplingSession,
-                                      owner: KeyIdentity) -> dict[str, Any]:
+                                      owner: KeyIdentity) -> schemas.SamplingSession:
         self.session(session_id, owner)
         if body.model_path is not None:
             path = paths.parse(body.model_path, paths.SAMPLER_WEIGHTS)

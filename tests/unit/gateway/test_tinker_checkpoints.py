@@ -43,8 +43,8 @@ async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
         yield Stand(service(), parts.trainer, parts.owner, parts.other, service)
 
 
-async def result(tinker: TinkerService, submitted: dict[str, Any]) -> Any:
-    answer = await retrieve(tinker.futures, submitted["request_id"], 60)  # builds a tiny model
+async def result(tinker: TinkerService, submitted: schemas.Future) -> Any:
+    answer = await retrieve(tinker.futures, submitted.request_id, 60)  # builds a tiny model
     assert answer is not PENDING
     return answer
 
@@ -54,8 +54,8 @@ async def new_model(tinker: TinkerService, owner: KeyIdentity) -> str:
     created = await tinker.create_model(schemas.CreateModel(
         session_id=session, model_seq_id=0, base_model="loom/tiny",
         lora_config=schemas.LoraSpec(rank=4)), owner)
-    assert (await result(tinker, created))["model_id"] == created["model_id"]
-    model_id: str = created["model_id"]
+    assert (await result(tinker, created))["model_id"] == created.model_id
+    model_id: str = created.model_id
     return model_id
 
 
@@ -143,14 +143,14 @@ async def test_create_from_state_makes_a_job_like_the_source_and_loads_its_check
         session_id=session, model_seq_id=0, path=f"tinker://{source}/weights/ckpt",
         optimizer=True), owner)
     model_id = f"{session}:train:0"
-    assert submitted["model_id"] == model_id
+    assert submitted.model_id == model_id
     assert (await result(tinker, submitted))["model_id"] == model_id
     model: TrainingModel = tinker.models[model_id]
     assert model.job_id != source_job and model.lora_rank == 4
     assert fake.created[-1].lora == fake.created[0].lora
     assert fake.calls[-1] == (model.job_id, "load_state",
                               {"name": "ckpt", "job_id": source_job, "optimizer": True})
-    assert tinker.get_info(model_id, owner)["lora_rank"] == 4
+    assert tinker.get_info(model_id, owner).lora_rank == 4
 
     # A checkpoint of another base model is refused, as a failed future.
     refused = await tinker.load_state(schemas.LoadState(
@@ -174,7 +174,7 @@ async def test_checkpoints_are_listed_and_found_again_after_a_gateway_restart(
         ("sampler_weights/w1", "sampler", f"tinker://{model_id}/sampler_weights/w1")]
     assert listed.checkpoints[0].size_bytes == 10 and listed.cursor is None
     info = await runs.weights_info(tinker, f"tinker://{model_id}/weights/s1", owner)
-    assert info == {"base_model": "loom/tiny", "is_lora": True, "lora_rank": 4}
+    assert info == schemas.WeightsInfoResponse(base_model="loom/tiny", lora_rank=4)
     with pytest.raises(NotFound):
         await runs.weights_info(tinker, f"tinker://{model_id}/weights/nope", owner)
 

@@ -50,51 +50,51 @@ def optim(model_id: str, seq_id: int) -> schemas.OptimBody:
 
 async def test_a_model_is_a_job_made_once_and_found_again_after_a_restart(stand: Stand) -> None:
     weaver, owner = stand.weaver, stand.owner
-    session = weaver.create_session(schemas.CreateSession(name="exp"), owner)["id"]
+    session = weaver.create_session(schemas.CreateSession(name="exp"), owner).id
     spec = schemas.CreateModel(model_seq_id=1, base_model="Acme/Model:32768",
                                lora_config=schemas.LoraSpec(rank=4, train_mlp=False))
     made = await weaver.create_model(session, spec, owner)
     assert await weaver.create_model(session, spec, owner) == made  # resent: one model
     (created,) = stand.trainer.created
-    assert created.job_id == made["id"] and created.base_model.endswith("/model")
+    assert created.job_id == made.id and created.base_model.endswith("/model")
     assert created.lora.rank == 4 and created.lora.target_modules == [
         "q_proj", "k_proj", "v_proj", "o_proj"]
-    assert made["base_model"] == "Acme/Model:32768" and made["tokenizer_path"].endswith("model")
-    first = await weaver.optim_step(made["id"], optim(made["id"], 1), owner)
-    assert await weaver.optim_step(made["id"], optim(made["id"], 1), owner) == first
+    assert made.base_model == "Acme/Model:32768" and made.tokenizer_path.endswith("model")
+    first = await weaver.optim_step(made.id, optim(made.id, 1), owner)
+    assert await weaver.optim_step(made.id, optim(made.id, 1), owner) == first
 
     # A new gateway: the model is found by its job and the SDK's numbering goes on from 2.
     restarted = stand.restart()
-    found = await restarted.model(made["id"], owner)
-    assert found.public()["training_mode"] == "lora" and found.base_model == "Acme/Model:32768"
-    await restarted.optim_step(made["id"], optim(made["id"], 2), owner)
+    found = await restarted.model(made.id, owner)
+    assert found.public().training_mode == "lora" and found.base_model == "Acme/Model:32768"
+    await restarted.optim_step(made.id, optim(made.id, 2), owner)
     assert [action for _, action, _ in stand.trainer.calls] == ["optim_step", "optim_step"]
     with pytest.raises(NotFound, match="another API key"):
-        await restarted.model(made["id"], stand.other)
+        await restarted.model(made.id, stand.other)
     with pytest.raises(NotFound, match="No session"):
         restarted.session(session, owner)  # sessions live in the gateway's memory
 
-    await restarted.terminate(made["id"], owner)
+    await restarted.terminate(made.id, owner)
     with pytest.raises(Conflict, match="terminated"):
-        await restarted.optim_step(made["id"], optim(made["id"], 3), owner)
-    found_again = await stand.restart().model(made["id"], owner)
+        await restarted.optim_step(made.id, optim(made.id, 3), owner)
+    found_again = await stand.restart().model(made.id, owner)
     assert found_again.terminated  # the job is completed
 
 
 async def test_metrics_land_on_the_models_job_and_foreign_ones_are_refused(stand: Stand
                                                                            ) -> None:
     weaver, owner = stand.weaver, stand.owner
-    session = weaver.create_session(schemas.CreateSession(), owner)["id"]
+    session = weaver.create_session(schemas.CreateSession(), owner).id
     model = (await weaver.create_model(session, schemas.CreateModel(
-        model_seq_id=1, base_model="Acme/Model"), owner))["id"]
+        model_seq_id=1, base_model="Acme/Model"), owner)).id
     logged = schemas.LogMetrics.model_validate({"metrics": [
         {"model_id": model, "name": "reward", "value": 0.5, "step": 3},
         {"model_id": model, "name": "reward", "value": 0.75, "step": 4}]})
-    assert await weaver.log_metrics(session, logged, owner) == {"accepted": 2}
+    assert (await weaver.log_metrics(session, logged, owner)).accepted == 2
     with weaver.db() as db:
         (series,) = job_logs.metric_series(db, model, ["reward"], None)
     assert (series.steps, series.values) == ([3, 4], [0.5, 0.75])
-    other_session = weaver.create_session(schemas.CreateSession(), stand.other)["id"]
+    other_session = weaver.create_session(schemas.CreateSession(), stand.other).id
     with pytest.raises(NotFound):
         await weaver.log_metrics(other_session, logged, stand.other)
     bad = schemas.LogMetrics.model_validate({"metrics": [
@@ -105,12 +105,12 @@ async def test_metrics_land_on_the_models_job_and_foreign_ones_are_refused(stand
 
 async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stand) -> None:
     weaver, owner, other = stand.weaver, stand.owner, stand.other
-    session = weaver.create_session(schemas.CreateSession(), owner)["id"]
+    session = weaver.create_session(schemas.CreateSession(), owner).id
     model = (await weaver.create_model(session, schemas.CreateModel(
-        model_seq_id=1, base_model="Acme/Model"), owner))["id"]
-    other_session = weaver.create_session(schemas.CreateSession(), other)["id"]
+        model_seq_id=1, base_model="Acme/Model"), owner)).id
+    other_session = weaver.create_session(schemas.CreateSession(), other).id
     theirs = (await weaver.create_model(other_session, schemas.CreateModel(
-        model_seq_id=1, base_model="Acme/Model"), other))["id"]
+        model_seq_id=1, base_model="Acme/Model"), other)).id
     load = schemas.LoadCheckpoint(path=f"weaver://{theirs}/checkpoints/step-1")
     with pytest.raises(NotFound):
         await weaver.load_checkpoint(model, load, owner)
@@ -121,7 +121,7 @@ async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stan
     unnamed = schemas.CreateSamplingSession(sampling_session_seq_id=1,
                                             model_path=f"weaver://{model}/sampler_weights/v2")
     bound = await weaver.create_sampling_session(session, unnamed, owner)
-    assert (bound["model_id"], bound["weight_version"]) == (model, 2)
+    assert (bound.model_id, bound.weight_version) == (model, 2)
     named = schemas.CreateSamplingSession(sampling_session_seq_id=2,
                                           model_path=f"weaver://{model}/sampler_weights/best")
     with pytest.raises(NotFound, match="named exports"):
@@ -132,9 +132,9 @@ async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stan
     # TTLs: a checkpoint's is its expiry on the trainer; named sampler weights are forgotten
     op = await weaver.save_checkpoint(model, schemas.SaveCheckpoint(name="c", ttl_seconds=60),
                                       owner)
-    assert (await operations.poll(weaver.futures, op))["status"] == "done"
-    (listed,) = (await weaver.list_checkpoints(model, owner))["items"]
-    assert listed["expires_at"] is not None and listed["ttl_seconds"] > 0
+    assert (await operations.poll(weaver.futures, op)).status == "done"
+    (listed,) = (await weaver.list_checkpoints(model, owner)).items
+    assert listed.expires_at is not None and listed.ttl_seconds > 0
     weaver.sampler_weights[named.model_path] = (3, datetime.now(UTC) - timedelta(seconds=1))
     with pytest.raises(NotFound, match="named exports"):
         await weaver.create_sampling_session(session, named, owner)
@@ -143,9 +143,9 @@ async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stan
 async def test_models_and_runs_are_listed_from_their_jobs_and_unserved_bases_refused(
         stand: Stand) -> None:
     weaver, owner = stand.weaver, stand.owner
-    session = weaver.create_session(schemas.CreateSession(name="exp"), owner)["id"]
+    session = weaver.create_session(schemas.CreateSession(name="exp"), owner).id
     made = [(await weaver.create_model(session, schemas.CreateModel(
-        model_seq_id=i, base_model="Acme/Model", training_mode=mode), owner))["id"]
+        model_seq_id=i, base_model="Acme/Model", training_mode=mode), owner)).id
         for i, mode in enumerate(["lora", "full_ft"])]
     page = await listing.model_page(weaver, owner, limit=1, offset=1)
     (first,) = page.items

@@ -136,15 +136,18 @@ async def test_operations_are_pending_then_done_or_failed_in_the_sdks_shape() ->
         raise InvalidInput("bad datum")
 
     slow = futures.submit(work())
-    assert (await operations.submitted(futures, slow))["status"] == "pending"
+    pending = await operations.submitted(futures, slow)
+    assert pending.model_dump(exclude_unset=True) == {"id": slow, "status": "pending",
+                                                      "response": None}
     gate.set()
-    assert await operations.poll(futures, slow, 1) == {"id": slow, "status": "done",
-                                                        "response": {"ok": True}}
+    done = await operations.poll(futures, slow, 1)
+    assert done.model_dump(exclude_unset=True) == {"id": slow, "status": "done",
+                                                   "response": {"ok": True}}
     failed = await operations.poll(futures, futures.submit(down()), 1)
-    assert failed["status"] == "error" and failed["retryable"] is True
-    assert failed["error_code"] == "unavailable"
+    assert failed.status == "error" and failed.retryable is True
+    assert failed.error_code == "unavailable"
     failed = await operations.poll(futures, futures.submit(wrong()), 1)
-    assert (failed["error_message"], failed["retryable"]) == ("bad datum", False)
+    assert (failed.error_message, failed.retryable) == ("bad datum", False)
     with pytest.raises(NotFound):
         await operations.poll(futures, "op-unknown", 0)
 
