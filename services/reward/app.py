@@ -9,13 +9,14 @@ from typing import Any
 from fastapi import FastAPI
 
 from services.common.app_factory import create_service_app
-from services.common.service_token import service_client, service_token
+from services.common.service_token import client_of, service_token
 from services.reward.functions import FunctionStore
 from services.reward.routes import router
 from services.reward.scoring import Scorer
 from services.reward.settings import RewardSettings
 from services.reward.verifiers import MathParams, run_verifier, warm_up
 from services.reward.workers import WorkerPool
+from services.sandbox.client import SandboxClient
 
 
 def create_app(settings: RewardSettings | None = None) -> FastAPI:
@@ -24,7 +25,7 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = WorkerPool(settings.reward_workers, initializer=warm_up)
-        sandbox = service_client(settings, "sandbox")
+        sandbox = client_of(settings, SandboxClient)
         functions = FunctionStore(settings.data_dir / "reward-functions")
         app.state.functions = functions
         try:

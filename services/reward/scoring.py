@@ -13,7 +13,6 @@ from typing import Any
 
 from services.common.app_factory import json_safe
 from services.common.errors import InvalidInput, LoomError
-from services.common.http import ServiceClient
 from services.common.schemas import ErrorBody
 from services.reward.functions import FunctionStore
 from services.reward.sandboxed import PythonParams
@@ -28,6 +27,7 @@ from services.reward.schemas import (
 )
 from services.reward.verifiers import Score, Verifier, resolve, run_verifier
 from services.reward.workers import WorkerPool
+from services.sandbox.client import SandboxClient
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class _Batch:
 
 class Scorer:
     def __init__(self, pool: WorkerPool, item_timeout_s: float,
-                 sandbox: ServiceClient | None = None, sandbox_concurrency: int = 8,
+                 sandbox: SandboxClient | None = None, sandbox_concurrency: int = 8,
                  functions: FunctionStore | None = None, threads: int = 2) -> None:
         self.pool = pool
         self.functions = functions
@@ -60,8 +60,7 @@ class Scorer:
         if self.sandbox is None:
             raise RuntimeError("no sandbox service is configured")
         async with self._sandbox_slots:
-            body = await self.sandbox.post_json("/v1/execute", request.model_dump(mode="json"))
-        return ExecuteResponse.model_validate(body)
+            return await self.sandbox.execute(request)
 
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         verifier, params = self._resolve(request)

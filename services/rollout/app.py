@@ -25,7 +25,13 @@ from services.common.busy import BusyClock
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.errors import Unavailable
 from services.common.http import DEFAULT_TIMEOUT
-from services.common.service_token import service_client, service_headers, service_token
+from services.common.service_token import (
+    client_of,
+    service_client,
+    service_headers,
+    service_token,
+)
+from services.reward.client import RewardClient
 from services.rollout import routes
 from services.rollout.agent_loop import AgentLoop
 from services.rollout.announce import Announcer
@@ -43,6 +49,7 @@ from services.rollout.sampling import Sampler
 from services.rollout.schemas import ReplicaHeartbeat
 from services.rollout.settings import RolloutSettings
 from services.rollout.versions import Versions
+from services.sandbox.client import SandboxClient
 
 ALEMBIC_DIR = Path(__file__).parent / "alembic"
 VERSION_TABLE = "alembic_version_rollout"
@@ -79,8 +86,8 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         app.state.openai = serving
         app.state.completions = Completions(serving)
         app.state.chat = ChatCompletions(serving)
-        sandbox = service_client(settings, "sandbox")
-        reward = service_client(settings, "reward")
+        sandbox = client_of(settings, SandboxClient)
+        reward = client_of(settings, RewardClient)
         agent_loop = AgentLoop(sampler, SandboxTools(sandbox), RewardScorer(reward))
         app.state.rollouts = Rollouts(agent_loop, versions)
 

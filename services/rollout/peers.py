@@ -6,15 +6,15 @@ import asyncio
 from typing import Any
 
 from services.common.errors import LoomError, error_from_envelope
-from services.common.http import ServiceClient
+from services.reward.client import RewardClient
 from services.reward.schemas import (
     MAX_ITEMS,
     ScoreBatchRequest,
-    ScoreBatchResponse,
     ScoreItem,
     ScoreRequest,
     ScoreResponse,
 )
+from services.sandbox.client import SandboxClient
 from services.sandbox.schemas import ExecuteRequest, ExecuteResponse
 
 # How long the first group waiting to be scored waits for others. A step's groups finish on
@@ -26,13 +26,11 @@ GATHER_S = 0.002
 class SandboxTools:
     """`services.rollout.environments.Tools` on the sandbox service."""
 
-    def __init__(self, client: ServiceClient) -> None:
+    def __init__(self, client: SandboxClient) -> None:
         self.client = client
 
     async def run_python(self, code: str, *, timeout_s: float) -> ExecuteResponse:
-        request = ExecuteRequest(code=code, timeout_s=timeout_s)
-        body = await self.client.post_json("/v1/execute", request.model_dump(mode="json"))
-        return ExecuteResponse.model_validate(body)
+        return await self.client.execute(ExecuteRequest(code=code, timeout_s=timeout_s))
 
 
 Waiting = tuple[ScoreRequest, asyncio.Future[ScoreResponse]]
@@ -43,7 +41,7 @@ class RewardScorer:
     one `POST /v1/score/batch`, each its own batch, so one group's error (say a missing
     reference) stays its own."""
 
-    def __init__(self, client: ServiceClient, gather_s: float = GATHER_S) -> None:
+    def __init__(self, client: RewardClient, gather_s: float = GATHER_S) -> None:
         self.client = client
         self.gather_s = gather_s
         self._waiting: list[Waiting] = []
@@ -68,10 +66,8 @@ class RewardScorer:
 
     async def _send(self, waiting: list[Waiting]) -> None:
         try:
-            request = ScoreBatchRequest(batches=[batch for batch, _ in waiting])
-            body = await self.client.post_json("/v1/score/batch",
-                                               request.model_dump(mode="json"))
-            results = ScoreBatchResponse.model_validate(body).results
+            results = (await self.client.score_batch(
+                ScoreBatchRequest(batches=[batch for batch, _ in waiting]))).results
         except Exception as exc:  # the whole call failed: every group it carried learns why
             for _, future in waiting:
                 if not future.done():

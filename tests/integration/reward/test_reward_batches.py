@@ -12,8 +12,8 @@ import httpx2
 import pytest
 
 from services.common.errors import InvalidInput
-from services.common.http import ServiceClient
 from services.common.service_token import service_headers
+from services.reward.client import RewardClient
 from services.reward.schemas import MAX_ITEMS, ScoreItem
 from services.reward.settings import RewardSettings
 from services.rollout.peers import RewardScorer
@@ -103,8 +103,8 @@ async def test_groups_that_finish_together_share_one_request(
         client: httpx2.AsyncClient, transport: httpx2.ASGITransport) -> None:
     """16 groups asking at once (a step's) cost one request; each gets its own scores, and a
     group that cannot be scored gets its error while the others are scored."""
-    service = ServiceClient("http://reward", service="reward", transport=transport,
-                            headers=service_headers(SETTINGS))
+    service = RewardClient("http://reward", transport=transport,
+                           headers=service_headers(SETTINGS))
     scorer = RewardScorer(service)
     before = await batch_requests(client)
     groups = [[ScoreItem(response=f"{g + i}", reference=str(g)) for i in range(8)]
