@@ -23,10 +23,10 @@ from cli.common import (
     require_gateway,
     settings_for,
 )
-from gateway.task_schemas import BackgroundTask, TaskStatus
 from services.common.errors import LoomError
 from services.trainer.schemas import TrainingMode
 from services.worker.recipe_registry import load_recipe, registered
+from services.worker.task_schemas import BackgroundTask, TaskStatus
 
 FOLLOW_POLL_S = 2.0
 

@@ -11,21 +11,17 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 
-from gateway import routes, tasks_routes
+from gateway import compat, routes, tasks_routes
 from gateway.admin import install_admin
 from gateway.auth import routes as auth_routes
 from gateway.auth.bootstrap import bootstrap_admin_key
+from gateway.auth.dialects import ClientDialects
 from gateway.auth.middleware import ApiKeyAuthMiddleware, AuthCache
-from gateway.compat.tinker import routes as tinker_routes
-from gateway.compat.tinker.service import TinkerService
-from gateway.compat.weaver import routes as weaver_routes
-from gateway.compat.weaver.service import WeaverService
 from gateway.jobs import routes as jobs_routes
 from gateway.jobs.jobs import JobOwners
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
 from gateway.proxy import replica_routes
 from gateway.proxy import routes as proxy_routes
-from gateway.proxy.replica_transport import ReplicaTransport
 from gateway.proxy.upstreams import Upstreams
 from gateway.schemas import parse_trackers
 from gateway.settings import GatewaySettings
@@ -35,6 +31,7 @@ from services.common.app_factory import create_service_app, token_digest
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.service_token import service_client, service_token
 from services.common.settings import LoomSettings
+from services.worker import models as worker_models
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
 
@@ -51,6 +48,10 @@ def create_app(settings: GatewaySettings | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.database_url_for("gateway")
         await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
+        # The worker's tables too: the gateway inserts tasks when it dispatches them, and
+        # may start before any worker (the worker migrates them at its start as well).
+        await run_in_threadpool(migrate, url, worker_models.ALEMBIC_DIR,
+                                worker_models.VERSION_TABLE)
         engine = make_engine(url)
         app.state.sessions = make_sessionmaker(engine)
         app.state.trackers = TrackerMirror(
@@ -66,13 +67,6 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.replicas = app.state.upstreams.replicas
         app.state.service_digest = token_digest(service_token(settings))
         app.state.trainer = service_client(settings, "trainer")
-        # Tinker's and Weaver's samples are routed over the replicas as /v1/rollout/* is.
-        rollout = service_client(settings, "rollout",
-                                 transport=ReplicaTransport(app.state.replicas))
-        app.state.tinker = TinkerService(app.state.sessions, app.state.trainer, rollout,
-                                         settings.gateway_sdk_base_models, settings.data_dir)
-        app.state.weaver = WeaverService(app.state.sessions, app.state.trainer, rollout,
-                                         settings.gateway_sdk_base_models, settings.data_dir)
         app.state.celery = create_celery(worker_settings)  # connects on the first send
         # Workers refresh their liveness row every stale_after_s: two missed ones mean gone.
         app.state.worker_stale_after_s = 2 * worker_settings.stale_after_s
@@ -80,7 +74,6 @@ def create_app(settings: GatewaySettings | None = None,
             yield
         finally:
             app.state.celery.close()
-            await rollout.aclose()
             await app.state.trainer.aclose()
             await app.state.upstreams.aclose()
             await run_in_threadpool(app.state.trackers.close)
@@ -100,12 +93,13 @@ def create_app(settings: GatewaySettings | None = None,
     # match anyway.
     app = create_service_app("gateway", routers=[jobs_routes.router, auth_routes.router,
                                                  routes.router, tasks_routes.router,
-                                                 replica_routes.router, proxy_routes.router,
-                                                 tinker_routes.router, weaver_routes.router],
+                                                 replica_routes.router, proxy_routes.router],
                              lifespan=lifespan, readiness=readiness, service_token=None)
     app.state.settings = settings
+    dialects = ClientDialects()
+    compat.install(app, dialects)  # Tinker's and Weaver's APIs, after the proxy's routes
     install_admin(app, settings)  # /admin: pages, static files, session signer
     # Innermost (appended, not add_middleware): requests are already stamped with a request id
     # and counted when auth runs, so a 401 carries an X-Request-ID like any other answer.
-    app.user_middleware.append(Middleware(ApiKeyAuthMiddleware))
+    app.user_middleware.append(Middleware(ApiKeyAuthMiddleware, dialects=dialects))
     return app

@@ -13,10 +13,10 @@ from starlette.concurrency import run_in_threadpool
 from gateway import tasks
 from gateway.auth.keys import KeyIdentity
 from gateway.jobs.jobs import get_job_row
-from gateway.task_schemas import BackgroundTask, TaskCreate
 from services.common.db import in_transaction
 from services.common.errors import Unavailable
 from services.worker.app import send
+from services.worker.task_schemas import BackgroundTask, TaskCreate
 
 
 async def submit(sessions: sessionmaker[Session], celery: Celery, job_id: str,

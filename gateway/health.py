@@ -7,9 +7,9 @@ from starlette.datastructures import State
 
 from gateway.models import utcnow
 from gateway.schemas import StackHealth
-from gateway.workers import worker_health
 from services.common.db import in_transaction
 from services.common.schemas import Health
+from services.worker.liveness import worker_health
 
 
 async def stack_health(state: State, gateway_version: str) -> StackHealth:

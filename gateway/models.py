@@ -1,13 +1,13 @@
-"""The gateway's tables: API keys (stored as hashes only), jobs, what jobs log (metrics,
-a bounded set of samples), background tasks and the workers that run them.
+"""The gateway's tables: API keys (stored as hashes only), jobs and what jobs log (metrics,
+a bounded set of samples). Background tasks and the workers that run them are the worker's
+(`services.worker.models`, with a history of its own).
 
 Schema changes go through Alembic (`gateway/alembic`), never `create_all`.
 """
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,42 +15,20 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
-    DateTime,
     Float,
     ForeignKey,
     Integer,
     String,
-    TypeDecorator,
     UniqueConstraint,
 )
-from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from services.common.columns import UtcDateTime, new_id, utcnow
 from services.common.db import SampledText
 
-# Where the gateway's migration history lives and its version table (the worker checks it too).
+# Where the gateway's migration history lives and its version table.
 ALEMBIC_DIR = Path(__file__).resolve().parent / "alembic"
 VERSION_TABLE = "alembic_version_gateway"
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-class UtcDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes on every backend (SQLite hands back naive ones)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
 
 
 class Base(DeclarativeBase):
@@ -120,44 +98,3 @@ class JobSampleRow(Base):
     completion: Mapped[str] = mapped_column(SampledText)
     reward: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
-
-
-class BackgroundTaskRow(Base):
-    """A background operation run by a Celery worker (gc, evaluate, export). Its status moves
-    only through `gateway.task_states`; `attempts` doubles as the lease of the worker running
-    it, which refreshes `heartbeat_at` while it works."""
-
-    __tablename__ = "background_tasks"
-    __table_args__ = (
-        UniqueConstraint("job_id", "idempotency_key", name="uq_background_tasks_idempotency"),
-    )
-
-    id: Mapped[str] = mapped_column(String(64), primary_key=True,
-                                    default=lambda: new_id("task"))
-    job_id: Mapped[str | None] = mapped_column(
-        String(64), ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    kind: Mapped[str] = mapped_column(String(32))
-    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    status: Mapped[str] = mapped_column(String(16), index=True)
-    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
-    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
-    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
-    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
-    progress: Mapped[dict[str, Any] | None] = mapped_column(
-        JSON, default=None, doc="A managed run's last checkpoint (`RunProgress`): where it resumes")
-
-
-class WorkerRow(Base):
-    """A Celery worker process that was alive at `seen_at` (it refreshes the row on a timer);
-    the stack's health reads it, since a worker has no port to ask."""
-
-    __tablename__ = "workers"
-
-    id: Mapped[str] = mapped_column(String(255), primary_key=True, doc="Celery's hostname")
-    pid: Mapped[int] = mapped_column(Integer)
-    started_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
-    seen_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from services.common.schemas import Health, LenientModel, StrictModel
+from services.common.schemas import Health, LenientModel, MetricPoint, StrictModel
 from services.trainer.schemas import LoraConfig, TrainingMode
 
 
@@ -21,8 +21,6 @@ class JobStatus(StrEnum):
     cancelled = "cancelled"
 
 
-# Metric names: `reward`, `loss`, `eval/accuracy`, `throughput/samples_per_s`, ...
-METRIC_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}$"
 MAX_METRIC_POINTS = 10_000
 MAX_LOGGED_SAMPLES = 1_000
 MAX_SAMPLE_TEXT = 32_768
@@ -95,12 +93,6 @@ class JobStatusUpdate(StrictModel):
 
 class JobList(LenientModel):
     jobs: list[Job]
-
-
-class MetricPoint(StrictModel):
-    step: int = Field(ge=0, le=2**62)
-    name: str = Field(pattern=METRIC_NAME_PATTERN)
-    value: float = Field(allow_inf_nan=False)
 
 
 class MetricsLog(StrictModel):

@@ -1,26 +1,38 @@
-"""Background tasks in the gateway's database: the data functions of the API side (submit,
-read, cancel, retry). They take a session and only flush; the caller owns the transaction.
-The worker's side (claiming, heartbeats, outcomes) is `gateway.task_leases`."""
+"""Background tasks, the gateway's side: the data functions of the API (submit, read, cancel,
+retry) and of the end the worker reports when it moves the gateway's rows (`end_task`). They
+take a session and only flush; the caller owns the transaction. The tasks' tables and the
+worker's side (claiming, heartbeats, outcomes) are the worker's: `services.worker.models`,
+`services.worker.task_leases`."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.auth.keys import KeyIdentity
+from gateway.auth.keys import KeyIdentity, create_job_key, revoke_job_keys
+from gateway.job_logs import log_metrics
 from gateway.jobs.jobs import end_with_run, get_job_row, reopen_for_retry, visible_to
-from gateway.models import BackgroundTaskRow, JobRow, utcnow
+from gateway.models import JobRow, utcnow
 from gateway.schemas import JobStatus
-from gateway.task_schemas import BackgroundTask, RecipeTaskCreate, TaskCreate, TaskStatus
-from gateway.task_states import move_task
 from services.common.errors import Conflict, LoomError, NotFound
 from services.common.schemas import ErrorBody
+from services.worker.models import BackgroundTaskRow
 from services.worker.recipe_registry import load_recipe
 from services.worker.schemas import RecipeParams, RunProgress, TaskKind
+from services.worker.task_leases import record_end
+from services.worker.task_schemas import (
+    BackgroundTask,
+    RecipeTaskCreate,
+    RunKey,
+    TaskCreate,
+    TaskEnd,
+    TaskEnded,
+    TaskStatus,
+)
+from services.worker.task_states import move_task
 
 MAX_LISTED = 1_000
+RUN_KEY_NAME = "managed run"
 
 
 def insert_task(session: Session, job_id: str | None, body: TaskCreate
@@ -65,15 +77,32 @@ def check_run(session: Session, job_id: str, params: RecipeParams) -> None:
                        "to end first.", {"job_id": job_id, "task_id": active})
 
 
-def ensure_task(session: Session, task_id: str, kind: TaskKind, job_id: str | None,
-                params: dict[str, Any]) -> None:
-    """A queued task with this id unless one exists (for work whose message names its id,
-    such as a scheduled collection)."""
-    if session.get(BackgroundTaskRow, task_id) is None:
-        session.add(BackgroundTaskRow(id=task_id, job_id=job_id, kind=kind.value, params=params,
-                                      status=TaskStatus.queued.value, attempts=0,
-                                      created_at=utcnow()))
-        session.flush()
+def end_task(session: Session, task_id: str, end: TaskEnd) -> TaskEnded:
+    """The worker's `end` of a task recorded with what moves with it, in this transaction: a
+    managed run's job ends (`end_with_run`), an evaluation's metrics are logged. An end
+    recorded before (sent again after a lost answer) moves nothing again."""
+    row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
+    before = row.status if row is not None else None
+    ended = record_end(session, task_id, end, utcnow())
+    if ended and row is not None and row.status != before:
+        end_with_run(session, row)
+        if end.metrics and row.job_id is not None:
+            log_metrics(session, row.job_id, end.metrics)
+    return TaskEnded(ended=ended)
+
+
+def renew_run_key(session: Session, job_id: str) -> RunKey:
+    """A key for the managed run on the job, replacing any earlier run key (a crashed
+    attempt's, or this call's own whose answer was lost): the job has one live run key."""
+    if session.get(JobRow, job_id, with_for_update=True) is None:
+        raise NotFound(f"No job {job_id!r}.")
+    revoke_job_keys(session, job_id, RUN_KEY_NAME)
+    return RunKey(secret=create_job_key(session, job_id, RUN_KEY_NAME))
+
+
+def drop_run_key(session: Session, job_id: str) -> None:
+    """The run ended (or stopped): its key acts no more."""
+    revoke_job_keys(session, job_id, RUN_KEY_NAME)
 
 
 def get_task_row(session: Session, task_id: str, viewer: KeyIdentity, *,

@@ -1,5 +1,6 @@
-"""Background tasks of jobs (gc, evaluate, export), run by the Celery worker. Routes parse,
-call, return: submitting is `gateway.background`, the rows are `gateway.tasks`."""
+"""Background tasks of jobs (gc, evaluate, export, managed runs), run by the Celery worker,
+and the internal routes the worker calls for the gateway's rows (service token). Routes
+parse, call, return: submitting is `gateway.background`, the rows are `gateway.tasks`."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from gateway import background, tasks
-from gateway.deps import CeleryDep, CurrentKey, SessionDep, SessionsDep
-from gateway.task_schemas import BackgroundTask, BackgroundTaskList, TaskCreate
+from gateway.deps import CeleryDep, CurrentKey, ServiceCaller, SessionDep, SessionsDep
+from services.worker.task_schemas import (
+    BackgroundTask,
+    BackgroundTaskList,
+    RunKey,
+    TaskCreate,
+    TaskEnd,
+    TaskEnded,
+)
 
 router = APIRouter(prefix="/v1", tags=["tasks"])
 Limit = Annotated[int, Query(ge=1, le=tasks.MAX_LISTED)]
@@ -58,3 +66,24 @@ async def retry_task(task_id: str, key: CurrentKey, sessions: SessionsDep,
                      celery: CeleryDep) -> BackgroundTask:
     """Queue a failed task again (409 for any other status)."""
     return await background.retry(sessions, celery, task_id, key)
+
+
+@router.put("/internal/tasks/{task_id}/end", response_model=TaskEnded)
+def end_task(task_id: str, body: TaskEnd, _caller: ServiceCaller,
+             session: SessionDep) -> TaskEnded:
+    """The worker's end of a task whose end moves the gateway's rows (a managed run's job,
+    an evaluation's metrics), recorded with them; a repeat records nothing twice."""
+    return tasks.end_task(session, task_id, body)
+
+
+@router.put("/internal/jobs/{job_id}/run-key", response_model=RunKey)
+def renew_run_key(job_id: str, _caller: ServiceCaller, session: SessionDep) -> RunKey:
+    """A key acting for the job only, for the managed run the worker starts on it; it
+    replaces the job's earlier run key."""
+    return tasks.renew_run_key(session, job_id)
+
+
+@router.delete("/internal/jobs/{job_id}/run-key", status_code=204)
+def drop_run_key(job_id: str, _caller: ServiceCaller, session: SessionDep) -> Response:
+    tasks.drop_run_key(session, job_id)
+    return Response(status_code=204)

@@ -25,7 +25,6 @@ from agents.sdk.sync import (
     Task,
 )
 from agents.sdk.tasks import AsyncTask
-from gateway.task_schemas import BackgroundTask
 from modelstate.schemas import Version
 from services.common.errors import (
     BadRequest,
@@ -51,6 +50,7 @@ from services.rollout.schemas import (
     Trajectory,
 )
 from services.trainer.schemas import AdamParams, Datum, LoraConfig, LossConfig, TrainingMode
+from services.worker.task_schemas import BackgroundTask
 
 __all__ = [
     "AdamParams",

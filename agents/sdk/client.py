@@ -18,7 +18,6 @@ from gateway.schemas import (
     JobCreate,
     StackHealth,
 )
-from gateway.task_schemas import BackgroundTask
 from services.reward.schemas import (
     RewardFunction,
     RewardFunctionPut,
@@ -45,6 +44,7 @@ from services.trainer.schemas import (
     LoraConfig,
     TrainingMode,
 )
+from services.worker.task_schemas import BackgroundTask
 
 # The most texts one tokenize request may carry (TokenizeRequest's limit).
 TOKENIZE_BATCH = 4096

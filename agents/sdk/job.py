@@ -30,7 +30,6 @@ from gateway.schemas import (
     SampleRecord,
     SamplesLog,
 )
-from gateway.task_schemas import BackgroundTask
 from modelstate.schemas import (
     Alias,
     Lineage,
@@ -73,6 +72,7 @@ from services.trainer.schemas import (
     StateCheckpoint,
 )
 from services.worker.schemas import TaskKind
+from services.worker.task_schemas import BackgroundTask
 
 if TYPE_CHECKING:
     from agents.sdk.client import AsyncLoomClient

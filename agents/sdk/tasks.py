@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 
 from agents.sdk._http import GatewayHttp
-from gateway.task_schemas import BackgroundTask, BackgroundTaskList, TaskCreate, TaskStatus
 from services.common.errors import LoomError, error_from_envelope
 from services.worker.schemas import TASK_RESULTS, TaskKind
+from services.worker.task_schemas import BackgroundTask, BackgroundTaskList, TaskCreate, TaskStatus
 
 MAX_POLL_S = 2.0
 

@@ -21,11 +21,11 @@ from gateway.jobs import jobs
 from gateway.proxy.replicas import ReplicaRegistry
 from gateway.proxy.upstreams import Upstreams
 from gateway.schemas import Job, LoggedSample
-from gateway.task_schemas import BackgroundTask
 from modelstate.schemas import Version
 from services.common.db import in_transaction
 from services.common.errors import Forbidden
 from services.rollout.schemas import ReplicaPublic
+from services.worker.task_schemas import BackgroundTask
 
 SAMPLES_SHOWN = 20
 VERSIONS_PER_PAGE = 20

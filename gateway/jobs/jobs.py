@@ -14,14 +14,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.auth.keys import KeyIdentity
 from gateway.job_logs import progress
 from gateway.jobs.states import TRANSITIONS, move_job, reopen_job
-from gateway.models import BackgroundTaskRow, JobRow
+from gateway.models import JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
-from gateway.task_schemas import TaskStatus
 from services.common.db import in_transaction
 from services.common.errors import Conflict, Forbidden, LoomError, NotFound
 from services.common.http import ServiceClient
 from services.trainer.schemas import CreateModelRequest, LoraConfig, ModelInfo, TrainingMode
+from services.worker.models import BackgroundTaskRow
 from services.worker.schemas import TaskKind
+from services.worker.task_schemas import TaskStatus
 
 # How a managed run that ended for good ends its job.
 _JOB_AFTER_RUN = {TaskStatus.succeeded: JobStatus.completed, TaskStatus.failed: JobStatus.failed,

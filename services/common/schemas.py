@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # Job ids and the other ids that appear in paths: one pattern, so none of them can spell a path
 # of its own ('..', '/', '%').
@@ -23,6 +23,19 @@ class LenientModel(BaseModel):
     """Responses: ignore fields a newer server adds, so old clients keep working."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+# Metric names: `reward`, `loss`, `eval/accuracy`, `throughput/samples_per_s`, ...
+METRIC_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}$"
+
+
+class MetricPoint(StrictModel):
+    """One value of a job's metric at one step (the gateway's job metrics; the worker's
+    evaluations record theirs through the gateway)."""
+
+    step: int = Field(ge=0, le=2**62)
+    name: str = Field(pattern=METRIC_NAME_PATTERN)
+    value: float = Field(allow_inf_nan=False)
 
 
 class ErrorBody(LenientModel):

@@ -12,7 +12,7 @@ from services.common.logs import configure_logging
 from services.common.tracing import flush_spans, tracing_enabled
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
-from services.worker.startup import announce_readiness, wait_for_schema
+from services.worker.startup import announce_readiness, migrate_when_ready
 
 SCHEMA_WAIT_S = 120.0
 
@@ -36,19 +36,13 @@ def main() -> None:
 
     signals.setup_logging.connect(keep_our_logging, weak=False)
     app = create_celery(settings)
-    # Tracing (when OTEL_* configures it) and the trackers start in each pool process: an
-    # exporter's thread does not survive the fork. What a process still holds (spans, tracker
-    # points) is sent before it exits.
+    # Tracing (when OTEL_* configures it) starts in each pool process: an exporter's thread
+    # does not survive the fork. What a process still holds is sent before it exits.
     signals.worker_process_init.connect(lambda **_: tracing_enabled("worker"), weak=False)
-
-    def flush(**_: Any) -> None:
-        app.close_trackers()
-        flush_spans()
-
-    signals.worker_process_shutdown.connect(flush, weak=False)
+    signals.worker_process_shutdown.connect(lambda **_: flush_spans(), weak=False)
     # A ready file left by a killed worker may name our pid again (pid 1 in a container).
     settings.ready_file.unlink(missing_ok=True)
-    wait_for_schema(settings.database_url_for("gateway"), SCHEMA_WAIT_S)
+    migrate_when_ready(settings.database_url_for("gateway"), SCHEMA_WAIT_S)
     settings.celery_dir.mkdir(parents=True, exist_ok=True)  # beat keeps its schedule there
     announce_readiness(app)
     app.worker_main(worker_argv(settings))

@@ -4,8 +4,8 @@ gateway (which only sends them, with `send`).
 Delivery is at least once: a task is acknowledged when it ends (`acks_late`), a message whose
 worker process died is requeued (`task_reject_on_worker_lost`), and each worker takes one
 message at a time (prefetch 1), so a crash loses nothing. Deliveries are idempotent on the
-task id: the task's row in the gateway's database decides what each one does (`task_leases`),
-so a task that ended never runs again."""
+task id: the task's row (the worker's tables, in the gateway's database) decides what each one
+does (`task_leases`), so a task that ended never runs again."""
 
 from __future__ import annotations
 
@@ -14,16 +14,10 @@ from typing import Any
 
 from celery import Celery
 from kombu.exceptions import KombuError
-from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.schemas import parse_trackers
-from gateway.settings import GatewaySettings
-from gateway.trackers.mirror import TrackerMirror
-from gateway.trackers.mirror import attach as attach_trackers
 from services.common.db import make_engine, make_sessionmaker
 from services.common.errors import Unavailable
-from services.common.settings import LoomSettings
 from services.common.tracing import inject
 from services.worker import tasks
 from services.worker.schemas import TaskKind
@@ -31,8 +25,9 @@ from services.worker.settings import WorkerSettings
 
 
 class LoomCelery(Celery):
-    """A Celery app that knows Loom's settings and, lazily, the gateway's database (built in
-    the process that first needs it: never inherited by the worker's forked children)."""
+    """A Celery app that knows Loom's settings and, lazily, the worker's tables (in the
+    gateway's database; built in the process that first needs them: never inherited by the
+    worker's forked children)."""
 
     def __init__(self, settings: WorkerSettings) -> None:
         super().__init__("loom", set_as_current=False)
@@ -40,25 +35,7 @@ class LoomCelery(Celery):
 
     @functools.cached_property
     def sessions(self) -> sessionmaker[Session]:
-        sessions = make_sessionmaker(make_engine(self.loom_settings.database_url_for("gateway")))
-        attach_trackers(sessions, self.trackers)
-        return sessions
-
-    @functools.cached_property
-    def trackers(self) -> TrackerMirror:
-        """Job metrics the worker writes itself (an evaluation's, in the transaction that
-        ends its task) reach the jobs' trackers as the gateway's do, chosen by the same
-        LOOM_TRACKERS* settings. The worker serves no /metrics: a failing tracker is logged
-        (and retried, then dropped) without a counter to read."""
-        chosen = GatewaySettings(**self.loom_settings.model_dump(
-            include=set(LoomSettings.model_fields)))
-        return TrackerMirror(parse_trackers(chosen.trackers), chosen.tracker_options(),
-                             CollectorRegistry(), retries=chosen.trackers_retries)
-
-    def close_trackers(self) -> None:
-        """Deliver what the trackers still hold (a pool process about to exit)."""
-        if "trackers" in self.__dict__:  # opened: this process wrote metrics
-            self.trackers.close()
+        return make_sessionmaker(make_engine(self.loom_settings.database_url_for("gateway")))
 
 
 def create_celery(settings: WorkerSettings) -> LoomCelery:

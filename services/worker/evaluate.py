@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.schemas import MetricPoint
 from modelstate.client import ModelStateClient
 from services.common.http import ServiceClient
+from services.common.schemas import MetricPoint
 from services.reward.schemas import ScoreItem, ScoreRequest, ScoreResponse
 from services.rollout.schemas import SampleRequest, SampleResponse
 from services.worker.schemas import EvaluateParams, EvaluateResult

@@ -1,7 +1,8 @@
-"""A managed run's attempt, worker side: a key that acts for the job only, the recipe in a
-thread (it uses the blocking SDK against the gateway), its checkpoints recorded on the task
-row, and its stop points: a cancelled or taken-over task, a cancelled job, a paused job
-(waited out there).
+"""A managed run's attempt, worker side: a key that acts for the job only (the gateway makes
+it: `GatewayCalls.renew_run_key`), the recipe in a thread (it uses the blocking SDK against
+the gateway), its checkpoints recorded on the task row, and its stop points: a cancelled or
+taken-over task, a cancelled job, a paused job (waited out there; the job's status is read
+through the gateway with the run's key).
 
 An error the recipe meets is sorted the runner's way (`runner.RETRYABLE`: tried again, which
 resumes from the last checkpoint). Two cases are recast as retryable: a 500 (a service that
@@ -10,6 +11,7 @@ for the model): the retry's `restore` rebuilds the model and loads the checkpoin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -19,20 +21,22 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RecipeRun
 from agents.sdk.sync import LoomClient
-from gateway.auth.keys import create_job_key, revoke_job_keys
-from gateway.models import BackgroundTaskRow, JobRow
-from gateway.schemas import JobStatus
-from gateway.task_leases import record_progress
 from services.common.db import transaction
 from services.common.errors import LoomError, NotFound, Unavailable, UpstreamError
+from services.common.service_token import client_of
+from services.common.settings import LoomSettings
+from services.worker.gateway_calls import GatewayCalls
 from services.worker.recipe_registry import RunStopped, load_recipe
 from services.worker.runner import RETRYABLE
 from services.worker.schemas import RecipeParams, RecipeResult, RunProgress
+from services.worker.task_leases import progress_of, record_progress
 
 log = logging.getLogger(__name__)
 
-RUN_KEY_NAME = "managed run"
 PAUSE_POLL_S = 1.0
+# The job's statuses a run stops at (the gateway's `JobStatus` values; the worker reads the
+# job through the SDK).
+JOB_CANCELLED, JOB_PAUSED = "cancelled", "paused"
 
 
 @dataclass(frozen=True)
@@ -40,37 +44,51 @@ class Attempt:
     task_id: str
     attempt: int
     job_id: str
-    gateway_url: str
+    settings: LoomSettings
     sessions: sessionmaker[Session]
 
 
-def run_attempt(attempt: Attempt, params: RecipeParams, stop: threading.Event) -> RecipeResult:
-    """Run (or resume) the recipe to its end; blocking, for a thread."""
+async def run_managed(attempt: Attempt, params: RecipeParams) -> RecipeResult:
+    """The attempt with a fresh key for its job (it replaces a crashed attempt's), revoked
+    once the recipe's thread ends; a cancel (the claim lost) sets the thread's `stop`, which
+    the recipe obeys at its next step."""
+    gateway = client_of(attempt.settings, GatewayCalls)
+    try:
+        secret = await gateway.renew_run_key(attempt.job_id)
+        stop = threading.Event()
+        try:
+            return await asyncio.to_thread(run_attempt, attempt, secret, params, stop)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+        finally:
+            await gateway.drop_run_key(attempt.job_id)
+    finally:
+        await gateway.aclose()
+
+
+def run_attempt(attempt: Attempt, secret: str, params: RecipeParams,
+                stop: threading.Event) -> RecipeResult:
+    """Run (or resume) the recipe to its end with the run's key; blocking, for a thread."""
     recipe = load_recipe(params.recipe)
     config = recipe.parse_config(params.config)
     with transaction(attempt.sessions) as session:
-        row = session.get(BackgroundTaskRow, attempt.task_id)
-        resumed = RunProgress.model_validate(row.progress) if row and row.progress else None
-        revoke_job_keys(session, attempt.job_id, RUN_KEY_NAME)  # a crashed attempt's
-        secret = create_job_key(session, attempt.job_id, RUN_KEY_NAME)
-    try:
-        with LoomClient(attempt.gateway_url, secret) as loom:
-            run = RecipeRun(loom, loom.get_job(attempt.job_id),
-                            run_id=f"{attempt.task_id}-a{attempt.attempt}", resumed=resumed,
-                            series=attempt.task_id,
-                            record=lambda progress: _record(attempt, progress),
-                            between_steps=lambda: _stop_point(attempt, stop))
-            if resumed is not None:
-                log.info("task %s: resuming after step %d (checkpoint %s)", attempt.task_id,
-                         resumed.step, resumed.checkpoint)
-            try:
-                run.restore()
-                summary = recipe.run(run, config)
-            except LoomError as exc:
-                raise _recast(loom, attempt.job_id, exc) from exc
-    finally:
-        with transaction(attempt.sessions) as session:
-            revoke_job_keys(session, attempt.job_id, RUN_KEY_NAME)
+        progress = progress_of(session, attempt.task_id)
+    resumed = RunProgress.model_validate(progress) if progress else None
+    with LoomClient(attempt.settings.url_of("gateway"), secret) as loom:
+        run = RecipeRun(loom, loom.get_job(attempt.job_id),
+                        run_id=f"{attempt.task_id}-a{attempt.attempt}", resumed=resumed,
+                        series=attempt.task_id,
+                        record=lambda progress: _record(attempt, progress),
+                        between_steps=lambda: _stop_point(loom, attempt, stop))
+        if resumed is not None:
+            log.info("task %s: resuming after step %d (checkpoint %s)", attempt.task_id,
+                     resumed.step, resumed.checkpoint)
+        try:
+            run.restore()
+            summary = recipe.run(run, config)
+        except LoomError as exc:
+            raise _recast(loom, attempt.job_id, exc) from exc
     steps = run.last.step if run.last else 0
     return RecipeResult(recipe=recipe.name, steps=steps, attempts=attempt.attempt,
                         summary=summary)
@@ -85,25 +103,19 @@ def _record(attempt: Attempt, progress: RunProgress) -> None:
                          cancel_task=False)
 
 
-def _stop_point(attempt: Attempt, stop: threading.Event) -> None:
+def _stop_point(loom: LoomClient, attempt: Attempt, stop: threading.Event) -> None:
     """Between steps: end the run if asked to; wait here while the job is paused."""
     while True:
         if stop.is_set():
             raise RunStopped(f"Task {attempt.task_id} was cancelled or taken over.",
                              cancel_task=False)
-        status = _job_status(attempt)
-        if status is JobStatus.cancelled:
+        status = loom.get_job(attempt.job_id).info.status
+        if status == JOB_CANCELLED:
             raise RunStopped(f"Job {attempt.job_id} was cancelled; the run stopped after its "
                              "last checkpoint.", cancel_task=True)
-        if status is not JobStatus.paused:
+        if status != JOB_PAUSED:
             return
         time.sleep(PAUSE_POLL_S)
-
-
-def _job_status(attempt: Attempt) -> JobStatus | None:
-    with transaction(attempt.sessions) as session:
-        job = session.get(JobRow, attempt.job_id)
-        return JobStatus(job.status) if job is not None else None
 
 
 def _recast(loom: LoomClient, job_id: str, exc: LoomError) -> LoomError:

@@ -1,7 +1,13 @@
-"""One delivery of a task's message, start to end: claim the task in the gateway's database,
+"""One delivery of a task's message, start to end: claim the task in the worker's tables,
 run its logic while a heartbeat keeps the claim alive (and notices a cancel), record the
 outcome. Plain asyncio and data functions, no Celery: `tasks.py` adapts it. A delivery whose
 services are not ready waits for them before claiming anything (see below).
+
+A task's final end is recorded by its `Ending`: in the worker's own transaction, or, for a
+task whose end moves the gateway's rows (a managed run's job, an evaluation's metrics), by
+the gateway in one transaction with them (`gateway_ending`). If the gateway cannot be reached
+then, the delivery fails: the task stays running until its lease goes stale, and the sweep
+sends it again (a run resumes from its last checkpoint).
 
 Faults follow the shared taxonomy: a user fault (a service's 4xx: bad version, unknown
 verifier, ...) fails the task with that message; anything else that is not an outage is a bug,
@@ -22,32 +28,34 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.models import utcnow
-from gateway.task_leases import (
+from modelstate.client import ModelStateClient
+from services.common.columns import utcnow
+from services.common.db import in_transaction
+from services.common.errors import LimitExceeded, LoomError, Unavailable, UpstreamError
+from services.common.http import ServiceClient
+from services.common.schemas import ErrorBody, MetricPoint
+from services.common.service_token import client_of, service_client
+from services.worker.gateway_calls import GatewayCalls
+from services.worker.readiness import Readiness, stack_readiness
+from services.worker.recipe_registry import RunStopped
+from services.worker.settings import WorkerSettings
+from services.worker.task_leases import (
     ClaimAction,
     claim_task,
     finish_attempt,
     heartbeat,
     note_waiting,
     progress_of,
+    record_end,
 )
-from gateway.task_schemas import TaskStatus
-from modelstate.client import ModelStateClient
-from services.common.db import in_transaction
-from services.common.errors import LimitExceeded, LoomError, Unavailable, UpstreamError
-from services.common.http import ServiceClient
-from services.common.schemas import ErrorBody
-from services.common.service_token import service_client
-from services.worker.readiness import Readiness, stack_readiness
-from services.worker.recipe_registry import RunStopped
-from services.worker.settings import WorkerSettings
+from services.worker.task_schemas import TaskEnd, TaskStatus
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,11 +78,42 @@ class Services:
 
 @dataclass(frozen=True)
 class Done:
-    """What a task's logic produced; `record` writes more rows in the transaction that marks
-    the task succeeded (an evaluation's metrics), so both happen or neither."""
+    """What a task's logic produced; `metrics` go to the task's job in the transaction that
+    marks the task succeeded (an evaluation's: its `Ending` is the gateway's), so both happen
+    or neither."""
 
     result: BaseModel
-    record: Callable[[Session], object] | None = None
+    metrics: list[MetricPoint] = field(default_factory=list)
+
+
+# Records a task's final end (succeeded, failed, cancelled; `TaskEnd`); False when the
+# attempt had lost its task.
+Ending = Callable[[str, TaskEnd], Awaitable[bool]]
+
+
+def local_ending(sessions: sessionmaker[Session]) -> Ending:
+    """The end recorded in the worker's own transaction: for tasks that move no gateway row."""
+
+    async def end(task_id: str, task_end: TaskEnd) -> bool:
+        if task_end.metrics:
+            raise ValueError("metrics are the gateway's rows: end this task with gateway_ending")
+        return await in_transaction(sessions, lambda s: record_end(s, task_id, task_end,
+                                                                    utcnow()))
+
+    return end
+
+
+def gateway_ending(settings: WorkerSettings) -> Ending:
+    """The end recorded by the gateway, with the rows of its own that move with it."""
+
+    async def end(task_id: str, task_end: TaskEnd) -> bool:
+        gateway = client_of(settings, GatewayCalls)
+        try:
+            return await gateway.end_task(task_id, task_end)
+        finally:
+            await gateway.aclose()
+
+    return end
 
 
 # A task's logic, given the services and its attempt number (a managed run names its
@@ -120,16 +159,18 @@ async def open_services(settings: WorkerSettings) -> AsyncIterator[Services]:
 
 async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session],
                        task_id: str, outage: Outage, work: Work, needs: tuple[str, ...],
-                       readiness: Readiness | None = None) -> Redeliver | None:
+                       readiness: Readiness | None = None,
+                       ending: Ending | None = None) -> Redeliver | None:
     """Handle one delivery, `outage` being what the message carried; `needs`: the services
-    the work calls (the ones an outage waits for). Returns when (if ever) the message must
-    come again."""
+    the work calls (the ones an outage waits for); `ending` records the task's final end
+    (default: `local_ending`). Returns when (if ever) the message must come again."""
     readiness = readiness or stack_readiness(settings)
+    ending = ending or local_ending(sessions)
     # Services not ready (restarting, an engine starting): wait for them before claiming, so
     # no attempt is spent on them (after `loom up` restarts, the worker is often up first).
     still = await readiness(outage.waiting_for or needs)
     if still:
-        return await _wait(settings, sessions, task_id, outage, still)
+        return await _wait(settings, sessions, ending, task_id, outage, still)
     claim = await in_transaction(sessions, lambda s: claim_task(
         s, task_id, utcnow(), settings.stale_after_s, resumes_wait=bool(outage.waiting_for)))
     if claim.action is ClaimAction.skip:
@@ -144,8 +185,10 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
     log.info("task %s: attempt %d", task_id, attempt)
 
     def end(status: TaskStatus, error: ErrorBody) -> Awaitable[bool]:
-        return in_transaction(sessions, lambda s: finish_attempt(
-            s, task_id, attempt, status, utcnow(), error=error))
+        if status is TaskStatus.queued:  # tried again: nothing but the task moves
+            return in_transaction(sessions, lambda s: finish_attempt(
+                s, task_id, attempt, status, utcnow(), error=error))
+        return ending(task_id, TaskEnd(attempt=attempt, status=status, error=error))
 
     try:
         async with open_services(settings) as services:
@@ -194,20 +237,15 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
         await end(TaskStatus.failed, ErrorBody(
             code="internal_error", message=f"Internal error: {type(exc).__name__}: {exc}"))
     else:
-        def succeed(session: Session) -> bool:
-            ended = finish_attempt(session, task_id, attempt, TaskStatus.succeeded, utcnow(),
-                                   result=done.result.model_dump(mode="json"))
-            if ended and done.record is not None:
-                done.record(session)
-            return ended
-
-        if not await in_transaction(sessions, succeed):
+        if not await ending(task_id, TaskEnd(
+                attempt=attempt, status=TaskStatus.succeeded,
+                result=done.result.model_dump(mode="json"), metrics=done.metrics)):
             log.info("task %s: finished, but cancelled meanwhile: result dropped", task_id)
     return None
 
 
-async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], task_id: str,
-                outage: Outage, unready: dict[str, str]) -> Redeliver | None:
+async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], ending: Ending,
+                task_id: str, outage: Outage, unready: dict[str, str]) -> Redeliver | None:
     """Services the task waits for are still not ready: say so on its row and look again
     soon, or fail it once they have been gone for the whole outage window."""
     since = outage.since if outage.since is not None else time.time()
@@ -219,13 +257,14 @@ async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], task_
                       message=(f"Gave up: services not ready for {waited:.0f} s "
                                f"(LOOM_WORKER_OUTAGE_WINDOW_S={settings.worker_outage_window_s:g})"
                                f": {what}" if give_up else f"Waiting for services: {what}"))
+    if give_up:
+        await ending(task_id, TaskEnd(attempt=None, status=TaskStatus.failed, error=error))
+        return None
     # A message that starts a wait respects the lease of a delivery holding the task already.
     lease_s = None if outage.waiting_for else settings.stale_after_s
     if not await in_transaction(sessions, lambda s: note_waiting(
-            s, task_id, utcnow(), error, give_up=give_up, lease_s=lease_s)):
+            s, task_id, utcnow(), error, give_up=False, lease_s=lease_s)):
         return None  # cancelled, taken up, or held by another delivery: nothing left to do
-    if give_up:
-        return None
     return Redeliver(WAIT_POLL_S, Outage(strikes=outage.strikes, waiting_for=tuple(unready),
                                          since=since))
 

@@ -1,6 +1,6 @@
-"""What the worker does around consuming: wait until the gateway has migrated its database,
-send again the tasks whose messages may be lost (at start, then those of lost workers
-periodically), report alive to the gateway's database (a liveness row, which `/v1/health`
+"""What the worker does around consuming: migrate its tables once the gateway has made the
+`jobs` they refer to, send again the tasks whose messages may be lost (at start, then those of
+lost workers periodically), report alive (a liveness row, which the gateway's `/v1/health`
 reads), and tell `loom up` it is ready (a file holding its pid: a worker has no port)."""
 
 from __future__ import annotations
@@ -12,54 +12,42 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from alembic.config import Config
-from alembic.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from celery import signals
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gateway.models import ALEMBIC_DIR, VERSION_TABLE, utcnow
-from gateway.task_leases import lost_waits, requeue_abandoned, unsent_tasks
-from gateway.workers import forget, mark_alive
-from services.common.db import make_engine, make_sessionmaker, transaction
+from services.common.columns import utcnow
+from services.common.db import make_engine, make_sessionmaker, migrate, transaction
 from services.worker.app import LoomCelery, send
+from services.worker.liveness import forget, mark_alive
+from services.worker.models import ALEMBIC_DIR, VERSION_TABLE, GatewayNotMigrated
 from services.worker.schemas import TaskKind
+from services.worker.task_leases import lost_waits, requeue_abandoned, unsent_tasks
 
 log = logging.getLogger(__name__)
 
 
-def wait_for_schema(url: str, timeout_s: float) -> None:
-    """Block until the gateway's tables are at the newest revision (the gateway migrates
-    them at start; the worker only reads and writes rows)."""
-    config = Config()
-    config.set_main_option("script_location", str(ALEMBIC_DIR))
-    head = ScriptDirectory.from_config(config).get_current_head()
-    engine = make_engine(url)
+def migrate_when_ready(url: str, timeout_s: float) -> None:
+    """Bring the worker's tables to their newest revision, waiting (up to `timeout_s`) for
+    the database and for the gateway's `jobs`, which tasks refer to (the gateway migrates
+    it at start; whichever starts first, both end migrated)."""
     deadline = time.monotonic() + timeout_s
-    current: str | None = None
-    try:
-        while True:
-            try:
-                with engine.connect() as connection:
-                    current = MigrationContext.configure(connection, opts={
-                        "version_table": VERSION_TABLE}).get_current_revision()
-            except SQLAlchemyError as exc:
-                log.info("gateway database not reachable yet: %s", exc)
-            if current == head:
-                return
+    while True:
+        try:
+            migrate(url, ALEMBIC_DIR, VERSION_TABLE)
+            return
+        except (GatewayNotMigrated, SQLAlchemyError) as exc:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"The gateway database is at revision {current}, not {head}, "
-                                   f"after {timeout_s:.0f} s: start the gateway (it migrates).")
-            time.sleep(0.5)
-    finally:
-        engine.dispose()
+                raise RuntimeError(f"The worker's tables could not be migrated in "
+                                   f"{timeout_s:.0f} s: {exc}") from exc
+            log.info("worker tables not migrated yet: %s", str(exc).splitlines()[0])
+        time.sleep(0.5)
 
 
 @contextlib.contextmanager
 def own_transaction(app: LoomCelery) -> Iterator[Session]:
-    """A transaction on the gateway's database over an engine of its own, disposed at the
-    end: never inherited by the forked pool processes."""
+    """A transaction on the worker's tables over an engine of its own, disposed at the end:
+    never inherited by the forked pool processes."""
     engine = make_engine(app.loom_settings.database_url_for("gateway"))
     try:
         with transaction(make_sessionmaker(engine)) as session:

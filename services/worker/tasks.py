@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task as CeleryTask
 
-from gateway.job_logs import log_metrics
-from gateway.tasks import ensure_task
 from services.common.db import transaction
 from services.common.errors import InvalidInput
 from services.common.logs import job_id_var, request_id_var
@@ -23,18 +20,21 @@ from services.worker.evaluate import metric_points
 from services.worker.export import export_merged
 from services.worker.gc import collect
 from services.worker.recipe_registry import load_recipe
-from services.worker.recipes import Attempt, run_attempt
+from services.worker.recipes import Attempt, run_managed
 from services.worker.runner import (
     DATABASE_DOWN,
     WAIT_POLL_S,
     Done,
+    Ending,
     Outage,
     Redeliver,
     Services,
     Work,
+    gateway_ending,
     run_delivery,
 )
 from services.worker.schemas import EvaluateParams, ExportParams, GcParams, RecipeParams, TaskKind
+from services.worker.task_leases import ensure_task
 
 if TYPE_CHECKING:
     from services.worker.app import LoomCelery
@@ -71,10 +71,12 @@ def evaluate(task: CeleryTask, task_id: str, job_id: str | None,
         job = _job(job_id)
         result = await run_evaluation(services.modelstate, services.rollout, services.reward,
                                       job, EvaluateParams.model_validate(params))
-        points = metric_points(result)
-        return Done(result, record=lambda session: log_metrics(session, job, points))
+        return Done(result, metrics=metric_points(result))
 
-    _deliver(task, task_id, job_id, work, outage, needs=("modelstate", "rollout", "reward"))
+    # Its metrics are the job's: the gateway records them with the task's end.
+    _deliver(task, task_id, job_id, work, outage,
+             needs=("modelstate", "rollout", "reward", "gateway"),
+             ending=gateway_ending(_app(task).loom_settings))
 
 
 def export(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
@@ -90,24 +92,17 @@ def export(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str,
 
 def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
            outage: dict[str, Any] | None = None) -> None:
-    """A managed run: the recipe runs in a thread (blocking SDK calls) while the runner's
-    heartbeat keeps the claim; losing the claim sets `stop`, which the recipe obeys at its
-    next checkpoint."""
+    """A managed run (`recipes.run_managed`); its job ends with it, which the gateway records
+    with the task's end (`gateway.jobs.jobs.end_with_run`)."""
     app = _app(task)
     run_params = RecipeParams.model_validate(params)
 
     async def work(_services: Services, attempt: int) -> Done:
-        run = Attempt(task_id, attempt, _job(job_id), app.loom_settings.url_of("gateway"),
-                      app.sessions)
-        stop = threading.Event()
-        try:
-            result = await asyncio.to_thread(run_attempt, run, run_params, stop)
-        except asyncio.CancelledError:
-            stop.set()
-            raise
-        return Done(result)  # its job ends with it: `gateway.jobs.jobs.end_with_run`
+        return Done(await run_managed(Attempt(task_id, attempt, _job(job_id), app.loom_settings,
+                                              app.sessions), run_params))
 
-    _deliver(task, task_id, job_id, work, outage, needs=("gateway", *_recipe_services(run_params)))
+    _deliver(task, task_id, job_id, work, outage, needs=("gateway", *_recipe_services(run_params)),
+             ending=gateway_ending(app.loom_settings))
 
 
 def scheduled_gc(task: CeleryTask, outage: dict[str, Any] | None = None) -> None:
@@ -120,7 +115,8 @@ def scheduled_gc(task: CeleryTask, outage: dict[str, Any] | None = None) -> None
 
 
 def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work,
-             outage: dict[str, Any] | None, *, needs: tuple[str, ...]) -> None:
+             outage: dict[str, Any] | None, *, needs: tuple[str, ...],
+             ending: Ending | None = None) -> None:
     app = _app(task)
     request_id_var.set(task_id)  # the delivery's log lines name the task and its job
     job_id_var.set(job_id or "-")
@@ -131,7 +127,7 @@ def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work,
         with span_in(submitted, f"task {task.name}", link=True,
                      attributes={"loom.task_id": task_id, "loom.job_id": job_id or ""}):
             again = asyncio.run(run_delivery(app.loom_settings, app.sessions, task_id, carried,
-                                             work, needs))
+                                             work, needs, ending=ending))
     except DATABASE_DOWN as exc:  # the task's row could not even be read or written
         log.warning("task %s: database unavailable (%s); trying again in %.0f s", task_id,
                     str(exc).splitlines()[0][:200], WAIT_POLL_S)

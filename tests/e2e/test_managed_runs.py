@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from agents.sdk import LoomClient
 from cli.main import app
-from gateway.task_schemas import TaskStatus
+from services.worker.task_schemas import TaskStatus
 
 pytestmark = pytest.mark.e2e
 

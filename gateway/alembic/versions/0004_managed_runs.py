@@ -1,4 +1,7 @@
-"""managed runs: job keys, run progress, worker liveness
+"""managed runs: job keys
+
+This revision also gave background tasks their `progress` and made the `workers` table: the
+worker's history does that now (see 0003).
 
 Revision ID: 0004
 Revises: 0003
@@ -22,21 +25,9 @@ def upgrade() -> None:
         batch.create_foreign_key("fk_api_keys_job_id", "jobs", ["job_id"], ["id"],
                                  ondelete="CASCADE")
         batch.create_index("ix_api_keys_job_id", ["job_id"])
-    with op.batch_alter_table("background_tasks") as batch:
-        batch.add_column(sa.Column("progress", sa.JSON(), nullable=True))
-    op.create_table(
-        "workers",
-        sa.Column("id", sa.String(255), primary_key=True),
-        sa.Column("pid", sa.Integer(), nullable=False),
-        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False),
-    )
 
 
 def downgrade() -> None:
-    op.drop_table("workers")
-    with op.batch_alter_table("background_tasks") as batch:
-        batch.drop_column("progress")
     with op.batch_alter_table("api_keys") as batch:
         batch.drop_index("ix_api_keys_job_id")
         batch.drop_constraint("fk_api_keys_job_id", type_="foreignkey")

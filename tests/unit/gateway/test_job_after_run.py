@@ -10,16 +10,15 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.jobs.jobs import end_with_run, reopen_for_retry
-from gateway.models import ALEMBIC_DIR, VERSION_TABLE, BackgroundTaskRow, JobRow, utcnow
-from services.common.db import make_sessionmaker, transaction
-from tests.conftest import migrated_engine
+from gateway.models import JobRow, utcnow
+from services.common.db import transaction
+from services.worker.models import BackgroundTaskRow
+from tests.support.task_tables import task_sessions
 
 
 @pytest.fixture
 def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    for engine in migrated_engine(f"sqlite:///{tmp_path / 'gateway.db'}", ALEMBIC_DIR,
-                                  VERSION_TABLE):
-        yield make_sessionmaker(engine)
+    yield from task_sessions(f"sqlite:///{tmp_path / 'gateway.db'}")
 
 
 def job_after(sessions: sessionmaker[Session], *, job: str, kind: str, task: str,

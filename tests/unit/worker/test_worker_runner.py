@@ -17,10 +17,27 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RunStopped
 from gateway.auth.keys import KeyIdentity
-from gateway.job_logs import log_metrics, metric_series
-from gateway.models import ALEMBIC_DIR, VERSION_TABLE, BackgroundTaskRow, JobRow, utcnow
-from gateway.schemas import MetricPoint
-from gateway.task_leases import (
+from gateway.job_logs import metric_series
+from gateway.models import JobRow, utcnow
+from gateway.tasks import cancel_task, end_task, insert_task
+from services.common.db import in_transaction, transaction
+from services.common.errors import InvalidInput, UpstreamError
+from services.common.schemas import MetricPoint
+from services.worker.models import BackgroundTaskRow
+from services.worker.readiness import Readiness
+from services.worker.runner import (
+    WAIT_POLL_S,
+    Done,
+    Ending,
+    Outage,
+    Redeliver,
+    Services,
+    Work,
+    local_ending,
+    run_delivery,
+)
+from services.worker.settings import WorkerSettings
+from services.worker.task_leases import (
     ClaimAction,
     claim_task,
     finish_attempt,
@@ -29,22 +46,8 @@ from gateway.task_leases import (
     requeue_abandoned,
     unsent_tasks,
 )
-from gateway.task_schemas import GcTaskCreate, TaskStatus
-from gateway.tasks import cancel_task, insert_task
-from services.common.db import in_transaction, make_sessionmaker, transaction
-from services.common.errors import InvalidInput, UpstreamError
-from services.worker.readiness import Readiness
-from services.worker.runner import (
-    WAIT_POLL_S,
-    Done,
-    Outage,
-    Redeliver,
-    Services,
-    Work,
-    run_delivery,
-)
-from services.worker.settings import WorkerSettings
-from tests.conftest import migrated_engine
+from services.worker.task_schemas import GcTaskCreate, TaskEnd, TaskStatus
+from tests.support.task_tables import task_sessions
 
 NEEDS = ("rollout", "trainer")
 ADMIN = KeyIdentity(id="key_admin", name="admin", admin=True)
@@ -56,9 +59,7 @@ class Result(BaseModel):
 
 @pytest.fixture
 def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    for engine in migrated_engine(f"sqlite:///{tmp_path / 'gateway.db'}", ALEMBIC_DIR,
-                                  VERSION_TABLE):
-        yield make_sessionmaker(engine)
+    yield from task_sessions(f"sqlite:///{tmp_path / 'gateway.db'}")
 
 
 @pytest.fixture
@@ -83,7 +84,17 @@ def row(sessions: sessionmaker[Session], task_id: str) -> BackgroundTaskRow:
         return found
 
 
-async def test_success_records_the_result_and_the_extra_rows_in_one_transaction(
+def gateway_side(sessions: sessionmaker[Session]) -> Ending:
+    """What `PUT /v1/internal/tasks/{id}/end` does, in process: the gateway's `end_task`."""
+
+    async def end(task_id: str, task_end: TaskEnd) -> bool:
+        return await in_transaction(sessions,
+                                    lambda s: end_task(s, task_id, task_end).ended)
+
+    return end
+
+
+async def test_success_records_the_result_and_the_jobs_metrics_in_one_transaction(
         sessions: sessionmaker[Session], settings: WorkerSettings) -> None:
     task_id = new_task(sessions)
     job_id = row(sessions, task_id).job_id
@@ -93,10 +104,11 @@ async def test_success_records_the_result_and_the_extra_rows_in_one_transaction(
     async def work(_services: Services, _attempt: int) -> Done:
         nonlocal calls
         calls += 1
-        points = [MetricPoint(step=3, name="eval/heldout/accuracy", value=0.5)]
-        return Done(Result(value=7), record=lambda s: log_metrics(s, job_id, points))
+        return Done(Result(value=7),
+                    metrics=[MetricPoint(step=3, name="eval/heldout/accuracy", value=0.5)])
 
-    assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS) is None
+    assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS,
+                              ending=gateway_side(sessions)) is None
     done = row(sessions, task_id)
     assert (done.status, done.result, done.error, done.attempts) == ("succeeded", {"value": 7},
                                                                       None, 1)
@@ -108,6 +120,31 @@ async def test_success_records_the_result_and_the_extra_rows_in_one_transaction(
     assert await run_delivery(settings, sessions, task_id, Outage(), work, NEEDS) is None
     again = row(sessions, task_id)
     assert (calls, again.attempts, again.finished_at) == (1, 1, done.finished_at)
+
+
+async def test_an_end_sent_again_after_a_lost_answer_is_recorded_once(
+        sessions: sessionmaker[Session]) -> None:
+    task_id = new_task(sessions)
+    with transaction(sessions) as session:
+        assert claim_task(session, task_id, utcnow(), 60.0).attempt == 1
+        job = session.get(JobRow, row(sessions, task_id).job_id)
+        assert job is not None
+        job_id = job.id
+    end = TaskEnd(attempt=1, status=TaskStatus.succeeded, result={"value": 1},
+                  metrics=[MetricPoint(step=1, name="eval/x/accuracy", value=1.0)])
+    gateway = gateway_side(sessions)
+    assert await gateway(task_id, end)
+    first = row(sessions, task_id)
+    assert await gateway(task_id, end)  # the same end again: acknowledged, nothing moves
+    again = row(sessions, task_id)
+    assert (again.status, again.finished_at) == ("succeeded", first.finished_at)
+    with sessions() as session:
+        [series] = metric_series(session, job_id)
+    assert series.values == [1.0]
+    # Another end of that attempt is not the same end: the attempt no longer holds the task.
+    assert not await gateway(task_id, end.model_copy(update={"status": TaskStatus.failed}))
+    with pytest.raises(ValueError, match="metrics are the gateway's rows"):
+        await local_ending(sessions)(task_id, end)
 
 
 async def test_a_user_fault_fails_at_once_and_a_bug_is_an_internal_error(

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.models import BackgroundTaskRow
-from gateway.task_schemas import TaskCreate, TaskStatus
-from gateway.task_states import TRANSITIONS, move_task
 from services.common.errors import InvalidTransition
+from services.worker.models import BackgroundTaskRow
 from services.worker.schemas import MAX_EVAL_ITEMS, EvaluateParams, greedy
+from services.worker.task_schemas import TaskCreate, TaskStatus
+from services.worker.task_states import TRANSITIONS, move_task
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 S = TaskStatus

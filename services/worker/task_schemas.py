@@ -1,5 +1,6 @@
 """Wire models of background tasks (`/v1/jobs/{job}/tasks`, `/v1/tasks`): what to submit and
-what a task looks like. Each kind's params and result are in `services/worker/schemas.py`."""
+what a task looks like; and what the worker sends the gateway's internal routes (`TaskEnd`,
+`RunKey`). Each kind's params and result are in `services/worker/schemas.py`."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from services.common.schemas import ErrorBody, LenientModel, StrictModel
+from services.common.schemas import ErrorBody, LenientModel, MetricPoint, StrictModel
 from services.worker.schemas import (
     EvaluateParams,
     ExportParams,
@@ -86,3 +87,36 @@ class BackgroundTask(LenientModel):
 
 class BackgroundTaskList(LenientModel):
     tasks: list[BackgroundTask]
+
+
+class TaskEnd(StrictModel):
+    """How a task ended, for the gateway to record when the end moves rows it owns: a managed
+    run's job ends with its run (`gateway.jobs.jobs.end_with_run`), an evaluation's metrics are the
+    job's. `PUT /v1/internal/tasks/{id}/end` records the task's end and those rows in one
+    transaction; sent again after a lost answer, it records nothing twice."""
+
+    attempt: int | None = Field(
+        ge=1, description="The attempt that ended; None: the task was queued, waiting for "
+        "services, and the wait gave up (it fails with `error`).")
+    status: TaskStatus
+    result: dict[str, Any] | None = None
+    error: ErrorBody | None = None
+    metrics: list[MetricPoint] = Field(
+        default=[], description="Recorded on the task's job with the end (an evaluation's).")
+
+    @model_validator(mode="after")
+    def _gave_up_fails(self) -> TaskEnd:
+        if self.attempt is None and self.status is not TaskStatus.failed:
+            raise ValueError("a wait that gave up fails its task")
+        return self
+
+
+class TaskEnded(LenientModel):
+    ended: bool = Field(description="False: the attempt had lost its task (cancelled, or "
+                        "taken over), so nothing was recorded.")
+
+
+class RunKey(LenientModel):
+    """A key that acts for one job only, for the managed run on it (its SDK calls)."""
+
+    secret: str

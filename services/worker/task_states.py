@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gateway.models import BackgroundTaskRow
-from gateway.task_schemas import TaskStatus
 from services.common.states import require_transition
+from services.worker.models import BackgroundTaskRow
+from services.worker.task_schemas import TaskStatus
 
 S = TaskStatus
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {

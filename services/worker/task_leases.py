@@ -1,7 +1,8 @@
 """Background tasks, the worker's side: claim a task for one attempt, keep it alive, record
 how the attempt ended. Every change is conditional on the attempt still owning the task, so a
 worker that lost its task (cancelled, or taken over after its heartbeats stopped) changes
-nothing. Data functions: they only flush, the caller owns the transaction."""
+nothing. Data functions: they only flush, the caller owns the transaction (the worker's, or
+the gateway's when the end also moves the gateway's rows: `record_end`)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.jobs.jobs import end_with_run
-from gateway.models import BackgroundTaskRow
-from gateway.task_schemas import TaskStatus
-from gateway.task_states import move_task
+from services.common.columns import utcnow
 from services.common.schemas import ErrorBody
+from services.worker.models import BackgroundTaskRow
+from services.worker.schemas import TaskKind
+from services.worker.task_schemas import TaskEnd, TaskStatus
+from services.worker.task_states import move_task
 
 
 class ClaimAction(StrEnum):
@@ -100,17 +102,32 @@ def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskSta
                    now: datetime, *, result: dict[str, Any] | None = None,
                    error: ErrorBody | None = None) -> bool:
     """Record how the attempt ended: succeeded (result), failed or cancelled (error), or
-    queued again after an upstream outage (error: why); a managed run's job ends with it
-    (`end_with_run`). False, and nothing written, if it lost the task."""
-    row = _owned(session, task_id, attempt)
-    if row is None:
+    queued again after an upstream outage (error: why). False, and nothing written, if it lost
+    the task; True, and nothing written again, if this very end is recorded already (a
+    re-sent `TaskEnd` whose answer was lost)."""
+    errors = error.model_dump() if error is not None else None
+    row = session.get(BackgroundTaskRow, task_id, with_for_update=True)
+    if row is None or row.attempts != attempt:
+        return False
+    if (row.status, row.result, row.error) == (status.value, result, errors):
+        return status is not TaskStatus.running
+    if row.status != TaskStatus.running.value:
         return False
     move_task(row, status, now)
     row.result = result
-    row.error = error.model_dump() if error is not None else None
+    row.error = errors
     session.flush()
-    end_with_run(session, row)
     return True
+
+
+def record_end(session: Session, task_id: str, end: TaskEnd, now: datetime) -> bool:
+    """`end` recorded: an attempt's (`finish_attempt`), or a wait's that gave up
+    (`note_waiting`). Whether it ended the task as `end` says."""
+    if end.attempt is None:
+        assert end.error is not None  # a wait's end always says why
+        return note_waiting(session, task_id, now, end.error, give_up=True)
+    return finish_attempt(session, task_id, end.attempt, end.status, now, result=end.result,
+                          error=end.error)
 
 
 def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody, *,
@@ -130,7 +147,6 @@ def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody
         row.heartbeat_at = now  # the wait's message is alive (`lost_waits`)
     row.error = error.model_dump()
     session.flush()
-    end_with_run(session, row)
     return True
 
 
@@ -181,3 +197,14 @@ def unsent_tasks(session: Session, now: datetime, older_than_s: float
     return list(session.scalars(select(BackgroundTaskRow).where(
         BackgroundTaskRow.status == TaskStatus.queued.value,
         BackgroundTaskRow.created_at < cutoff)))
+
+
+def ensure_task(session: Session, task_id: str, kind: TaskKind, job_id: str | None,
+                params: dict[str, Any]) -> None:
+    """A queued task with this id unless one exists (for work whose message names its id,
+    such as a scheduled collection)."""
+    if session.get(BackgroundTaskRow, task_id) is None:
+        session.add(BackgroundTaskRow(id=task_id, job_id=job_id, kind=kind.value, params=params,
+                                      status=TaskStatus.queued.value, attempts=0,
+                                      created_at=utcnow()))
+        session.flush()

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from gateway.models import WorkerRow
 from services.common.schemas import Health
+from services.worker.models import WorkerRow
 
 
 def mark_alive(session: Session, worker_id: str, pid: int, now: datetime) -> None:
