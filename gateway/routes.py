@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from gateway import health
-from gateway.deps import CurrentKey
+from gateway.auth.deps import CurrentKey
 from gateway.schemas import StackHealth
 
 router = APIRouter(prefix="/v1")

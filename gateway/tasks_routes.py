@@ -9,7 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from gateway import background, tasks
-from gateway.deps import CeleryDep, CurrentKey, ServiceCaller, SessionDep, SessionsDep
+from gateway.auth.deps import CurrentKey, ServiceCaller
+from gateway.deps import CeleryDep, SessionDep, SessionsDep
 from services.worker.task_schemas import (
     BackgroundTask,
     BackgroundTaskList,

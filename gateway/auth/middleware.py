@@ -1,7 +1,7 @@
 """Authentication: a small ASGI middleware in front of every route but the operational ones.
 
 It is pure ASGI so proxied streams pass through it untouched. It attaches the caller's
-`KeyIdentity` to `request.state.api_key`; `deps.CurrentKey` / `deps.AdminKey` read it.
+`KeyIdentity` to `request.state.api_key`; `auth.deps.CurrentKey` / `AdminKey` read it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PUBLIC_PREFIXES = ("/docs", "/redoc")
 # API-key middleware lets it through and its routes check the cookie themselves.
 ADMIN_PREFIX = "/admin"
 # Routes Loom's services call (a rollout replica's heartbeat) check the service token
-# themselves (`gateway.deps.service_caller`): a service holds no API key. Rollout's readiness
+# themselves (`gateway.auth.deps.service_caller`): a service holds no API key. Rollout's readiness
 # probe there is open, as every /readyz is.
 INTERNAL_PREFIX = "/v1/internal/"
 MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "

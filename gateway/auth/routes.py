@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from gateway.auth import keys
-from gateway.deps import AdminKey, AuthCacheDep, SessionDep
+from gateway.auth.deps import AdminKey
+from gateway.deps import AuthCacheDep, SessionDep
 from gateway.schemas import ApiKeyCreate, ApiKeyCreated, ApiKeyList, ApiKeyPublic
 
 router = APIRouter(prefix="/v1")

@@ -8,7 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from gateway import job_logs
-from gateway.deps import CurrentKey, SessionDep, SessionsDep, SettingsDep, TrainerDep
+from gateway.auth.deps import CurrentKey
+from gateway.deps import SessionDep, SessionsDep, SettingsDep, TrainerDep
 from gateway.jobs import jobs
 from gateway.schemas import (
     Job,

@@ -9,7 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 from fastapi.responses import JSONResponse
 
-from gateway.deps import AdminKey, ReplicasDep, ServiceCaller, UpstreamsDep
+from gateway.auth.deps import AdminKey, ServiceCaller
+from gateway.deps import ReplicasDep, UpstreamsDep
 from services.common.errors import NotFound
 from services.common.schemas import Health
 from services.rollout.schemas import ReplicaHeartbeat, ReplicaList, ReplicaPublic

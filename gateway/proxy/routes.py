@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
-from gateway.deps import BodyLimitsDep, CurrentKey, JobOwnersDep, UpstreamsDep
+from gateway.auth.deps import CurrentKey
+from gateway.deps import BodyLimitsDep, JobOwnersDep, UpstreamsDep
 from gateway.proxy.forward import forward
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -6,11 +6,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
+from gateway.auth.deps import CurrentKey
 from gateway.compat.common.params import Limit, Offset
 from gateway.compat.tinker import runs, schemas
 from gateway.compat.tinker.futures import PENDING, failure, retrieve
 from gateway.compat.tinker.service import TinkerService
-from gateway.deps import CurrentKey
 from gateway.proxy.request_body import read_capped
 from services.common.deps import app_state
 from services.common.errors import InvalidInput, NotFound

@@ -7,11 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, status
 
+from gateway.auth.deps import CurrentKey
 from gateway.compat.common.params import Limit, Offset
 from gateway.compat.weaver import listing, operations, schemas
 from gateway.compat.weaver.errors import PREFIX, WeaverRoute
 from gateway.compat.weaver.service import WeaverService
-from gateway.deps import CurrentKey
 from services.common.deps import app_state
 from services.common.errors import InvalidInput, NotFound
 
