@@ -10,9 +10,8 @@ import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.auth.dialects import ClientDialects
 from gateway.auth.keys import KeyIdentity, authenticate, hash_secret
-from gateway.compat.weaver.errors import error_response as weaver_error_response
-from gateway.compat.weaver.errors import is_weaver_path
 from services.common.app_factory import error_response
 from services.common.db import in_transaction
 from services.common.errors import Unauthorized
@@ -26,25 +25,26 @@ ADMIN_PREFIX = "/admin"
 # themselves (`gateway.auth.deps.service_caller`): a service holds no API key. Rollout's readiness
 # probe there is open, as every /readyz is.
 INTERNAL_PREFIX = "/v1/internal/"
-MISSING_KEY = ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
-               "(Weaver SDK: WEAVER_API_KEY=<key>). `loom up` prints the admin key once and "
-               "writes it to <data_dir>/admin_key.")
 
 
-# The Tinker SDK refuses keys without this prefix, so Tinker scripts send `tml-<loom key>`.
-TINKER_KEY_PREFIX = "tml-"
+def missing_key(dialects: ClientDialects) -> str:
+    hints = "".join(f" ({hint})" for hint in dialects.key_hints())
+    return ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
+            f"{hints}. `loom up` prints the admin key once and writes it to "
+            "<data_dir>/admin_key.")
 
 
-def presented_secret(headers: dict[bytes, bytes]) -> str | None:
+def presented_secret(headers: dict[bytes, bytes], dialects: ClientDialects) -> str | None:
     authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    weaver_key = headers.get(b"x-weaver-api-key", b"").decode("latin-1").strip()
-    if weaver_key:
-        return weaver_key
+    for header in dialects.key_headers():
+        key = headers.get(header, b"").decode("latin-1").strip()
+        if key:
+            return key
     api_key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
-    return api_key.removeprefix(TINKER_KEY_PREFIX) or None
+    return dialects.without_prefix(api_key) or None
 
 
 def is_public(path: str) -> bool:
@@ -53,18 +53,22 @@ def is_public(path: str) -> bool:
 
 
 class ApiKeyAuthMiddleware:
-    """401 unless the request carries a valid, unrevoked key; public paths pass freely."""
+    """401 unless the request carries a valid, unrevoked key; public paths pass freely.
+    `dialects`: how the SDK protocols the gateway serves besides Loom's present a key and
+    read a refusal."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, dialects: ClientDialects) -> None:
         self.app = app
+        self.dialects = dialects
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or is_public(scope["path"]):
             await self.app(scope, receive, send)
             return
-        secret = presented_secret(dict(scope["headers"]))
+        secret = presented_secret(dict(scope["headers"]), self.dialects)
         if secret is None:
-            await _unauthorized(MISSING_KEY, scope["path"])(scope, receive, send)
+            await self._unauthorized(missing_key(self.dialects), scope["path"])(
+                scope, receive, send)
             return
         state = scope["app"].state
         digest = hash_secret(secret)
@@ -74,11 +78,19 @@ class ApiKeyAuthMiddleware:
             if identity is not None:
                 state.auth_cache.put(digest, identity)
         if identity is None:
-            await _unauthorized("Invalid or revoked API key.", scope["path"])(
+            await self._unauthorized("Invalid or revoked API key.", scope["path"])(
                 scope, receive, send)
             return
         scope.setdefault("state", {})["api_key"] = identity
         await self.app(scope, receive, send)
+
+    def _unauthorized(self, message: str, path: str) -> ASGIApp:
+        """A 401 in the shape the caller's SDK reads: its own under its routes, else Loom's."""
+        respond = self.dialects.error_response(path)
+        response = (respond(Unauthorized(message)) if respond is not None
+                    else error_response(401, "unauthorized", message))
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
 
 
 class AuthCache:
@@ -107,14 +119,3 @@ class AuthCache:
     def evict(self, key_id: str) -> None:
         for digest in [d for d, (identity, _) in self._entries.items() if identity.id == key_id]:
             del self._entries[digest]
-
-
-def _unauthorized(message: str, path: str) -> ASGIApp:
-    """A 401 in the shape the caller's SDK reads: Weaver's under its prefix, else Loom's."""
-    if is_weaver_path(path):
-        response = weaver_error_response(Unauthorized(message))
-    else:
-        response = error_response(401, "unauthorized", message)
-    response.headers["WWW-Authenticate"] = "Bearer"
-    return response
-

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
 from gateway.auth.deps import CurrentKey
+from gateway.auth.dialects import ClientDialect
 from gateway.compat.common.params import Limit, Offset
 from gateway.compat.tinker import runs, schemas
 from gateway.compat.tinker.futures import PENDING, failure, retrieve
@@ -26,6 +27,8 @@ MAX_FORWARD_BACKWARD_BYTES = 64 << 20
 UNSERVED_BODY_BYTES = 1 << 20  # read only for its model_id and seq_id
 # Loom has no shared runs: what a key may access is what it owns (an admin key sees all).
 AccessScope = Annotated[Literal["owned", "accessible"], Query()]
+# The SDK refuses keys without this prefix, so Tinker scripts send `tml-<loom key>`.
+DIALECT = ClientDialect(key_prefix="tml-")
 
 
 @router.post("/client/config")

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import Message
 
+from gateway.auth.dialects import ClientDialect
 from gateway.proxy.request_body import read_capped
 from services.common.app_factory import validation_error
 from services.common.errors import LoomError
@@ -20,10 +21,6 @@ from services.common.errors import LoomError
 PREFIX = "/weaver"
 # Forward/backward batches travel as JSON; a body past this is refused while it streams in.
 MAX_BODY_BYTES = 64 << 20
-
-
-def is_weaver_path(path: str) -> bool:
-    return path.startswith(PREFIX + "/")
 
 
 def retryable(exc: LoomError) -> bool:
@@ -37,6 +34,12 @@ def error_response(exc: LoomError) -> JSONResponse:
     if exc.detail is not None:
         body["details"] = {"detail": exc.detail}
     return JSONResponse(body, status_code=exc.status_code)
+
+
+# How the SDK presents its key (`WEAVER_API_KEY`, sent as X-Weaver-Api-Key) and reads a 401.
+DIALECT = ClientDialect(key_header=b"x-weaver-api-key", path_prefix=PREFIX + "/",
+                        error_response=error_response,
+                        key_hint="Weaver SDK: WEAVER_API_KEY=<key>")
 
 
 class WeaverRoute(APIRoute):

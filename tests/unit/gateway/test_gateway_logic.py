@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.auth.dialects import ClientDialects
 from gateway.auth.keys import DISPLAY_CHARS, KeyIdentity, generate_secret, hash_secret
 from gateway.auth.middleware import AuthCache, is_public, presented_secret
+from gateway.compat.tinker import routes as tinker_routes
+from gateway.compat.weaver import errors as weaver_errors
 from gateway.jobs.states import TRANSITIONS, move_job
 from gateway.models import JobRow
 from gateway.proxy.forward import NOT_FORWARDED, NOT_RETURNED, forwarded_headers
@@ -56,12 +59,18 @@ def test_secrets_are_random_prefixed_and_hashed() -> None:
     ({b"authorization": b"bearer   loom_a "}, "loom_a"),
     ({b"x-api-key": b"loom_b"}, "loom_b"),
     ({b"authorization": b"Bearer loom_a", b"x-api-key": b"loom_b"}, "loom_a"),
+    # the SDKs' own ways, registered by their layers: Weaver's header, Tinker's prefix
+    ({b"x-weaver-api-key": b"loom_w"}, "loom_w"),
+    ({b"x-api-key": b"tml-loom_t"}, "loom_t"),
     ({b"authorization": b"Basic dXNlcg=="}, None),
     ({b"authorization": b"Bearer "}, None),
     ({}, None),
 ])
 def test_presented_secret(headers: dict[bytes, bytes], expected: str | None) -> None:
-    assert presented_secret(headers) == expected
+    dialects = ClientDialects()
+    dialects.register(tinker_routes.DIALECT)
+    dialects.register(weaver_errors.DIALECT)
+    assert presented_secret(headers, dialects) == expected
 
 
 def test_public_paths() -> None:
