@@ -91,18 +91,19 @@ def end_task(session: Session, task_id: str, end: TaskEnd) -> TaskEnded:
     return TaskEnded(ended=ended)
 
 
-def renew_run_key(session: Session, job_id: str) -> RunKey:
+def renew_run_key(session: Session, job_id: str) -> tuple[RunKey, list[str]]:
     """A key for the managed run on the job, replacing any earlier run key (a crashed
-    attempt's, or this call's own whose answer was lost): the job has one live run key."""
+    attempt's, or this call's own whose answer was lost): the job has one live run key. With
+    the ids of the keys it revoked."""
     if session.get(JobRow, job_id, with_for_update=True) is None:
         raise NotFound(f"No job {job_id!r}.")
-    revoke_job_keys(session, job_id, RUN_KEY_NAME)
-    return RunKey(secret=create_job_key(session, job_id, RUN_KEY_NAME))
+    revoked = revoke_job_keys(session, job_id, RUN_KEY_NAME)
+    return RunKey(secret=create_job_key(session, job_id, RUN_KEY_NAME)), revoked
 
 
-def drop_run_key(session: Session, job_id: str) -> None:
-    """The run ended (or stopped): its key acts no more."""
-    revoke_job_keys(session, job_id, RUN_KEY_NAME)
+def drop_run_key(session: Session, job_id: str) -> list[str]:
+    """The run ended (or stopped): its key acts no more. The ids of the keys revoked."""
+    return revoke_job_keys(session, job_id, RUN_KEY_NAME)
 
 
 def get_task_row(session: Session, task_id: str, viewer: KeyIdentity, *,

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Query, Response, status
 
 from gateway import background, tasks
 from gateway.auth.deps import CurrentKey, ServiceCaller
-from gateway.deps import CeleryDep, SessionDep, SessionsDep
+from gateway.auth.middleware import AuthCache
+from gateway.deps import AuthCacheDep, CeleryDep, SessionDep, SessionsDep
 from services.worker.task_schemas import (
     BackgroundTask,
     BackgroundTaskList,
@@ -78,13 +79,23 @@ def end_task(task_id: str, body: TaskEnd, _caller: ServiceCaller,
 
 
 @router.put("/internal/jobs/{job_id}/run-key", response_model=RunKey)
-def renew_run_key(job_id: str, _caller: ServiceCaller, session: SessionDep) -> RunKey:
+def renew_run_key(job_id: str, _caller: ServiceCaller, session: SessionDep,
+                  cache: AuthCacheDep) -> RunKey:
     """A key acting for the job only, for the managed run the worker starts on it; it
     replaces the job's earlier run key."""
-    return tasks.renew_run_key(session, job_id)
+    key, revoked = tasks.renew_run_key(session, job_id)
+    _evict(cache, revoked)
+    return key
 
 
 @router.delete("/internal/jobs/{job_id}/run-key", status_code=204)
-def drop_run_key(job_id: str, _caller: ServiceCaller, session: SessionDep) -> Response:
-    tasks.drop_run_key(session, job_id)
+def drop_run_key(job_id: str, _caller: ServiceCaller, session: SessionDep,
+                 cache: AuthCacheDep) -> Response:
+    _evict(cache, tasks.drop_run_key(session, job_id))
     return Response(status_code=204)
+
+
+def _evict(cache: AuthCache, key_ids: list[str]) -> None:
+    """Revoked here: they act no more at once, not after the cache's time."""
+    for key_id in key_ids:
+        cache.evict(key_id)

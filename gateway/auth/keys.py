@@ -88,14 +88,14 @@ def create_job_key(session: Session, job_id: str, name: str) -> str:
     return secret
 
 
-def revoke_job_keys(session: Session, job_id: str, name: str) -> int:
-    """Revoke job `job_id`'s live keys called `name`; how many there were."""
+def revoke_job_keys(session: Session, job_id: str, name: str) -> list[str]:
+    """Revoke job `job_id`'s live keys called `name`; their ids (for `AuthCache.evict`)."""
     rows = list(session.scalars(select(ApiKeyRow).where(
         ApiKeyRow.job_id == job_id, ApiKeyRow.name == name, ApiKeyRow.revoked_at.is_(None))))
     for row in rows:
         row.revoked_at = utcnow()
     session.flush()
-    return len(rows)
+    return [row.id for row in rows]
 
 
 def count_keys(session: Session) -> int:
