@@ -1,10 +1,10 @@
-"""The one place that picks the isolation backend; both are `AgentBackend`s (see agents.py)."""
+"""The one place that picks the isolation backend; both are `AgentBackend`s (see agent_pool.py)."""
 
 from __future__ import annotations
 
 import logging
 
-from services.sandbox.agents import AgentBackend
+from services.sandbox.agent_pool import AgentBackend
 from services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger(__name__)

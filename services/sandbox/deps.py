@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends
 
 from services.common.deps import app_state
-from services.sandbox.agents import AgentBackend
+from services.sandbox.agent_pool import AgentBackend
 from services.sandbox.sessions import SessionManager
 
 BackendDep = Annotated[AgentBackend, Depends(app_state("backend"))]

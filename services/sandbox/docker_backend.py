@@ -18,7 +18,7 @@ import docker
 import docker.errors
 
 from services.common.errors import InvalidInput
-from services.sandbox.agents import Agent, AgentBackend, AgentLost, agent_command
+from services.sandbox.agent_pool import Agent, AgentBackend, AgentLost, agent_command
 from services.sandbox.outcome import MIB
 from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
 from services.sandbox.settings import SandboxSettings

@@ -27,7 +27,7 @@ from typing import Any
 
 from services.common.errors import InvalidInput, Unavailable
 from services.sandbox import seccomp
-from services.sandbox.agents import Agent, AgentBackend, AgentLost, Outcome, agent_command
+from services.sandbox.agent_pool import Agent, AgentBackend, AgentLost, Outcome, agent_command
 from services.sandbox.cgroups import CgroupError, Cgroups, SlotCgroup, join_command
 from services.sandbox.confinement import (
     bwrap_command,

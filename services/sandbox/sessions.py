@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from services.common.errors import LimitExceeded, NotFound
-from services.sandbox.agents import Agent, AgentBackend
+from services.sandbox.agent_pool import Agent, AgentBackend
 from services.sandbox.schemas import (
     ExecuteRequest,
     ExecuteResponse,

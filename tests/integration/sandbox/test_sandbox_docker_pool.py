@@ -16,7 +16,7 @@ import httpx2
 import pytest
 
 from services.common.service_token import service_headers
-from services.sandbox import agents
+from services.sandbox import agent_pool
 from services.sandbox.app import create_app
 from services.sandbox.docker_backend import ContainerAgent, DockerBackend
 from services.sandbox.schemas import ExecuteRequest, ExecutionStatus
@@ -48,7 +48,7 @@ class HookedBackend(DockerBackend):
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agents, "RETRY_S", 0.05)
+    monkeypatch.setattr(agent_pool, "RETRY_S", 0.05)
 
 
 @asynccontextmanager
