@@ -14,12 +14,12 @@ from services.common.app_factory import create_service_app
 from services.common.busy import BusyClock
 from services.common.operations import OperationQueue
 from services.common.service_token import service_token
-from services.trainer.checkpoint import ThreadPublisher
 from services.trainer.distributed.commands import RankConfig
 from services.trainer.distributed.ranks import RankGroup
 from services.trainer.distributed.remote import RemoteRegistry
 from services.trainer.distributed.sharding import Sharding
 from services.trainer.model import resolve_device
+from services.trainer.publish import ThreadPublisher
 from services.trainer.registry import ModelRegistry
 from services.trainer.routes import router
 from services.trainer.service import TrainerService

@@ -14,9 +14,9 @@ from services.common.errors import PayloadTooLarge
 from services.common.operations import OperationQueue
 from services.common.schemas import Operation
 from services.trainer import state_files
-from services.trainer.checkpoint import ThreadPublisher, save_weights
 from services.trainer.distributed.remote import RemoteRegistry
 from services.trainer.page_reserve import DEFAULT_MAX_BYTES, PageReserve, remove_leftovers
+from services.trainer.publish import ThreadPublisher, save_weights
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     CheckpointExpiry,

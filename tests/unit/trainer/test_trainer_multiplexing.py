@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from modelstate.client import ModelStateClient
 from services.common.errors import InvalidInput
 from services.common.operations import OperationQueue
-from services.trainer.checkpoint import ThreadPublisher
+from services.trainer.publish import ThreadPublisher
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     AdamParams,

@@ -12,7 +12,7 @@ import torch
 from modelstate.client import ModelStateClient
 from services.common.errors import Conflict, NotFound, PayloadTooLarge
 from services.common.operations import OperationQueue
-from services.trainer.checkpoint import ThreadPublisher
+from services.trainer.publish import ThreadPublisher
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     CreateModelRequest,
