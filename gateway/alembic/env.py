@@ -1,3 +1,4 @@
+from gateway.compat.common import rows as compat_rows  # noqa: F401 - its tables are ours too
 from gateway.models import Base
 from services.common.alembic_env import run_migrations
 

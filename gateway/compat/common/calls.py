@@ -75,10 +75,9 @@ class Owned(Protocol):
 OwnedT = TypeVar("OwnedT", bound=Owned)
 
 
-def find_owned(items: dict[str, OwnedT], item_id: str, viewer: KeyIdentity, what: str,
-               missing: str = "") -> OwnedT:
-    """A session, model or sampler of the gateway's memory that `viewer` may use."""
-    item = items.get(item_id)
+def owned(item: OwnedT | None, item_id: str, viewer: KeyIdentity, what: str,
+          missing: str = "") -> OwnedT:
+    """A session, model or sampler (None: not found) that `viewer` may use."""
     if item is None:
         raise NotFound(f"No {what.lower()} {item_id!r}{missing}.")
     if not viewer.admin and item.owner != viewer.id:
@@ -113,10 +112,14 @@ class TrainerCalls:
 @dataclass
 class CallOrder:
     """One training model's calls, numbered by its SDK from 1 without gaps. `next_seq` 0:
-    not known (a model the gateway found again after a restart), the first call sets it.
+    not known (a model this replica has not seen a call of yet), the first call sets it.
     Every number is used up whatever happens to its call: submitted, failed on submission,
-    or refused before it (`skip`), so one refused call never stalls the calls after it."""
+    or refused before it (`skip`), so one refused call never stalls the calls after it.
+    A number is claimed in the database (`Futures.claim`) before its call reaches the
+    trainer, so a call resent to another gateway replica is the first one, not a second.
+    The turns themselves are kept by each replica for the calls it receives."""
 
+    model_id: str
     next_seq: int = 1
     submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> call id
     skipped: set[int] = field(default_factory=set)  # refused, not yet reached
@@ -131,7 +134,7 @@ class CallOrder:
         too, and its error is the caller's."""
         async with self.turn:
             if seq_id is None:
-                return futures.submit(result(await submit()))
+                return await futures.submit(result(await submit()))
             if seq_id in self.submitted:
                 return self.submitted[seq_id]
             if self.next_seq == 0:
@@ -143,10 +146,16 @@ class CallOrder:
                 raise InvalidInput(f"seq_id {seq_id} waited {SEQ_GAP_TIMEOUT_S:g} s for "
                                    f"seq_id {self.next_seq}, which never came.") from exc
             try:
-                submitted = await submit()
+                call_id, first = await futures.claim(self.model_id, seq_id)
+                if first:
+                    try:
+                        submitted = await submit()
+                    except BaseException:
+                        await futures.release(call_id)
+                        raise
+                    await futures.submit(result(submitted), call_id)
             finally:
                 self._used(seq_id)
-            call_id = futures.submit(result(submitted))
             self.submitted[seq_id] = call_id
             return call_id
 

@@ -19,11 +19,9 @@ def failure(exc: BaseException) -> dict[str, Any]:
 
 
 async def retrieve(futures: Futures, request_id: str, wait_s: float) -> Payload | object:
-    call = await futures.wait(request_id, wait_s)
-    if not call.done():
+    outcome = await futures.wait(request_id, wait_s)
+    if outcome is None:
         return PENDING
-    if call.cancelled():
-        return failure(LoomError("the request was cancelled"))
-    if (exc := call.exception()) is not None:
-        return failure(exc)
-    return call.result()
+    if outcome.error is not None:
+        return failure(outcome.error)
+    return outcome.result

@@ -53,19 +53,19 @@ async def telemetry() -> schemas.Status:
 
 @router.post("/create_session")
 async def create_session(tinker: TinkerDep, key: CurrentKey) -> schemas.SessionCreated:
-    return schemas.SessionCreated(session_id=tinker.create_session(key))
+    return schemas.SessionCreated(session_id=await tinker.create_session(key))
 
 
 @router.post("/session_heartbeat")
 async def heartbeat(body: schemas.Heartbeat, tinker: TinkerDep, key: CurrentKey
                     ) -> schemas.HeartbeatDone:
-    tinker.check_session(body.session_id, key)
+    await tinker.check_session(body.session_id, key)
     return schemas.HeartbeatDone()
 
 
 @router.post("/sessions/{session_id}/finish", status_code=status.HTTP_204_NO_CONTENT)
 async def finish_session(session_id: str, tinker: TinkerDep, key: CurrentKey) -> None:
-    tinker.check_session(session_id, key)
+    await tinker.check_session(session_id, key)
 
 
 @router.post("/create_model", response_model_exclude_none=True)
@@ -77,7 +77,7 @@ async def create_model(body: schemas.CreateModel, tinker: TinkerDep, key: Curren
 @router.post("/get_info")
 async def get_info(body: schemas.ModelRef, tinker: TinkerDep, key: CurrentKey
                    ) -> schemas.ModelInfo:
-    return tinker.get_info(body.model_id, key)
+    return await tinker.get_info(body.model_id, key)
 
 
 @router.post("/forward_backward", response_model_exclude_none=True)
@@ -173,14 +173,14 @@ async def delete_checkpoint(model_id: str, checkpoint_id: str, tinker: TinkerDep
 async def list_sessions(tinker: TinkerDep, key: CurrentKey, limit: Limit = 20,
                         offset: Offset = 0, access_scope: AccessScope = "owned"
                         ) -> schemas.Sessions:
-    """Sessions of this gateway's lifetime (they live in its memory)."""
-    return runs.sessions(tinker, key, limit, offset)
+    """The key's sessions (an admin key: every session), newest first."""
+    return await runs.sessions(tinker, key, limit, offset)
 
 
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, tinker: TinkerDep, key: CurrentKey,
                       access_scope: AccessScope = "owned") -> schemas.SessionInfo:
-    return runs.session_info(tinker, session_id, key)
+    return await runs.session_info(tinker, session_id, key)
 
 
 @router.post("/create_sampling_session")
@@ -192,7 +192,7 @@ async def create_sampling_session(body: schemas.CreateSamplingSession, tinker: T
 @router.get("/samplers/{sampler_id:path}")
 async def get_sampler(sampler_id: str, tinker: TinkerDep, key: CurrentKey
                       ) -> schemas.SamplerInfo:
-    ref = tinker.sampler(sampler_id, key)
+    ref = await tinker.sampler(sampler_id, key)
     return schemas.SamplerInfo(sampler_id=sampler_id, base_model=ref.base_model,
                                model_path=ref.model_path)
 
@@ -200,7 +200,7 @@ async def get_sampler(sampler_id: str, tinker: TinkerDep, key: CurrentKey
 @router.post("/asample")
 async def asample(body: schemas.Sample, tinker: TinkerDep, key: CurrentKey
                   ) -> schemas.SampleFuture:
-    return tinker.sample(body, key)
+    return await tinker.sample(body, key)
 
 
 @router.post("/retrieve_future", response_model=None)
@@ -225,7 +225,7 @@ async def unsupported(call: str, request: Request, tinker: TinkerDep, _key: Curr
     async def refuse() -> Any:
         return failure(InvalidInput(f"Loom does not serve the Tinker call {call!r} yet."))
 
-    return schemas.Future(request_id=tinker.futures.submit(refuse()))
+    return schemas.Future(request_id=await tinker.futures.submit(refuse()))
 
 
 # Not an operation of the API, so not in its OpenAPI description.

@@ -2,7 +2,7 @@
 housekeeping: server capabilities, training runs (a run is the Loom job made for a training
 model, so runs outlive the gateway), one run's checkpoints and every run's, sessions, checkpoint
 deletion and TTLs. Training checkpoints are the job's trainer checkpoints (a TTL is their
-expiry on the trainer); sampler weights saved by name live in the gateway's memory."""
+expiry on the trainer); sampler weights saved by name are rows of the gateway's database."""
 
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ async def run_checkpoints(tinker: TinkerService, run: checkpoints.TrainingRun
     listed = CheckpointList.model_validate(
         await tinker.trainer.get_json(f"/v1/models/{run.job_id}/checkpoints"))
     found = [checkpoints.training_checkpoint(run.model_id, c) for c in listed.checkpoints]
-    for path, ref in tinker.live_sampler_paths().items():
-        parsed = checkpoints.parse_path(path)
-        if parsed.model_id == run.model_id:
-            found.append(checkpoints.checkpoint(parsed, ref.saved_at, expires_at=ref.expires_at))
+    prefix = f"{checkpoints.SCHEME}{run.model_id}/"
+    for path, ref in (await tinker.state.live_weights(prefix)).items():
+        found.append(checkpoints.checkpoint(checkpoints.parse_path(path), ref.saved_at,
+                                            expires_at=ref.expires_at))
     return sorted(found, key=lambda c: c.time)
 
 
@@ -69,7 +69,7 @@ async def delete_checkpoint(tinker: TinkerService, model_id: str, checkpoint_id:
     run = await tinker.training_run(model_id, owner)
     path = checkpoints.parse_path(f"{checkpoints.SCHEME}{model_id}/{checkpoint_id}")
     if path.kind == checkpoints.SAMPLER_WEIGHTS:
-        if tinker.live_sampler_paths().pop(str(path), None) is None:
+        if not await tinker.state.forget_weights(str(path)):
             raise NotFound(f"No sampler weights {str(path)!r}.")
         return
     name = checkpoints.checkpoint_name(path.name)
@@ -84,10 +84,8 @@ async def set_ttl(tinker: TinkerService, model_id: str, checkpoint_id: str,
     path = checkpoints.parse_path(f"{checkpoints.SCHEME}{model_id}/{checkpoint_id}")
     expires_at = expiry(body.ttl_seconds)
     if path.kind == checkpoints.SAMPLER_WEIGHTS:
-        paths = tinker.live_sampler_paths()
-        if str(path) not in paths:
+        if not await tinker.state.expire_weights(str(path), expires_at):
             raise NotFound(f"No sampler weights {str(path)!r}.")
-        paths[str(path)] = paths[str(path)].expiring(expires_at)
         return
     name = checkpoints.checkpoint_name(path.name)
     await tinker.trainer.request("PUT", f"/v1/models/{run.job_id}/checkpoints/{name}/expiry",
@@ -152,19 +150,20 @@ async def training_run(tinker: TinkerService, model_id: str, viewer: KeyIdentity
 # --- sessions -------------------------------------------------------------------------------
 
 
-def session_info(tinker: TinkerService, session_id: str, owner: KeyIdentity
-                 ) -> schemas.SessionInfo:
-    tinker.check_session(session_id, owner)
+async def session_info(tinker: TinkerService, session_id: str, owner: KeyIdentity
+                       ) -> schemas.SessionInfo:
+    await tinker.check_session(session_id, owner)
     prefix = f"{session_id}:"
     return schemas.SessionInfo(
-        training_run_ids=[m for m in tinker.models if m.startswith(prefix)],
-        sampler_ids=[s for s in tinker.samplers if s.startswith(prefix)])
+        training_run_ids=[r.run.model_id for r in reversed(await run_records(tinker, owner))
+                          if r.run.model_id.startswith(prefix)],
+        sampler_ids=await tinker.state.sampler_ids(prefix))
 
 
-def sessions(tinker: TinkerService, owner: KeyIdentity, limit: int, offset: int
-             ) -> schemas.Sessions:
-    """The key's sessions of this gateway's lifetime, newest first."""
-    mine = [s for s, key in reversed(tinker.sessions.items()) if owner.admin or key == owner.id]
+async def sessions(tinker: TinkerService, owner: KeyIdentity, limit: int, offset: int
+                   ) -> schemas.Sessions:
+    """The key's sessions, newest first."""
+    mine = await tinker.state.session_ids(owner)
     return schemas.Sessions(sessions=mine[offset:offset + limit])
 
 

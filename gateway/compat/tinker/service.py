@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,22 +24,23 @@ from gateway.compat.common.calls import (
     TrainingPass,
     check_top_k,
     expiry,
-    find_owned,
     numbered,
     optim_step_request,
+    owned,
     sample,
     user_input,
 )
 from gateway.compat.common.futures import Futures, Payload
+from gateway.compat.common.state import SamplerRef, SdkState
 from gateway.compat.tinker import checkpoints, schemas, wire
 from gateway.compat.tinker.convert import loom_batch, sampling_params, tinker_datum
 from gateway.jobs import jobs
+from gateway.models import JobRow
 from gateway.schemas import JobCreate, JobStatus
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
 from services.common.errors import (
     Conflict,
-    Forbidden,
     InvalidInput,
     LoomError,
     NotFound,
@@ -60,26 +60,12 @@ T = TypeVar("T")
 
 @dataclass
 class TrainingModel:
-    owner: str
+    owner: str | None
     job_id: str
     base_model: str
     lora_rank: int
     tokenizer_id: str  # the base model's directory on this host, for the SDK's get_tokenizer
-    calls: CallOrder = field(default_factory=CallOrder)
-
-
-@dataclass(frozen=True)
-class SamplerRef:
-    owner: str
-    base_model: str
-    job_id: str | None
-    version: int
-    model_path: str | None = None
-    saved_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    expires_at: datetime | None = None  # named sampler weights: forgotten from then on
-
-    def expiring(self, expires_at: datetime | None) -> SamplerRef:
-        return replace(self, expires_at=expires_at)
+    calls: CallOrder
 
 
 class TinkerService:
@@ -90,31 +76,27 @@ class TinkerService:
         self.trainer = trainer
         self.rollout = rollout
         self.served = ServedModels(rollout, base_models)
-        self.futures = Futures("req")
+        self.futures = Futures(db, "req")
         self.calls = TrainerCalls(trainer)
-        self.sessions: dict[str, int] = {}  # session id -> owner key id
-        self.models: dict[str, TrainingModel] = {}
-        self.samplers: dict[str, SamplerRef] = {}
-        self.sampler_paths: dict[str, SamplerRef] = {}  # tinker://... -> what it names
+        self.state = SdkState(db, "tinker")  # sessions, samplers, named sampler weights
+        self.models: dict[str, TrainingModel] = {}  # those this replica has served
 
     # --- sessions ---------------------------------------------------------------------
 
-    def create_session(self, owner: KeyIdentity) -> str:
+    async def create_session(self, owner: KeyIdentity) -> str:
         session_id = f"loom-{uuid.uuid4().hex[:12]}"
-        self.sessions[session_id] = owner.id
+        await self.state.add_session(session_id, owner)
         return session_id
 
-    def check_session(self, session_id: str, owner: KeyIdentity) -> None:
-        if session_id not in self.sessions:
-            raise NotFound(f"No session {session_id!r}: create one with create_session.")
-        if not owner.admin and self.sessions[session_id] != owner.id:
-            raise Forbidden(f"Session {session_id!r} belongs to another API key.")
+    async def check_session(self, session_id: str, owner: KeyIdentity) -> None:
+        owned(await self.state.session(session_id), session_id, owner, "Session",
+              ": create one with create_session")
 
     # --- training ---------------------------------------------------------------------
 
     async def create_model(self, body: schemas.CreateModel, owner: KeyIdentity
                            ) -> schemas.Future:
-        self.check_session(body.session_id, owner)
+        await self.check_session(body.session_id, owner)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
         rank = (body.lora_config or schemas.LoraSpec()).rank
         base = await self.served.check(body.base_model, "A LoRA training client")
@@ -125,20 +107,37 @@ class TinkerService:
         async def create() -> Payload:
             created = await jobs.create_job(self.db, self.trainer, job, owner)
             self.models[model_id] = TrainingModel(owner.id, created.id, body.base_model, rank,
-                                                  await self.tokenizer_id(base))
+                                                  await self.tokenizer_id(base),
+                                                  CallOrder(model_id))
             return {"model_id": model_id, "type": "create_model"}
 
-        return schemas.Future(request_id=self.futures.submit(create()), model_id=model_id)
+        return schemas.Future(request_id=await self.futures.submit(create()), model_id=model_id)
 
     async def tokenizer_id(self, loom_base_model: str) -> str:
         return await run_in_threadpool(resolve_base_model, loom_base_model, self.data_dir)
 
-    def model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
-        return find_owned(self.models, model_id, owner, "Model",
-                          " (created with create_model in this gateway's lifetime)")
+    async def model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
+        """A model this replica has served, else found by its job (made through another
+        replica, or before a restart): its calls go on in the SDK's numbering."""
+        if model_id not in self.models:
 
-    def get_info(self, model_id: str, owner: KeyIdentity) -> schemas.ModelInfo:
-        model = self.model(model_id, owner)
+            def lookup() -> tuple[checkpoints.TrainingRun, JobRow] | None:
+                with self.db() as session:
+                    run = checkpoints.run_of_job(session, model_id, owner)
+                    return None if run is None else (
+                        run, jobs.get_job_row(session, run.job_id, owner))
+
+            found = await run_in_threadpool(lookup)
+            if found is None:
+                raise NotFound(f"No model {model_id!r} (or it belongs to another API key).")
+            run, job = found
+            self.models.setdefault(model_id, TrainingModel(
+                job.owner_key_id, run.job_id, run.base_model, run.lora.rank,
+                await self.tokenizer_id(job.base_model), CallOrder(model_id, next_seq=0)))
+        return owned(self.models.get(model_id), model_id, owner, "Model")
+
+    async def get_info(self, model_id: str, owner: KeyIdentity) -> schemas.ModelInfo:
+        model = await self.model(model_id, owner)
         return schemas.ModelInfo(
             model_id=model_id, lora_rank=model.lora_rank, model_name=model.base_model,
             model_data=schemas.ModelData(model_name=model.base_model,
@@ -152,7 +151,7 @@ class TinkerService:
         except Exception as exc:  # protobuf's DecodeError and friends
             raise InvalidInput(f"forward_backward body is not a ForwardBackwardRequest: {exc}"
                                ) from exc
-        model = self.model(request.model_id, owner)
+        model = await self.model(request.model_id, owner)
         config = {name: value.number for name, value in request.loss_fn_config_v2.items()}
         data = [tinker_datum(d, i) for i, d in enumerate(request.data)]
         with user_input("forward_backward", "data"):
@@ -174,7 +173,7 @@ class TinkerService:
 
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def optim_step(self, body: schemas.OptimStep, owner: KeyIdentity) -> schemas.Future:
-        model = self.model(body.model_id, owner)
+        model = await self.model(body.model_id, owner)
         step = optim_step_request(body.adam_params)
 
         async def submit() -> str:
@@ -189,7 +188,7 @@ class TinkerService:
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def save_for_sampler(self, body: schemas.SaveForSampler, owner: KeyIdentity
                                ) -> schemas.Future:
-        model = self.model(body.model_id, owner)
+        model = await self.model(body.model_id, owner)
         if body.path is None and body.sampling_session_seq_id is None:
             raise InvalidInput("save_weights_for_sampler needs a path or a "
                                "sampling_session_seq_id.")
@@ -203,11 +202,11 @@ class TinkerService:
                              expires_at=expiry(body.ttl_seconds))
             if body.path is not None:
                 path = f"tinker://{body.model_id}/sampler_weights/{body.path}"
-                self.sampler_paths[path] = ref
+                await self.state.add_weights(path, ref)
                 return {"path": path, "type": "save_weights_for_sampler"}
             session = body.model_id.split(":", 1)[0]
             sampler_id = f"{session}:sample:{body.sampling_session_seq_id}"
-            self.samplers[sampler_id] = ref
+            await self.state.add_sampler(sampler_id, ref)
             return {"path": None, "sampling_session_id": sampler_id,
                     "type": "save_weights_for_sampler"}
 
@@ -217,7 +216,7 @@ class TinkerService:
 
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
     async def save_state(self, body: schemas.SaveState, owner: KeyIdentity) -> schemas.Future:
-        model = self.model(body.model_id, owner)
+        model = await self.model(body.model_id, owner)
 
         async def submit() -> str:
             request = SaveStateRequest(name=checkpoints.checkpoint_name(body.path),
@@ -242,14 +241,15 @@ class TinkerService:
         if body.model_id is not None and body.seq_id is not None:
             return await self._load_into(body, body.model_id, body.seq_id, owner)
         if body.session_id is not None and body.model_seq_id is not None:
-            return self._create_from_state(body, body.session_id, body.model_seq_id, owner)
+            return await self._create_from_state(body, body.session_id, body.model_seq_id,
+                                                 owner)
         raise InvalidInput("load_weights needs a model_id and a seq_id (load_state) or a "
                            "session_id and a model_seq_id (create_training_client_from_state).")
 
     async def _load_into(self, body: schemas.LoadState, model_id: str, seq_id: int,
                          owner: KeyIdentity) -> schemas.Future:
         """load_state / load_state_with_optimizer, in the model's order of calls."""
-        model = self.model(model_id, owner)
+        model = await self.model(model_id, owner)
 
         async def submit() -> str:
             path = checkpoints.training_path(body.path)
@@ -265,11 +265,11 @@ class TinkerService:
 
         return await self._in_order(model, seq_id, submit, result)
 
-    def _create_from_state(self, body: schemas.LoadState, session_id: str, model_seq_id: int,
-                           owner: KeyIdentity) -> schemas.Future:
+    async def _create_from_state(self, body: schemas.LoadState, session_id: str,
+                                 model_seq_id: int, owner: KeyIdentity) -> schemas.Future:
         """create_training_client_from_state(_with_optimizer): a new job with the source's
         LoRA, its model loaded with the source job's checkpoint before any call reaches it."""
-        self.check_session(session_id, owner)
+        await self.check_session(session_id, owner)
         path = checkpoints.training_path(body.path)
         name = checkpoints.checkpoint_name(path.name)
         model_id = f"{session_id}:train:{model_seq_id}"
@@ -295,16 +295,17 @@ class TinkerService:
                     s, created.id, JobStatus.failed, owner))
                 raise
             self.models[model_id] = TrainingModel(owner.id, created.id, base, source.lora.rank,
-                                                  await self.tokenizer_id(job.base_model))
+                                                  await self.tokenizer_id(job.base_model),
+                                                  CallOrder(model_id))
             return {"path": body.path, "model_id": model_id, "type": "load_weights"}
 
-        return schemas.Future(request_id=self.futures.submit(create()), model_id=model_id)
+        return schemas.Future(request_id=await self.futures.submit(create()), model_id=model_id)
 
     async def training_run(self, model_id: str, owner: KeyIdentity) -> checkpoints.TrainingRun:
         """The run a Tinker model id names: a model of this gateway's lifetime, else the job
         made for it (its checkpoints outlive the gateway)."""
         if model_id in self.models:
-            model = self.model(model_id, owner)
+            model = await self.model(model_id, owner)
             return checkpoints.TrainingRun(model_id, model.job_id, model.base_model,
                                            checkpoints.lora_for_rank(model.lora_rank))
 
@@ -317,21 +318,13 @@ class TinkerService:
             raise NotFound(f"No training run {model_id!r} (or it belongs to another API key).")
         return run
 
-    def live_sampler_paths(self) -> dict[str, SamplerRef]:
-        """Named sampler weights not expired (expired ones are forgotten here)."""
-        now = datetime.now(UTC)
-        for path in [p for p, ref in self.sampler_paths.items()
-                     if ref.expires_at is not None and ref.expires_at <= now]:
-            del self.sampler_paths[path]
-        return self.sampler_paths
-
     # --- sampling ---------------------------------------------------------------------
 
     async def create_sampling_session(self, body: schemas.CreateSamplingSession,
                                       owner: KeyIdentity) -> schemas.SamplingSessionCreated:
-        self.check_session(body.session_id, owner)
+        await self.check_session(body.session_id, owner)
         if body.model_path is not None:
-            ref = self.live_sampler_paths().get(body.model_path)
+            ref = await self.state.weights(body.model_path)
             if ref is None:
                 raise NotFound(f"No sampler weights at {body.model_path!r}: save them with "
                                "save_weights_for_sampler(name) first.")
@@ -341,15 +334,15 @@ class TinkerService:
         else:
             raise InvalidInput("create_sampling_session needs a base_model or a model_path.")
         sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
-        self.samplers[sampler_id] = SamplerRef(owner.id, ref.base_model, ref.job_id,
-                                               ref.version, body.model_path)
+        await self.state.add_sampler(sampler_id, SamplerRef(
+            owner.id, ref.base_model, ref.job_id, ref.version, body.model_path))
         return schemas.SamplingSessionCreated(sampling_session_id=sampler_id)
 
-    def sampler(self, sampler_id: str, owner: KeyIdentity) -> SamplerRef:
-        return find_owned(self.samplers, sampler_id, owner, "Sampler")
+    async def sampler(self, sampler_id: str, owner: KeyIdentity) -> SamplerRef:
+        return owned(await self.state.sampler(sampler_id), sampler_id, owner, "Sampler")
 
-    def sample(self, body: schemas.Sample, owner: KeyIdentity) -> schemas.SampleFuture:
-        ref = self.sampler(body.sampling_session_id, owner)
+    async def sample(self, body: schemas.Sample, owner: KeyIdentity) -> schemas.SampleFuture:
+        ref = await self.sampler(body.sampling_session_id, owner)
         check_top_k(topk_prompt_logprobs=body.topk_prompt_logprobs,
                     topk_sample_logprobs=body.topk_sample_logprobs)
         if body.prompt_logprobs_last_n is not None and not (body.prompt_logprobs or
@@ -379,7 +372,7 @@ class TinkerService:
                                         body.topk_sample_logprobs, body.topk_prompt_logprobs)
 
         ids = [f"{body.sampling_session_id}:{body.seq_id}:{i}" for i in range(body.num_samples)]
-        return schemas.SampleFuture(request_id=self.futures.submit(run()),
+        return schemas.SampleFuture(request_id=await self.futures.submit(run()),
                                     sample_sequence_ids=ids)
 
     # --- plumbing ---------------------------------------------------------------------

@@ -5,9 +5,7 @@ poll rather than after the SDK's next back-off."""
 
 from __future__ import annotations
 
-import asyncio
-
-from gateway.compat.common.futures import Futures, Payload
+from gateway.compat.common.futures import Futures, Outcome
 from gateway.compat.weaver.errors import retryable
 from gateway.compat.weaver.schemas import Operation
 from services.common.errors import LoomError
@@ -16,21 +14,16 @@ from services.common.errors import LoomError
 POLL_WAIT_S = 20.0
 
 
-def envelope(op_id: str, call: asyncio.Task[Payload]) -> Operation:
+def envelope(op_id: str, outcome: Outcome | None) -> Operation:
     """The operation as the SDK reads it: the error fields only set when it failed."""
-    if not call.done():
+    if outcome is None:
         return Operation(id=op_id, status="pending", response=None)
-    if call.cancelled():
-        return failed(op_id, LoomError("The operation was cancelled (the gateway keeps the "
-                                       "newest operations only)."))
-    if (exc := call.exception()) is not None:
-        return failed(op_id, exc)
-    return Operation(id=op_id, status="done", response=call.result())
+    if outcome.error is not None:
+        return failed(op_id, outcome.error)
+    return Operation(id=op_id, status="done", response=outcome.result)
 
 
-def failed(op_id: str, exc: BaseException) -> Operation:
-    if not isinstance(exc, LoomError):
-        exc = LoomError(f"internal error: {exc!r}")
+def failed(op_id: str, exc: LoomError) -> Operation:
     return Operation(id=op_id, status="error", response=None, error_code=exc.code,
                      error_message=exc.message, retryable=retryable(exc))
 

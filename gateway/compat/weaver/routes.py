@@ -11,7 +11,7 @@ from gateway.auth.deps import CurrentKey
 from gateway.compat.common.params import Limit, Offset
 from gateway.compat.weaver import listing, operations, schemas
 from gateway.compat.weaver.errors import PREFIX, WeaverRoute
-from gateway.compat.weaver.service import WeaverService
+from gateway.compat.weaver.service import WeaverService, public_sampling, public_session
 from services.common.deps import app_state
 from services.common.errors import InvalidInput, NotFound
 
@@ -34,19 +34,19 @@ router = APIRouter(prefix=f"{PREFIX}/api/v1", tags=["weaver"], route_class=Weave
 @router.post("/sessions", status_code=status.HTTP_201_CREATED)
 async def create_session(body: schemas.CreateSession, weaver: WeaverDep, key: CurrentKey
                          ) -> schemas.SessionInfo:
-    return weaver.create_session(body, key)
+    return await weaver.create_session(body, key)
 
 
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, weaver: WeaverDep, key: CurrentKey
                       ) -> schemas.SessionInfo:
-    return weaver.session(session_id, key).public(session_id)
+    return public_session(session_id, await weaver.session(session_id, key))
 
 
 @router.post("/sessions/{session_id}/heartbeat")
 async def heartbeat(session_id: str, weaver: WeaverDep, key: CurrentKey
                     ) -> schemas.SessionAlive:
-    weaver.session(session_id, key)
+    await weaver.session(session_id, key)
     return schemas.SessionAlive(id=session_id)
 
 
@@ -163,25 +163,25 @@ async def create_sampling_session(session_id: str, body: schemas.CreateSamplingS
 @router.get("/sampling-sessions/{sampling_id}")
 async def get_sampling_session(sampling_id: str, weaver: WeaverDep, key: CurrentKey
                                ) -> schemas.SamplingSession:
-    return weaver.sampling_session(sampling_id, key).public(sampling_id)
+    return public_sampling(sampling_id, await weaver.sampling_session(sampling_id, key))
 
 
 @router.delete("/sampling-sessions/{sampling_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def close_sampling_session(sampling_id: str, weaver: WeaverDep, key: CurrentKey) -> None:
-    weaver.close_sampling_session(sampling_id, key)
+    await weaver.close_sampling_session(sampling_id, key)
 
 
 @router.post("/sampling-sessions/{sampling_id}/samples", response_model_exclude_unset=True)
 async def sample(sampling_id: str, body: schemas.SampleBody, weaver: WeaverDep,
                  key: CurrentKey) -> schemas.Operation:
-    op_id = weaver.sample(sampling_id, body, key)
+    op_id = await weaver.sample(sampling_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/sampling-sessions/{sampling_id}/logprobs", response_model_exclude_unset=True)
 async def compute_logprobs(sampling_id: str, body: schemas.LogprobsBody, weaver: WeaverDep,
                            key: CurrentKey) -> schemas.Operation:
-    op_id = weaver.compute_logprobs(sampling_id, body, key)
+    op_id = await weaver.compute_logprobs(sampling_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import uuid
 from contextlib import suppress
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,13 +24,14 @@ from gateway.compat.common.calls import (
     TrainingPass,
     check_top_k,
     expiry,
-    find_owned,
     numbered,
     optim_step_request,
+    owned,
     sample,
     user_input,
 )
 from gateway.compat.common.futures import Futures, Payload
+from gateway.compat.common.state import SamplerRef, SdkSession, SdkState
 from gateway.compat.weaver import convert, paths, schemas
 from gateway.jobs import jobs
 from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
@@ -56,16 +56,9 @@ MLP = ["gate_proj", "up_proj", "down_proj"]
 MODES = {"lora": TrainingMode.lora, "full_ft": TrainingMode.full}
 
 
-@dataclass
-class WeaverSession:
-    owner: str
-    name: str | None
-    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    models: dict[int, str] = field(default_factory=dict)  # model_seq_id -> model id
-
-    def public(self, session_id: str) -> schemas.SessionInfo:
-        return schemas.SessionInfo(id=session_id, name=self.name,
-                                   created_at=self.created_at.isoformat())
+def public_session(session_id: str, session: SdkSession) -> schemas.SessionInfo:
+    return schemas.SessionInfo(id=session_id, name=session.name,
+                               created_at=session.created_at.isoformat())
 
 
 @dataclass
@@ -74,7 +67,7 @@ class TrainingModel:
     owner: str | None  # the key that made it
     base_model: str  # the name the SDK gave
     tokenizer_path: str
-    calls: CallOrder = field(default_factory=CallOrder)
+    calls: CallOrder
     terminated: bool = False
 
     @property
@@ -92,20 +85,11 @@ class TrainingModel:
             created_at=self.job.created_at.isoformat())
 
 
-@dataclass(frozen=True)
-class SamplingSession:
-    owner: str
-    base_model: str
-    tokenizer_path: str
-    job_id: str | None  # None: the base model
-    version: int
-    model_path: str | None
-
-    def public(self, session_id: str) -> schemas.SamplingSession:
-        return schemas.SamplingSession(
-            id=session_id, base_model=self.base_model, model_path=self.model_path,
-            model_id=self.job_id, weight_version=self.version,
-            tokenizer_path=self.tokenizer_path)
+def public_sampling(sampling_id: str, bound: SamplerRef) -> schemas.SamplingSession:
+    assert bound.tokenizer_path is not None  # Weaver's sampling sessions name theirs
+    return schemas.SamplingSession(
+        id=sampling_id, base_model=bound.base_model, model_path=bound.model_path,
+        model_id=bound.job_id, weight_version=bound.version, tokenizer_path=bound.tokenizer_path)
 
 
 class WeaverService:
@@ -116,26 +100,22 @@ class WeaverService:
         self.rollout = rollout
         self.served = ServedModels(rollout, base_models)
         self.data_dir = data_dir
-        self.futures = Futures("op")
+        self.futures = Futures(db, "op")
         self.calls = TrainerCalls(trainer)
-        self.sessions: dict[str, WeaverSession] = {}
-        self.models: dict[str, TrainingModel] = {}
-        # named sampler path -> (version, expiry: the path is forgotten from then on)
-        self.sampler_weights: dict[str, tuple[int, datetime | None]] = {}
-        self.sampling: dict[str, SamplingSession] = {}
+        # sessions, sampling sessions and named sampler weights
+        self.state = SdkState(db, "weaver")
+        self.models: dict[str, TrainingModel] = {}  # those this replica has served
 
     # --- sessions and base models -----------------------------------------------------
 
-    def create_session(self, body: schemas.CreateSession, owner: KeyIdentity
-                       ) -> schemas.SessionInfo:
+    async def create_session(self, body: schemas.CreateSession, owner: KeyIdentity
+                             ) -> schemas.SessionInfo:
         session_id = f"ws-{uuid.uuid4().hex[:16]}"
-        self.sessions[session_id] = WeaverSession(owner.id, body.name)
-        return self.sessions[session_id].public(session_id)
+        return public_session(session_id,
+                              await self.state.add_session(session_id, owner, body.name))
 
-    def session(self, session_id: str, owner: KeyIdentity) -> WeaverSession:
-        return find_owned(self.sessions, session_id, owner, "Session",
-                          " (sessions live in the gateway's memory: after a gateway restart, "
-                          "make a new ServiceClient)")
+    async def session(self, session_id: str, owner: KeyIdentity) -> SdkSession:
+        return owned(await self.state.session(session_id), session_id, owner, "Session")
 
     def tokenizer_path(self, loom_base_model: str) -> str:
         """Where the SDK loads the tokenizer from: the model's directory on this host."""
@@ -145,7 +125,7 @@ class WeaverService:
                           ) -> schemas.MetricsAccepted:
         """The script's own metrics (rewards, evals) as its job's metrics: charted by the web
         admin like any job's."""
-        self.session(session_id, owner)
+        await self.session(session_id, owner)
         by_model: dict[str, list[MetricPoint]] = {}
         with user_input("log_metrics", "metrics"):
             for spec in body.metrics:
@@ -163,7 +143,7 @@ class WeaverService:
 
     async def create_model(self, session_id: str, body: schemas.CreateModel,
                            owner: KeyIdentity) -> schemas.TrainingModel:
-        session = self.session(session_id, owner)
+        session = await self.session(session_id, owner)
         if body.model_seq_id in session.models:  # the SDK resent it: one model
             return (await self.model(session.models[body.model_seq_id], owner)).public()
         what = "A LoRA training model" if body.training_mode == "lora" else "A full model"
@@ -184,13 +164,15 @@ class WeaverService:
                                     "weaver_user_metadata": body.user_metadata or {}})
         tokenizer = await run_in_threadpool(self.tokenizer_path, base)
         created = await jobs.create_job(self.db, self.trainer, job, owner)
-        model = TrainingModel(created, owner.id, body.base_model, tokenizer)
+        model = TrainingModel(created, owner.id, body.base_model, tokenizer,
+                              CallOrder(created.id))
         self.models[model.id] = model
-        session.models[body.model_seq_id] = model.id
+        await self.state.add_session_model(session_id, body.model_seq_id, model.id)
         return model.public()
 
     async def model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
-        """A model of this gateway's lifetime, else found by its job (after a restart)."""
+        """A model this replica has served, else found by its job (made through another
+        replica, or before a restart)."""
         model = self.models.get(model_id)
         if model is not None:
             if not owner.sees_job(model.id, model.owner):
@@ -208,13 +190,15 @@ class WeaverService:
             raise NotFound(f"Job {model_id!r} was not made by the Weaver SDK.")
         tokenizer = await run_in_threadpool(self.tokenizer_path, job.base_model)
         # The SDK goes on numbering where it was: the first call seen sets the order.
-        model = TrainingModel(job, job_owner, name, tokenizer, CallOrder(next_seq=0),
-                              terminated=job.status not in (JobStatus.running,
-                                                            JobStatus.paused))
+        model = TrainingModel(job, job_owner, name, tokenizer, CallOrder(model_id, next_seq=0),
+                              terminated=ended(job.status))
         return self.models.setdefault(model_id, model)
 
     async def live_model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
         model = await self.model(model_id, owner)
+        if not model.terminated:  # through another replica, since this one last looked
+            model.terminated = ended(await in_transaction(self.db, lambda s: JobStatus(
+                jobs.get_job_row(s, model.id, owner).status)))
         if model.terminated:
             raise Conflict(f"Model {model_id!r} was terminated; create a new one (its "
                            "checkpoints load into it).")
@@ -294,7 +278,9 @@ class WeaverService:
             path = paths.WeaverPath(model.id, paths.SAMPLER_WEIGHTS,
                                     body.path or f"v{saved.number}")
             if body.path is not None:
-                self.sampler_weights[str(path)] = (saved.number, expiry(body.ttl_seconds))
+                await self.state.add_weights(str(path), SamplerRef(
+                    model.owner, model.base_model, model.id, saved.number,
+                    expires_at=expiry(body.ttl_seconds)))
             return {"model_path": str(path), "path": str(path), "weight_version": saved.number}
 
         return await model.calls.place(self.futures, body.seq_id, submit, result)
@@ -357,45 +343,43 @@ class WeaverService:
     async def create_sampling_session(self, session_id: str,
                                       body: schemas.CreateSamplingSession,
                                       owner: KeyIdentity) -> schemas.SamplingSession:
-        self.session(session_id, owner)
+        await self.session(session_id, owner)
         if body.model_path is not None:
             path = paths.parse(body.model_path, paths.SAMPLER_WEIGHTS)
             model = await self.model(path.model_id, owner)
-            version = path.version or self.named_sampler_version(body.model_path)
+            version = path.version or await self.named_sampler_version(body.model_path)
             if version is None:
-                raise NotFound(f"No sampler weights at {body.model_path!r} (named exports live "
-                               "in the gateway's memory; unnamed ones, v<version>, always "
-                               "resolve).")
-            bound = SamplingSession(owner.id, model.base_model, model.tokenizer_path, model.id,
-                                    version, body.model_path)
+                raise NotFound(f"No sampler weights at {body.model_path!r} (unnamed ones, "
+                               "v<version>, always resolve).")
+            bound = SamplerRef(owner.id, model.base_model, model.id, version, body.model_path,
+                               model.tokenizer_path)
         elif body.base_model is not None:
             base = await self.served.check(body.base_model, "A sampling client")
             tokenizer = await run_in_threadpool(self.tokenizer_path, base)
-            bound = SamplingSession(owner.id, body.base_model, tokenizer, None, 0, None)
+            bound = SamplerRef(owner.id, body.base_model, None, 0, None, tokenizer)
         else:
             raise InvalidInput("A sampling session needs a base_model or a model_path.")
         sampling_id = f"{session_id}-sampler-{body.sampling_session_seq_id}"
-        self.sampling[sampling_id] = bound
-        return bound.public(sampling_id)
+        await self.state.add_sampler(sampling_id, bound)
+        return public_sampling(sampling_id, bound)
 
-    def named_sampler_version(self, model_path: str) -> int | None:
+    async def named_sampler_version(self, model_path: str) -> int | None:
         """The version named sampler weights hold, unless their TTL ran out (unnamed exports,
         `v<version>`, are the store's versions, kept under its retention)."""
-        version, expires_at = self.sampler_weights.get(model_path, (None, None))
-        if expires_at is not None and expires_at <= datetime.now(UTC):
-            del self.sampler_weights[model_path]
-            return None
-        return version
+        ref = await self.state.weights(model_path)
+        return None if ref is None else ref.version
 
-    def sampling_session(self, sampling_id: str, owner: KeyIdentity) -> SamplingSession:
-        return find_owned(self.sampling, sampling_id, owner, "Sampling session")
+    async def sampling_session(self, sampling_id: str, owner: KeyIdentity) -> SamplerRef:
+        return owned(await self.state.sampler(sampling_id), sampling_id, owner,
+                     "Sampling session")
 
-    def close_sampling_session(self, sampling_id: str, owner: KeyIdentity) -> None:
-        self.sampling_session(sampling_id, owner)
-        del self.sampling[sampling_id]
+    async def close_sampling_session(self, sampling_id: str, owner: KeyIdentity) -> None:
+        await self.sampling_session(sampling_id, owner)
+        await self.state.drop_sampler(sampling_id)
 
-    def sample(self, sampling_id: str, body: schemas.SampleBody, owner: KeyIdentity) -> str:
-        bound = self.sampling_session(sampling_id, owner)
+    async def sample(self, sampling_id: str, body: schemas.SampleBody, owner: KeyIdentity
+                     ) -> str:
+        bound = await self.sampling_session(sampling_id, owner)
         asked = [name for name in ("return_sampling_mask", "return_old_logprob",
                                    "return_moe_topk_indices", "score_centering")
                  if getattr(body, name)]
@@ -413,12 +397,12 @@ class WeaverService:
                 self.rollout, bound.job_id, bound.version, tokens, body.num_samples, params,
                 scoring), body.prompt_logprobs)
 
-        return self.futures.submit(run())
+        return await self.futures.submit(run())
 
-    def compute_logprobs(self, sampling_id: str, body: schemas.LogprobsBody,
-                         owner: KeyIdentity) -> str:
+    async def compute_logprobs(self, sampling_id: str, body: schemas.LogprobsBody,
+                               owner: KeyIdentity) -> str:
         """Each prompt token's logprob under the session's weights (None for the first)."""
-        bound = self.sampling_session(sampling_id, owner)
+        bound = await self.sampling_session(sampling_id, owner)
         if body.return_rollout_token_expert:
             raise InvalidInput("return_rollout_token_expert (MoE router replay) is not "
                                "served by Loom.")
@@ -431,7 +415,12 @@ class WeaverService:
             return {"result": {"prompt_logprobs": scored.prompt_logprobs},
                     "weight_version": scored.version}
 
-        return self.futures.submit(run())
+        return await self.futures.submit(run())
+
+
+def ended(status: JobStatus) -> bool:
+    """A terminated model's job: completed by `terminate` (or through Loom's own API)."""
+    return status not in (JobStatus.running, JobStatus.paused)
 
 
 def prompt_tokens(prompt: schemas.ModelInput) -> list[int]:

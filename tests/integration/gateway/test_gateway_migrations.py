@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from gateway.compat.common import rows as compat_rows  # noqa: F401 - the compat tables
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE, Base
 from services.common.db import make_engine, migrate
 

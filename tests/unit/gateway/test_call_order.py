@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.compat.common.calls import CallOrder, numbered
 from gateway.compat.common.futures import Futures
@@ -24,8 +25,9 @@ async def submitted(order: CallOrder, futures: Futures, seq_id: int, log: list[i
     return await order.place(futures, seq_id, submit, result)
 
 
-async def test_a_refused_call_uses_its_number_up_now_or_when_its_turn_comes() -> None:
-    order, futures, log = CallOrder(), Futures("t"), []
+async def test_a_refused_call_uses_its_number_up_now_or_when_its_turn_comes(
+        gateway_db: sessionmaker[Session]) -> None:
+    order, futures, log = CallOrder("m"), Futures(gateway_db, "t"), []
     await submitted(order, futures, 1, log)
     await order.skip(2)  # refused at its turn
     await submitted(order, futures, 3, log)
@@ -40,8 +42,9 @@ async def test_a_refused_call_uses_its_number_up_now_or_when_its_turn_comes() ->
     assert order.next_seq == 7
 
 
-async def test_a_call_whose_submission_fails_uses_its_number_up() -> None:
-    order, futures = CallOrder(), Futures("t")
+async def test_a_call_whose_submission_fails_uses_its_number_up(
+        gateway_db: sessionmaker[Session]) -> None:
+    order, futures = CallOrder("m"), Futures(gateway_db, "t")
 
     async def refuse() -> str:
         raise InvalidInput("lr must be >= 0")
@@ -56,7 +59,7 @@ async def test_a_call_whose_submission_fails_uses_its_number_up() -> None:
 
 class Service:
     def __init__(self) -> None:
-        self.models = {"m": type("Model", (), {"calls": CallOrder()})()}
+        self.models = {"m": type("Model", (), {"calls": CallOrder("m")})()}
 
     @numbered(lambda model_id, seq_id: (model_id, seq_id))
     async def call(self, model_id: str, seq_id: int) -> None:

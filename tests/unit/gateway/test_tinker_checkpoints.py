@@ -50,7 +50,7 @@ async def result(tinker: TinkerService, submitted: schemas.Future) -> Any:
 
 
 async def new_model(tinker: TinkerService, owner: KeyIdentity) -> str:
-    session = tinker.create_session(owner)
+    session = await tinker.create_session(owner)
     created = await tinker.create_model(schemas.CreateModel(
         session_id=session, model_seq_id=0, base_model="loom/tiny",
         lora_config=schemas.LoraSpec(rank=4)), owner)
@@ -138,7 +138,7 @@ async def test_create_from_state_makes_a_job_like_the_source_and_loads_its_check
     source_job = tinker.models[source].job_id
     await result(tinker, await tinker.save_state(
         schemas.SaveState(model_id=source, seq_id=1, path="ckpt"), owner))
-    session = tinker.create_session(owner)
+    session = await tinker.create_session(owner)
     submitted = await tinker.load_state(schemas.LoadState(
         session_id=session, model_seq_id=0, path=f"tinker://{source}/weights/ckpt",
         optimizer=True), owner)
@@ -150,7 +150,7 @@ async def test_create_from_state_makes_a_job_like_the_source_and_loads_its_check
     assert fake.created[-1].lora == fake.created[0].lora
     assert fake.calls[-1] == (model.job_id, "load_state",
                               {"name": "ckpt", "job_id": source_job, "optimizer": True})
-    assert tinker.get_info(model_id, owner).lora_rank == 4
+    assert (await tinker.get_info(model_id, owner)).lora_rank == 4
 
     # A checkpoint of another base model is refused, as a failed future.
     refused = await tinker.load_state(schemas.LoadState(
@@ -178,9 +178,9 @@ async def test_checkpoints_are_listed_and_found_again_after_a_gateway_restart(
     with pytest.raises(NotFound):
         await runs.weights_info(tinker, f"tinker://{model_id}/weights/nope", owner)
 
-    restarted = stand.restart()  # memory gone: the run is found by its job
-    again = await runs.list_checkpoints(restarted, model_id, owner)
-    assert [c.checkpoint_id for c in again.checkpoints] == ["weights/s1"]
+    restarted = stand.restart()  # memory gone: the run is found by its job, the named
+    again = await runs.list_checkpoints(restarted, model_id, owner)  # weights by their row
+    assert [c.checkpoint_id for c in again.checkpoints] == ["weights/s1", "sampler_weights/w1"]
     run = await restarted.training_run(model_id, owner)
     assert run.job_id == tinker.models[model_id].job_id and run.lora.rank == 4
     with pytest.raises(NotFound):
@@ -205,13 +205,14 @@ async def test_ttls_reach_the_trainer_as_expiries_and_named_sampler_weights_expi
     await result(tinker, await tinker.save_for_sampler(schemas.SaveForSampler(
         model_id=model_id, seq_id=2, path="w1", ttl_seconds=3600), owner))
     path = f"tinker://{model_id}/sampler_weights/w1"
-    assert tinker.sampler_paths[path].expires_at is not None
+    saved = await tinker.state.weights(path)
+    assert saved is not None and saved.expires_at is not None
     await runs.set_ttl(tinker, model_id, "sampler_weights/w1",
                        schemas.CheckpointTtl(ttl_seconds=1), owner)
-    tinker.sampler_paths[path] = tinker.sampler_paths[path].expiring(before)  # its time came
+    assert await tinker.state.expire_weights(path, before)  # its time came
     assert [c.checkpoint_id for c in (await runs.list_checkpoints(
         tinker, model_id, owner)).checkpoints] == ["weights/s1"]
-    session = tinker.create_session(owner)
+    session = await tinker.create_session(owner)
     with pytest.raises(NotFound, match="No sampler weights"):
         await tinker.create_sampling_session(schemas.CreateSamplingSession(
             session_id=session, sampling_session_seq_id=0, model_path=path), owner)
@@ -246,10 +247,10 @@ async def test_runs_sessions_and_every_checkpoint_of_a_key_are_listed(stand: Sta
     assert every.cursor is not None and every.cursor.total_count == 2
 
     session = first.split(":")[0]
-    info = runs.session_info(tinker, session, owner)
+    info = await runs.session_info(tinker, session, owner)
     assert info.training_run_ids == [first] and info.sampler_ids == []
-    assert runs.sessions(tinker, owner, 20, 0).sessions[-1] == session
-    assert runs.sessions(tinker, stand.other, 20, 0).sessions == []
+    assert (await runs.sessions(tinker, owner, 20, 0)).sessions[-1] == session
+    assert (await runs.sessions(tinker, stand.other, 20, 0)).sessions == []
     caps = await runs.capabilities(tinker)
     assert [(m.model_name, m.trainable, m.sampleable) for m in caps.supported_models] == [
         ("loom/tiny", True, True)]
@@ -258,7 +259,7 @@ async def test_runs_sessions_and_every_checkpoint_of_a_key_are_listed(stand: Sta
 async def test_a_base_model_rollout_does_not_serve_is_refused_naming_the_served_ones(
         stand: Stand) -> None:
     tinker, owner = stand.tinker, stand.owner
-    session = tinker.create_session(owner)
+    session = await tinker.create_session(owner)
     with pytest.raises(InvalidInput, match=r"'Qwen/Qwen3-8B'.*serves \['loom/tiny'\]"):
         await tinker.create_model(schemas.CreateModel(
             session_id=session, model_seq_id=0, base_model="Qwen/Qwen3-8B"), owner)

@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.compat.common.calls import CLIENT_LOSS
 from gateway.compat.common.futures import Futures
@@ -127,8 +128,9 @@ def test_stop_strings_and_stop_tokens_are_told_apart() -> None:
     assert (params.stop, params.stop_token_ids, params.max_tokens) == ([], [7, 8], 5)
 
 
-async def test_futures_wait_then_answer_and_failures_take_the_sdk_shape() -> None:
-    futures = Futures("req")
+async def test_futures_wait_then_answer_and_failures_take_the_sdk_shape(
+        gateway_db: sessionmaker[Session]) -> None:
+    futures = Futures(gateway_db, "req")
     gate = asyncio.Event()
 
     async def work() -> bytes:
@@ -138,7 +140,7 @@ async def test_futures_wait_then_answer_and_failures_take_the_sdk_shape() -> Non
     async def broken() -> bytes:
         raise InvalidInput("bad datum")
 
-    slow, failing = futures.submit(work()), futures.submit(broken())
+    slow, failing = await futures.submit(work()), await futures.submit(broken())
     assert await retrieve(futures, slow, 0.01) is PENDING
     gate.set()
     assert await retrieve(futures, slow, 1) == b"done"

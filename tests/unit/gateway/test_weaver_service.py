@@ -13,6 +13,7 @@ import pytest
 
 from gateway import job_logs
 from gateway.auth.keys import KeyIdentity
+from gateway.compat.common.state import SamplerRef
 from gateway.compat.weaver import listing, operations, schemas
 from gateway.compat.weaver.service import WeaverService
 from services.common.errors import Conflict, InvalidInput, NotFound
@@ -50,7 +51,7 @@ def optim(model_id: str, seq_id: int) -> schemas.OptimBody:
 
 async def test_a_model_is_a_job_made_once_and_found_again_after_a_restart(stand: Stand) -> None:
     weaver, owner = stand.weaver, stand.owner
-    session = weaver.create_session(schemas.CreateSession(name="exp"), owner).id
+    session = (await weaver.create_session(schemas.CreateSession(name="exp"), owner)).id
     spec = schemas.CreateModel(model_seq_id=1, base_model="Acme/Model:32768",
                                lora_config=schemas.LoraSpec(rank=4, train_mlp=False))
     made = await weaver.create_model(session, spec, owner)
@@ -71,8 +72,9 @@ async def test_a_model_is_a_job_made_once_and_found_again_after_a_restart(stand:
     assert [action for _, action, _ in stand.trainer.calls] == ["optim_step", "optim_step"]
     with pytest.raises(NotFound, match="another API key"):
         await restarted.model(made.id, stand.other)
-    with pytest.raises(NotFound, match="No session"):
-        restarted.session(session, owner)  # sessions live in the gateway's memory
+    # Sessions are rows of the gateway's database: the new gateway serves them too.
+    assert (await restarted.session(session, owner)).models == {1: made.id}
+    assert await restarted.create_model(session, spec, owner) == made  # resent: still one
 
     await restarted.terminate(made.id, owner)
     with pytest.raises(Conflict, match="terminated"):
@@ -84,7 +86,7 @@ async def test_a_model_is_a_job_made_once_and_found_again_after_a_restart(stand:
 async def test_metrics_land_on_the_models_job_and_foreign_ones_are_refused(stand: Stand
                                                                            ) -> None:
     weaver, owner = stand.weaver, stand.owner
-    session = weaver.create_session(schemas.CreateSession(), owner).id
+    session = (await weaver.create_session(schemas.CreateSession(), owner)).id
     model = (await weaver.create_model(session, schemas.CreateModel(
         model_seq_id=1, base_model="Acme/Model"), owner)).id
     logged = schemas.LogMetrics.model_validate({"metrics": [
@@ -94,7 +96,7 @@ async def test_metrics_land_on_the_models_job_and_foreign_ones_are_refused(stand
     with weaver.db() as db:
         (series,) = job_logs.metric_series(db, model, ["reward"], None)
     assert (series.steps, series.values) == ([3, 4], [0.5, 0.75])
-    other_session = weaver.create_session(schemas.CreateSession(), stand.other).id
+    other_session = (await weaver.create_session(schemas.CreateSession(), stand.other)).id
     with pytest.raises(NotFound):
         await weaver.log_metrics(other_session, logged, stand.other)
     bad = schemas.LogMetrics.model_validate({"metrics": [
@@ -105,10 +107,10 @@ async def test_metrics_land_on_the_models_job_and_foreign_ones_are_refused(stand
 
 async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stand) -> None:
     weaver, owner, other = stand.weaver, stand.owner, stand.other
-    session = weaver.create_session(schemas.CreateSession(), owner).id
+    session = (await weaver.create_session(schemas.CreateSession(), owner)).id
     model = (await weaver.create_model(session, schemas.CreateModel(
         model_seq_id=1, base_model="Acme/Model"), owner)).id
-    other_session = weaver.create_session(schemas.CreateSession(), other).id
+    other_session = (await weaver.create_session(schemas.CreateSession(), other)).id
     theirs = (await weaver.create_model(other_session, schemas.CreateModel(
         model_seq_id=1, base_model="Acme/Model"), other)).id
     load = schemas.LoadCheckpoint(path=f"weaver://{theirs}/checkpoints/step-1")
@@ -124,7 +126,7 @@ async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stan
     assert (bound.model_id, bound.weight_version) == (model, 2)
     named = schemas.CreateSamplingSession(sampling_session_seq_id=2,
                                           model_path=f"weaver://{model}/sampler_weights/best")
-    with pytest.raises(NotFound, match="named exports"):
+    with pytest.raises(NotFound, match="No sampler weights"):
         await weaver.create_sampling_session(session, named, owner)
     with pytest.raises(NotFound):
         await weaver.create_sampling_session(other_session, unnamed, other)
@@ -135,15 +137,16 @@ async def test_checkpoints_and_samplers_check_their_paths_and_owners(stand: Stan
     assert (await operations.poll(weaver.futures, op)).status == "done"
     (listed,) = (await weaver.list_checkpoints(model, owner)).items
     assert listed.expires_at is not None and listed.ttl_seconds > 0
-    weaver.sampler_weights[named.model_path] = (3, datetime.now(UTC) - timedelta(seconds=1))
-    with pytest.raises(NotFound, match="named exports"):
+    await weaver.state.add_weights(named.model_path, SamplerRef(
+        owner.id, "Acme/Model", model, 3, expires_at=datetime.now(UTC) - timedelta(seconds=1)))
+    with pytest.raises(NotFound, match="No sampler weights"):
         await weaver.create_sampling_session(session, named, owner)
 
 
 async def test_models_and_runs_are_listed_from_their_jobs_and_unserved_bases_refused(
         stand: Stand) -> None:
     weaver, owner = stand.weaver, stand.owner
-    session = weaver.create_session(schemas.CreateSession(name="exp"), owner).id
+    session = (await weaver.create_session(schemas.CreateSession(name="exp"), owner)).id
     made = [(await weaver.create_model(session, schemas.CreateModel(
         model_seq_id=i, base_model="Acme/Model", training_mode=mode), owner)).id
         for i, mode in enumerate(["lora", "full_ft"])]

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.compat.common.calls import CLIENT_LOSS, CallOrder
 from gateway.compat.common.futures import Futures
@@ -121,8 +122,9 @@ def test_paths_name_their_model_and_unnamed_exports_their_version() -> None:
             paths.parse(bad, paths.SAMPLER_WEIGHTS)
 
 
-async def test_operations_are_pending_then_done_or_failed_in_the_sdks_shape() -> None:
-    futures = Futures("op")
+async def test_operations_are_pending_then_done_or_failed_in_the_sdks_shape(
+        gateway_db: sessionmaker[Session]) -> None:
+    futures = Futures(gateway_db, "op")
     gate = asyncio.Event()
 
     async def work() -> dict[str, Any]:
@@ -135,7 +137,7 @@ async def test_operations_are_pending_then_done_or_failed_in_the_sdks_shape() ->
     async def wrong() -> dict[str, Any]:
         raise InvalidInput("bad datum")
 
-    slow = futures.submit(work())
+    slow = await futures.submit(work())
     pending = await operations.submitted(futures, slow)
     assert pending.model_dump(exclude_unset=True) == {"id": slow, "status": "pending",
                                                       "response": None}
@@ -143,17 +145,18 @@ async def test_operations_are_pending_then_done_or_failed_in_the_sdks_shape() ->
     done = await operations.poll(futures, slow, 1)
     assert done.model_dump(exclude_unset=True) == {"id": slow, "status": "done",
                                                    "response": {"ok": True}}
-    failed = await operations.poll(futures, futures.submit(down()), 1)
+    failed = await operations.poll(futures, await futures.submit(down()), 1)
     assert failed.status == "error" and failed.retryable is True
     assert failed.error_code == "unavailable"
-    failed = await operations.poll(futures, futures.submit(wrong()), 1)
+    failed = await operations.poll(futures, await futures.submit(wrong()), 1)
     assert (failed.error_message, failed.retryable) == ("bad datum", False)
     with pytest.raises(NotFound):
         await operations.poll(futures, "op-unknown", 0)
 
 
-async def test_call_order_runs_calls_by_seq_id_and_a_resent_one_once() -> None:
-    futures, order, submitted = Futures("op"), CallOrder(), []
+async def test_call_order_runs_calls_by_seq_id_and_a_resent_one_once(
+        gateway_db: sessionmaker[Session]) -> None:
+    futures, order, submitted = Futures(gateway_db, "op"), CallOrder("m"), []
 
     async def place(seq_id: int) -> str:
         async def submit() -> int:
@@ -172,7 +175,7 @@ async def test_call_order_runs_calls_by_seq_id_and_a_resent_one_once() -> None:
     assert await second != first and submitted == [1, 2]
     assert await place(2) == await second and submitted == [1, 2]  # resent: the same call
     # A model found again after a restart: the SDK's next number starts the order.
-    found, submitted[:] = CallOrder(next_seq=0), []
+    found, submitted[:] = CallOrder("m2", next_seq=0), []
     order = found
     await place(41)
     await place(42)
