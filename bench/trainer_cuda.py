@@ -36,6 +36,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from services.common.base_models import ensure_tiny_model
 from services.trainer.batch import micro_batches, token_logprobs
+from services.trainer.checkpoints import load_state, save_state
 from services.trainer.lora_host import peft_config
 from services.trainer.losses import compute_loss
 from services.trainer.model import TrainerModel
@@ -50,7 +51,6 @@ from services.trainer.schemas import (
     TrainingMode,
 )
 from services.trainer.settings import DEFAULT_MICRO_BATCH_TOKENS
-from services.trainer.state_files import load_state, save_state
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "trainer_cuda.md"

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from services.common.errors import PayloadTooLarge
 from services.common.operations import OperationQueue
 from services.common.schemas import Operation
-from services.trainer import state_files
+from services.trainer import checkpoints
 from services.trainer.distributed.remote import RemoteRegistry
 from services.trainer.page_reserve import DEFAULT_MAX_BYTES, PageReserve, remove_leftovers
 from services.trainer.publish import ThreadPublisher, save_weights
@@ -125,30 +125,30 @@ class TrainerService:
     def save_state(self, model_id: str, request: SaveStateRequest, key: str | None = None
                    ) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(model_id, "save_state", request, key, lambda: state_files.save_state(
+        return self._submit(model_id, "save_state", request, key, lambda: checkpoints.save_state(
             model, self.checkpoint_dir, request.name, request.series,
             self.keep_series_checkpoints, request.expires_at))
 
     def delete_checkpoint(self, model_id: str, name: str) -> StateCheckpoint:
         """At once, not queued: a checkpoint is immutable, and a load of it already queued
         fails cleanly (404) once it is gone."""
-        return state_files.delete_state(self.checkpoint_dir, model_id, name)
+        return checkpoints.delete_state(self.checkpoint_dir, model_id, name)
 
     def set_checkpoint_expiry(self, model_id: str, name: str, request: CheckpointExpiry
                               ) -> StateCheckpoint:
-        return state_files.set_expiry(self.checkpoint_dir, model_id, name, request.expires_at)
+        return checkpoints.set_expiry(self.checkpoint_dir, model_id, name, request.expires_at)
 
     def load_state(self, model_id: str, request: LoadStateRequest, key: str | None = None
                    ) -> Operation:
         model = self.registry.get(model_id)
         source = request.job_id or model_id
-        state_files.describe(self.checkpoint_dir / source / request.name)  # 404 at once
-        return self._submit(model_id, "load_state", request, key, lambda: state_files.load_state(
+        checkpoints.describe(self.checkpoint_dir / source / request.name)  # 404 at once
+        return self._submit(model_id, "load_state", request, key, lambda: checkpoints.load_state(
             model, self.checkpoint_dir, request.name, source, request.optimizer))
 
     def checkpoints(self, model_id: str) -> list[StateCheckpoint]:
         """Listed from disk, so a restarted trainer still finds a job's checkpoints."""
-        return state_files.list_states(self.checkpoint_dir, model_id)
+        return checkpoints.list_states(self.checkpoint_dir, model_id)
 
     async def operation(self, op_id: str, wait: float) -> Operation:
         return await self.queue.wait(op_id, wait) if wait > 0 else self.queue.get(op_id)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from services.common.errors import LoomError
-from services.trainer import state_files
+from services.trainer import checkpoints
 from services.trainer.distributed.commands import CHANNEL_ENV, RANK_ENV, RankConfig
 from services.trainer.distributed.sharding import Sharded
 from services.trainer.model import resolve_device
@@ -23,8 +23,8 @@ from services.trainer.registry import ModelRegistry
 
 # What a "run" command may run on a model (a checkpoint's files are written by every rank).
 FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "write_checkpoint": state_files.write_checkpoint,
-    "read_checkpoint": state_files.read_checkpoint,
+    "write_checkpoint": checkpoints.write_checkpoint,
+    "read_checkpoint": checkpoints.read_checkpoint,
 }
 
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from services.trainer import state_files
+from services.trainer import checkpoints
 from services.trainer.batch import validate_data
 from services.trainer.distributed.ranks import RankFailed, RankGroup, Run
 from services.trainer.page_reserve import PageReserve
@@ -96,7 +96,7 @@ class RemoteModel:
         self._call("save", directory, shard_bytes)
 
     def write_checkpoint(self, directory: Path) -> bool:
-        """Every rank writes its shards (`state_files.write_checkpoint`)."""
+        """Every rank writes its shards (`checkpoints.write_checkpoint`)."""
         has_optimizer: bool = self._call("write_checkpoint", directory, run=True)
         return has_optimizer
 
@@ -116,7 +116,7 @@ class RemoteModel:
         """On a group formed again after `failure`, where `spec` was made anew (at its base):
         back to the last checkpoint, if it is still there."""
         point = self.checkpointed
-        if point is not None and not state_files.is_checkpoint(point.directory):
+        if point is not None and not checkpoints.is_checkpoint(point.directory):
             point = None  # deleted or expired since: the base is all there is
         self.step = 0
         if point is not None:

@@ -18,7 +18,7 @@ from trainer_harness import JOB_FULL, TrainerHarness
 
 from modelstate.client import ModelStateClient
 from services.common.service_token import service_headers
-from services.trainer import state_files
+from services.trainer import checkpoints
 from services.trainer.app import create_app
 from services.trainer.distributed.commands import RankConfig
 from services.trainer.distributed.ranks import RankFailed, RankGroup
@@ -119,6 +119,11 @@ def test_two_ranks_train_as_one_process(ranks: RemoteRegistry, one_process: Mode
 
     after = sharded.forward(data, config)
     assert after.loss == pytest.approx(single.forward(data, config).loss, rel=1e-5, abs=1e-6)
+    if mode == TrainingMode.lora:  # the shared base is sharded too: half of it on rank 0
+        held = ranks.group.call("call", job, "state_bytes", ())
+        whole = single.state_bytes()["frozen"]
+        assert whole > 0
+        assert 0.45 * whole <= held["frozen"] <= 0.55 * whole
     got_weights = weights(sharded, tmp_path / "sharded")
     want_weights = weights(single, tmp_path / "single")
     assert got_weights.keys() == want_weights.keys()
@@ -163,10 +168,10 @@ def test_a_checkpoint_resumes_at_another_world_size(
     saver, loader = savers[saver_side], loaders[loader_side]
     data = uneven_data(seed=1)
     one_step(saver, data)
-    state_files.save_state(saver, tmp_path, "after-1")
-    assert (tmp_path / saver.spec.job_id / "after-1" / state_files.SHARDED).is_dir() == \
+    checkpoints.save_state(saver, tmp_path, "after-1")
+    assert (tmp_path / saver.spec.job_id / "after-1" / checkpoints.SHARDED).is_dir() == \
         (saver is savers[0] and mode == TrainingMode.full)
-    state_files.load_state(loader, tmp_path, "after-1", job_id=saver.spec.job_id)
+    checkpoints.load_state(loader, tmp_path, "after-1", job_id=saver.spec.job_id)
     assert loader.step == 1
     got, want = one_step(loader, data), one_step(saver, data)
     assert got == pytest.approx(want, rel=1e-5)
@@ -193,10 +198,10 @@ def test_a_rank_killed_mid_operation_fails_it_and_the_models_come_back_at_their_
     one_step(model, data)
     one_step(bystander, data)
     one_step(adapter, data)
-    state_files.save_state(adapter, tmp_path, "lora-1")
+    checkpoints.save_state(adapter, tmp_path, "lora-1")
     adapter_saved = adapter.forward(data).logprobs
     one_step(adapter, data)
-    state_files.save_state(model, tmp_path, "after-2")
+    checkpoints.save_state(model, tmp_path, "after-2")
     saved = model.forward(data).logprobs
     third = one_step(model, data)
     assert model.step == 3
@@ -261,7 +266,7 @@ def test_an_unreadable_checkpoint_does_not_keep_the_ranks_from_forming_again(
             job_id="torn", base_model=str(tiny_model_dir), mode=TrainingMode.full))
         data = uneven_data()
         one_step(model, data)
-        state_files.save_state(model, tmp_path / "states", "torn-1")
+        checkpoints.save_state(model, tmp_path / "states", "torn-1")
         shards = [p for p in (tmp_path / "states" / "torn" / "torn-1").rglob("*")
                   if p.is_file() and p.name != "state.json"]
         assert shards
