@@ -1,4 +1,5 @@
-"""What the admin asks of modelstate and rollout, through the gateway's pooled upstream clients.
+"""What the admin asks of modelstate and rollout: their typed clients over the gateway's pooled
+upstream connections (one try each, a page's short timeout).
 
 Reads for a page never raise: a service that is down or refuses becomes a message shown on the
 page (`Fetched.error`), so one unreachable service cannot turn a page into an error. Actions
@@ -17,11 +18,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.proxy.replicas import Replica
 from gateway.proxy.upstreams import Upstreams
-from modelstate.schemas import AliasName, MoveAlias, Version, VersionList
-from services.common.errors import InvalidInput, LoomError, Unavailable, UpstreamError
-from services.common.http import raise_for_envelope
-from services.common.logs import request_id_var
-from services.rollout.schemas import LoadedVersion, ResidentVersions
+from modelstate.client import ARCHIVE, ModelStateClient
+from modelstate.schemas import AliasName, Version
+from services.common.errors import InvalidInput, LoomError
+from services.rollout.client import RolloutClient
+from services.rollout.schemas import LoadedVersion
 
 T = TypeVar("T")
 
@@ -49,10 +50,13 @@ class ReplicaView:
     error: str | None = None
 
 
+def _modelstate(upstreams: Upstreams) -> ModelStateClient:
+    return ModelStateClient(upstreams.client("modelstate"), timeout=PAGE_TIMEOUT, retries=0)
+
+
 async def job_versions(upstreams: Upstreams, job_id: str) -> Fetched[list[Version]]:
     try:
-        response = await _call(upstreams, "modelstate", "GET", f"/v1/jobs/{job_id}/versions")
-        versions = VersionList.model_validate(response.json()).versions
+        versions = await _modelstate(upstreams).list_versions(job_id)
     except LoomError as exc:
         return Fetched(error=exc.message)
     except (ValueError, ValidationError) as exc:
@@ -66,28 +70,16 @@ async def move_alias(upstreams: Upstreams, job_id: str, name: str, number: int) 
     except ValidationError as exc:
         raise InvalidInput(f"{name!r} is not an alias name: up to 64 letters, digits, '.', "
                            "'_' or '-', starting with a letter or '_'.") from exc
-    body = MoveAlias(number=number).model_dump(mode="json")
-    await _call(upstreams, "modelstate", "PUT", f"/v1/jobs/{job_id}/aliases/{name}", json=body)
+    await _modelstate(upstreams).move_alias(job_id, name, number)
 
 
 async def delete_version(upstreams: Upstreams, job_id: str, number: int) -> None:
-    await _call(upstreams, "modelstate", "DELETE", f"/v1/jobs/{job_id}/versions/{number}")
+    await _modelstate(upstreams).delete_version(job_id, number)
 
 
 async def open_archive(upstreams: Upstreams, job_id: str, number: int) -> httpx2.Response:
     """modelstate's tar of a version, opened as a stream: the caller closes it."""
-    client = upstreams.client("modelstate")
-    request = client.build_request("GET", f"/v1/jobs/{job_id}/versions/{number}/archive",
-                                   headers=_headers(), timeout=PAGE_TIMEOUT)
-    try:
-        response = await client.send(request, stream=True)
-    except httpx2.TransportError as exc:
-        raise _unreachable("modelstate", client, exc) from exc
-    if response.status_code >= 400:
-        await response.aread()
-        await response.aclose()
-        raise_for_envelope(response, "modelstate")
-    return response
+    return await _modelstate(upstreams).open(ARCHIVE, job_id=job_id, ref=number)
 
 
 async def rollout_replicas(upstreams: Upstreams, job_id: str) -> list[ReplicaView]:
@@ -100,8 +92,8 @@ async def rollout_replicas(upstreams: Upstreams, job_id: str) -> list[ReplicaVie
 async def _replica_view(replica: Replica, job_id: str) -> ReplicaView:
     view = ReplicaView(id=replica.id, url=replica.url)
     try:
-        response = await _send(replica.client, "rollout", "GET", "/v1/versions")
-        resident = ResidentVersions.model_validate(response.json())
+        resident = await RolloutClient(replica.client, timeout=PAGE_TIMEOUT,
+                                       retries=0).resident_versions()
     except LoomError as exc:
         view.error = exc.message
         return view
@@ -114,29 +106,3 @@ async def _replica_view(replica: Replica, job_id: str) -> ReplicaView:
     view.job_loras = sorted(v.number for v in resident.loras if v.job_id == job_id)
     view.other_loras = sum(1 for v in resident.loras if v.job_id != job_id)
     return view
-
-
-async def _call(upstreams: Upstreams, service: str, method: str, path: str,
-                json: object = None) -> httpx2.Response:
-    return await _send(upstreams.client(service), service, method, path, json)
-
-
-async def _send(client: httpx2.AsyncClient, service: str, method: str, path: str,
-                json: object = None) -> httpx2.Response:
-    try:
-        response = await client.request(method, path, json=json, headers=_headers(),
-                                        timeout=PAGE_TIMEOUT)
-    except httpx2.TransportError as exc:
-        raise _unreachable(service, client, exc) from exc
-    raise_for_envelope(response, service)
-    return response
-
-
-def _headers() -> dict[str, str]:
-    return {"X-Request-ID": request_id_var.get()}
-
-
-def _unreachable(service: str, client: httpx2.AsyncClient, exc: Exception) -> LoomError:
-    if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
-        return Unavailable(f"The {service} service is unreachable at {client.base_url}.")
-    return UpstreamError(f"The {service} service failed to answer: {exc!r}")

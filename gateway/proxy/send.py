@@ -15,7 +15,8 @@ import httpx2
 from gateway.proxy import routing
 from gateway.proxy.replicas import Replica, ReplicaRegistry
 from gateway.proxy.target import ProxyTarget
-from services.common.errors import Unavailable, UpstreamError
+from services.common.errors import Unavailable
+from services.common.http import transport_error
 
 log = logging.getLogger(__name__)
 Content = bytes | AsyncIterator[bytes] | None
@@ -36,12 +37,8 @@ async def send(client: httpx2.AsyncClient, service: str, request: httpx2.Request
     service never saw the request); a failure after that is an `UpstreamError`."""
     try:
         return await client.send(request, stream=True)
-    except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-        raise Unavailable(f"The {service} service is unreachable at {client.base_url}: {exc!r}",
-                          {"service": service}) from exc
     except httpx2.TransportError as exc:
-        raise UpstreamError(f"The {service} service failed to answer: {exc!r}",
-                            {"service": service}) from exc
+        raise transport_error(service, client.base_url, exc) from exc
 
 
 async def send_routed(registry: ReplicaRegistry, method: str, target: ProxyTarget,

@@ -92,16 +92,18 @@ class ServiceClient:
     """An async client for one Loom service; errors come back as `LoomError` subclasses.
 
     `headers` authenticate it: the service token's (`service_token.service_client`) or a
-    user's key (`Authorization: Bearer ...`, through the gateway)."""
+    user's key (`Authorization: Bearer ...`, through the gateway). `base_url` may instead be
+    a pooled client to share (the gateway's upstream pool; its owner closes it): then
+    `timeout`, when given, bounds each request, and `transport` and `headers` are its own."""
 
     SERVICE: ClassVar[str] = ""  # a typed client's service name
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | httpx2.AsyncClient,
         *,
         service: str | None = None,
-        timeout: httpx2.Timeout = DEFAULT_TIMEOUT,
+        timeout: httpx2.Timeout | None = None,
         retries: int = 3,
         transport: httpx2.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
@@ -112,9 +114,10 @@ class ServiceClient:
             raise ValueError("ServiceClient needs the name of the service it calls")
         self.retries = retries
         self.through_gateway = through_gateway
-        self.http = httpx2.AsyncClient(
+        self.timeout = timeout
+        self.http = base_url if isinstance(base_url, httpx2.AsyncClient) else httpx2.AsyncClient(
             base_url=base_url.rstrip("/"),
-            timeout=timeout,
+            timeout=timeout or DEFAULT_TIMEOUT,
             transport=transport or pooled_transport(LIMITS),
             headers=headers,
         )
@@ -126,18 +129,40 @@ class ServiceClient:
             return f"/v1/{self.service}/{path.removeprefix('/v1/')}"
         return path
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
+    def _headers(self, headers: dict[str, str]) -> dict[str, str]:
         # Outside a request (an SDK script) there is no id to pass on ("-"): the service the
         # call reaches makes one (its trace id when tracing).
         request_id = request_id_var.get()
-        headers = {**({"X-Request-ID": request_id} if request_id != "-" else {}),
-                   **kwargs.pop("headers", {})}
+        return {**({"X-Request-ID": request_id} if request_id != "-" else {}), **headers}
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
+        headers = self._headers(kwargs.pop("headers", {}))
+        if self.timeout is not None:
+            kwargs.setdefault("timeout", self.timeout)
         retry = method.upper() in IDEMPOTENT or IDEMPOTENCY_KEY_HEADER in headers
         response = await retrying(
             lambda: self.http.request(method, self.path(path), headers=headers, **kwargs),
             self.retries + 1 if retry else 1, self.unreachable,
             again=lambda response: response.status_code in RETRY_STATUSES)
         self.raise_for_status(response)
+        return response
+
+    async def open(self, route: Route[None], *, params: dict[str, Any] | None = None,
+                   **path_params: object) -> httpx2.Response:
+        """`route`'s answer opened as a stream (a file, an archive): the caller reads and
+        closes it. Not retried: the caller decides what a broken stream means."""
+        request = self.http.build_request(
+            route.method, self.path(route.url(**path_params)), params=params,
+            headers=self._headers({}),
+            timeout=httpx2.USE_CLIENT_DEFAULT if self.timeout is None else self.timeout)
+        try:
+            response = await self.http.send(request, stream=True)
+        except httpx2.TransportError as exc:
+            raise self.unreachable(exc) from exc
+        if response.status_code >= 400:
+            await response.aread()
+            await response.aclose()
+            self.raise_for_status(response)
         return response
 
     async def call(self, route: Route[ResponseT], body: BaseModel | None = None, *,
@@ -157,9 +182,8 @@ class ServiceClient:
         schema = cast(type[BaseModel], route.response)
         return cast(ResponseT, schema.model_validate(response.json()))
 
-    def unreachable(self, exc: httpx2.TransportError) -> Unavailable:
-        """The error a call that never got an answer raises."""
-        return Unavailable(f"{self.service} is unreachable at {self.http.base_url}: {exc!r}")
+    def unreachable(self, exc: httpx2.TransportError) -> LoomError:
+        return transport_error(self.service, self.http.base_url, exc)
 
     def raise_for_status(self, response: httpx2.Response) -> None:
         raise_for_envelope(response, self.service)
@@ -172,6 +196,14 @@ class ServiceClient:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def transport_error(service: str, url: object, exc: httpx2.TransportError) -> LoomError:
+    """The error a call to `service` that got no answer raises: unreachable when it could not
+    connect (nothing was sent), else failed to answer (the request may have been acted on)."""
+    if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
+        return Unavailable(f"{service} is unreachable at {url}: {exc!r}", {"service": service})
+    return UpstreamError(f"{service} failed to answer: {exc!r}", {"service": service})
 
 
 def envelope_error(response: httpx2.Response) -> LoomError:

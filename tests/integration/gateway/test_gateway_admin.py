@@ -114,7 +114,7 @@ async def test_forms_without_a_valid_csrf_token_are_refused(stack: Stack) -> Non
         accepted = await client.post(target, data={**form, "csrf_token": token},
                                      headers={"Origin": stack.url})
         assert accepted.status_code == 503
-        assert "modelstate service is unreachable" in accepted.text
+        assert "modelstate is unreachable" in accepted.text
 
     async with browser(stack) as client:
         await csrf_of(client, "/admin/login")  # a login cookie, but no token in the form

@@ -8,7 +8,8 @@ import asyncio
 import httpx2
 import pytest
 
-from services.common.errors import Conflict, Unavailable, UpstreamError
+from modelstate.client import ARCHIVE, ModelStateClient
+from services.common.errors import Conflict, NotFound, Unavailable, UpstreamError
 from services.common.http import IDEMPOTENCY_KEY_HEADER, Route, ServiceClient
 from services.common.operations import OperationQueue
 from services.common.schemas import Operation
@@ -69,12 +70,34 @@ async def test_only_a_repeatable_request_is_retried() -> None:
     assert [request.method for request in seen] == ["POST", "POST", "GET"]
 
 
-async def test_an_unreachable_service_is_one_typed_error() -> None:
+async def test_a_call_without_an_answer_is_one_typed_error() -> None:
     transport, seen = recording([httpx2.ConnectError("refused")])
     client = ServiceClient("http://reward", service="reward", transport=transport, retries=2)
     with pytest.raises(Unavailable, match="reward is unreachable"):
         await client.get_json("/v1/verifiers")
     assert len(seen) == 3
+    transport, seen = recording([httpx2.ReadError("reset")])  # connected: it may have acted
+    client = ServiceClient("http://reward", service="reward", transport=transport, retries=0)
+    with pytest.raises(UpstreamError, match="reward failed to answer") as caught:
+        await client.post_json("/v1/score", {})
+    assert caught.value.detail == {"service": "reward"}
+
+
+async def test_a_typed_client_shares_a_pool_and_opens_streams() -> None:
+    transport, seen = recording([httpx2.Response(200, content=b"tar bytes"),
+                                 httpx2.Response(404, json={"error": {
+                                     "code": "not_found", "message": "no version 9"}})])
+    pool = httpx2.AsyncClient(base_url="http://modelstate", transport=transport)
+    client = ModelStateClient(pool, timeout=httpx2.Timeout(1.0), retries=0)
+    archive = await client.open(ARCHIVE, job_id="a b", ref=1)
+    assert await archive.aread() == b"tar bytes"
+    await archive.aclose()
+    assert seen[0].url.raw_path == b"/v1/jobs/a%20b/versions/1/archive"
+    assert seen[0].extensions["timeout"]["read"] == 1.0
+    with pytest.raises(NotFound, match="no version 9"):
+        await client.open(ARCHIVE, job_id="a", ref=9)
+    assert not pool.is_closed
+    await pool.aclose()
 
 
 async def test_trainer_submissions_carry_an_idempotency_key_and_polling_waits() -> None:

@@ -11,24 +11,20 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
 from pydantic import BaseModel
 
 from services.common.http import Route
 from services.common.schemas import Operation
 from services.reward.schemas import ScoreRequest, ScoreResponse
+from tests.support.openapi import openapi_of
 
-# Each typed client's module and the server it calls: (app module, settings module, class).
-CLIENTS: dict[str, tuple[str, str, str]] = {
-    "modelstate.client": ("modelstate.app", "modelstate.settings", "ModelStateSettings"),
-    "services.reward.client": ("services.reward.app", "services.reward.settings",
-                               "RewardSettings"),
-    "services.rollout.client": ("services.rollout.app", "services.rollout.settings",
-                                "RolloutSettings"),
-    "services.sandbox.client": ("services.sandbox.app", "services.sandbox.settings",
-                                "SandboxSettings"),
-    "services.trainer.client": ("services.trainer.app", "services.trainer.settings",
-                                "TrainerSettings"),
+# Each typed client's module and the service it calls.
+CLIENTS: dict[str, str] = {
+    "modelstate.client": "modelstate",
+    "services.reward.client": "reward",
+    "services.rollout.client": "rollout",
+    "services.sandbox.client": "sandbox",
+    "services.trainer.client": "trainer",
 }
 # Every service's own operational routes, read by probes and Prometheus, not by a client.
 OPERATIONAL = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
@@ -47,14 +43,6 @@ NOT_IN_CLIENTS: dict[str, set[tuple[str, str]]] = {
     },
 }
 JSON = "application/json"
-
-
-def openapi_of(client_module: str, data_dir: Path) -> dict[str, Any]:
-    app_module, settings_module, settings_class = CLIENTS[client_module]
-    settings = getattr(importlib.import_module(settings_module), settings_class)(
-        data_dir=data_dir)
-    app: FastAPI = importlib.import_module(app_module).create_app(settings)
-    return app.openapi()
 
 
 def routes_of(module: ModuleType) -> dict[str, Route[Any]]:
@@ -106,8 +94,8 @@ def problems(route: Route[Any], openapi: dict[str, Any]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def openapis(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    return {module: openapi_of(module, tmp_path_factory.mktemp(module))
-            for module in CLIENTS}
+    return {module: openapi_of(service, tmp_path_factory.mktemp(service))
+            for module, service in CLIENTS.items()}
 
 
 @pytest.mark.parametrize("client_module", sorted(CLIENTS))
