@@ -56,6 +56,7 @@ def upgrade() -> None:
         sa.Column("model_id", sa.String(255), nullable=True),
         sa.Column("seq_id", sa.Integer(), nullable=True),
         sa.Column("done", sa.Boolean(), nullable=False),
+        sa.Column("released", sa.Boolean(), nullable=False),
         sa.Column("result_json", sa.JSON(), nullable=True),
         sa.Column("result_bytes", sa.LargeBinary(), nullable=True),
         sa.Column("error", sa.JSON(), nullable=True),

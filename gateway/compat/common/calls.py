@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -47,6 +48,7 @@ from services.trainer.schemas import (
 
 OPERATION_WAIT_S = 30.0
 SEQ_GAP_TIMEOUT_S = 60.0
+TURN_POLL_S = 0.5  # how often a call waiting for its turn looks for numbers used elsewhere
 # The SDKs' built-in losses Loom's trainer computes, as token sums (their convention), with
 # the `loss_fn_config` keys each reads and their defaults (clip thresholds bound the ratio).
 BUILTIN_LOSSES: dict[str, tuple[LossName, dict[str, float]]] = {
@@ -115,9 +117,9 @@ class CallOrder:
     not known (a model this replica has not seen a call of yet), the first call sets it.
     Every number is used up whatever happens to its call: submitted, failed on submission,
     or refused before it (`skip`), so one refused call never stalls the calls after it.
-    A number is claimed in the database (`Futures.claim`) before its call reaches the
-    trainer, so a call resent to another gateway replica is the first one, not a second.
-    The turns themselves are kept by each replica for the calls it receives."""
+    Numbers are used up in the database too (`Futures.claim`, `Futures.mark_used`) before a
+    call reaches the trainer: a call resent to another gateway replica is the first one, not
+    a second, and a call waiting for numbers another replica used finds them there."""
 
     model_id: str
     next_seq: int = 1
@@ -139,12 +141,7 @@ class CallOrder:
                 return self.submitted[seq_id]
             if self.next_seq == 0:
                 self.next_seq = seq_id
-            try:
-                await asyncio.wait_for(self.turn.wait_for(lambda: self.next_seq >= seq_id),
-                                       SEQ_GAP_TIMEOUT_S)
-            except TimeoutError as exc:
-                raise InvalidInput(f"seq_id {seq_id} waited {SEQ_GAP_TIMEOUT_S:g} s for "
-                                   f"seq_id {self.next_seq}, which never came.") from exc
+            await self._await_turn(futures, seq_id)
             try:
                 call_id, first = await futures.claim(self.model_id, seq_id)
                 if first:
@@ -159,7 +156,21 @@ class CallOrder:
             self.submitted[seq_id] = call_id
             return call_id
 
-    async def skip(self, seq_id: int | None) -> None:
+    async def _await_turn(self, futures: Futures, seq_id: int) -> None:
+        """Until the numbers before `seq_id` are used up, here or by another replica."""
+        deadline = time.monotonic() + SEQ_GAP_TIMEOUT_S
+        while self.next_seq < seq_id:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.turn.wait_for(lambda: self.next_seq >= seq_id),
+                                       TURN_POLL_S)
+            if self.next_seq < seq_id:  # the calls before it may have reached other replicas
+                self.skipped |= await futures.used(self.model_id, self.next_seq, seq_id)
+                self._advance()
+            if self.next_seq < seq_id and time.monotonic() >= deadline:
+                raise InvalidInput(f"seq_id {seq_id} waited {SEQ_GAP_TIMEOUT_S:g} s for "
+                                   f"seq_id {self.next_seq}, which never came.")
+
+    async def skip(self, futures: Futures, seq_id: int | None) -> None:
         """`seq_id`'s call was refused before it could take its turn: its number is used up
         (at once, or when the calls before it have had theirs)."""
         if seq_id is None:
@@ -167,6 +178,7 @@ class CallOrder:
         async with self.turn:
             if seq_id in self.submitted or 0 < seq_id < self.next_seq:
                 return
+            await futures.mark_used(self.model_id, seq_id)
             if self.next_seq == 0 or self.next_seq == seq_id:
                 self._used(seq_id)
             else:
@@ -174,6 +186,9 @@ class CallOrder:
 
     def _used(self, seq_id: int) -> None:
         self.next_seq = max(self.next_seq, seq_id + 1)
+        self._advance()
+
+    def _advance(self) -> None:
         while self.next_seq in self.skipped:
             self.skipped.discard(self.next_seq)
             self.next_seq += 1
@@ -200,7 +215,7 @@ def numbered(numbering: Numbering) -> Callable[[CallT], CallT]:
                 model_id, seq_id = numbering(*args, **kwargs)
                 model = self.models.get(model_id) if model_id is not None else None
                 if model is not None:
-                    await model.calls.skip(seq_id)
+                    await model.calls.skip(self.futures, seq_id)
                 raise
 
         return call  # type: ignore[return-value]

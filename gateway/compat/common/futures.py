@@ -13,11 +13,12 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -52,29 +53,46 @@ class Futures:
         return f"{self._prefix}-{uuid.uuid4().hex}"  # unguessable: ids are the only handle
 
     async def claim(self, model_id: str, seq_id: int) -> tuple[str, bool]:
-        """The call numbered `seq_id` for `model_id`: a new id and True when this replica is
-        the first to take the number, else the id the first took and False."""
+        """The call numbered `seq_id` for `model_id`: an id and True when this replica takes
+        the number (a new one, or one a refused call released), else the id of the call that
+        took it and False."""
         call_id = self.new_id()
+        numbered = (CompatCallRow.model_id == model_id, CompatCallRow.seq_id == seq_id)
 
-        def insert(session: Session) -> None:
-            session.add(CompatCallRow(id=call_id, model_id=model_id, seq_id=seq_id))
+        def take(session: Session) -> tuple[str, bool]:
+            row = session.scalars(select(CompatCallRow).where(*numbered)
+                                  .with_for_update()).one()
+            if not row.released:
+                return row.id, False
+            row.released, row.created_at = False, utcnow()
+            return row.id, True
 
         try:
-            await in_transaction(self.db, insert)
+            await in_transaction(self.db, lambda s: s.add(
+                CompatCallRow(id=call_id, model_id=model_id, seq_id=seq_id)))
             return call_id, True
         except IntegrityError:
-            def taken(session: Session) -> str:
-                return session.scalars(select(CompatCallRow.id).where(
-                    CompatCallRow.model_id == model_id,
-                    CompatCallRow.seq_id == seq_id)).one()
-
-            return await in_transaction(self.db, taken), False
+            return await in_transaction(self.db, take)
 
     async def release(self, call_id: str) -> None:
-        """A claimed number whose call was refused before it ran: a resent call is judged
-        again, wherever it arrives."""
+        """A claimed number whose call was refused before it ran: still used up, and a
+        resent call is judged again, wherever it arrives."""
         await in_transaction(self.db, lambda s: s.execute(
-            delete(CompatCallRow).where(CompatCallRow.id == call_id)))
+            update(CompatCallRow).where(CompatCallRow.id == call_id).values(released=True)))
+
+    async def mark_used(self, model_id: str, seq_id: int) -> None:
+        """A number used up by a call refused before its turn (unless a call took it)."""
+        with suppress(IntegrityError):
+            await in_transaction(self.db, lambda s: s.add(CompatCallRow(
+                id=self.new_id(), model_id=model_id, seq_id=seq_id, released=True)))
+
+    async def used(self, model_id: str, start: int, stop: int) -> set[int]:
+        """The numbers of [start, stop) used up for `model_id`, on any replica."""
+        query = select(CompatCallRow.seq_id).where(
+            CompatCallRow.model_id == model_id, CompatCallRow.seq_id >= start,
+            CompatCallRow.seq_id < stop)
+        found = await in_transaction(self.db, lambda s: s.scalars(query).all())
+        return {n for n in found if n is not None}
 
     async def submit(self, work: Awaitable[Payload], call_id: str | None = None) -> str:
         """Run `work` as a call; `call_id`: one `claim` gave (its row exists already)."""

@@ -65,7 +65,8 @@ class CompatSamplerWeightsRow(Base):
 class CompatCallRow(Base):
     """A call that answers later (Tinker's future, Weaver's operation): pending until the
     replica running it writes its result or its error. A numbered training call also holds
-    its model and seq_id: the first replica to claim a number owns the call."""
+    its model and seq_id: the first replica to claim a number owns the call. A number used
+    up by a refused call is `released`: it counts as used, and a resent call may claim it."""
 
     __tablename__ = "compat_calls"
     __table_args__ = (UniqueConstraint("model_id", "seq_id", name="uq_compat_calls_seq"),)
@@ -74,6 +75,7 @@ class CompatCallRow(Base):
     model_id: Mapped[str | None] = mapped_column(String(255), default=None)
     seq_id: Mapped[int | None] = mapped_column(Integer, default=None)
     done: Mapped[bool] = mapped_column(default=False)
+    released: Mapped[bool] = mapped_column(default=False)
     result_json: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     result_bytes: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     # a LoomError's envelope and status, rebuilt by `error_from_envelope`

@@ -389,7 +389,7 @@ class TinkerService:
         model = self.models.get(str(fields.get("model_id")))
         seq_id = fields.get("seq_id")
         if model is not None and isinstance(seq_id, int):
-            await model.calls.skip(seq_id)
+            await model.calls.skip(self.futures, seq_id)
 
     async def _in_order(self, model: TrainingModel, seq_id: int, submit: Any, result: Any
                         ) -> schemas.Future:
