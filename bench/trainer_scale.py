@@ -119,7 +119,8 @@ def sharded(world_size: int, spec: CreateModelRequest, data: list[Datum], steps:
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace, params: int,
            file_mb: float) -> str:
-    one = rows[0]["held"]
+    trained = ("weights", "gradients", "optimizer")
+    one = sum(rows[0]["held"][part] for part in trained)
     lines = [
         "# Sharded trainer on CPU (bench/trainer_scale.py)", "",
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()},"
@@ -134,12 +135,12 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, params: int,
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        held = sum(row["held"].values())
+        held = sum(row["held"][part] for part in trained)
         ranks = row["ranks"]
         lines.append(
             f"| {row['arm']} | {held / MB:.1f} ({row['held']['weights'] / MB:.1f} + "
             f"{row['held']['gradients'] / MB:.1f} + {row['held']['optimizer'] / MB:.1f}) | "
-            f"{held / sum(one.values()):.2f}x | {row['step_s']:.2f} | {row['publish_s']:.2f} | "
+            f"{held / one:.2f}x | {row['step_s']:.2f} | {row['publish_s']:.2f} | "
             + (", ".join(f"{r['load_peak_mb']:.0f}" for r in ranks) or "-") + " | "
             + (", ".join(f"{r['train_peak_mb']:.0f}" for r in ranks) or "-") + " | "
             + (", ".join(f"{r['publish_extra_mb']:.0f}" for r in ranks) or "-") + " |")

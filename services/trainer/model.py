@@ -117,10 +117,17 @@ class TrainerModel:
         """The module to run: the full model, or the shared PEFT model on this job's adapter."""
         if self._host is None:
             assert self._full is not None
-            yield self._full
+            network: PreTrainedModel | peft.PeftModel = self._full
+            try:
+                yield network
+            finally:
+                self.parallel.settle(network)
         else:
             with self._host.using(self.spec.job_id) as network:
-                yield network
+                try:
+                    yield network
+                finally:
+                    self.parallel.settle(network)
 
     @property
     def sharded(self) -> bool:
@@ -219,13 +226,17 @@ class TrainerModel:
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of trainable weights, their gradients and the optimizer's state that this
-        process holds (on a rank: its shards)."""
+        process holds (on a rank: its shards), and of the frozen weights the model runs on
+        (a LoRA job's shared base, a full job's reference copy once KL loaded it)."""
         state = [] if self._optimizer is None else [
             t for moments in self._optimizer.state.values() for t in moments.values()
             if isinstance(t, torch.Tensor)]
+        frozen = (self._host.base if self._host is not None else self._frozen_reference)
         return {"weights": _held(self.params),
                 "gradients": _held([p.grad for p in self.params if p.grad is not None]),
-                "optimizer": _held(state)}
+                "optimizer": _held(state),
+                "frozen": 0 if frozen is None else _held(
+                    [p for p in frozen.parameters() if not p.requires_grad])}
 
     def optimizer(self) -> torch.optim.AdamW | None:
         return self._optimizer

@@ -38,6 +38,10 @@ class SingleProcess:
         onto `device`."""
         return self.wrap(whole(device))
 
+    def settle(self, model: torch.nn.Module) -> None:
+        """After an operation: the model in the state every rank leaves it in, whatever a
+        single rank did with it (on ranks: every layer's gathered weights freed)."""
+
     def share(self, rows: list[int]) -> list[int]:
         """This rank's rows of a micro-batch."""
         return rows

@@ -11,7 +11,12 @@ import torch
 from services.common.base_models import resolve_base_model
 from services.common.errors import Conflict, NotFound
 from services.trainer.lora_host import LoraHost
-from services.trainer.model import TrainerModel, load_causal_lm, micro_batch_budget
+from services.trainer.model import (
+    TrainerModel,
+    empty_causal_lm,
+    load_causal_lm,
+    micro_batch_budget,
+)
 from services.trainer.parallel import SingleProcess
 from services.trainer.schemas import CreateModelRequest, TrainingMode
 
@@ -85,7 +90,12 @@ class ModelRegistry(Models[TrainerModel]):
                             self._parallel)
 
     def _lora_host(self, path: str, name: str) -> LoraHost:
+        """On ranks the shared base is sharded as a full model is (each rank holds 1/N of
+        it); its adapters are small and every rank holds them whole."""
         host = self._lora_hosts.get(path)
         if host is None:
-            host = self._lora_hosts[path] = LoraHost(load_causal_lm(path, self._device), name)
+            parallel = self._parallel or SingleProcess()
+            base = parallel.load(lambda: empty_causal_lm(path),
+                                 lambda device: load_causal_lm(path, device), self._device)
+            host = self._lora_hosts[path] = LoraHost(base, name)
         return host

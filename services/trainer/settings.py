@@ -103,7 +103,8 @@ class TrainerSettings(LoomSettings):
         "trainer starts N rank processes on this host (one per GPU; on CPU as many as set) "
         "that shard each model with FSDP2 (16/N bytes per parameter each, plus the layer "
         "being computed) and split every batch's rows; results equal one process's. LoRA "
-        "jobs split the rows too, on a base every rank holds whole (not sharded yet).",
+        "jobs split the rows too; their shared base is sharded (4/N bytes per parameter "
+        "each in fp32), their adapters are whole on every rank.",
     )
     trainer_precision: str = Field(
         default="fp32",

@@ -6,8 +6,9 @@ The ranks split each micro-batch's rows (row i goes to rank i mod N) and add up 
 gradients by FSDP's reduce-scatter as a sum (divide factor 1), loss, metrics and per-row
 logprobs by an all-reduce. Each rank's share already divides by the whole batch's totals
 (every rank has the whole batch), so the sum is exactly one process's value and gradient: no
-average of per-rank means. LoRA jobs share a base that every rank holds whole (not sharded
-yet): their adapters' gradients are summed by an all-reduce at the optimizer step.
+average of per-rank means. LoRA jobs share a base sharded the same way; their adapters are
+small and every rank holds them whole: their gradients are summed by an all-reduce at the
+optimizer step.
 """
 
 from __future__ import annotations
@@ -87,6 +88,14 @@ class Sharded(SingleProcess):
                     buffer.copy_(source.get_buffer(name))
                 dist.broadcast(buffer, src=0)
         return model
+
+    def settle(self, model: torch.nn.Module) -> None:
+        # The root keeps its weights gathered after a forward (FSDP2's default, for the
+        # backward), and reading a state dict frees them on the one rank that reads it (rank
+        # 0 writing an adapter): without this the ranks' next gathers would not pair up.
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
     def share(self, rows: list[int]) -> list[int]:
         return rows[self.rank::self.world_size]
