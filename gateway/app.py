@@ -29,8 +29,9 @@ from gateway.trackers.mirror import TrackerMirror
 from gateway.trackers.mirror import attach as attach_trackers
 from services.common.app_factory import create_service_app, token_digest
 from services.common.db import make_engine, make_sessionmaker, migrate
-from services.common.service_token import service_client, service_token
+from services.common.service_token import client_of, service_token
 from services.common.settings import LoomSettings
+from services.trainer.client import TrainerClient
 from services.worker import models as worker_models
 from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
@@ -66,7 +67,7 @@ def create_app(settings: GatewaySettings | None = None,
         app.state.upstreams = Upstreams(settings)
         app.state.replicas = app.state.upstreams.replicas
         app.state.service_digest = token_digest(service_token(settings))
-        app.state.trainer = service_client(settings, "trainer")
+        app.state.trainer = client_of(settings, TrainerClient)
         app.state.celery = create_celery(worker_settings)  # connects on the first send
         # Workers refresh their liveness row every stale_after_s: two missed ones mean gone.
         app.state.worker_stale_after_s = 2 * worker_settings.stale_after_s

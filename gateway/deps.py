@@ -18,7 +18,7 @@ from gateway.proxy.upstreams import Upstreams
 from gateway.settings import GatewaySettings
 from services.common.db import transaction
 from services.common.deps import app_state
-from services.common.http import ServiceClient
+from services.trainer.client import TrainerClient
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -39,6 +39,6 @@ AuthCacheDep = Annotated[AuthCache, Depends(app_state("auth_cache"))]
 UpstreamsDep = Annotated[Upstreams, Depends(app_state("upstreams"))]
 ReplicasDep = Annotated[ReplicaRegistry, Depends(app_state("replicas"))]
 JobOwnersDep = Annotated[JobOwners, Depends(app_state("job_owners"))]
-TrainerDep = Annotated[ServiceClient, Depends(app_state("trainer"))]
+TrainerDep = Annotated[TrainerClient, Depends(app_state("trainer"))]
 CeleryDep = Annotated[Celery, Depends(app_state("celery"))]  # sends background tasks
 BodyLimitsDep = Annotated[BodyLimits, Depends(body_limits)]

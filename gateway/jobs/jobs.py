@@ -18,7 +18,7 @@ from gateway.models import JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus
 from services.common.db import in_transaction
 from services.common.errors import Conflict, Forbidden, LoomError, NotFound
-from services.common.http import ServiceClient
+from services.trainer.client import TrainerClient
 from services.trainer.schemas import CreateModelRequest, LoraConfig, ModelInfo, TrainingMode
 from services.worker.models import BackgroundTaskRow
 from services.worker.schemas import TaskKind
@@ -138,13 +138,13 @@ def reopen_for_retry(session: Session, task: BackgroundTaskRow) -> None:
         session.flush()
 
 
-async def create_job(sessions: sessionmaker[Session], trainer: ServiceClient, body: JobCreate,
+async def create_job(sessions: sessionmaker[Session], trainer: TrainerClient, body: JobCreate,
                      owner: KeyIdentity) -> Job:
     job = await in_transaction(sessions, lambda s: to_public(insert_job(s, body, owner)))
     request = CreateModelRequest(job_id=job.id, base_model=body.base_model, mode=body.mode,
                                  lora=body.lora)
     try:
-        await trainer.post_json("/v1/models", request.model_dump(mode="json"))
+        await trainer.create_model(request)
     except LoomError as exc:
         await in_transaction(sessions, lambda s: set_status(s, job.id, JobStatus.failed, owner))
         raise type(exc)(
@@ -155,7 +155,7 @@ async def create_job(sessions: sessionmaker[Session], trainer: ServiceClient, bo
                                 lambda s: set_status(s, job.id, JobStatus.running, owner))
 
 
-async def ensure_model(sessions: sessionmaker[Session], trainer: ServiceClient, job_id: str,
+async def ensure_model(sessions: sessionmaker[Session], trainer: TrainerClient, job_id: str,
                        viewer: KeyIdentity) -> ModelInfo:
     """The trainer's model of a live job, built again from the job's row if the trainer lost
     it (a restart): the step to take before `load_state` resumes from a checkpoint."""
@@ -165,8 +165,7 @@ async def ensure_model(sessions: sessionmaker[Session], trainer: ServiceClient, 
                        "has a trainer model.", {"job_id": job_id, "status": job.status.value})
     request = CreateModelRequest(job_id=job.id, base_model=job.base_model, mode=job.mode,
                                  lora=job.lora or LoraConfig())
-    return ModelInfo.model_validate(
-        await trainer.post_json("/v1/models", request.model_dump(mode="json")))
+    return await trainer.create_model(request)
 
 
 def to_public(row: JobRow, job_progress: JobProgress | None = None) -> Job:

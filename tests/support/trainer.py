@@ -21,7 +21,7 @@ from gateway.models import ALEMBIC_DIR, VERSION_TABLE
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate, transaction
 from services.common.errors import InvalidInput
-from services.common.http import ServiceClient
+from services.trainer.client import TrainerClient
 from services.trainer.schemas import CreateModelRequest, ModelInfo, TrainingMode
 
 
@@ -37,14 +37,19 @@ def trainer_stand_in(service_token: str | None = None) -> FastAPI:
         if body.base_model.startswith("/missing"):
             raise InvalidInput(f"Base model directory {body.base_model!r} does not exist")
         created.append(body)
-        lora = body.lora if body.mode == TrainingMode.lora else None
-        return ModelInfo(model_id=body.job_id, job_id=body.job_id, base_model=body.base_model,
-                         mode=body.mode, lora=lora, num_params=0, trainable_params=0, step=0,
-                         last_version=0)
+        return model_info(body)
 
     app = create_service_app("trainer", routers=[router], service_token=service_token)
     app.state.created = created
     return app
+
+
+def model_info(body: CreateModelRequest) -> ModelInfo:
+    """The trainer's answer to creating `body`'s model (an empty one)."""
+    lora = body.lora if body.mode == TrainingMode.lora else None
+    return ModelInfo(model_id=body.job_id, job_id=body.job_id, base_model=body.base_model,
+                     mode=body.mode, lora=lora, num_params=0, trainable_params=0, step=0,
+                     last_version=0)
 
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -74,10 +79,10 @@ class FakeTrainer:
     def _app(self) -> FastAPI:
         router = APIRouter(prefix="/v1")
 
-        @router.post("/models", status_code=201)
-        async def create(body: CreateModelRequest) -> dict[str, str]:
+        @router.post("/models", status_code=201, response_model=ModelInfo)
+        async def create(body: CreateModelRequest) -> ModelInfo:
             self.created.append(body)
-            return {"model_id": body.job_id}
+            return model_info(body)
 
         @router.post("/models/{job}/{action}", status_code=202)
         async def act(job: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +133,7 @@ class AdapterParts:
 
     sessions: sessionmaker[Session]
     trainer: FakeTrainer
-    client: ServiceClient
+    client: TrainerClient
     owner: KeyIdentity
     other: KeyIdentity
 
@@ -142,8 +147,7 @@ async def adapter_parts(tmp_path: Path) -> AsyncIterator[AdapterParts]:
     with transaction(sessions) as session:
         owner, other = (create_key(session, name, admin=False) for name in ("owner", "other"))
     fake = FakeTrainer()
-    client = ServiceClient("http://trainer", service="trainer",
-                           transport=httpx2.ASGITransport(fake.app))
+    client = TrainerClient("http://trainer", transport=httpx2.ASGITransport(fake.app))
     try:
         yield AdapterParts(sessions, fake, client,
                            KeyIdentity(id=owner.id, name="owner", admin=False),
