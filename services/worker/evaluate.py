@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 
 from modelstate.client import ModelStateClient
-from services.common.http import ServiceClient
 from services.common.schemas import MetricPoint
-from services.reward.schemas import ScoreItem, ScoreRequest, ScoreResponse
-from services.rollout.schemas import SampleRequest, SampleResponse
+from services.reward.client import RewardClient
+from services.reward.schemas import ScoreItem, ScoreRequest
+from services.rollout.client import RolloutClient
+from services.rollout.schemas import SampleRequest
 from services.worker.schemas import EvaluateParams, EvaluateResult
 
 CONCURRENT_SAMPLES = 16  # enough to keep the engine's batch full without flooding it
 
 
-async def evaluate(modelstate: ModelStateClient, rollout: ServiceClient, reward: ServiceClient,
+async def evaluate(modelstate: ModelStateClient, rollout: RolloutClient, reward: RewardClient,
                    job_id: str, params: EvaluateParams) -> EvaluateResult:
     number, step = await _resolve(modelstate, job_id, params)
     limit = asyncio.Semaphore(CONCURRENT_SAMPLES)
@@ -25,15 +26,13 @@ async def evaluate(modelstate: ModelStateClient, rollout: ServiceClient, reward:
         request = SampleRequest(job_id=job_id, version=number, prompt=prompt,
                                 params=params.sampling)
         async with limit:
-            body = await rollout.post_json("/v1/sample", request.model_dump(mode="json"))
-        return SampleResponse.model_validate(body).samples[0].text
+            return (await rollout.sample(request)).samples[0].text
 
     texts = await asyncio.gather(*(complete(item.prompt) for item in params.items))
     request = ScoreRequest(verifier=params.verifier, params=params.verifier_params, items=[
         ScoreItem(response=text, reference=item.reference)
         for text, item in zip(texts, params.items, strict=True)])
-    scores = ScoreResponse.model_validate(
-        await reward.post_json("/v1/score", request.model_dump(mode="json"))).scores
+    scores = (await reward.score(request)).scores
     rewards = [score.reward for score in scores]
     correct = sum(r >= params.pass_threshold for r in rewards)
     prefix = f"eval/{params.name}"

@@ -39,9 +39,10 @@ from modelstate.client import ModelStateClient
 from services.common.columns import utcnow
 from services.common.db import in_transaction
 from services.common.errors import LimitExceeded, LoomError, Unavailable, UpstreamError
-from services.common.http import ServiceClient
 from services.common.schemas import ErrorBody, MetricPoint
-from services.common.service_token import client_of, service_client
+from services.common.service_token import client_of
+from services.reward.client import RewardClient
+from services.rollout.client import RolloutClient
 from services.worker.gateway_calls import GatewayCalls
 from services.worker.readiness import Readiness, stack_readiness
 from services.worker.recipe_registry import RunStopped
@@ -72,8 +73,8 @@ class Services:
     """Clients of the services a task may call; opened per delivery, on its event loop."""
 
     modelstate: ModelStateClient
-    rollout: ServiceClient
-    reward: ServiceClient
+    rollout: RolloutClient
+    reward: RewardClient
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,8 @@ class _Lost(Exception):
 @contextlib.asynccontextmanager
 async def open_services(settings: WorkerSettings) -> AsyncIterator[Services]:
     modelstate = ModelStateClient.from_settings(settings)
-    rollout = service_client(settings, "rollout")
-    reward = service_client(settings, "reward")
+    rollout = client_of(settings, RolloutClient)
+    reward = client_of(settings, RewardClient)
     try:
         yield Services(modelstate, rollout, reward)
     finally:

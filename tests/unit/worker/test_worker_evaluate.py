@@ -14,8 +14,9 @@ import pytest
 from modelstate.client import ModelStateClient
 from modelstate.schemas import Version, VersionKind
 from services.common.errors import InvalidInput, Unavailable, UpstreamError
-from services.common.http import ServiceClient
+from services.reward.client import RewardClient
 from services.reward.schemas import ItemScore, ScoreRequest, ScoreResponse
+from services.rollout.client import RolloutClient
 from services.rollout.schemas import Sample, SampleRequest, SampleResponse
 from services.worker.evaluate import evaluate, metric_points
 from services.worker.schemas import EvaluateParams
@@ -60,10 +61,8 @@ class Doubles:
 
     async def run(self, params: EvaluateParams) -> Any:
         modelstate = ModelStateClient("http://ms", transport=httpx2.MockTransport(self.modelstate))
-        rollout = ServiceClient("http://ro", service="rollout",
-                                transport=httpx2.MockTransport(self.rollout))
-        reward = ServiceClient("http://rw", service="reward",
-                               transport=httpx2.MockTransport(self.reward))
+        rollout = RolloutClient("http://ro", transport=httpx2.MockTransport(self.rollout))
+        reward = RewardClient("http://rw", transport=httpx2.MockTransport(self.reward))
         try:
             return await evaluate(modelstate, rollout, reward, "job_1", params)
         finally:
@@ -115,10 +114,11 @@ async def test_service_errors_keep_their_fault(status: int, error: type[Exceptio
 
 async def test_an_unreachable_service_is_an_outage() -> None:
     modelstate = ModelStateClient("http://127.0.0.1:9")  # nothing listens on the discard port
-    rollout = ServiceClient("http://127.0.0.1:9", service="rollout", retries=0)
+    rollout = RolloutClient("http://127.0.0.1:9", retries=0)
+    reward = RewardClient("http://127.0.0.1:9", retries=0)
     try:
         with pytest.raises(Unavailable, match="rollout is unreachable"):
-            await evaluate(modelstate, rollout, rollout, "job_1", params(version=0))
+            await evaluate(modelstate, rollout, reward, "job_1", params(version=0))
     finally:
-        await modelstate.aclose()
-        await rollout.aclose()
+        for client in (modelstate, rollout, reward):
+            await client.aclose()
