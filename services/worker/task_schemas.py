@@ -106,8 +106,8 @@ class TaskEnd(StrictModel):
 
     @model_validator(mode="after")
     def _gave_up_fails(self) -> TaskEnd:
-        if self.attempt is None and self.status is not TaskStatus.failed:
-            raise ValueError("a wait that gave up fails its task")
+        if self.attempt is None and (self.status is not TaskStatus.failed or self.error is None):
+            raise ValueError("a wait that gave up fails its task, saying why (error)")
         return self
 
 

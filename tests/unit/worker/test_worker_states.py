@@ -9,9 +9,10 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from services.common.errors import InvalidTransition
+from services.common.schemas import ErrorBody
 from services.worker.models import BackgroundTaskRow
 from services.worker.schemas import MAX_EVAL_ITEMS, EvaluateParams, greedy
-from services.worker.task_schemas import TaskCreate, TaskStatus
+from services.worker.task_schemas import TaskCreate, TaskEnd, TaskStatus
 from services.worker.task_states import TRANSITIONS, move_task
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -97,3 +98,11 @@ def test_evaluation_sets_are_bounded() -> None:
     items = [{"prompt": "p"}] * (MAX_EVAL_ITEMS + 1)
     problems = errors({"kind": "evaluate", "params": {"verifier": "math", "items": items}})
     assert problems[0][0][-1] == "items" and str(MAX_EVAL_ITEMS) in problems[0][1]
+
+
+def test_an_end_without_an_attempt_is_a_wait_that_gave_up_saying_why() -> None:
+    why = ErrorBody(code="unavailable", message="Gave up: services not ready")
+    assert TaskEnd(attempt=None, status=S.failed, error=why).attempt is None
+    for status, error in ((S.succeeded, why), (S.failed, None)):
+        with pytest.raises(ValidationError):
+            TaskEnd(attempt=None, status=status, error=error)
