@@ -5,6 +5,7 @@ exists it refuses, so the worker waits for the gateway."""
 
 from __future__ import annotations
 
+import multiprocessing
 from typing import Any
 
 import pytest
@@ -132,3 +133,30 @@ def test_a_database_the_gateways_history_made_is_adopted_with_its_rows(
     assert workers == ([("w1", 7)] if managed_runs else [])
     assert version == ("0001",)
     assert schema_diff(url) == []
+
+
+def _start(start: Any, url: str, role: str) -> None:
+    """What a process does at start: a gateway migrates both histories, a worker its own
+    once the gateway's `jobs` exists (`migrate_when_ready`)."""
+    from services.worker.startup import migrate_when_ready
+
+    start.wait(timeout=60)
+    if role == "gateway":
+        migrate_both(url)
+    else:
+        migrate_when_ready(url, timeout_s=60)
+
+
+def test_workers_and_gateways_starting_at_once_all_end_migrated(
+        empty_postgres_url: str) -> None:
+    roles = ["worker", "worker", "worker", "gateway", "gateway"]  # the workers win the race
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(len(roles))
+    processes = [context.Process(target=_start, args=(start, empty_postgres_url, role))
+                 for role in roles]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=180)
+    assert [process.exitcode for process in processes] == [0] * len(roles)
+    assert schema_diff(empty_postgres_url) == []
