@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 from agents.algorithms import group_advantages, grpo, rl_datum
-from agents.sdk import AdamParams, Job, LoomClient, Pipeline, SamplingParams, ScoreItem
+from agents.sdk import AdamParams, JobClient, LoomClient, Pipeline, SamplingParams, ScoreItem
 from agents.tasks.arithmetic import Problem
 from bench._vs_trl_task import GrpoSetup, arm_arguments, splits
 
@@ -41,7 +41,8 @@ def main() -> None:
     args.out.write_text(json.dumps(record))
 
 
-def run(loom: LoomClient, job: Job, mode: str, steps: int, setup: GrpoSetup) -> dict[str, Any]:
+def run(loom: LoomClient, job: JobClient, mode: str, steps: int,
+        setup: GrpoSetup) -> dict[str, Any]:
     train, _, held_out = splits()
     before = accuracy(loom, job, held_out, setup, BASE)
     setup_s = time.perf_counter() - STARTED
@@ -67,7 +68,7 @@ def sampling(setup: GrpoSetup) -> SamplingParams:
     return SamplingParams(max_tokens=setup.max_tokens, temperature=setup.temperature)
 
 
-def sync_loop(loom: LoomClient, job: Job, train: list[Problem], steps: int, setup: GrpoSetup,
+def sync_loop(loom: LoomClient, job: JobClient, train: list[Problem], steps: int, setup: GrpoSetup,
               rng: random.Random) -> tuple[dict[str, list[float]], list[float], int]:
     """The demo's loop, every group trained (zero advantages where all rewards are equal, as
     TRL does), each phase waited for on its own so it can be timed."""
@@ -108,7 +109,7 @@ def sync_loop(loom: LoomClient, job: Job, train: list[Problem], steps: int, setu
     return phases, rewards_per_step, version
 
 
-def async_loop(job: Job, train: list[Problem], steps: int, setup: GrpoSetup,
+def async_loop(job: JobClient, train: list[Problem], steps: int, setup: GrpoSetup,
                rng: random.Random) -> tuple[dict[str, list[float]], list[float], int]:
     """The SDK's Pipeline, async (groups for the next step sampled while this one trains, at
     most one version stale), the `arithmetic` environment scoring by first integer."""
@@ -132,7 +133,7 @@ def async_loop(job: Job, train: list[Problem], steps: int, setup: GrpoSetup,
     return phases, rewards, version
 
 
-def accuracy(loom: LoomClient, job: Job, problems: list[Problem], setup: GrpoSetup,
+def accuracy(loom: LoomClient, job: JobClient, problems: list[Problem], setup: GrpoSetup,
              version: int) -> float:
     """Greedy held-out accuracy of one version (scored like the rewards)."""
     params = SamplingParams(max_tokens=setup.max_tokens, temperature=0.0)

@@ -33,7 +33,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agents.sdk import Job, SamplingParams
+from agents.sdk import JobClient, SamplingParams
 from bench.handoff import REPO, Row, ensure_model, measure_job, stack
 
 RESULTS = REPO / "bench" / "results" / "busy_poll.md"
@@ -52,7 +52,7 @@ DESCRIPTION = (
 )
 
 
-def sampling(job: Job, repeats: int) -> dict[str, float]:
+def sampling(job: JobClient, repeats: int) -> dict[str, float]:
     """Medians of one 64-token stream and batch throughput on the job's loaded version."""
     prompt = "12+7="
     streams, rates = [], []

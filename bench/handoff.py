@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agents.algorithms import sft_datum
-from agents.sdk import AdamParams, Datum, Job, LoomClient, LoraConfig, SamplingParams
+from agents.sdk import AdamParams, Datum, JobClient, LoomClient, LoraConfig, SamplingParams
 from cli.supervisor import Supervisor
 from services.common.ports import free_port
 from services.common.settings import SERVICES, LoomSettings
@@ -196,7 +196,7 @@ def reset_peak_rss(pid: int) -> int:
     return proc_status_kib(pid, "VmRSS")
 
 
-def handoff_once(job: Job, prompt: list[int], data: list[Datum], trainer_pid: int,
+def handoff_once(job: JobClient, prompt: list[int], data: list[Datum], trainer_pid: int,
                  row: Row | None) -> None:
     """One training step (so the weights really change), then publish and sample on it."""
     job.forward_backward(data)
@@ -225,7 +225,7 @@ def handoff_once(job: Job, prompt: list[int], data: list[Datum], trainer_pid: in
 
 
 def measure_job(loom: LoomClient, trainer_pid: int, row: Row, model_dir: Path,
-                repeats: int) -> Job:
+                repeats: int) -> JobClient:
     """A job of `row`'s mode: one warm-up hand-off, then `repeats` measured; the job."""
     rank = row.lora_rank
     lora = LoraConfig(rank=rank, alpha=2.0 * rank) if row.mode == "lora" else None

@@ -44,7 +44,7 @@ from typing import Any
 from agents.algorithms import grpo
 from agents.algorithms.algorithm import Algorithm, TrainingBatch
 from agents.sdk import (
-    AsyncJob,
+    AsyncJobClient,
     AsyncLoomClient,
     AsyncPipeline,
     LossConfig,
@@ -154,7 +154,7 @@ def arithmetic_tasks(count: int) -> list[dict[str, str]]:
 
 async def run_arm(stack: LocalStack, loom: AsyncLoomClient, arm: Arm, args: argparse.Namespace,
                   stop_tokens: list[int], name: str) -> Measured:
-    job: AsyncJob = await loom.create_job("loom/tiny", name=name, mode=args.mode)
+    job: AsyncJobClient = await loom.create_job("loom/tiny", name=name, mode=args.mode)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1,
                             stop_token_ids=stop_tokens)
     # Enough that no arm runs out: dropped groups use tasks up, and an arm whose tasks ran out

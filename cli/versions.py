@@ -15,7 +15,7 @@ from pydantic import BaseModel, TypeAdapter
 from rich.markup import escape
 from rich.table import Table
 
-from agents.sdk import Job, LoomClient
+from agents.sdk import JobClient, LoomClient
 from cli.common import (
     ApiKeyOption,
     DataDirOption,
@@ -41,7 +41,7 @@ VERSION_LIST = TypeAdapter(list[Version])
 
 @contextmanager
 def _job(job_id: str, url: str | None, api_key: str | None,
-         data_dir: Path | None) -> Iterator[Job]:
+         data_dir: Path | None) -> Iterator[JobClient]:
     """The job on a running stack; a refusal from any call made with it ends the command
     with its message and exit status 1."""
     settings = settings_for(data_dir)

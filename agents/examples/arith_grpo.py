@@ -25,7 +25,7 @@ from rich.table import Table
 
 from agents.algorithms import group_advantages, has_signal, rl_datum, sft_datum
 from agents.examples.console import console, progress_bar
-from agents.sdk import AdamParams, Job, LoomClient, LossConfig, SamplingParams, ScoreItem
+from agents.sdk import AdamParams, JobClient, LoomClient, LossConfig, SamplingParams, ScoreItem
 from agents.tasks.arithmetic import Problem, Splits, make_splits
 from services.common.schemas import StrictModel
 from services.common.tiny_model import EOS
@@ -146,7 +146,7 @@ def _adam(lr: float, config: ArithConfig) -> AdamParams:
     return AdamParams(lr=lr, beta2=0.95, weight_decay=config.weight_decay)
 
 
-def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],
+def _sft(loom: LoomClient, job: JobClient, train: list[Encoded], validation: list[Encoded],
          config: ArithConfig, rng: random.Random) -> ScoredVersion:
     """Supervised steps until validation accuracy reaches the target (or the step budget ends);
     the version it stops on gets the `sft` alias."""
@@ -169,7 +169,7 @@ def _sft(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enco
     return checked
 
 
-def sft_step(job: Job, batch: list[Encoded], config: ArithConfig) -> float:
+def sft_step(job: JobClient, batch: list[Encoded], config: ArithConfig) -> float:
     """One supervised step on `batch`; its loss."""
     data = [sft_datum(e.prompt_ids, e.answer_ids) for e in batch]
     loss = job.forward_backward(data, LossConfig(name="cross_entropy"))
@@ -186,7 +186,7 @@ class GrpoStep:
     groups_with_signal: int
 
 
-def grpo_step(loom: LoomClient, job: Job, batch: list[Encoded], config: ArithConfig,
+def grpo_step(loom: LoomClient, job: JobClient, batch: list[Encoded], config: ArithConfig,
               version: int, step: int) -> GrpoStep:
     """Sample `batch` on `version` (groups of `group_size`), score, train on the groups with
     signal (not published: the caller does that)."""
@@ -222,7 +222,7 @@ def grpo_step(loom: LoomClient, job: Job, batch: list[Encoded], config: ArithCon
     return GrpoStep(metrics, samples, len(data) // config.group_size)
 
 
-def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Encoded],
+def _grpo(loom: LoomClient, job: JobClient, train: list[Encoded], validation: list[Encoded],
           best: ScoredVersion, config: ArithConfig, rng: random.Random
           ) -> tuple[list[dict[str, float]], int]:
     curve: list[dict[str, float]] = []
@@ -251,7 +251,7 @@ def _grpo(loom: LoomClient, job: Job, train: list[Encoded], validation: list[Enc
     return curve, version
 
 
-def evaluate(loom: LoomClient, job: Job, problems: list[Encoded], config: ArithConfig,
+def evaluate(loom: LoomClient, job: JobClient, problems: list[Encoded], config: ArithConfig,
               version: int) -> float:
     """Greedy accuracy on `problems`, on one explicit version."""
     params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0)

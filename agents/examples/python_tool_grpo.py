@@ -43,7 +43,7 @@ from agents.examples.console import console, progress_bar
 from agents.sdk import (
     AdamParams,
     Datum,
-    Job,
+    JobClient,
     LoomClient,
     LossConfig,
     Pipeline,
@@ -234,7 +234,7 @@ def _adam(lr: float, config: DemoConfig) -> AdamParams:
     return AdamParams(lr=lr, beta2=0.95, weight_decay=config.weight_decay)
 
 
-def _copy_warmup(loom: LoomClient, job: Job, config: DemoConfig, rng: random.Random) -> None:
+def _copy_warmup(loom: LoomClient, job: JobClient, config: DemoConfig, rng: random.Random) -> None:
     """Supervised copying of raw text, `s=` → `s`: what a pretrained base model brings."""
     texts = copy_texts(config.copy_steps * config.copy_batch, rng)
     prompts = loom.tokenize([f"{t}=" for t in texts])
@@ -260,7 +260,7 @@ def _render(loom: LoomClient, tasks: Sequence[ToolTask]) -> list[Datum]:
         return list(pool.map(render, tasks))
 
 
-def _sft(job: Job, demos: list[Datum], validation: list[ToolTask], config: DemoConfig,
+def _sft(job: JobClient, demos: list[Datum], validation: list[ToolTask], config: DemoConfig,
          rng: random.Random) -> tuple[int, int]:
     """Supervised steps until validation success reaches the target (or the step budget
     ends); returns the steps taken and the version it stopped on (alias `sft`)."""
@@ -290,7 +290,7 @@ def _algorithm(config: DemoConfig) -> Algorithm:
     return grpo()
 
 
-def _rl(job: Job, train: list[ToolTask], config: DemoConfig, rng: random.Random
+def _rl(job: JobClient, train: list[ToolTask], config: DemoConfig, rng: random.Random
         ) -> list[StepResult]:
     pipeline = Pipeline(
         job, _algorithm(config), env=ENV, tasks=training_tasks(train, rng),
@@ -314,7 +314,8 @@ def _rl(job: Job, train: list[ToolTask], config: DemoConfig, rng: random.Random
     return curve
 
 
-def _evaluate(job: Job, tasks: list[ToolTask], config: DemoConfig, version: int) -> Evaluation:
+def _evaluate(job: JobClient, tasks: list[ToolTask], config: DemoConfig,
+              version: int) -> Evaluation:
     """Greedy episodes of `tasks` on one explicit version, with real tool calls."""
     stream = job.rollouts([rollout_task(t) for t in tasks], env=ENV,
                           params=SamplingParams(max_tokens=config.max_tokens, temperature=0.0),

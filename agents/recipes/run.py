@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agents.sdk.sync import Job, LoomClient
+from agents.sdk.sync import JobClient, LoomClient
 from services.trainer.schemas import SaveWeightsResult
 from services.worker.schemas import PublishOptions, RunProgress
 
 
 class RecipeRun:
-    def __init__(self, loom: LoomClient, job: Job, *, run_id: str,
+    def __init__(self, loom: LoomClient, job: JobClient, *, run_id: str,
                  resumed: RunProgress | None,
                  record: Callable[[RunProgress], None],
                  between_steps: Callable[[], None], series: str | None = None) -> None:

@@ -2,22 +2,25 @@
 
     from agents.sdk import LoomClient
     loom = LoomClient("http://127.0.0.1:8000", api_key)
-    job = loom.create_job("loom/tiny", mode="lora")
+    job = loom.create_job("loom/tiny", mode="lora")      # a JobClient
     out = job.sample("2+3=", n=4)
     job.forward_backward(data, LossConfig(name="ppo")).result()
 """
 
+import warnings
+from typing import Any
+
 from agents.sdk._futures import OperationFuture
 from agents.sdk.capture import AsyncCaptureSession
 from agents.sdk.client import AsyncLoomClient
-from agents.sdk.job import AsyncJob
+from agents.sdk.job import AsyncJobClient
 from agents.sdk.pipeline import AsyncPipeline, StepResult
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
 from agents.sdk.sync import (
     CaptureSession,
     Future,
-    Job,
+    JobClient,
     LoomClient,
     Pipeline,
     RolloutStream,
@@ -55,7 +58,7 @@ from services.worker.task_schemas import BackgroundTask
 __all__ = [
     "AdamParams",
     "AsyncCaptureSession",
-    "AsyncJob",
+    "AsyncJobClient",
     "AsyncLoomClient",
     "AsyncPipeline",
     "AsyncRolloutStream",
@@ -72,7 +75,7 @@ __all__ = [
     "Forbidden",
     "Future",
     "InvalidInput",
-    "Job",
+    "JobClient",
     "LimitExceeded",
     "LoomClient",
     "LoomError",
@@ -98,3 +101,13 @@ __all__ = [
     "UpstreamError",
     "Version",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # `Job` was JobClient's name until it was mistaken for the gateway's job record
+    # (gateway.schemas.Job, what `JobClient.info` holds); scripts that use it keep working.
+    if name == "Job":
+        warnings.warn("agents.sdk.Job is now agents.sdk.JobClient", DeprecationWarning,
+                      stacklevel=2)
+        return JobClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,6 +20,8 @@ POLL_WAIT_S = 30.0  # server-side long-poll per request
 class OperationFuture(Generic[T]):
     """An operation queued on the trainer; operations of one job run in submission order."""
 
+    operation: Operation  # as last polled
+
     def __init__(self, http: GatewayHttp, operation: Operation, result_type: type[T]) -> None:
         self._http = http
         self._result_type = result_type

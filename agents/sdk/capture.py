@@ -18,6 +18,9 @@ TRAJECTORIES_PATH = "/v1/rollout/trajectories"
 
 
 class AsyncCaptureSession:
+    api_key: str  # what the agent's OpenAI client sends
+    info: TrajectoryInfo
+
     def __init__(self, http: GatewayHttp, api_key: str, info: TrajectoryInfo) -> None:
         self._http = http
         self.api_key = api_key

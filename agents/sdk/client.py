@@ -9,7 +9,7 @@ import httpx2
 
 from agents.sdk._http import GatewayHttp
 from agents.sdk.capture import AsyncCaptureSession
-from agents.sdk.job import AsyncJob
+from agents.sdk.job import AsyncJobClient
 from agents.sdk.rollouts import AsyncRolloutStream
 from agents.sdk.sandbox import AsyncSandboxSession
 from agents.sdk.tasks import AsyncTask
@@ -70,19 +70,20 @@ class AsyncLoomClient:
         mode: TrainingMode | str = TrainingMode.lora,
         lora: LoraConfig | None = None,
         config: dict[str, Any] | None = None,
-    ) -> AsyncJob:
+    ) -> AsyncJobClient:
         request = JobCreate(name=name, base_model=base_model, mode=TrainingMode(mode),
                             lora=lora or LoraConfig(), config=config or {})
         body = await self._http.post_json("/v1/jobs", request.model_dump(mode="json"))
-        return AsyncJob(self, Job.model_validate(body))
+        return AsyncJobClient(self, Job.model_validate(body))
 
     async def get_task(self, task_id: str) -> AsyncTask:
-        """A background task by id (see `AsyncJob.submit_task`)."""
+        """A background task by id (see `AsyncJobClient.submit_task`)."""
         body = await self._http.get_json(f"/v1/tasks/{task_id}")
         return AsyncTask(self._http, BackgroundTask.model_validate(body))
 
-    async def get_job(self, job_id: str) -> AsyncJob:
-        return AsyncJob(self, Job.model_validate(await self._http.get_json(f"/v1/jobs/{job_id}")))
+    async def get_job(self, job_id: str) -> AsyncJobClient:
+        body = await self._http.get_json(f"/v1/jobs/{job_id}")
+        return AsyncJobClient(self, Job.model_validate(body))
 
     async def sample(self, request: SampleRequest) -> SampleResponse:
         body = await self._http.post_json("/v1/rollout/sample", request.model_dump(mode="json"))
@@ -98,7 +99,7 @@ class AsyncLoomClient:
         return token_ids
 
     async def rollouts(self, request: RolloutRequest) -> AsyncRolloutStream:
-        """Trajectories of an environment, streamed a group at a time (see `AsyncJob`)."""
+        """Trajectories of an environment, streamed a group at a time (see `AsyncJobClient`)."""
         return await AsyncRolloutStream.open(self._http, request)
 
     async def render(self, messages: Sequence[ChatMessage | dict[str, str]],
@@ -111,7 +112,8 @@ class AsyncLoomClient:
 
     async def capture(self, *, job_id: str | None = None, version: VersionRef = "latest",
                       metadata: dict[str, Any] | None = None) -> AsyncCaptureSession:
-        """A trajectory an OpenAI-speaking agent's calls are recorded into (see `AsyncJob`)."""
+        """A trajectory an OpenAI-speaking agent's calls are recorded into (see
+        `AsyncJobClient.capture`)."""
         request = TrajectoryCreate(job_id=job_id, version=version, metadata=metadata or {})
         return await AsyncCaptureSession.create(self._http, self._api_key, request)
 

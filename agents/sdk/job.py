@@ -24,7 +24,6 @@ from gateway.schemas import (
     JobStatus,
     JobStatusUpdate,
     LoggedSample,
-    MetricPoint,
     MetricSeries,
     MetricsLog,
     SampleRecord,
@@ -41,7 +40,7 @@ from modelstate.schemas import (
 )
 from modelstate.transfer import unpack_archive
 from services.common.paths import segment
-from services.common.schemas import Operation
+from services.common.schemas import MetricPoint, Operation
 from services.reward.schemas import (
     RewardFunction,
 )
@@ -83,8 +82,11 @@ log = logging.getLogger(__name__)
 MAX_CONCURRENT_SAMPLES = 64
 
 
-class AsyncJob:
-    """One training job: its trainer model, its weight versions, sampling from them."""
+class AsyncJobClient:
+    """A client of one training job: its trainer model, its weight versions, sampling from
+    them (`info` is the job's record, as last fetched)."""
+
+    info: Job
 
     def __init__(self, client: AsyncLoomClient, job: Job) -> None:
         self._client = client
@@ -112,7 +114,7 @@ class AsyncJob:
         interrupted = isinstance(error, KeyboardInterrupt | asyncio.CancelledError)
         return await self.set_status(JobStatus.cancelled if interrupted else JobStatus.failed)
 
-    async def __aenter__(self) -> AsyncJob:
+    async def __aenter__(self) -> AsyncJobClient:
         return self
 
     async def __aexit__(self, _type: object, error: BaseException | None, _tb: object) -> None:
@@ -386,7 +388,7 @@ class AsyncJob:
         return f"<Job {self.id} {self.info.base_model} {self.info.mode.value}>"
 
 
-async def _finish_after(job: AsyncJob, error: BaseException | None) -> None:
+async def _finish_after(job: AsyncJobClient, error: BaseException | None) -> None:
     """`job.finish(error)`; when the block raised, a failure to record that is logged, so the
     block's own error is the one the script sees."""
     if error is None:

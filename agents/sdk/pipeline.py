@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from agents.algorithms.algorithm import Algorithm
 from agents.sdk._futures import OperationFuture
-from agents.sdk.job import AsyncJob
+from agents.sdk.job import AsyncJobClient
 from services.common.errors import NotFound
 from services.rollout.schemas import STALE_GROUP, RolloutGroup, RolloutTask, SamplingParams
 from services.trainer.schemas import AdamParams, Datum, ForwardBackwardResult
@@ -96,7 +96,7 @@ class FinishedGroups:
 class AsyncPipeline:
     def __init__(
         self,
-        job: AsyncJob,
+        job: AsyncJobClient,
         algorithm: Algorithm,
         *,
         env: str,

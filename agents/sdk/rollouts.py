@@ -21,6 +21,9 @@ ROLLOUTS_PATH = "/v1/rollout/rollouts"
 
 
 class AsyncRolloutStream:
+    errors: list[ErrorBody]
+    summary: RolloutSummary | None
+
     def __init__(self, response: httpx2.Response) -> None:
         self._response = response
         self.errors: list[ErrorBody] = []

@@ -19,6 +19,8 @@ from services.sandbox.schemas import (
 
 
 class AsyncSandboxSession:
+    info: SessionInfo
+
     def __init__(self, http: GatewayHttp, info: SessionInfo) -> None:
         self._http = http
         self.info = info

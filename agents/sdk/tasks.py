@@ -19,6 +19,10 @@ MAX_POLL_S = 2.0
 
 
 class AsyncTask:
+    """A background task on Loom's worker (`info` as last fetched)."""
+
+    info: BackgroundTask
+
     def __init__(self, http: GatewayHttp, info: BackgroundTask) -> None:
         self._http = http
         self.info = info

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from agents.examples.arith_grpo import ArithConfig
 from agents.recipes import RecipeRun, RunStopped, load_recipe, registered
-from agents.sdk.sync import Job, LoomClient
+from agents.sdk.sync import JobClient, LoomClient
 from services.common.errors import InvalidInput
 from services.trainer.schemas import SaveWeightsResult
 from services.worker.schemas import PublishOptions, RecipeParams, RunProgress
@@ -27,7 +27,7 @@ class Done:
 
 @dataclass
 class RecordingJob:
-    """A stand-in for the blocking `Job`: records the calls a run makes, in order."""
+    """A stand-in for the blocking `JobClient`: records the calls a run makes, in order."""
 
     calls: list[str] = field(default_factory=list)
     published: list[PublishOptions] = field(default_factory=list)
@@ -59,7 +59,7 @@ def make_run(job: RecordingJob, resumed: RunProgress | None = None,
         job.calls.append(f"record {progress.step}")
         recorded.append(progress)
 
-    run = RecipeRun(cast(LoomClient, None), cast(Job, job), run_id="task_1-a2",
+    run = RecipeRun(cast(LoomClient, None), cast(JobClient, job), run_id="task_1-a2",
                     resumed=resumed, record=record or default_record,
                     between_steps=lambda: job.calls.append("between"), series="task_1")
     return run, recorded

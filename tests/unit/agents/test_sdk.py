@@ -18,11 +18,11 @@ NOW = datetime.now(UTC).isoformat()
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted([
-        "AdamParams", "AsyncCaptureSession", "AsyncJob", "AsyncLoomClient", "AsyncPipeline",
+        "AdamParams", "AsyncCaptureSession", "AsyncJobClient", "AsyncLoomClient", "AsyncPipeline",
         "AsyncRolloutStream", "AsyncSandboxSession", "AsyncTask", "BackgroundTask", "BadRequest",
         "CaptureSession", "CapturedSegment",
         "CapturedTrajectory", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
-        "InvalidInput", "Job", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
+        "InvalidInput", "JobClient", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
         "LossConfig", "NotFound", "OperationFuture", "Pipeline", "RolloutGroup", "RolloutStream",
         "RolloutTask", "SampleResponse", "SamplingParams", "SandboxSession", "ScoreItem",
         "ScoreRequest",
@@ -104,7 +104,7 @@ async def test_a_failed_operation_raises_its_error() -> None:
 def test_sync_face_blocks_and_wraps_jobs_and_futures() -> None:
     with LoomClient("http://gw", "k", transport=httpx2.MockTransport(FakeGateway())) as loom:
         job = loom.get_job("job_1")
-        assert isinstance(job, sdk.Job) and job.id == "job_1"
+        assert isinstance(job, sdk.JobClient) and job.id == "job_1"
         future = job.optim_step(sdk.AdamParams(lr=0.01))
         assert isinstance(future, sdk.Future)
         assert future.result().step == 1
