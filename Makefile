@@ -27,6 +27,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	bash docker/ensure-images.sh
 	bash tests/browser/ensure-chromium.sh
 	bash services/sandbox/ensure-bwrap.sh
@@ -38,7 +39,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not integration" tests/unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/lint-imports --no-cache && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/lint-imports --no-cache && $(BIN)/mypy \
+		&& $(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -90,7 +90,7 @@ _ERRORS: tuple[type[LoomError], ...] = (
     BadRequest, InvalidInput, Unauthorized, Forbidden, NotFound, InvalidTransition, Conflict,
     PayloadTooLarge, LimitExceeded, UpstreamError, Unavailable,
 )
-_BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in (LoomError, *_ERRORS)}
+_BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in (LoomError,) + _ERRORS}
 # By status, the general class wins: it comes later, so it overwrites (Conflict, not
 # InvalidTransition).
 _BY_STATUS: dict[int, type[LoomError]] = {cls.status_code: cls for cls in _ERRORS}

@@ -112,7 +112,7 @@ def build_random_model(out_dir: Path | str, config: dict[str, Any], seed: int = 
     eos_id = AutoTokenizer.from_pretrained(out).eos_token_id
     qwen2_config = Qwen2Config(
         vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
-        torch_dtype="float32", **config,
+        dtype="float32", **config,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(qwen2_config)
@@ -127,11 +127,12 @@ def build_random_model(out_dir: Path | str, config: dict[str, Any], seed: int = 
 def parameter_count(config: dict[str, Any], vocab_size: int) -> int:
     """Parameters of a Qwen2 model of shape `config` (as saved: tied embeddings once).
     `build_tokenizer` returns the vocabulary size (at most 512; fewer merges are learnt)."""
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    hidden: int = config["hidden_size"]
+    layers: int = config["num_hidden_layers"]
     head_dim = hidden // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * head_dim
+    kv: int = config["num_key_value_heads"] * head_dim
     attention = 2 * hidden * hidden + hidden + 2 * (hidden * kv + kv)  # q,o; biases on q,k,v
-    mlp = 3 * hidden * config["intermediate_size"]
+    mlp: int = 3 * hidden * config["intermediate_size"]
     per_layer = attention + mlp + 2 * hidden  # two RMSNorms
     embeddings = vocab_size * hidden * (1 if config.get("tie_word_embeddings") else 2)
     return embeddings + layers * per_layer + hidden  # final norm
@@ -141,6 +142,7 @@ def is_tiny_model(path: Path | str) -> bool:
     """A complete tiny model written by the current recipe."""
     recipe = Path(path) / RECIPE_FILE
     try:
-        return json.loads(recipe.read_text()) == {"version": RECIPE_VERSION}
+        recipe_written: object = json.loads(recipe.read_text())
+        return recipe_written == {"version": RECIPE_VERSION}
     except (OSError, ValueError):
         return False
