@@ -150,6 +150,12 @@ class SdkState:
         return await in_transaction(self.db, update)
 
     async def forget_weights(self, path: str) -> bool:
-        deleted = await in_transaction(self.db, lambda s: s.execute(
-            delete(CompatSamplerWeightsRow).where(CompatSamplerWeightsRow.path == path)))
-        return bool(deleted.rowcount)
+        """Forgets named weights; False: there were none at `path`."""
+
+        def forget(session: Session) -> bool:
+            row = session.get(CompatSamplerWeightsRow, path)
+            if row is not None:
+                session.delete(row)
+            return row is not None
+
+        return await in_transaction(self.db, forget)

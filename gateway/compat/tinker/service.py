@@ -46,6 +46,7 @@ from services.common.errors import (
     NotFound,
 )
 from services.common.http import ServiceClient
+from services.trainer.client import TrainerClient
 from services.trainer.schemas import (
     LoadStateRequest,
     SaveStateRequest,
@@ -69,7 +70,7 @@ class TrainingModel:
 
 
 class TinkerService:
-    def __init__(self, db: sessionmaker[Session], trainer: ServiceClient,
+    def __init__(self, db: sessionmaker[Session], trainer: TrainerClient,
                  rollout: ServiceClient, base_models: dict[str, str], data_dir: Path) -> None:
         self.db = db
         self.data_dir = data_dir

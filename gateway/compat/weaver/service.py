@@ -40,6 +40,7 @@ from services.common.db import in_transaction
 from services.common.errors import Conflict, InvalidInput, NotFound
 from services.common.http import ServiceClient
 from services.rollout.schemas import SamplingParams
+from services.trainer.client import TrainerClient
 from services.trainer.schemas import (
     CheckpointList,
     LoadStateRequest,
@@ -93,7 +94,7 @@ def public_sampling(sampling_id: str, bound: SamplerRef) -> schemas.SamplingSess
 
 
 class WeaverService:
-    def __init__(self, db: sessionmaker[Session], trainer: ServiceClient,
+    def __init__(self, db: sessionmaker[Session], trainer: TrainerClient,
                  rollout: ServiceClient, base_models: dict[str, str], data_dir: Path) -> None:
         self.db = db
         self.trainer = trainer
