@@ -75,23 +75,26 @@ async def in_transaction(sessions: sessionmaker[Session], work: Callable[[Sessio
     return await run_in_threadpool(run)
 
 
-def migrate(url: str, alembic_dir: Path, version_table: str) -> None:
-    """Bring the database to the latest revision of one service's migration history."""
+def migrate(url: str, alembic_dir: Path, version_table: str | None = None) -> None:
+    """Bring the database to the latest revision of one service's migration history (its
+    version table: `version_table`, else the one its env.py names)."""
     config = Config()
     config.set_main_option("script_location", str(alembic_dir))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    config.attributes["version_table"] = version_table
+    if version_table is not None:
+        config.attributes["version_table"] = version_table
     command.upgrade(config, "head")
 
 
 @contextmanager
-def scratch_database(admin_url: str, prefix: str) -> Iterator[str]:
-    """The URL of a new, empty PostgreSQL database on the server of `admin_url`, dropped
-    afterwards (for tests and benchmarks)."""
+def scratch_database(admin_url: str, prefix: str, template: str | None = None) -> Iterator[str]:
+    """The URL of a new PostgreSQL database on the server of `admin_url`, empty or a copy of
+    the database `template`, dropped afterwards (for tests and benchmarks)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        copy = f' TEMPLATE "{template}"' if template else ""
+        conn.execute(text(f'CREATE DATABASE "{name}"{copy}'))
     try:
         yield admin_url.rsplit("/", 1)[0] + f"/{name}"
     finally:

@@ -74,12 +74,11 @@ def published_steps(http: httpx2.Client, job_id: str) -> list[int]:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    require(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432")
+def deployment(tmp_path: Path, postgres_template: str) -> Iterator[Deployment]:
     require(port_open("127.0.0.1", 6379), "Redis on 127.0.0.1:6379")
     from services.common.db import scratch_database
 
-    with scratch_database(PG_ADMIN_URL, "loom_faults") as database_url:
+    with scratch_database(PG_ADMIN_URL, "loom_faults", template=postgres_template) as database_url:
         urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
         settings = LoomSettings(data_dir=tmp_path / "data", database_url=database_url, **urls)
         queue = f"loom-faults-{os.getpid()}-{free_port()}"

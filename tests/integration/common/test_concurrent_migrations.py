@@ -21,12 +21,12 @@ def _migrate(url: str, alembic_dir: str, version_table: str) -> None:
     migrate(url, Path(alembic_dir), version_table)
 
 
-def test_services_migrating_one_database_at_once_all_succeed(postgres_url: str) -> None:
+def test_services_migrating_one_database_at_once_all_succeed(empty_postgres_url: str) -> None:
     from services.rollout.app import ALEMBIC_DIR, VERSION_TABLE
 
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(PROCESSES)
-    processes = [context.Process(target=_after, args=(start, postgres_url, str(ALEMBIC_DIR),
+    processes = [context.Process(target=_after, args=(start, empty_postgres_url, str(ALEMBIC_DIR),
                                                       VERSION_TABLE))
                  for _ in range(PROCESSES)]
     for process in processes:
@@ -34,8 +34,9 @@ def test_services_migrating_one_database_at_once_all_succeed(postgres_url: str) 
     for process in processes:
         process.join(timeout=180)
     assert [process.exitcode for process in processes] == [0] * PROCESSES
-    engine = create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://", 1)
-                           if postgres_url.startswith("postgresql://") else postgres_url)
+    url = empty_postgres_url
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1)
+                           if url.startswith("postgresql://") else url)
     with engine.connect() as connection:
         versions = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
     engine.dispose()

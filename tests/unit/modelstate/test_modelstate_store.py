@@ -60,10 +60,11 @@ def publish(store: ModelStore, job_id: str = "job-1", *, upload_files: bool = Tr
     return version
 
 
-def test_migrations_match_the_models(engine: Engine) -> None:
-    with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-        diff = compare_metadata(context, Base.metadata)
+def test_migrations_match_the_models(empty_database_url: str) -> None:
+    for engine in migrated_engine(empty_database_url, ALEMBIC_DIR, VERSION_TABLE):
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+            diff = compare_metadata(context, Base.metadata)
     assert diff == []
 
 

@@ -70,10 +70,11 @@ def stored(index: int, prompt: list[int], tokens: list[int], parent: int | None 
 # --- the store ---------------------------------------------------------------------------
 
 
-def test_migrations_match_the_models(engine: Engine) -> None:
-    with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-        assert compare_metadata(context, Base.metadata) == []
+def test_migrations_match_the_models(empty_database_url: str) -> None:
+    for engine in migrated_engine(empty_database_url, ALEMBIC_DIR, VERSION_TABLE):
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+            assert compare_metadata(context, Base.metadata) == []
 
 
 def test_calls_are_kept_in_order_and_deleted_with_their_trajectory(
