@@ -219,7 +219,7 @@ class TrainerModel:
         if self.parallel.rank == 0:
             self._tokenizer_files.write(directory)
 
-    # --- checkpoints (state_files) ----------------------------------------------------------
+    # --- checkpoints (checkpoints.py) -------------------------------------------------------
 
     def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return list(self._named)
