@@ -17,9 +17,9 @@ import random
 from typing import Any
 
 from agents.examples.arith_grpo import ArithConfig, Encoded, encode, evaluate, grpo_step, sft_step
+from agents.recipes.recipe import Recipe
 from agents.recipes.run import RecipeRun
 from agents.tasks.arithmetic import make_splits
-from services.worker.recipe_registry import Recipe
 
 
 def run_arith(run: RecipeRun, config: ArithConfig) -> dict[str, Any]:

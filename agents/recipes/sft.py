@@ -11,10 +11,10 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from agents.algorithms import sft_datum
+from agents.recipes.recipe import Recipe
 from agents.recipes.run import RecipeRun
 from services.common.schemas import StrictModel
 from services.trainer.schemas import AdamParams, Datum, LossConfig
-from services.worker.recipe_registry import Recipe
 
 MAX_EXAMPLES = 100_000
 

@@ -6,46 +6,60 @@ package:
 
     [project.entry-points."loom.recipes"]
     my_recipe = "my_package.recipes:MY_RECIPE"
+
+The worker hosts any object with `HostedRecipe`'s shape; recipes written with Loom's SDK are
+`agents.recipes.Recipe`s, which build the SDK's client for each attempt.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from services.common.errors import InvalidInput
-
-if TYPE_CHECKING:  # what a recipe's loop gets; the worker finds recipes by entry point only
-    from agents.recipes.run import RecipeRun
+from services.worker.schemas import RunProgress
 
 ENTRY_POINT_GROUP = "loom.recipes"
-C = TypeVar("C", bound=BaseModel)
 
 
 @dataclass(frozen=True)
-class Recipe(Generic[C]):
-    """`run(run, config)` trains the run's job from `run.start_step` on, calls
-    `run.checkpoint(step, state)` at least every few steps, and returns a JSON summary."""
+class RecipeAttempt:
+    """What the worker gives an attempt of a managed run: where the gateway is, a key that
+    acts for the run's job only, the checkpoint to resume from, and its hooks back into the
+    worker (record progress on the task row; the stop flag a lost claim sets)."""
+
+    task_id: str
+    attempt: int
+    job_id: str
+    gateway_url: str
+    secret: str
+    resumed: RunProgress | None
+    record: Callable[[RunProgress], None]
+    stop: threading.Event
+
+
+@runtime_checkable
+class HostedRecipe(Protocol):
+    """What the worker needs of a recipe; `agents.recipes.Recipe` is the one Loom ships (the
+    worker finds recipes by entry point, and never imports the SDK they are written with)."""
 
     name: str
-    config: type[C]
-    run: Callable[[RecipeRun, C], dict[str, Any]]
     description: str
+    config: type[BaseModel]
     # The services its loop calls through the gateway: after an outage, a run waits for these
     # to be ready again (and for no other).
-    services: tuple[str, ...] = ("trainer", "modelstate")
+    services: tuple[str, ...]
 
-    def parse_config(self, raw: dict[str, Any]) -> C:
-        try:
-            return self.config.model_validate(raw)
-        except ValidationError as exc:
-            errors = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
-            raise InvalidInput(f"Config of recipe {self.name!r} is invalid: "
-                               f"{_first_error(errors)}", {"errors": errors}) from None
+    def parse_config(self, raw: dict[str, Any]) -> BaseModel:
+        """The run's config, or InvalidInput naming the first bad field."""
+
+    def execute(self, attempt: RecipeAttempt, config: Any) -> tuple[dict[str, Any], int]:
+        """Run (or resume) to the end; the recipe's JSON summary and the last step done."""
 
 
 class RunStopped(Exception):
@@ -58,23 +72,17 @@ class RunStopped(Exception):
         self.cancel_task = cancel_task
 
 
-def _first_error(errors: list[dict[str, Any]]) -> str:
-    first = errors[0]
-    where = ".".join(str(part) for part in first["loc"]) or "config"
-    return f"{where}: {first['msg']}" + (f" (and {len(errors) - 1} more)" if errors[1:] else "")
-
-
 def registered() -> dict[str, EntryPoint]:
     return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def load_recipe(name: str) -> Recipe[Any]:
+def load_recipe(name: str) -> HostedRecipe:
     point = registered().get(name)
     if point is None:
         raise InvalidInput(f"No recipe {name!r}; registered: {sorted(registered()) or 'none'}.",
                            {"recipe": name})
     recipe = point.load()
-    if not isinstance(recipe, Recipe) or recipe.name != name:
+    if not isinstance(recipe, HostedRecipe) or recipe.name != name:
         raise InvalidInput(f"Entry point {point.value!r} ({ENTRY_POINT_GROUP}: {name}) is not "
                            f"a Recipe named {name!r}.", {"recipe": name})
     return recipe
