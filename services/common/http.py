@@ -168,15 +168,18 @@ class ServiceClient:
     async def call(self, route: Route[ResponseT], body: BaseModel | None = None, *,
                    params: dict[str, Any] | None = None,
                    headers: dict[str, str] | None = None,
+                   timeout: float | None = None,
                    **path_params: object) -> ResponseT:
-        """Send `body` to `route` and return its answer as the route's response schema."""
+        """Send `body` to `route` and return its answer as the route's response schema;
+        `timeout`: seconds for this call instead of the client's timeouts."""
         if (body is None) != (route.request is None) or (
                 body is not None and not isinstance(body, cast(type, route.request))):
             raise TypeError(f"{route.method} {route.path} takes {route.request}, "
                             f"not {type(body).__name__}")
         response = await self.request(
             route.method, route.url(**path_params), params=params, headers=headers or {},
-            json=None if body is None else body.model_dump(mode="json"))
+            json=None if body is None else body.model_dump(mode="json"),
+            **({} if timeout is None else {"timeout": timeout}))
         if route.response is None:
             return cast(ResponseT, None)
         schema = cast(type[BaseModel], route.response)

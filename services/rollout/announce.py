@@ -9,10 +9,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from urllib.parse import quote
 
 from services.common.errors import LoomError
-from services.common.http import ServiceClient
+from services.rollout.gateway_calls import GatewayReplicas
 from services.rollout.schemas import ReplicaHeartbeat
 
 log = logging.getLogger(__name__)
@@ -20,10 +19,10 @@ LEAVE_TIMEOUT_S = 2.0
 
 
 class Announcer:
-    def __init__(self, gateway: ServiceClient, replica_id: str, heartbeat_s: float,
+    def __init__(self, gateway: GatewayReplicas, replica_id: str, heartbeat_s: float,
                  state: Callable[[], ReplicaHeartbeat]) -> None:
         self.gateway = gateway
-        self.path = f"/v1/internal/replicas/{quote(replica_id, safe='')}"
+        self.replica_id = replica_id
         self.heartbeat_s = heartbeat_s
         self.state = state
         self.registered = False
@@ -33,8 +32,7 @@ class Announcer:
     async def beat(self) -> None:
         """One heartbeat; a gateway that is down or refuses is logged once, not raised."""
         try:
-            await self.gateway.request("PUT", self.path, json=self.state().model_dump(mode="json"),
-                                       timeout=self.heartbeat_s)
+            await self.gateway.heartbeat(self.replica_id, self.state(), self.heartbeat_s)
         except LoomError as exc:
             if not self._failing:
                 log.warning("cannot register with the gateway (%s); retrying every %.1f s",
@@ -42,7 +40,7 @@ class Announcer:
             self._failing, self.registered = True, False
             return
         if not self.registered:
-            log.info("registered with the gateway at %s", self.path)
+            log.info("registered with the gateway as replica %s", self.replica_id)
         self._failing, self.registered = False, True
         if self.draining:  # drained while this beat was on its way: leave again
             await self.leave()
@@ -63,4 +61,4 @@ class Announcer:
         """Tell the gateway this replica is going away (best effort: its heartbeats stop
         anyway)."""
         with contextlib.suppress(LoomError):
-            await self.gateway.request("DELETE", self.path, timeout=LEAVE_TIMEOUT_S)
+            await self.gateway.leave(self.replica_id, LEAVE_TIMEOUT_S)

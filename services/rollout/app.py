@@ -25,12 +25,7 @@ from services.common.busy import BusyClock
 from services.common.db import make_engine, make_sessionmaker, migrate
 from services.common.errors import Unavailable
 from services.common.http import DEFAULT_TIMEOUT
-from services.common.service_token import (
-    client_of,
-    service_client,
-    service_headers,
-    service_token,
-)
+from services.common.service_token import client_of, service_headers, service_token
 from services.reward.client import RewardClient
 from services.rollout import routes
 from services.rollout.agent_loop import AgentLoop
@@ -38,6 +33,7 @@ from services.rollout.announce import Announcer
 from services.rollout.capture import Capture, TrajectoryStore
 from services.rollout.engine import RolloutEngine
 from services.rollout.fanout import Fetcher, GatewayPeers
+from services.rollout.gateway_calls import GatewayReplicas
 from services.rollout.openai import routes as openai_routes
 from services.rollout.openai.chat import ChatCompletions
 from services.rollout.openai.completions import Completions
@@ -65,7 +61,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
             resolve_base_model, settings.rollout_model, settings.data_dir)
         engine = RolloutEngine(settings, model_path, busy)
         store = ModelStateClient.from_settings(settings)
-        gateway = service_client(settings, "gateway", retries=0)  # the next beat is the retry
+        gateway = client_of(settings, GatewayReplicas, retries=0)  # the next beat retries
         peers = httpx2.AsyncClient(headers=service_headers(settings), timeout=DEFAULT_TIMEOUT)
         fetcher = Fetcher(store, GatewayPeers(gateway, settings.url_of("rollout")), peers,
                           settings.cache_dir, in_place=settings.rollout_store_local_reads)

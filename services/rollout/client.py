@@ -1,6 +1,6 @@
 """The rollout service's typed client: one method per JSON route. The streamed routes (the
-NDJSON of `POST /v1/rollouts`, a peer's `GET /v1/blobs/{sha256}`, the OpenAI-compatible
-endpoints) are read by the SDK's stream, the fan-out and OpenAI clients respectively."""
+NDJSON of `POST /v1/rollouts`, the OpenAI-compatible endpoints) are read by the SDK's stream and
+OpenAI clients; a version's file by content (`BLOB`) by a peer replica's fan-out."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ CREATE_TRAJECTORY = Route("POST", "/v1/trajectories", TrajectoryInfo, Trajectory
 GET_TRAJECTORY = Route("GET", "/v1/trajectories/{trajectory_id}", CapturedTrajectory)
 DELETE_TRAJECTORY: Route[None] = Route("DELETE", "/v1/trajectories/{trajectory_id}", None)
 DRAIN: Route[None] = Route("POST", "/v1/drain", None)
+# Raw bytes, Range requests honoured: `services.rollout.fanout` downloads them.
+BLOB: Route[None] = Route("GET", "/v1/blobs/{sha256}", None)
 
 
 class RolloutClient(ServiceClient):

@@ -28,8 +28,8 @@ from modelstate.client import ModelStateClient, local_or_download
 from modelstate.schemas import ManifestFile, Version
 from modelstate.transfer import download_file
 from services.common.errors import LoomError
-from services.common.http import ServiceClient
-from services.rollout.schemas import ReplicaList
+from services.rollout.client import BLOB
+from services.rollout.gateway_calls import GatewayReplicas
 
 log = logging.getLogger(__name__)
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -45,14 +45,13 @@ class GatewayPeers:
     """Peers from the gateway's table: ready replicas reachable at their last heartbeat that
     report the version resident, least loaded first; this replica left out."""
 
-    def __init__(self, gateway: ServiceClient, own_url: str) -> None:
+    def __init__(self, gateway: GatewayReplicas, own_url: str) -> None:
         self.gateway = gateway
         self.own_url = own_url.rstrip("/")
 
     async def holding(self, job_id: str, number: int) -> list[str]:
         try:
-            table = ReplicaList.model_validate(await self.gateway.get_json(
-                "/v1/internal/replicas"))
+            table = await self.gateway.table()
         except (LoomError, ValueError, ValidationError) as exc:
             log.info("no peer list from the gateway (%s): fetching from the store", exc)
             return []
@@ -130,7 +129,8 @@ class Fetcher:
                           peers: list[str]) -> None:
         for peer in list(peers):
             try:
-                await download_file(self.http, f"{peer}/v1/blobs/{entry.sha256}", target, entry)
+                await download_file(self.http, f"{peer}{BLOB.url(sha256=entry.sha256)}", target,
+                                    entry)
             except LoomError as exc:
                 log.warning("%s of %s v%d from the replica at %s failed (%s): trying the next "
                             "source", entry.path, version.job_id, version.number, peer,

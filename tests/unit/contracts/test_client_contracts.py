@@ -1,6 +1,6 @@
-"""Contract tests: every route a service's typed client calls exists in that service's OpenAPI,
-with the method, path parameters, request and response schemas the server declares; and every
-route a server has is called by its client, or named below with the reason it is not."""
+"""Contract tests: every route a typed client calls exists in its server's OpenAPI, with the
+method, path parameters, request and response schemas the server declares; and every route a
+service has is called by its client, or named below with the reason it is not."""
 
 from __future__ import annotations
 
@@ -18,13 +18,20 @@ from services.common.schemas import Operation
 from services.reward.schemas import ScoreRequest, ScoreResponse
 from tests.support.openapi import openapi_of
 
-# Each typed client's module and the service it calls.
-CLIENTS: dict[str, str] = {
+# Each service's typed client module.
+SERVICE_CLIENTS: dict[str, str] = {
     "modelstate.client": "modelstate",
     "services.reward.client": "reward",
     "services.rollout.client": "rollout",
     "services.sandbox.client": "sandbox",
     "services.trainer.client": "trainer",
+}
+# Every module of typed clients and the server it calls (the gateway's internal routes have
+# several callers, its public ones the SDK: `test_sdk_contract`).
+CLIENTS: dict[str, str] = {
+    **SERVICE_CLIENTS,
+    "services.rollout.gateway_calls": "gateway",
+    "services.worker.gateway_calls": "gateway",
 }
 # Every service's own operational routes, read by probes and Prometheus, not by a client.
 OPERATIONAL = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
@@ -33,8 +40,6 @@ NOT_IN_CLIENTS: dict[str, set[tuple[str, str]]] = {
     "services.rollout.client": {
         # NDJSON streamed to the SDK's RolloutStream.
         ("POST", "/v1/rollouts"),
-        # Raw files for a peer replica's fan-out (services/rollout/fanout.py, Range requests).
-        ("GET", "/v1/blobs/{sha256}"),
         # The OpenAI-compatible API, called by OpenAI clients (agents' own, or any).
         ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
         ("POST", "/v1/trajectories/{trajectory_id}/completions"),
@@ -46,7 +51,11 @@ JSON = "application/json"
 
 
 def routes_of(module: ModuleType) -> dict[str, Route[Any]]:
-    return {name: value for name, value in vars(module).items() if isinstance(value, Route)}
+    """The module's Routes, at its top level or in its classes."""
+    scopes = [vars(module), *(vars(value) for value in vars(module).values()
+                              if isinstance(value, type) and value.__module__ == module.__name__)]
+    return {name: value for scope in scopes for name, value in scope.items()
+            if isinstance(value, Route)}
 
 
 def _schema_name(content: dict[str, Any] | None) -> str | None:
@@ -108,7 +117,7 @@ def test_every_client_route_is_the_servers(client_module: str,
     assert found == []
 
 
-@pytest.mark.parametrize("client_module", sorted(CLIENTS))
+@pytest.mark.parametrize("client_module", sorted(SERVICE_CLIENTS))
 def test_every_server_route_has_a_client_method_or_a_reason(
         client_module: str, openapis: dict[str, dict[str, Any]]) -> None:
     served = {(method.upper(), path) for path, operations in openapis[client_module]["paths"]

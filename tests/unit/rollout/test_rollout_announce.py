@@ -9,17 +9,27 @@ import logging
 import httpx2
 import pytest
 
-from services.common.http import ServiceClient
 from services.rollout.announce import Announcer
-from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat
+from services.rollout.gateway_calls import GatewayReplicas
+from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat, ReplicaPublic
 
 
 def announcer(handler: httpx2.MockTransport) -> Announcer:
-    client = ServiceClient("http://gateway", service="gateway", retries=0, transport=handler)
+    client = GatewayReplicas("http://gateway", retries=0, transport=handler)
     state = ReplicaHeartbeat(url="http://127.0.0.1:9001", ready=True, heartbeat_s=0.5,
                              versions=[LoadedVersion(job_id=None, number=0, kind="base")],
                              requests_in_flight=2, tokens_in_flight=300)
     return Announcer(client, "127.0.0.1:9001", 0.5, lambda: state)
+
+
+def answer(request: httpx2.Request) -> httpx2.Response:
+    """The gateway's answer: 200 and the replica as it routes to it, 204 to a DELETE."""
+    if request.method == "DELETE":
+        return httpx2.Response(204)
+    state = ReplicaHeartbeat.model_validate_json(request.content)
+    return httpx2.Response(200, json=ReplicaPublic(
+        id="127.0.0.1:9001", static=False, set_aside=False, gateway_in_flight=0, routed=0,
+        failures=0, last_heartbeat_s_ago=0.0, **state.model_dump()).model_dump(mode="json"))
 
 
 async def test_a_heartbeat_puts_the_replica_state_and_leaving_deletes_it() -> None:
@@ -28,7 +38,7 @@ async def test_a_heartbeat_puts_the_replica_state_and_leaving_deletes_it() -> No
     def gateway(request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content) if request.content else {}
         seen.append((request.method, request.url.raw_path.decode(), body))
-        return httpx2.Response(204 if request.method == "DELETE" else 200, json={})
+        return answer(request)
 
     replica = announcer(httpx2.MockTransport(gateway))
     await replica.beat()
@@ -46,7 +56,7 @@ async def test_a_gateway_that_is_down_is_logged_once_and_beats_resume(
     def gateway(request: httpx2.Request) -> httpx2.Response:
         if not up:
             raise httpx2.ConnectError("refused", request=request)
-        return httpx2.Response(200, json={})
+        return answer(request)
 
     replica = announcer(httpx2.MockTransport(gateway))
     with caplog.at_level(logging.INFO, logger="services.rollout.announce"):
@@ -67,7 +77,7 @@ async def test_a_drained_replica_leaves_and_beats_no_more() -> None:
 
     def gateway(request: httpx2.Request) -> httpx2.Response:
         methods.append(request.method)
-        return httpx2.Response(200, json={})
+        return answer(request)
 
     replica = announcer(httpx2.MockTransport(gateway))
     await replica.beat()

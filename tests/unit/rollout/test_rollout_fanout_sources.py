@@ -16,8 +16,8 @@ import pytest
 from modelstate.client import ModelStateClient
 from modelstate.schemas import ManifestFile, Version, VersionKind
 from modelstate.transfer import ATTEMPTS
-from services.common.http import ServiceClient
 from services.rollout.fanout import Fetcher, GatewayPeers
+from services.rollout.gateway_calls import GatewayReplicas
 
 WEIGHTS = bytes(range(256)) * 64  # 16 KiB
 CONFIG = b'{"r": 8}'
@@ -180,8 +180,7 @@ async def test_peers_are_the_other_ready_replicas_holding_the_version_least_load
         assert request.url.path == "/v1/internal/replicas"
         return httpx2.Response(200, json={"replicas": table})
 
-    client = ServiceClient("http://gw", service="gateway",
-                           transport=httpx2.MockTransport(gateway))
+    client = GatewayReplicas("http://gw", transport=httpx2.MockTransport(gateway))
     peers = GatewayPeers(client, "http://me:1/")
     assert await peers.holding("j1", 3) == ["http://idle:1", "http://busy:1"]
     assert await peers.holding("j1", 4) == []
@@ -189,6 +188,5 @@ async def test_peers_are_the_other_ready_replicas_holding_the_version_least_load
     def down(request: httpx2.Request) -> httpx2.Response:
         raise httpx2.ConnectError("refused", request=request)
 
-    unreachable = ServiceClient("http://gw", service="gateway", retries=0,
-                                transport=httpx2.MockTransport(down))
+    unreachable = GatewayReplicas("http://gw", retries=0, transport=httpx2.MockTransport(down))
     assert await GatewayPeers(unreachable, "http://me:1").holding("j1", 3) == []
