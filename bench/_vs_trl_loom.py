@@ -18,8 +18,8 @@ from collections import defaultdict
 from typing import Any
 
 from agents.algorithms import group_advantages, grpo, rl_datum
+from agents.datasets.arithmetic import Problem
 from agents.sdk import AdamParams, JobClient, LoomClient, Pipeline, SamplingParams, ScoreItem
-from agents.tasks.arithmetic import Problem
 from bench._vs_trl_task import GrpoSetup, arm_arguments, splits
 
 STARTED = time.perf_counter()

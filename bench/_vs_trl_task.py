@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.datasets.arithmetic import Problem, make_splits
 from agents.examples.arith_grpo import ArithConfig
-from agents.tasks.arithmetic import Problem, make_splits
 from services.common.tiny_model import EOS, build_tiny_model
 from services.reward.verifiers import FirstIntegerParams, score_first_integer
 

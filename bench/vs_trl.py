@@ -6,7 +6,7 @@ start and GRPO settings, arms interleaved round by round. Writes bench/results/v
   kept as a Hugging Face directory (`--start`): both arms start from these weights, Loom's
   stack serving it as its base model (LOOM_ROLLOUT_MODEL), with the KV cache Loom gives the
   tiny model (64 MiB).
-- Task: the demo's `a+b=` problems (agents/tasks/arithmetic.py), reward 1 when the reply's
+- Task: the demo's `a+b=` problems (agents/datasets/arithmetic.py), reward 1 when the reply's
   first integer is the sum (the reward service's `first_integer` for Loom, the same function
   as TRL's reward function); held-out accuracy is greedy on the demo's 200 held-out problems,
   before and after the steps, outside the timed steps.

@@ -24,9 +24,9 @@ from pydantic import ConfigDict
 from rich.table import Table
 
 from agents.algorithms import group_advantages, has_signal, rl_datum, sft_datum
+from agents.datasets.arithmetic import Problem, Splits, make_splits
 from agents.examples.console import console, progress_bar
 from agents.sdk import AdamParams, JobClient, LoomClient, LossConfig, SamplingParams, ScoreItem
-from agents.tasks.arithmetic import Problem, Splits, make_splits
 from services.common.schemas import StrictModel
 from services.common.tiny_model import EOS
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from agents.datasets.arithmetic import make_splits
 from agents.examples.arith_grpo import ArithConfig, Encoded, encode, evaluate, grpo_step, sft_step
 from agents.recipes.recipe import Recipe
 from agents.recipes.run import RecipeRun
-from agents.tasks.arithmetic import make_splits
 
 
 def run_arith(run: RecipeRun, config: ArithConfig) -> dict[str, Any]:

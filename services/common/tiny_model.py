@@ -1,6 +1,6 @@
 """The deterministic tiny model tests and the demo use: a small Qwen2-style causal LM with a
 random init and a byte-level BPE tokenizer trained on its corpus (every `a+b=` sum the demo's
-arithmetic task asks, `agents/tasks/arithmetic.py`), saved as a normal Hugging Face directory
+arithmetic task asks, `agents/datasets/arithmetic.py`), saved as a normal Hugging Face directory
 (so vLLM, transformers and peft load it like any other model). Part of the service kit: every
 service resolves `loom/tiny` (`base_models`), so the model and its corpus sit below them all.
 

@@ -12,7 +12,7 @@ import pytest
 from trainer_harness import TrainerHarness
 from transformers import AutoTokenizer
 
-from agents.tasks.arithmetic import make_splits
+from agents.datasets.arithmetic import make_splits
 from modelstate.app import create_app as create_modelstate_app
 from modelstate.client import ModelStateClient
 from modelstate.settings import ModelStateSettings
