@@ -21,7 +21,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway import job_logs
+from gateway.jobs import logs as job_logs
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE, JobRow
 from gateway.schemas import MetricPoint
 from gateway.settings import GatewaySettings

@@ -11,12 +11,13 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 
-from gateway import compat, routes, tasks_routes
+from gateway import compat
 from gateway.admin import install_admin
 from gateway.auth import routes as auth_routes
 from gateway.auth.bootstrap import bootstrap_admin_key
 from gateway.auth.dialects import ClientDialects
 from gateway.auth.middleware import ApiKeyAuthMiddleware, AuthCache
+from gateway.health import routes as health_routes
 from gateway.jobs import routes as jobs_routes
 from gateway.jobs.jobs import JobOwners
 from gateway.models import ALEMBIC_DIR, VERSION_TABLE
@@ -25,6 +26,7 @@ from gateway.proxy import routes as proxy_routes
 from gateway.proxy.upstreams import Upstreams
 from gateway.schemas import parse_trackers
 from gateway.settings import GatewaySettings
+from gateway.tasks import routes as task_routes
 from gateway.trackers.mirror import TrackerMirror
 from gateway.trackers.mirror import attach as attach_trackers
 from services.common.app_factory import create_service_app, token_digest
@@ -93,7 +95,7 @@ def create_app(settings: GatewaySettings | None = None,
     # call) comes before the SDK-compatible APIs and the admin pages, whose paths it cannot
     # match anyway.
     app = create_service_app("gateway", routers=[jobs_routes.router, auth_routes.router,
-                                                 routes.router, tasks_routes.router,
+                                                 health_routes.router, task_routes.router,
                                                  replica_routes.router, proxy_routes.router],
                              lifespan=lifespan, readiness=readiness, service_token=None)
     app.state.settings = settings

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.metric_names import PANELS, PHASE_ORDER, panel_of, phase_of
+from gateway.jobs.metric_names import PANELS, PHASE_ORDER, panel_of, phase_of
 from gateway.schemas import MetricSeries
 
 _WORD = re.compile(r"[^a-z0-9]+")

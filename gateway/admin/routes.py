@@ -28,7 +28,7 @@ from gateway.admin.access import (
 )
 from gateway.admin.templating import render, safe_next
 from gateway.deps import ReplicasDep, SessionsDep, UpstreamsDep
-from gateway.health import stack_health
+from gateway.health.health import stack_health
 from services.common.errors import LoomError
 
 router = APIRouter(prefix="/admin", route_class=AdminRoute, include_in_schema=False)

@@ -12,15 +12,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway import job_logs, tasks
 from gateway.admin import upstream
 from gateway.admin.charts import Chart, build_charts, charts_payload
 from gateway.admin.upstream import Fetched, ReplicaView
 from gateway.auth.keys import KeyIdentity
 from gateway.jobs import jobs
+from gateway.jobs import logs as job_logs
 from gateway.proxy.replicas import ReplicaRegistry
 from gateway.proxy.upstreams import Upstreams
 from gateway.schemas import Job, LoggedSample
+from gateway.tasks import tasks
 from modelstate.schemas import Version
 from services.common.db import in_transaction
 from services.common.errors import Forbidden

@@ -12,7 +12,7 @@ from sqlalchemy import ColumnElement, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.auth.keys import KeyIdentity
-from gateway.job_logs import progress
+from gateway.jobs.logs import progress
 from gateway.jobs.states import TRANSITIONS, move_job, reopen_job
 from gateway.models import JobRow
 from gateway.schemas import Job, JobCreate, JobProgress, JobStatus

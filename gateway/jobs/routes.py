@@ -7,10 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from gateway import job_logs
 from gateway.auth.deps import CurrentKey
 from gateway.deps import SessionDep, SessionsDep, SettingsDep, TrainerDep
 from gateway.jobs import jobs
+from gateway.jobs import logs as job_logs
 from gateway.schemas import (
     Job,
     JobCreate,

@@ -5,7 +5,7 @@ Logged samples (where a tracker opts in: LOOM_TRACKERS_SAMPLES) become tables: a
 under `samples`, an MLflow JSON artifact in MLflow's table layout (`columns`, `data`) under
 `samples/`, TensorBoard text (a Markdown table per step) under `samples`.
 
-Phases (`sft/loss`, `rl/reward`: see `gateway.metric_names`) count their own steps. MLflow and
+Phases (`sft/loss`, `rl/reward`: see `gateway.jobs.metric_names`) count their own steps. MLflow and
 TensorBoard keep a step per metric, so points go in as they are; W&B keeps one step per run, so
 each metric is defined against a step metric of its phase (`sft/step`, `rl/step`, or `step`).
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.metric_names import phase_of
+from gateway.jobs.metric_names import phase_of
 from gateway.schemas import MetricPoint, SampleRecord
 
 SAMPLE_COLUMNS = ("step", "version", "prompt", "completion", "reward")

@@ -14,7 +14,6 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from gateway import job_logs
 from gateway.auth.keys import KeyIdentity
 from gateway.compat.common.base_models import ServedModels
 from gateway.compat.common.calls import (
@@ -34,6 +33,7 @@ from gateway.compat.common.futures import Futures, Payload
 from gateway.compat.common.state import SamplerRef, SdkSession, SdkState
 from gateway.compat.weaver import convert, paths, schemas
 from gateway.jobs import jobs
+from gateway.jobs import logs as job_logs
 from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction

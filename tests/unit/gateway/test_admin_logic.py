@@ -10,7 +10,7 @@ from gateway.admin.charts import build_charts, panel_of
 from gateway.admin.session import SessionSigner, same_origin
 from gateway.admin.templating import safe_next
 from gateway.auth.middleware import is_public
-from gateway.metric_names import phase_of
+from gateway.jobs.metric_names import phase_of
 from gateway.schemas import MetricSeries
 
 SECRET = b"s" * 32

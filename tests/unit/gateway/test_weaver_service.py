@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway import job_logs
 from gateway.auth.keys import KeyIdentity
 from gateway.compat.common.state import SamplerRef
 from gateway.compat.weaver import listing, operations, schemas
 from gateway.compat.weaver.service import WeaverService
+from gateway.jobs import logs as job_logs
 from services.common.errors import Conflict, InvalidInput, NotFound
 from tests.support.trainer import FakeTrainer, adapter_parts
 

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.recipes import RunStopped
 from gateway.auth.keys import KeyIdentity
-from gateway.job_logs import metric_series
+from gateway.jobs.logs import metric_series
 from gateway.models import JobRow, utcnow
-from gateway.tasks import cancel_task, end_task, insert_task
+from gateway.tasks.tasks import cancel_task, end_task, insert_task
 from services.common.db import in_transaction, transaction
 from services.common.errors import InvalidInput, UpstreamError
 from services.common.schemas import MetricPoint

@@ -15,7 +15,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from gateway.metric_names import phase_of
+from gateway.jobs.metric_names import phase_of
 from gateway.models import JobMetricRow, JobSampleRow, utcnow
 from gateway.schemas import JobProgress, LoggedSample, MetricPoint, MetricSeries, SampleRecord
 from gateway.trackers import mirror as trackers

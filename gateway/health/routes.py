@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gateway import health
 from gateway.auth.deps import CurrentKey
+from gateway.health import health
 from gateway.schemas import StackHealth
 
 router = APIRouter(prefix="/v1")

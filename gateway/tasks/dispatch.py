@@ -10,9 +10,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from gateway import tasks
 from gateway.auth.keys import KeyIdentity
 from gateway.jobs.jobs import get_job_row
+from gateway.tasks import tasks
 from services.common.db import in_transaction
 from services.common.errors import Unavailable
 from services.worker.app import send

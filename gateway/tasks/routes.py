@@ -1,6 +1,6 @@
 """Background tasks of jobs (gc, evaluate, export, managed runs), run by the Celery worker,
 and the internal routes the worker calls for the gateway's rows (service token). Routes
-parse, call, return: submitting is `gateway.background`, the rows are `gateway.tasks`."""
+parse, call, return: submitting is `dispatch`, the rows are `tasks`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from gateway import background, tasks
 from gateway.auth.deps import CurrentKey, ServiceCaller
 from gateway.auth.middleware import AuthCache
 from gateway.deps import AuthCacheDep, CeleryDep, SessionDep, SessionsDep
+from gateway.tasks import dispatch, tasks
 from services.worker.task_schemas import (
     BackgroundTask,
     BackgroundTaskList,
@@ -33,7 +33,7 @@ async def submit_task(job_id: str, body: TaskCreate, key: CurrentKey, sessions: 
                       celery: CeleryDep, response: Response) -> BackgroundTask:
     """Queue a task at once; poll `GET /v1/tasks/{id}` for its result. 503 (and the task
     marked failed) when the broker is unreachable."""
-    task, created = await background.submit(sessions, celery, job_id, body, key)
+    task, created = await dispatch.submit(sessions, celery, job_id, body, key)
     if not created:
         response.status_code = status.HTTP_200_OK
     return task
@@ -67,7 +67,7 @@ def cancel_task(task_id: str, key: CurrentKey, session: SessionDep) -> Backgroun
 async def retry_task(task_id: str, key: CurrentKey, sessions: SessionsDep,
                      celery: CeleryDep) -> BackgroundTask:
     """Queue a failed task again (409 for any other status)."""
-    return await background.retry(sessions, celery, task_id, key)
+    return await dispatch.retry(sessions, celery, task_id, key)
 
 
 @router.put("/internal/tasks/{task_id}/end", response_model=TaskEnded)

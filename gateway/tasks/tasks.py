@@ -10,8 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.auth.keys import KeyIdentity, create_job_key, revoke_job_keys
-from gateway.job_logs import log_metrics
 from gateway.jobs.jobs import end_with_run, get_job_row, reopen_for_retry, visible_to
+from gateway.jobs.logs import log_metrics
 from gateway.models import JobRow, utcnow
 from gateway.schemas import JobStatus
 from services.common.errors import Conflict, LoomError, NotFound
