@@ -16,7 +16,8 @@ from gateway.compat.weaver import errors as weaver_errors
 from gateway.compat.weaver import routes as weaver_routes
 from gateway.compat.weaver.service import WeaverService
 from gateway.proxy.replica_transport import ReplicaTransport
-from services.common.service_token import service_client
+from services.common.service_token import client_of
+from services.rollout.client import RolloutClient
 
 
 def install(app: FastAPI, dialects: ClientDialects) -> None:
@@ -35,7 +36,7 @@ def install(app: FastAPI, dialects: ClientDialects) -> None:
 async def _services(app: FastAPI) -> AsyncIterator[None]:
     state, settings = app.state, app.state.settings
     # Tinker's and Weaver's samples are routed over the replicas as /v1/rollout/* is.
-    rollout = service_client(settings, "rollout", transport=ReplicaTransport(state.replicas))
+    rollout = client_of(settings, RolloutClient, transport=ReplicaTransport(state.replicas))
     state.tinker = TinkerService(state.sessions, state.trainer, rollout,
                                  settings.gateway_sdk_base_models, settings.data_dir)
     state.weaver = WeaverService(state.sessions, state.trainer, rollout,

@@ -121,19 +121,23 @@ class TrainerClient(ServiceClient):
         """The operation as it stands, or once done within `wait` seconds (long-poll)."""
         return await self.call(GET_OPERATION, params={"wait": wait}, op_id=op_id)
 
-    async def wait(self, operation: Operation, timeout: float | None = None) -> Operation:
-        """`operation` once done (polled with long waits); TimeoutError after `timeout` s."""
+    async def wait(self, operation: Operation | str, timeout: float | None = None
+                   ) -> Operation:
+        """`operation` (or the one of that id) once done, polled with long waits;
+        TimeoutError after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not operation.done:
+        op_id = operation if isinstance(operation, str) else operation.id
+        current = None if isinstance(operation, str) else operation
+        while current is None or not current.done:
             wait = OPERATION_WAIT_S
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
                 if wait == 0.0:
-                    raise TimeoutError(f"operation {operation.id} not done after {timeout} s")
-            operation = await self.get_operation(operation.id, wait)
-        return operation
+                    raise TimeoutError(f"operation {op_id} not done after {timeout} s")
+            current = await self.get_operation(op_id, wait)
+        return current
 
-    async def result(self, operation: Operation, timeout: float | None = None) -> Any:
+    async def result(self, operation: Operation | str, timeout: float | None = None) -> Any:
         """The finished operation's result (JSON), or its error raised as a typed error."""
         return operation_result(await self.wait(operation, timeout))
 

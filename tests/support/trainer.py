@@ -21,6 +21,7 @@ from gateway.models import ALEMBIC_DIR, VERSION_TABLE
 from services.common.app_factory import create_service_app
 from services.common.db import make_engine, make_sessionmaker, migrate, transaction
 from services.common.errors import InvalidInput
+from services.rollout.client import RolloutClient
 from services.trainer.client import TrainerClient
 from services.trainer.schemas import CreateModelRequest, ModelInfo, TrainingMode
 
@@ -101,19 +102,20 @@ class FakeTrainer:
                      "created_at": NOW.isoformat()}
             return self._op(action, result=state)
 
+        def checkpoint(job: str, name: str) -> dict[str, Any]:
+            return {"job_id": job, "name": name, "step": 3, "last_version": 0,
+                    "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat(),
+                    "expires_at": self.expiry.get((job, name))}
+
         @router.get("/models/{job}/checkpoints")
         async def listed(job: str) -> dict[str, Any]:
-            return {"checkpoints": [
-                {"job_id": job, "name": name, "step": 3, "last_version": 0,
-                 "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat(),
-                 "expires_at": self.expiry.get((job, name))}
-                for name in self.saved.get(job, [])]}
+            return {"checkpoints": [checkpoint(job, name) for name in self.saved.get(job, [])]}
 
         @router.put("/models/{job}/checkpoints/{name}/expiry")
         async def expire(job: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
             self.calls.append((job, "expiry", body))
             self.expiry[job, name] = body["expires_at"]
-            return {}
+            return checkpoint(job, name)
 
         @router.get("/versions")
         async def versions() -> dict[str, Any]:
@@ -129,11 +131,13 @@ class FakeTrainer:
 @dataclass(frozen=True)
 class AdapterParts:
     """What an SDK protocol adapter's service stands on in a unit test: the gateway's
-    database (SQLite) with two ordinary keys, and a recording trainer reached in process."""
+    database (SQLite) with two ordinary keys, and a recording trainer reached in process
+    (`client`; it answers `rollout`'s base model question too)."""
 
     sessions: sessionmaker[Session]
     trainer: FakeTrainer
     client: TrainerClient
+    rollout: RolloutClient
     owner: KeyIdentity
     other: KeyIdentity
 
@@ -148,10 +152,12 @@ async def adapter_parts(tmp_path: Path) -> AsyncIterator[AdapterParts]:
         owner, other = (create_key(session, name, admin=False) for name in ("owner", "other"))
     fake = FakeTrainer()
     client = TrainerClient("http://trainer", transport=httpx2.ASGITransport(fake.app))
+    rollout = RolloutClient("http://rollout", transport=httpx2.ASGITransport(fake.app))
     try:
-        yield AdapterParts(sessions, fake, client,
+        yield AdapterParts(sessions, fake, client, rollout,
                            KeyIdentity(id=owner.id, name="owner", admin=False),
                            KeyIdentity(id=other.id, name="other", admin=False))
     finally:
         await client.aclose()
+        await rollout.aclose()
         engine.dispose()

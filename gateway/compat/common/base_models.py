@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.errors import InvalidInput
-from services.common.http import ServiceClient
-from services.rollout.schemas import ResidentVersions
+from services.rollout.client import RolloutClient
 
 # "Qwen/Qwen3-8B:262144": a context-length variant of a model name (Weaver's catalog)
 MAX_LENGTH_SUFFIX = re.compile(r":\d+$")
@@ -26,7 +25,7 @@ class BaseModelInfo:
 
 
 class ServedModels:
-    def __init__(self, rollout: ServiceClient, aliases: dict[str, str]) -> None:
+    def __init__(self, rollout: RolloutClient, aliases: dict[str, str]) -> None:
         self.rollout = rollout
         self.aliases = aliases
         self._rollout_base: str | None = None  # rollout's configured base: fixed for its life
@@ -40,9 +39,7 @@ class ServedModels:
     async def rollout_base(self) -> str:
         async with self._lock:
             if self._rollout_base is None:
-                resident = ResidentVersions.model_validate(
-                    await self.rollout.get_json("/v1/versions"))
-                self._rollout_base = resident.base_model
+                self._rollout_base = (await self.rollout.resident_versions()).base_model
             return self._rollout_base
 
     async def catalog(self) -> list[BaseModelInfo]:

@@ -23,17 +23,17 @@ from services.common.errors import (
     InvalidInput,
     LoomError,
     NotFound,
-    error_from_envelope,
     invalid_options,
 )
-from services.common.http import ServiceClient
-from services.common.schemas import Operation, StrictModel
+from services.common.schemas import StrictModel
+from services.rollout.client import RolloutClient
 from services.rollout.schemas import (
     MAX_TOP_LOGPROBS,
     SampleRequest,
     SampleResponse,
     SamplingParams,
 )
+from services.trainer.client import TrainerClient
 from services.trainer.schemas import (
     AdamParams,
     Datum,
@@ -46,7 +46,6 @@ from services.trainer.schemas import (
     OptimStepRequest,
 )
 
-OPERATION_WAIT_S = 30.0
 SEQ_GAP_TIMEOUT_S = 60.0
 TURN_POLL_S = 0.5  # how often a call waiting for its turn looks for numbers used elsewhere
 # The SDKs' built-in losses Loom's trainer computes, as token sums (their convention), with
@@ -88,24 +87,17 @@ def owned(item: OwnedT | None, item_id: str, viewer: KeyIdentity, what: str,
 
 
 class TrainerCalls:
-    """Operations on Loom's trainer: submit one, then wait for its result."""
+    """Operations on Loom's trainer: submit one (under an idempotency key, so a lost answer
+    is sent again safely), then wait for its result."""
 
-    def __init__(self, trainer: ServiceClient) -> None:
+    def __init__(self, trainer: TrainerClient) -> None:
         self.trainer = trainer
 
     async def submit(self, job_id: str, action: str, body: StrictModel) -> str:
-        op = Operation.model_validate(await self.trainer.post_json(
-            f"/v1/models/{job_id}/{action}", body.model_dump(mode="json")))
-        return op.id
+        return (await self.trainer.submit(action, job_id, body)).id
 
     async def result(self, op_id: str) -> Any:
-        while True:
-            op = Operation.model_validate(await self.trainer.get_json(
-                f"/v1/operations/{op_id}", params={"wait": OPERATION_WAIT_S}))
-            if op.error is not None:
-                raise error_from_envelope(400, {"error": op.error.model_dump()})
-            if op.done:
-                return op.result
+        return await self.trainer.result(op_id)
 
     async def run(self, job_id: str, action: str, body: StrictModel) -> Any:
         return await self.result(await self.submit(job_id, action, body))
@@ -344,7 +336,7 @@ class Scoring:
     prompt_top_logprobs: int = 0  # ... and at each prompt position
 
 
-async def sample(rollout: ServiceClient, job_id: str | None, version: int,
+async def sample(rollout: RolloutClient, job_id: str | None, version: int,
                  prompt_token_ids: list[int], n: int, params: SamplingParams,
                  scoring: Scoring = Scoring()) -> SampleResponse:
     """`n` samples of `prompt_token_ids` from one version of a job (None: the base model),
@@ -357,7 +349,6 @@ async def sample(rollout: ServiceClient, job_id: str | None, version: int,
                                 prompt_logprobs=scoring.prompt_logprobs,
                                 top_logprobs=scoring.top_logprobs,
                                 prompt_top_logprobs=scoring.prompt_top_logprobs)
-    response = SampleResponse.model_validate(await rollout.post_json(
-        "/v1/sample", request.model_dump(mode="json")))
+    response = await rollout.sample(request)
     response.samples *= copies
     return response

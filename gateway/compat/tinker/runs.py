@@ -15,7 +15,7 @@ from gateway.compat.common.calls import expiry
 from gateway.compat.tinker import checkpoints, schemas
 from gateway.compat.tinker.service import TinkerService
 from services.common.errors import InvalidInput, NotFound
-from services.trainer.schemas import CheckpointExpiry, CheckpointList
+from services.trainer.schemas import CheckpointExpiry
 
 
 async def capabilities(tinker: TinkerService) -> schemas.ServerCapabilities:
@@ -34,8 +34,7 @@ def page(limit: int, offset: int, total: int) -> schemas.Cursor:
 async def run_checkpoints(tinker: TinkerService, run: checkpoints.TrainingRun
                           ) -> list[schemas.Checkpoint]:
     """A run's training checkpoints and live named sampler weights, oldest first."""
-    listed = CheckpointList.model_validate(
-        await tinker.trainer.get_json(f"/v1/models/{run.job_id}/checkpoints"))
+    listed = await tinker.trainer.list_checkpoints(run.job_id)
     found = [checkpoints.training_checkpoint(run.model_id, c) for c in listed.checkpoints]
     prefix = f"{checkpoints.SCHEME}{run.model_id}/"
     for path, ref in (await tinker.state.live_weights(prefix)).items():
@@ -73,7 +72,7 @@ async def delete_checkpoint(tinker: TinkerService, model_id: str, checkpoint_id:
             raise NotFound(f"No sampler weights {str(path)!r}.")
         return
     name = checkpoints.checkpoint_name(path.name)
-    await tinker.trainer.request("DELETE", f"/v1/models/{run.job_id}/checkpoints/{name}")
+    await tinker.trainer.delete_checkpoint(run.job_id, name)
 
 
 async def set_ttl(tinker: TinkerService, model_id: str, checkpoint_id: str,
@@ -88,9 +87,8 @@ async def set_ttl(tinker: TinkerService, model_id: str, checkpoint_id: str,
             raise NotFound(f"No sampler weights {str(path)!r}.")
         return
     name = checkpoints.checkpoint_name(path.name)
-    await tinker.trainer.request("PUT", f"/v1/models/{run.job_id}/checkpoints/{name}/expiry",
-                                 json=CheckpointExpiry(expires_at=expires_at).model_dump(
-                                     mode="json"))
+    await tinker.trainer.set_checkpoint_expiry(run.job_id, name,
+                                               CheckpointExpiry(expires_at=expires_at))
 
 
 async def weights_info(tinker: TinkerService, tinker_path: str, owner: KeyIdentity

@@ -45,7 +45,7 @@ from services.common.errors import (
     LoomError,
     NotFound,
 )
-from services.common.http import ServiceClient
+from services.rollout.client import RolloutClient
 from services.trainer.client import TrainerClient
 from services.trainer.schemas import (
     LoadStateRequest,
@@ -71,7 +71,7 @@ class TrainingModel:
 
 class TinkerService:
     def __init__(self, db: sessionmaker[Session], trainer: TrainerClient,
-                 rollout: ServiceClient, base_models: dict[str, str], data_dir: Path) -> None:
+                 rollout: RolloutClient, base_models: dict[str, str], data_dir: Path) -> None:
         self.db = db
         self.data_dir = data_dir
         self.trainer = trainer

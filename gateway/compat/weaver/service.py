@@ -38,11 +38,10 @@ from gateway.schemas import Job, JobCreate, JobStatus, MetricPoint
 from services.common.base_models import resolve_base_model
 from services.common.db import in_transaction
 from services.common.errors import Conflict, InvalidInput, NotFound
-from services.common.http import ServiceClient
+from services.rollout.client import RolloutClient
 from services.rollout.schemas import SamplingParams
 from services.trainer.client import TrainerClient
 from services.trainer.schemas import (
-    CheckpointList,
     LoadStateRequest,
     LoraConfig,
     SaveStateRequest,
@@ -95,7 +94,7 @@ def public_sampling(sampling_id: str, bound: SamplerRef) -> schemas.SamplingSess
 
 class WeaverService:
     def __init__(self, db: sessionmaker[Session], trainer: TrainerClient,
-                 rollout: ServiceClient, base_models: dict[str, str], data_dir: Path) -> None:
+                 rollout: RolloutClient, base_models: dict[str, str], data_dir: Path) -> None:
         self.db = db
         self.trainer = trainer
         self.rollout = rollout
@@ -334,8 +333,7 @@ class WeaverService:
 
     async def list_checkpoints(self, model_id: str, owner: KeyIdentity) -> schemas.Checkpoints:
         model = await self.model(model_id, owner)
-        listed = CheckpointList.model_validate(
-            await self.trainer.get_json(f"/v1/models/{model.id}/checkpoints"))
+        listed = await self.trainer.list_checkpoints(model.id)
         return schemas.Checkpoints.model_validate(
             {"items": [paths.checkpoint(model.id, c) for c in listed.checkpoints]})
 

@@ -38,7 +38,7 @@ async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
     async with adapter_parts(tmp_path) as parts:
 
         def service() -> TinkerService:
-            return TinkerService(parts.sessions, parts.client, parts.client, {}, tmp_path)
+            return TinkerService(parts.sessions, parts.client, parts.rollout, {}, tmp_path)
 
         yield Stand(service(), parts.trainer, parts.owner, parts.other, service)
 

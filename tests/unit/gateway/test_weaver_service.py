@@ -38,7 +38,7 @@ async def stand(tmp_path: Path) -> AsyncIterator[Stand]:
         parts.trainer.rollout_base = str(model_dir)  # rollout serves Acme/Model
 
         def service() -> WeaverService:
-            return WeaverService(parts.sessions, parts.client, parts.client,
+            return WeaverService(parts.sessions, parts.client, parts.rollout,
                                  {"Acme/Model": str(model_dir)}, tmp_path)
 
         yield Stand(service(), parts.trainer, parts.owner, parts.other, service)
