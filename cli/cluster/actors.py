@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx2
 
 from services.common.service_token import SERVICE_TOKEN_HEADER
+from services.rollout.client import DRAIN
 
 DRAIN_GRACE_S = 1.0  # after a replica leaves the table: calls routed just before it arrive
 
@@ -74,7 +75,7 @@ class ServiceProcess:
     def drain(self, service_token: str) -> None:
         """A rollout replica leaves the gateway's table before it stops (scaling down)."""
         with contextlib.suppress(httpx2.HTTPError):
-            httpx2.post(f"{self.url}/v1/drain", timeout=10,
+            httpx2.post(f"{self.url}{DRAIN.url()}", timeout=10,
                         headers={SERVICE_TOKEN_HEADER: service_token})
             time.sleep(DRAIN_GRACE_S)
 
