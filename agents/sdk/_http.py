@@ -1,11 +1,13 @@
 """The SDK's HTTP core: the services' own client, with the gateway's key and errors raised
-as they are (a 5xx from the gateway is the gateway's fault, not an upstream's)."""
+as they are (a 5xx from the gateway is the gateway's fault, not an upstream's); the trainer's
+typed client through the gateway shares its connections."""
 
 from __future__ import annotations
 
 import httpx2
 
 from services.common.http import ServiceClient, envelope_error
+from services.trainer.client import TrainerClient
 
 
 class GatewayHttp(ServiceClient):
@@ -24,6 +26,7 @@ class GatewayHttp(ServiceClient):
             timeout=httpx2.Timeout(timeout, connect=10.0),
             headers={"Authorization": f"Bearer {api_key}"},
         )
+        self.trainer = TrainerClient(self.http, through_gateway=True)
 
     def raise_for_status(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:

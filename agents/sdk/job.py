@@ -40,7 +40,7 @@ from modelstate.schemas import (
 )
 from modelstate.transfer import unpack_archive
 from services.common.paths import segment
-from services.common.schemas import MetricPoint, Operation
+from services.common.schemas import MetricPoint
 from services.reward.schemas import (
     RewardFunction,
 )
@@ -219,9 +219,13 @@ class AsyncJobClient:
 
     # --- trainer ---------------------------------------------------------------------------
 
-    async def _submit(self, action: str, body: Any, result_type: type) -> OperationFuture[Any]:
-        payload = await self._http.post_json(f"/v1/trainer/models/{self.id}/{action}", body)
-        return OperationFuture(self._http, Operation.model_validate(payload), result_type)
+    async def _submit(self, action: str, request: BaseModel | None, result_type: type
+                      ) -> OperationFuture[Any]:
+        """Submitted under an idempotency key: a submission whose answer was lost is sent
+        again and still runs once."""
+        trainer = self._http.trainer
+        return OperationFuture(trainer, await trainer.submit(action, self.id, request),
+                               result_type)
 
     async def forward_backward(
         self, data: Sequence[Datum], loss: LossConfig | None = None, *,
@@ -229,31 +233,29 @@ class AsyncJobClient:
     ) -> OperationFuture[ForwardBackwardResult]:
         request = ForwardBackwardRequest(data=list(data), loss=loss or LossConfig(),
                                          return_logprobs=return_logprobs)
-        return await self._submit("forward_backward", request.model_dump(mode="json"),
-                                  ForwardBackwardResult)
+        return await self._submit("forward_backward", request, ForwardBackwardResult)
 
     async def forward(self, data: Sequence[Datum], loss: LossConfig | None = None
                       ) -> OperationFuture[ForwardResult]:
         """Per-token logprobs of `data` under the trainer's current weights, and `loss`'s
         value if given (no gradient)."""
         request = ForwardRequest(data=list(data), loss=loss)
-        return await self._submit("forward", request.model_dump(mode="json"), ForwardResult)
+        return await self._submit("forward", request, ForwardResult)
 
     async def reset_optimizer(self) -> OperationFuture[ModelInfo]:
         """A new phase (RL after SFT): AdamW's moments and unapplied gradients are dropped,
         in order with the calls before and after it."""
-        return await self._submit("reset_optimizer", {}, ModelInfo)
+        return await self._submit("reset_optimizer", None, ModelInfo)
 
     async def optim_step(self, adam: AdamParams | None = None) -> OperationFuture[OptimStepResult]:
         request = OptimStepRequest(adam=adam or AdamParams())
-        return await self._submit("optim_step", request.model_dump(mode="json"), OptimStepResult)
+        return await self._submit("optim_step", request, OptimStepResult)
 
     async def save_weights(
         self, *, aliases: Sequence[str] = (), metrics: dict[str, float] | None = None
     ) -> OperationFuture[SaveWeightsResult]:
         request = SaveWeightsRequest(aliases=list(aliases), metrics=metrics or {})
-        return await self._submit("save_weights", request.model_dump(mode="json"),
-                                  SaveWeightsResult)
+        return await self._submit("save_weights", request, SaveWeightsResult)
 
     async def model_info(self) -> ModelInfo:
         """The trainer's model of this job (NotFound after a trainer restart lost it)."""
@@ -271,11 +273,10 @@ class AsyncJobClient:
         with `load_state`, also on a restarted trainer. A checkpoint of a `series` makes the
         series' older ones beyond the trainer's keep count go; others stay until deleted."""
         request = SaveStateRequest(name=name, series=series)
-        return await self._submit("save_state", request.model_dump(), StateCheckpoint)
+        return await self._submit("save_state", request, StateCheckpoint)
 
     async def load_state(self, name: str) -> OperationFuture[StateCheckpoint]:
-        return await self._submit("load_state", LoadStateRequest(name=name).model_dump(),
-                                  StateCheckpoint)
+        return await self._submit("load_state", LoadStateRequest(name=name), StateCheckpoint)
 
     async def checkpoints(self) -> list[StateCheckpoint]:
         body = await self._http.get_json(f"/v1/trainer/models/{self.id}/checkpoints")

@@ -189,6 +189,10 @@ class ServiceClient:
         return transport_error(self.service, self.http.base_url, exc)
 
     def raise_for_status(self, response: httpx2.Response) -> None:
+        if self.through_gateway:  # the gateway's envelope already says whose fault it is
+            if response.status_code >= 400:
+                raise envelope_error(response)
+            return
         raise_for_envelope(response, self.service)
 
     async def get_json(self, path: str, **kwargs: Any) -> Any:
