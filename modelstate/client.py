@@ -77,7 +77,7 @@ EVENTS: Route[None] = Route("GET", "/v1/events", None)
 class ModelStateClient(ServiceClient):
     SERVICE = "modelstate"
 
-    def __init__(self, base_url: str, *, event_read_timeout_s: float = 60.0,
+    def __init__(self, base_url: str | httpx2.AsyncClient, *, event_read_timeout_s: float = 60.0,
                  **options: Any) -> None:
         """`options`: `ServiceClient`'s (`headers`: sent with every request; a service's
         own client passes the service token's, see `from_settings`)."""

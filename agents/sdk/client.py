@@ -35,11 +35,10 @@ from services.rollout.schemas import (
     SampleRequest,
     SampleResponse,
     TokenizeRequest,
-    TokenizeResponse,
     TrajectoryCreate,
     VersionRef,
 )
-from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, SessionCreate, SessionInfo
+from services.sandbox.schemas import ExecuteRequest, ExecuteResponse, SessionCreate
 from services.trainer.schemas import (
     LoraConfig,
     TrainingMode,
@@ -86,16 +85,14 @@ class AsyncLoomClient:
         return AsyncJobClient(self, Job.model_validate(body))
 
     async def sample(self, request: SampleRequest) -> SampleResponse:
-        body = await self._http.post_json("/v1/rollout/sample", request.model_dump(mode="json"))
-        return SampleResponse.model_validate(body)
+        return await self._http.rollout.sample(request)
 
     async def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text (with the rollout engine's tokenizer), any number of texts."""
         token_ids: list[list[int]] = []
         for start in range(0, len(texts), TOKENIZE_BATCH):
             request = TokenizeRequest(texts=list(texts[start:start + TOKENIZE_BATCH]))
-            body = await self._http.post_json("/v1/rollout/tokenize", request.model_dump())
-            token_ids.extend(TokenizeResponse.model_validate(body).token_ids)
+            token_ids.extend((await self._http.rollout.tokenize(request)).token_ids)
         return token_ids
 
     async def rollouts(self, request: RolloutRequest) -> AsyncRolloutStream:
@@ -107,8 +104,7 @@ class AsyncLoomClient:
         """A conversation as training tokens with the model's chat template: loss mask 1 on
         the assistant's turns, exactly as a rollout of it would be tokenised."""
         request = RenderRequest.model_validate({"messages": list(messages), "tools": list(tools)})
-        body = await self._http.post_json("/v1/rollout/render", request.model_dump(mode="json"))
-        return RenderResponse.model_validate(body)
+        return await self._http.rollout.render(request)
 
     async def capture(self, *, job_id: str | None = None, version: VersionRef = "latest",
                       metadata: dict[str, Any] | None = None) -> AsyncCaptureSession:
@@ -121,37 +117,29 @@ class AsyncLoomClient:
         self, verifier: str, items: Sequence[ScoreItem], params: dict[str, Any] | None = None
     ) -> ScoreResponse:
         request = ScoreRequest(verifier=verifier, items=list(items), params=params or {})
-        body = await self._http.post_json("/v1/reward/score", request.model_dump(mode="json"))
-        return ScoreResponse.model_validate(body)
+        return await self._http.reward.score(request)
 
     async def score_batches(self, batches: Sequence[ScoreRequest]) -> ScoreBatchResponse:
         """Several batches, each with its own verifier and params, in one request (e.g. every
         group of a step): `results[i]` scores `batches[i]`, or holds the error that stopped
         it (an unknown verifier, bad params) while the others are scored."""
-        request = ScoreBatchRequest(batches=list(batches))
-        body = await self._http.post_json("/v1/reward/score/batch",
-                                          request.model_dump(mode="json"))
-        return ScoreBatchResponse.model_validate(body)
+        return await self._http.reward.score_batch(ScoreBatchRequest(batches=list(batches)))
 
     async def execute(self, code: str, **options: Any) -> ExecuteResponse:
-        request = ExecuteRequest(code=code, **options)
-        body = await self._http.post_json("/v1/sandbox/execute", request.model_dump(mode="json"))
-        return ExecuteResponse.model_validate(body)
+        return await self._http.sandbox.execute(ExecuteRequest(code=code, **options))
 
     async def open_sandbox(self, *, job_id: str | None = None,
                            image: str | None = None) -> AsyncSandboxSession:
         """A sandbox session: files persist between programs (multi-turn tools)."""
-        body = await self._http.post_json("/v1/sandbox/sessions",
-                                          SessionCreate(job_id=job_id, image=image).model_dump())
-        return AsyncSandboxSession(self._http, SessionInfo.model_validate(body))
+        info = await self._http.sandbox.create_session(SessionCreate(job_id=job_id, image=image))
+        return AsyncSandboxSession(self._http, info)
 
     async def register_reward(self, name: str, code: str,
                               job_id: str | None = None) -> RewardFunction:
         """Register (or replace) a reward function for the `python` verifier; it runs in the
         sandbox, never in the reward service."""
-        response = await self._http.request("PUT", f"/v1/reward/functions/{name}", json=(
-            RewardFunctionPut(code=code, job_id=job_id).model_dump()))
-        return RewardFunction.model_validate(response.json())
+        return await self._http.reward.put_function(
+            name, RewardFunctionPut(code=code, job_id=job_id))
 
     async def aclose(self) -> None:
         await self._http.aclose()

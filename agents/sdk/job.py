@@ -29,6 +29,7 @@ from gateway.schemas import (
     SampleRecord,
     SamplesLog,
 )
+from modelstate.client import ARCHIVE
 from modelstate.schemas import (
     Alias,
     Lineage,
@@ -36,10 +37,8 @@ from modelstate.schemas import (
     Retention,
     RetentionPolicy,
     Version,
-    VersionList,
 )
 from modelstate.transfer import unpack_archive
-from services.common.paths import segment
 from services.common.schemas import MetricPoint
 from services.reward.schemas import (
     RewardFunction,
@@ -54,7 +53,6 @@ from services.rollout.schemas import (
 )
 from services.trainer.schemas import (
     AdamParams,
-    CheckpointList,
     Datum,
     ForwardBackwardRequest,
     ForwardBackwardResult,
@@ -259,8 +257,7 @@ class AsyncJobClient:
 
     async def model_info(self) -> ModelInfo:
         """The trainer's model of this job (NotFound after a trainer restart lost it)."""
-        return ModelInfo.model_validate(
-            await self._http.get_json(f"/v1/trainer/models/{self.id}"))
+        return await self._http.trainer.get_model(self.id)
 
     async def ensure_model(self) -> ModelInfo:
         """Have the trainer hold this job's model again after it restarted (a no-op when it
@@ -279,13 +276,10 @@ class AsyncJobClient:
         return await self._submit("load_state", LoadStateRequest(name=name), StateCheckpoint)
 
     async def checkpoints(self) -> list[StateCheckpoint]:
-        body = await self._http.get_json(f"/v1/trainer/models/{self.id}/checkpoints")
-        return CheckpointList.model_validate(body).checkpoints
+        return (await self._http.trainer.list_checkpoints(self.id)).checkpoints
 
     async def delete_checkpoint(self, name: str) -> StateCheckpoint:
-        response = await self._http.request(
-            "DELETE", f"/v1/trainer/models/{self.id}/checkpoints/{segment(name)}")
-        return StateCheckpoint.model_validate(response.json())
+        return await self._http.trainer.delete_checkpoint(self.id, name)
 
     # --- background tasks ------------------------------------------------------------------
 
@@ -315,32 +309,23 @@ class AsyncJobClient:
     # --- model state -----------------------------------------------------------------------
 
     async def versions(self) -> list[Version]:
-        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/versions")
-        return VersionList.model_validate(body).versions
+        return await self._http.modelstate.list_versions(self.id)
 
     async def version(self, ref: VersionRef = "latest") -> Version:
-        body = await self._http.get_json(f"{self._versions}/{segment(ref)}")
-        return Version.model_validate(body)
+        return await self._http.modelstate.get_version(self.id, ref)
 
     async def lineage(self, ref: VersionRef = "latest") -> Lineage:
-        body = await self._http.get_json(f"{self._versions}/{segment(ref)}/lineage")
-        return Lineage.model_validate(body)
+        return await self._http.modelstate.lineage(self.id, ref)
 
     async def compare(self, a: VersionRef, b: VersionRef = "latest") -> ManifestDiff:
-        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/compare",
-                                         params={"a": a, "b": b})
-        return ManifestDiff.model_validate(body)
+        return await self._http.modelstate.compare(self.id, a, b)
 
     async def move_alias(self, name: str, number: int) -> Alias:
-        response = await self._http.request(
-            "PUT", f"/v1/modelstate/jobs/{self.id}/aliases/{segment(name)}",
-            json={"number": number})
-        return Alias.model_validate(response.json())
+        return await self._http.modelstate.move_alias(self.id, name, number)
 
     async def delete_version(self, number: int) -> Version:
         """Refused (Conflict) while an alias points at it or a rollout engine serves it."""
-        response = await self._http.request("DELETE", f"{self._versions}/{segment(number)}")
-        return Version.model_validate(response.json())
+        return await self._http.modelstate.delete_version(self.id, number)
 
     async def open_sandbox(self, image: str | None = None) -> AsyncSandboxSession:
         """A sandbox session counted against this job's session limit."""
@@ -353,14 +338,11 @@ class AsyncJobClient:
 
     async def retention(self) -> Retention:
         """Which of this job's versions garbage collection keeps (a default until set)."""
-        body = await self._http.get_json(f"/v1/modelstate/jobs/{self.id}/retention")
-        return Retention.model_validate(body)
+        return await self._http.modelstate.get_retention(self.id)
 
     async def set_retention(self, keep_last: int, *, keep_ancestors: bool = False) -> Retention:
         policy = RetentionPolicy(keep_last=keep_last, keep_ancestors=keep_ancestors)
-        response = await self._http.request("PUT", f"/v1/modelstate/jobs/{self.id}/retention",
-                                            json=policy.model_dump())
-        return Retention.model_validate(response.json())
+        return await self._http.modelstate.set_retention(self.id, policy)
 
     async def download(self, dest: str | Path, ref: VersionRef = "latest", *,
                        merge_lora: bool = False) -> Path:
@@ -369,21 +351,16 @@ class AsyncJobClient:
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".tar") as archive:
-            async with self._http.http.stream(
-                "GET", f"{self._versions}/{segment(ref)}/archive", params={"merge_lora": merge_lora}
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    self._http.raise_for_status(response)
+            response = await self._http.modelstate.open(
+                ARCHIVE, params={"merge_lora": merge_lora}, job_id=self.id, ref=ref)
+            try:
                 async for chunk in response.aiter_bytes(1 << 20):
                     archive.write(chunk)
+            finally:
+                await response.aclose()
             archive.flush()
             await asyncio.to_thread(unpack_archive, Path(archive.name), dest)
         return dest
-
-    @property
-    def _versions(self) -> str:
-        return f"/v1/modelstate/jobs/{self.id}/versions"
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.info.base_model} {self.info.mode.value}>"
