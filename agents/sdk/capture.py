@@ -12,9 +12,8 @@ capture session, and every call it makes is recorded token by token.
 from __future__ import annotations
 
 from agents.sdk._http import GatewayHttp
+from services.rollout.client import GET_TRAJECTORY
 from services.rollout.schemas import CapturedTrajectory, TrajectoryCreate, TrajectoryInfo
-
-TRAJECTORIES_PATH = "/v1/rollout/trajectories"
 
 
 class AsyncCaptureSession:
@@ -29,8 +28,7 @@ class AsyncCaptureSession:
     @classmethod
     async def create(cls, http: GatewayHttp, api_key: str,
                      request: TrajectoryCreate) -> AsyncCaptureSession:
-        body = await http.post_json(TRAJECTORIES_PATH, request.model_dump(mode="json"))
-        return cls(http, api_key, TrajectoryInfo.model_validate(body))
+        return cls(http, api_key, await http.rollout.create_trajectory(request))
 
     @property
     def id(self) -> str:
@@ -39,16 +37,16 @@ class AsyncCaptureSession:
     @property
     def openai_base_url(self) -> str:
         """What an OpenAI client's `base_url` is set to: it appends `/chat/completions`."""
-        return f"{self._http.http.base_url}{TRAJECTORIES_PATH}/{self.id}"
+        rollout = self._http.rollout
+        return f"{rollout.http.base_url}{rollout.path(GET_TRAJECTORY.url(trajectory_id=self.id))}"
 
     async def fetch(self) -> CapturedTrajectory:
-        body = await self._http.get_json(f"{TRAJECTORIES_PATH}/{self.id}")
-        captured = CapturedTrajectory.model_validate(body)
+        captured = await self._http.rollout.get_trajectory(self.id)
         self.info = captured.trajectory
         return captured
 
     async def delete(self) -> None:
-        await self._http.request("DELETE", f"{TRAJECTORIES_PATH}/{self.id}")
+        await self._http.rollout.delete_trajectory(self.id)
 
     def __repr__(self) -> str:
         return f"AsyncCaptureSession({self.id!r}, job_id={self.info.job_id!r})"

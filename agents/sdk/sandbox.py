@@ -12,8 +12,6 @@ from services.sandbox.schemas import (
     ExecuteRequest,
     ExecuteResponse,
     FileIn,
-    FilesRead,
-    FilesWrite,
     SessionInfo,
 )
 
@@ -32,10 +30,8 @@ class AsyncSandboxSession:
     async def execute(self, code: str, **options: Any) -> ExecuteResponse:
         """Run a program (same options as `AsyncLoomClient.execute`); files stay, processes
         do not."""
-        request = ExecuteRequest(code=code, **options)
-        body = await self._http.post_json(f"{self._path}/execute",
-                                          request.model_dump(mode="json"))
-        return ExecuteResponse.model_validate(body)
+        return await self._http.sandbox.execute_in_session(
+            self.id, ExecuteRequest(code=code, **options))
 
     async def write_files(self, files: Mapping[str, str | bytes]) -> None:
         """Write files (text or bytes) into the session's workdir."""
@@ -43,27 +39,21 @@ class AsyncSandboxSession:
                  else FileIn(path=path, content=base64.b64encode(data).decode(),
                              encoding="base64")
                  for path, data in files.items()]
-        await self._http.request("PUT", f"{self._path}/files",
-                                 json=FilesWrite(files=items).model_dump(mode="json"))
+        await self._http.sandbox.write_files(self.id, items)
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
         """The files' bytes; a file that cannot be returned raises with the reason."""
-        response = await self._http.request("GET", f"{self._path}/files",
-                                            params=[("path", p) for p in paths])
-        return {f.path: f.data() for f in FilesRead.model_validate(response.json()).files}
+        read = await self._http.sandbox.read_files(self.id, list(paths))
+        return {f.path: f.data() for f in read.files}
 
     async def close(self) -> None:
-        await self._http.request("DELETE", self._path)
+        await self._http.sandbox.close_session(self.id)
 
     async def __aenter__(self) -> AsyncSandboxSession:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
-
-    @property
-    def _path(self) -> str:
-        return f"/v1/sandbox/sessions/{self.id}"
 
     def __repr__(self) -> str:
         return f"AsyncSandboxSession({self.id!r}, job={self.info.job_id!r})"
