@@ -91,7 +91,7 @@ async def retrying(
 class ServiceClient:
     """An async client for one Loom service; errors come back as `LoomError` subclasses.
 
-    `headers` authenticate it: the service token's (`service_token.service_client`) or a
+    `headers` authenticate it: the service token's (`service_token.client_of`) or a
     user's key (`Authorization: Bearer ...`, through the gateway). `base_url` may instead be
     a pooled client to share (the gateway's upstream pool; its owner closes it): then
     `timeout`, when given, bounds each request, and `transport` and `headers` are its own."""

@@ -6,8 +6,8 @@ process that could open a TCP connection to a service port (another user on the 
 container on the compose network) could skip the gateway. The token closes that door: every
 route but `/healthz`, `/readyz` and `/metrics` wants it (`ServiceTokenMiddleware` in
 `services.common.app_factory`), and every Loom caller sends it: `service_headers` is the one
-place the header is made, used by `service_client`, `client_of` (the typed clients) and the
-gateway's upstream clients.
+place the header is made, used by `client_of` (the services' typed clients) and the gateway's
+upstream clients.
 
 The header is `X-Loom-Service-Token`, not `Authorization`: the gateway takes users' keys in
 `Authorization`/`X-API-Key` and must never forward them, and one header per credential keeps
@@ -80,12 +80,6 @@ def token_environment(settings: LoomSettings) -> dict[str, str]:
     if settings.service_token is not None:
         return {"LOOM_SERVICE_TOKEN": token}
     return {"LOOM_SERVICE_TOKEN_FILE": str(token_file(settings))}
-
-
-def service_client(settings: LoomSettings, service: str, **options: Any) -> ServiceClient:
-    """A client of one internal service, at its URL setting, sending the service token."""
-    return ServiceClient(settings.url_of(service), service=service,
-                         headers=service_headers(settings), **options)
 
 
 def client_of(settings: LoomSettings, client: type[ClientT], **options: Any) -> ClientT:

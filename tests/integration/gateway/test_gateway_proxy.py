@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import httpx2
 
-from services.common.service_token import service_client
+from services.common.service_token import client_of
+from services.reward.client import RewardClient
 
 if TYPE_CHECKING:
     from tests.integration.gateway.conftest import Stack
@@ -138,7 +139,7 @@ async def test_the_gateway_reuses_its_upstream_connections_across_bursts(stack: 
 
 async def test_service_clients_reuse_their_connections_across_bursts(stack: Stack) -> None:
     """The same for `ServiceClient` (the SDK's and the services' client)."""
-    client = service_client(stack.settings, "reward")
+    client = client_of(stack.settings, RewardClient)
     try:
         first = await burst_ports(lambda: client.request("GET", "/v1/echo/a"))
         second = await burst_ports(lambda: client.request("GET", "/v1/echo/b"))

@@ -18,11 +18,12 @@ from services.common.app_factory import ServiceTokenMiddleware, create_service_a
 from services.common.service_token import (
     SERVICE_TOKEN_HEADER,
     ServiceTokenError,
-    service_client,
+    client_of,
     service_token,
     token_environment,
 )
 from services.common.settings import LoomSettings
+from services.reward.client import RewardClient
 
 TOKEN = "t" * 32
 
@@ -142,7 +143,7 @@ async def test_service_clients_send_the_token(tmp_path: Path) -> None:
         return httpx2.Response(200, json={})
 
     settings = LoomSettings(data_dir=tmp_path, service_token=TOKEN)
-    client = service_client(settings, "reward", transport=httpx2.MockTransport(record))
+    client = client_of(settings, RewardClient, transport=httpx2.MockTransport(record))
     await client.get_json("/v1/anything")
     await client.aclose()
     assert seen == [TOKEN]
