@@ -54,8 +54,12 @@ class PeakRss:
         self._thread.start()
         return self
 
-    def __exit__(self, _type: type[BaseException] | None, _error: BaseException | None,
-                 _tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _error: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
         self._stop.set()
         self._thread.join()
         self.sample()  # at least one sample, however short the block

@@ -49,8 +49,11 @@ def pin_threads(pid: int, cores: Sequence[int]) -> None:
 
 
 @contextmanager
-def local_stack(work: Path, env: Mapping[str, str] | None = None,
-                cores: Mapping[str, Sequence[int]] | None = None) -> Iterator[LocalStack]:
+def local_stack(
+    work: Path,
+    env: Mapping[str, str] | None = None,
+    cores: Mapping[str, Sequence[int]] | None = None,
+) -> Iterator[LocalStack]:
     """`cores`: service → the CPU cores its process (and every process it starts) may use;
     set at launch, before a service spawns anything (its imports alone take seconds)."""
     terminate_on_sigterm()  # a bench killed with SIGTERM stops its stack too
@@ -67,8 +70,9 @@ def local_stack(work: Path, env: Mapping[str, str] | None = None,
         yield LocalStack(settings, key, supervisor)
 
 
-async def until_ready(client: httpx2.AsyncClient, process: subprocess.Popen[bytes], what: str,
-                      timeout_s: float) -> None:
+async def until_ready(
+    client: httpx2.AsyncClient, process: subprocess.Popen[bytes], what: str, timeout_s: float
+) -> None:
     """Wait for a service process's `/readyz`; a RuntimeError if it exits or takes too long."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -35,14 +35,17 @@ def main() -> None:
     arm_arguments(parser)
     args = parser.parse_args()
     setup = GrpoSetup(seed=args.seed, lr=args.lr)
-    with LoomClient(args.url, args.api_key) as loom, \
-            loom.create_job(str(args.start), name=f"vs-trl-{args.mode}", mode="full") as job:
+    with (
+        LoomClient(args.url, args.api_key) as loom,
+        loom.create_job(str(args.start), name=f"vs-trl-{args.mode}", mode="full") as job,
+    ):
         record = run(loom, job, args.mode, args.steps, setup)
     args.out.write_text(json.dumps(record))
 
 
-def run(loom: LoomClient, job: JobClient, mode: str, steps: int,
-        setup: GrpoSetup) -> dict[str, Any]:
+def run(
+    loom: LoomClient, job: JobClient, mode: str, steps: int, setup: GrpoSetup
+) -> dict[str, Any]:
     train, _, held_out = splits()
     before = accuracy(loom, job, held_out, setup, BASE)
     setup_s = time.perf_counter() - STARTED
@@ -54,22 +57,40 @@ def run(loom: LoomClient, job: JobClient, mode: str, steps: int,
         phases, rewards, version = async_loop(job, train, steps, setup, rng)
     wall = time.perf_counter() - began
     after = accuracy(loom, job, held_out, setup, version)
-    return {"arm": f"loom-{mode}", "wall_s": wall, "step_s": phases.pop("step"),
-            "phases": phases, "accuracy_before": before, "accuracy_after": after,
-            "rewards": rewards, "setup_s": setup_s}
+    return {
+        "arm": f"loom-{mode}",
+        "wall_s": wall,
+        "step_s": phases.pop("step"),
+        "phases": phases,
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "rewards": rewards,
+        "setup_s": setup_s,
+    }
 
 
 def adam(setup: GrpoSetup) -> AdamParams:
-    return AdamParams(lr=setup.lr, beta1=setup.beta1, beta2=setup.beta2,
-                      weight_decay=setup.weight_decay, grad_clip=setup.grad_clip)
+    return AdamParams(
+        lr=setup.lr,
+        beta1=setup.beta1,
+        beta2=setup.beta2,
+        weight_decay=setup.weight_decay,
+        grad_clip=setup.grad_clip,
+    )
 
 
 def sampling(setup: GrpoSetup) -> SamplingParams:
     return SamplingParams(max_tokens=setup.max_tokens, temperature=setup.temperature)
 
 
-def sync_loop(loom: LoomClient, job: JobClient, train: list[Problem], steps: int, setup: GrpoSetup,
-              rng: random.Random) -> tuple[dict[str, list[float]], list[float], int]:
+def sync_loop(
+    loom: LoomClient,
+    job: JobClient,
+    train: list[Problem],
+    steps: int,
+    setup: GrpoSetup,
+    rng: random.Random,
+) -> tuple[dict[str, list[float]], list[float], int]:
     """The demo's loop, every group trained (zero advantages where all rewards are equal, as
     TRL does), each phase waited for on its own so it can be timed."""
     phases: dict[str, list[float]] = defaultdict(list)
@@ -86,16 +107,20 @@ def sync_loop(loom: LoomClient, job: JobClient, train: list[Problem], steps: int
             last = now
 
         batch = rng.sample(train, setup.prompts)
-        responses = job.sample_many([p.prompt for p in batch], n=setup.group,
-                                    params=sampling(setup), version=version)
+        responses = job.sample_many(
+            [p.prompt for p in batch], n=setup.group, params=sampling(setup), version=version
+        )
         lap("sample")
-        items = [ScoreItem(response=s.text, reference=p.answer)
-                 for p, r in zip(batch, responses, strict=True) for s in r.samples]
+        items = [
+            ScoreItem(response=s.text, reference=p.answer)
+            for p, r in zip(batch, responses, strict=True)
+            for s in r.samples
+        ]
         rewards = [s.reward for s in loom.score(VERIFIER, items).scores]
         lap("score")
         data = []
         for i, response in enumerate(responses):
-            group = rewards[i * setup.group:(i + 1) * setup.group]
+            group = rewards[i * setup.group : (i + 1) * setup.group]
             for sample, advantage in zip(response.samples, group_advantages(group), strict=True):
                 data.append(rl_datum(response.prompt_token_ids, sample, advantage))
         job.forward_backward(data, loss).result()
@@ -109,15 +134,27 @@ def sync_loop(loom: LoomClient, job: JobClient, train: list[Problem], steps: int
     return phases, rewards_per_step, version
 
 
-def async_loop(job: JobClient, train: list[Problem], steps: int, setup: GrpoSetup,
-               rng: random.Random) -> tuple[dict[str, list[float]], list[float], int]:
+def async_loop(
+    job: JobClient, train: list[Problem], steps: int, setup: GrpoSetup, rng: random.Random
+) -> tuple[dict[str, list[float]], list[float], int]:
     """The SDK's Pipeline, async (groups for the next step sampled while this one trains, at
     most one version stale), the `arithmetic` environment scoring by first integer."""
-    tasks = [{"prompt": p.prompt, "reference": p.answer}
-             for p in rng.choices(train, k=2 * steps * setup.prompts)]
-    pipeline = Pipeline(job, grpo(clip=setup.clip), env="arithmetic", tasks=tasks,
-                        groups_per_step=setup.prompts, group_size=setup.group,
-                        params=sampling(setup), mode="async", max_staleness=1, adam=adam(setup))
+    tasks = [
+        {"prompt": p.prompt, "reference": p.answer}
+        for p in rng.choices(train, k=2 * steps * setup.prompts)
+    ]
+    pipeline = Pipeline(
+        job,
+        grpo(clip=setup.clip),
+        env="arithmetic",
+        tasks=tasks,
+        groups_per_step=setup.prompts,
+        group_size=setup.group,
+        params=sampling(setup),
+        mode="async",
+        max_staleness=1,
+        adam=adam(setup),
+    )
     phases: dict[str, list[float]] = defaultdict(list)
     rewards: list[float] = []
     version = BASE
@@ -133,13 +170,16 @@ def async_loop(job: JobClient, train: list[Problem], steps: int, setup: GrpoSetu
     return phases, rewards, version
 
 
-def accuracy(loom: LoomClient, job: JobClient, problems: list[Problem], setup: GrpoSetup,
-             version: int) -> float:
+def accuracy(
+    loom: LoomClient, job: JobClient, problems: list[Problem], setup: GrpoSetup, version: int
+) -> float:
     """Greedy held-out accuracy of one version (scored like the rewards)."""
     params = SamplingParams(max_tokens=setup.max_tokens, temperature=0.0)
     responses = job.sample_many([p.prompt for p in problems], params=params, version=version)
-    items = [ScoreItem(response=r.samples[0].text, reference=p.answer)
-             for p, r in zip(problems, responses, strict=True)]
+    items = [
+        ScoreItem(response=r.samples[0].text, reference=p.answer)
+        for p, r in zip(problems, responses, strict=True)
+    ]
     scores = loom.score(VERIFIER, items).scores
     return sum(s.reward for s in scores) / len(scores)
 

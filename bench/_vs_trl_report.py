@@ -12,8 +12,15 @@ BASELINE = "trl"
 # Issue 38's targets, as a ratio to TRL: (wall of 30 steps, peak RSS).
 TARGETS = {"loom-sync": {"wall_s": 1.3, "rss": 2.5}, "loom-async": {"wall_s": 1.0, "rss": 2.5}}
 # Phases set side by side: TRL's name for what Loom's phase does (None: TRL has no such phase).
-PHASES = [("sample", "sample"), ("score", "score"), ("forward_backward", "forward_backward"),
-          ("optim", "optim"), ("save_publish", None), ("wait", None), ("train_publish", None)]
+PHASES = [
+    ("sample", "sample"),
+    ("score", "score"),
+    ("forward_backward", "forward_backward"),
+    ("optim", "optim"),
+    ("save_publish", None),
+    ("wait", None),
+    ("train_publish", None),
+]
 
 
 @dataclass
@@ -76,28 +83,40 @@ def verdict(arm: str, metric: str, value: float, baseline: float) -> str:
 
 def main_table(arms: dict[str, Summary]) -> list[str]:
     base = arms.get(BASELINE)
-    rows = ["| arm | runs | s/step (median) | × TRL | wall, steps (median s) | × TRL | "
-            "wall, steps (fastest round, s) | × TRL | held-out acc. before → after (median) | "
-            "peak RSS, all processes (median GB) | × TRL |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| arm | runs | s/step (median) | × TRL | wall, steps (median s) | × TRL | "
+        "wall, steps (fastest round, s) | × TRL | held-out acc. before → after (median) | "
+        "peak RSS, all processes (median GB) | × TRL |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm, s in arms.items():
         cells = [arm, str(len(s.runs))]
         for metric, fmt in (("step_s", "{:.3f}"), ("wall_s", "{:.1f}"), ("min_wall_s", "{:.1f}")):
             value, target = s.median(metric), metric.removeprefix("min_")
-            cells += [fmt.format(value), ratio(value, base.median(metric)) + verdict(
-                arm, target, value, base.median(metric)) if base else "-"]
+            cells += [
+                fmt.format(value),
+                ratio(value, base.median(metric)) + verdict(arm, target, value, base.median(metric))
+                if base
+                else "-",
+            ]
         cells.append(f"{s.median('accuracy_before'):.1%} → {s.median('accuracy_after'):.1%}")
         rss = s.median("rss")
-        cells += [f"{rss / 1e9:.2f}", ratio(rss, base.median("rss")) + verdict(
-            arm, "rss", rss, base.median("rss")) if base else "-"]
+        cells += [
+            f"{rss / 1e9:.2f}",
+            ratio(rss, base.median("rss")) + verdict(arm, "rss", rss, base.median("rss"))
+            if base
+            else "-",
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
 
 def phase_table(arms: dict[str, Summary]) -> list[str]:
     loom = [a for a in arms if a != BASELINE]
-    rows = ["| phase (median s) | " + " | ".join([*loom, BASELINE]) + " |",
-            "|---|" + "---|" * (len(loom) + 1)]
+    rows = [
+        "| phase (median s) | " + " | ".join([*loom, BASELINE]) + " |",
+        "|---|" + "---|" * (len(loom) + 1),
+    ]
     for phase, trl_phase in PHASES:
         values = [arms[a].phase(phase) for a in loom]
         base = arms[BASELINE].phase(trl_phase) if trl_phase and BASELINE in arms else None
@@ -109,9 +128,12 @@ def phase_table(arms: dict[str, Summary]) -> list[str]:
 
 
 def rounds_table(runs: list[Run]) -> list[str]:
-    rows = ["| round | arm | load before → after | wall s | s/step (median) | held-out acc. "
-            "before → after | train reward, first 5 → last 5 steps | peak RSS GB | "
-            "start-up s |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| round | arm | load before → after | wall s | s/step (median) | held-out acc. "
+        "before → after | train reward, first 5 → last 5 steps | peak RSS GB | "
+        "start-up s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         rec = r.record
         first, last = rec["rewards"][:5], rec["rewards"][-5:]
@@ -120,7 +142,8 @@ def rounds_table(runs: list[Run]) -> list[str]:
             f"{rec['wall_s']:.1f} | {statistics.median(rec['step_s']):.3f} | "
             f"{rec['accuracy_before']:.1%} → {rec['accuracy_after']:.1%} | "
             f"{_mean(first):.3f} → {_mean(last):.3f} | {r.peak_rss / 1e9:.2f} | "
-            f"{rec['setup_s']:.1f} |")
+            f"{rec['setup_s']:.1f} |"
+        )
     return rows
 
 

@@ -51,14 +51,25 @@ def arm_arguments(parser: argparse.ArgumentParser) -> None:
 # the beta2 its SFT steps use.
 WARM_UP = ArithConfig()
 WARM_UP_BETA2 = 0.95
-WARM_UP_FIELDS = {"sft_lr", "sft_batch", "sft_min_steps", "sft_max_steps", "sft_check_every",
-                  "sft_target_accuracy", "weight_decay", "seed", "held_out", "validation"}
+WARM_UP_FIELDS = {
+    "sft_lr",
+    "sft_batch",
+    "sft_min_steps",
+    "sft_max_steps",
+    "sft_check_every",
+    "sft_target_accuracy",
+    "weight_decay",
+    "seed",
+    "held_out",
+    "validation",
+}
 
 
 def splits() -> tuple[list[Problem], list[Problem], list[Problem]]:
     """The demo's splits: train, validation, held-out."""
-    train, validation, held_out = make_splits(held_out=WARM_UP.held_out,
-                                              validation=WARM_UP.validation, seed=WARM_UP.seed)
+    train, validation, held_out = make_splits(
+        held_out=WARM_UP.held_out, validation=WARM_UP.validation, seed=WARM_UP.seed
+    )
     return train, validation, held_out
 
 
@@ -68,8 +79,9 @@ def reward(completion: str, answer: str) -> float:
     return score_first_integer(completion, answer, FirstIntegerParams())[0]
 
 
-def hf_greedy_accuracy(model: Any, tokenizer: Any, problems: list[Problem],
-                       max_tokens: int, batch: int = 200) -> float:
+def hf_greedy_accuracy(
+    model: Any, tokenizer: Any, problems: list[Problem], max_tokens: int, batch: int = 200
+) -> float:
     """Share of `problems` whose greedy completion earns the reward (transformers generate,
     prompts left-padded)."""
     import torch
@@ -78,14 +90,20 @@ def hf_greedy_accuracy(model: Any, tokenizer: Any, problems: list[Problem],
     right = 0.0
     model.eval()
     for start in range(0, len(problems), batch):
-        chunk = problems[start:start + batch]
-        inputs = tokenizer([p.prompt for p in chunk], return_tensors="pt", padding=True,
-                           add_special_tokens=False)
+        chunk = problems[start : start + batch]
+        inputs = tokenizer(
+            [p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False
+        )
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:],
-                                       skip_special_tokens=True)
+            out = model.generate(
+                **inputs,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        texts = tokenizer.batch_decode(
+            out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+        )
         right += sum(reward(t, p.answer) for t, p in zip(texts, chunk, strict=True))
     return right / len(problems)
 
@@ -114,8 +132,12 @@ def build_start(out: Path, max_tokens: int = 8) -> Path:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     train, validation, _ = splits()
     rows = [_sft_row(tokenizer, p) for p in train]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.sft_lr,
-                                  betas=(0.9, WARM_UP_BETA2), weight_decay=setup.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=setup.sft_lr,
+        betas=(0.9, WARM_UP_BETA2),
+        weight_decay=setup.weight_decay,
+    )
     rng = random.Random(setup.seed)
     accuracy, step = 0.0, 0
     for step in range(1, setup.sft_max_steps + 1):
@@ -135,8 +157,9 @@ def build_start(out: Path, max_tokens: int = 8) -> Path:
     tokenizer.save_pretrained(out)
     shutil.copy(base / "generation_config.json", out / "generation_config.json")
     shutil.rmtree(base)
-    record.write_text(json.dumps({"setup": warm_up_setup(), "steps": step,
-                                  "validation_accuracy": accuracy}))
+    record.write_text(
+        json.dumps({"setup": warm_up_setup(), "steps": step, "validation_accuracy": accuracy})
+    )
     return out
 
 

@@ -70,7 +70,8 @@ def run(start: Path, steps: int, setup: GrpoSetup) -> dict[str, Any]:
                 return super().training_step(*args, **kwargs)
             finally:
                 phases["forward_backward"].append(
-                    time.perf_counter() - began - clock.pop("prepare", 0.0))
+                    time.perf_counter() - began - clock.pop("prepare", 0.0)
+                )
 
     class Steps(TrainerCallback):  # type: ignore[misc]
         def on_train_begin(self, *_args: Any, **_kwargs: Any) -> None:
@@ -97,27 +98,62 @@ def run(start: Path, steps: int, setup: GrpoSetup) -> dict[str, Any]:
     dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as output_dir:
         config = GRPOConfig(
-            output_dir=output_dir, max_steps=steps, seed=setup.seed, use_cpu=True, bf16=False,
+            output_dir=output_dir,
+            max_steps=steps,
+            seed=setup.seed,
+            use_cpu=True,
+            bf16=False,
             per_device_train_batch_size=setup.prompts * setup.group,
-            gradient_accumulation_steps=1, num_generations=setup.group,
-            max_completion_length=setup.max_tokens, temperature=setup.temperature, top_p=1.0,
-            top_k=0, use_vllm=False, beta=0.0, loss_type="grpo", scale_rewards="group",
-            epsilon=setup.clip, num_iterations=1, learning_rate=setup.lr,
-            lr_scheduler_type="constant", warmup_steps=0, adam_beta1=setup.beta1,
-            adam_beta2=setup.beta2, weight_decay=setup.weight_decay,
-            max_grad_norm=setup.grad_clip, gradient_checkpointing=False,
-            report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
-            dataloader_num_workers=0)
-        trainer = Timed(model=model, reward_funcs=arith_reward, args=config,
-                        train_dataset=dataset, processing_class=tokenizer, callbacks=[Steps()])
+            gradient_accumulation_steps=1,
+            num_generations=setup.group,
+            max_completion_length=setup.max_tokens,
+            temperature=setup.temperature,
+            top_p=1.0,
+            top_k=0,
+            use_vllm=False,
+            beta=0.0,
+            loss_type="grpo",
+            scale_rewards="group",
+            epsilon=setup.clip,
+            num_iterations=1,
+            learning_rate=setup.lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            adam_beta1=setup.beta1,
+            adam_beta2=setup.beta2,
+            weight_decay=setup.weight_decay,
+            max_grad_norm=setup.grad_clip,
+            gradient_checkpointing=False,
+            report_to=[],
+            logging_steps=1,
+            save_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        trainer = Timed(
+            model=model,
+            reward_funcs=arith_reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[Steps()],
+        )
         setup_s = time.perf_counter() - STARTED
         trainer.train()
         wall = clock["last"] - clock["begin"]
         rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
     after = hf_greedy_accuracy(trainer.model, tokenizer, held_out, setup.max_tokens)
-    return {"arm": "trl", "wall_s": wall, "step_s": phases.pop("step"), "phases": phases,
-            "accuracy_before": before, "accuracy_after": after, "rewards": rewards,
-            "setup_s": setup_s, "threads": torch.get_num_threads()}
+    return {
+        "arm": "trl",
+        "wall_s": wall,
+        "step_s": phases.pop("step"),
+        "phases": phases,
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "rewards": rewards,
+        "setup_s": setup_s,
+        "threads": torch.get_num_threads(),
+    }
 
 
 if __name__ == "__main__":

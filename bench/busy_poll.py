@@ -65,8 +65,11 @@ def sampling(job: JobClient, repeats: int) -> dict[str, float]:
         response = job.sample(prompt, n=BATCH_N, params=STREAM)
         tokens = sum(len(s.token_ids) for s in response.samples)
         rates.append(tokens / (time.perf_counter() - started))
-    return {"one stream ms": 1000 * statistics.median(streams),
-            "batch tok/s": statistics.median(rates), "slowest stream ms": 1000 * max(streams)}
+    return {
+        "one stream ms": 1000 * statistics.median(streams),
+        "batch tok/s": statistics.median(rates),
+        "slowest stream ms": 1000 * max(streams),
+    }
 
 
 def run_value(value: float, model_dir: Path, work: Path, repeats: int) -> dict[str, float]:
@@ -74,18 +77,24 @@ def run_value(value: float, model_dir: Path, work: Path, repeats: int) -> dict[s
     with stack(model_dir, work, env) as (loom, trainer_pid):
         row = Row(name=f"busy poll {value:g} ms", mode="full")
         measured = sampling(measure_job(loom, trainer_pid, row, model_dir, repeats), repeats)
-    return {"hand-off ms": 1000 * statistics.median(row.handoff),
-            "slowest hand-off ms": 1000 * max(row.handoff),
-            "loaded sample ms": 1000 * statistics.median(row.steady_sample), **measured}
+    return {
+        "hand-off ms": 1000 * statistics.median(row.handoff),
+        "slowest hand-off ms": 1000 * max(row.handoff),
+        "loaded sample ms": 1000 * statistics.median(row.steady_sample),
+        **measured,
+    }
 
 
-def report(values: list[float], results: dict[float, list[dict[str, float]]],
-           args: argparse.Namespace) -> str:
+def report(
+    values: list[float], results: dict[float, list[dict[str, float]]], args: argparse.Namespace
+) -> str:
     base = values[0]
-    medians = {v: {m: statistics.median(r[m] for r in results[v]) for m in METRICS}
-               for v in values}
-    header = "| busy poll ms | " + " | ".join(
-        f"{m} | × {base:g} ms" for m in METRICS) + " | hand-off ms per round | slowest ms |"
+    medians = {v: {m: statistics.median(r[m] for r in results[v]) for m in METRICS} for v in values}
+    header = (
+        "| busy poll ms | "
+        + " | ".join(f"{m} | × {base:g} ms" for m in METRICS)
+        + " | hand-off ms per round | slowest ms |"
+    )
     lines = [
         f"# Engine queue busy-polling on CPU (run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         "",
@@ -107,13 +116,15 @@ def report(values: list[float], results: dict[float, list[dict[str, float]]],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--values", type=float, nargs="+", default=[20.0, 2.0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--models-dir", type=Path,
-                        default=REPO / ".loom-test-cache" / "bench-models")
+    parser.add_argument(
+        "--models-dir", type=Path, default=REPO / ".loom-test-cache" / "bench-models"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     model_dir = ensure_model(args.models_dir, "1mb")
@@ -123,8 +134,11 @@ def main() -> None:
             order = args.values if round_index % 2 == 0 else args.values[::-1]
             for value in order:
                 results[value].append(run_value(value, model_dir, Path(temp), args.repeats))
-                print(f"round {round_index + 1}, {value:g} ms: {results[value][-1]}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"round {round_index + 1}, {value:g} ms: {results[value][-1]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     text = report(args.values, results, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

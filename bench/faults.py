@@ -48,15 +48,33 @@ def wait_for(condition, timeout_s: float = 600) -> float:  # type: ignore[no-unt
 
 def main() -> None:
     rows = []
-    with tempfile.TemporaryDirectory() as work, local_stack(Path(work)) as stack, \
-            SupervisionThread(stack.supervisor) as kept, httpx2.Client(
-                base_url=stack.settings.url_of("gateway"), timeout=30,
-                headers={"Authorization": f"Bearer {stack.api_key}"}) as http:
+    with (
+        tempfile.TemporaryDirectory() as work,
+        local_stack(Path(work)) as stack,
+        SupervisionThread(stack.supervisor) as kept,
+        httpx2.Client(
+            base_url=stack.settings.url_of("gateway"),
+            timeout=30,
+            headers={"Authorization": f"Bearer {stack.api_key}"},
+        ) as http,
+    ):
         job = http.post("/v1/jobs", json={"base_model": "loom/tiny", "mode": "lora"}).json()
-        task = http.post(f"/v1/jobs/{job['id']}/tasks", json={
-            "kind": "recipe", "params": {"recipe": "sft", "config": {
-                "data": DATA, "steps": 1_000_000, "checkpoint_every": EVERY, "batch_size": 4,
-                "adam": {"lr": 0.01}}}}).json()
+        task = http.post(
+            f"/v1/jobs/{job['id']}/tasks",
+            json={
+                "kind": "recipe",
+                "params": {
+                    "recipe": "sft",
+                    "config": {
+                        "data": DATA,
+                        "steps": 1_000_000,
+                        "checkpoint_every": EVERY,
+                        "batch_size": 4,
+                        "adam": {"lr": 0.01},
+                    },
+                },
+            },
+        ).json()
         marks = []
         for _ in range(6):  # the baseline: checkpoint to checkpoint, nothing killed
             step = max(progress(http, task["id"]), 0)

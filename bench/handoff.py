@@ -36,8 +36,15 @@ RESULTS = REPO / "bench" / "results" / "handoff.md"
 ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0.0)
 MAX_MODEL_LEN = 512
 # The rollout engine's settings (services/rollout/engine.py), so the raw reload is comparable.
-ENGINE_ARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": MAX_MODEL_LEN,
-               "enable_lora": True, "max_lora_rank": 64, "max_loras": 4, "seed": 0}
+ENGINE_ARGS = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "max_model_len": MAX_MODEL_LEN,
+    "enable_lora": True,
+    "max_lora_rank": 64,
+    "max_loras": 4,
+    "seed": 0,
+}
 MAX_FULL_RATIO, MAX_LORA_P50_MS, MAX_PEAK_EXTRA_MIB = 1.3, 150.0, 64.0
 MiB = 2**20
 
@@ -87,6 +94,7 @@ class Row:
 
 # --- models and the raw baseline -----------------------------------------------------------
 
+
 def ensure_model(models_dir: Path, size: str) -> Path:
     """The random-init model of `size`, built once (into a temp dir, renamed when complete)."""
     target = models_dir / size
@@ -98,8 +106,7 @@ def ensure_model(models_dir: Path, size: str) -> Path:
     return target
 
 
-def raw_save_times(model_dir: Path, weights_dir: Path, repeats: int,
-                   keep: bool) -> list[float]:
+def raw_save_times(model_dir: Path, weights_dir: Path, repeats: int, keep: bool) -> list[float]:
     """Time `save_file` of the model's tensors, changed before each save, into a new file in
     `weights_dir` (the last one stays there). `keep`: earlier files stay, as a store keeps
     its versions, so each save writes into page cache the machine has not used yet; otherwise
@@ -132,12 +139,20 @@ def raw_save_times(model_dir: Path, weights_dir: Path, repeats: int,
 def raw_reload_times(model_dir: Path, weights_dir: Path, repeats: int, log: Path) -> list[float]:
     """Run `reload_worker` in a subprocess (vLLM spawns processes) and read its timings."""
     out = weights_dir.parent / "reload.json"
-    argv = [sys.executable, __file__, "--reload-worker", str(model_dir), str(weights_dir),
-            str(repeats), str(out)]
+    argv = [
+        sys.executable,
+        __file__,
+        "--reload-worker",
+        str(model_dir),
+        str(weights_dir),
+        str(repeats),
+        str(out),
+    ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log, "ab") as sink:
-        subprocess.run(argv, env=env, stdout=sink, stderr=subprocess.STDOUT, check=True,
-                       timeout=900)
+        subprocess.run(
+            argv, env=env, stdout=sink, stderr=subprocess.STDOUT, check=True, timeout=900
+        )
     return list(json.loads(out.read_text()))
 
 
@@ -159,22 +174,29 @@ def measure_raw(row: Row, model_dir: Path, work: Path, repeats: int) -> None:
     scratch = Path(tempfile.mkdtemp(dir=work, prefix=f"raw-{name}-"))
     row.raw_save_reused = raw_save_times(model_dir, scratch / "weights", repeats, keep=False)
     row.raw_save = raw_save_times(model_dir, scratch / "weights", repeats, keep=True)
-    row.raw_reload = raw_reload_times(model_dir, scratch / "weights", repeats,
-                                      work / f"raw-{name}.log")
+    row.raw_reload = raw_reload_times(
+        model_dir, scratch / "weights", repeats, work / f"raw-{name}.log"
+    )
 
 
 # --- the stack ------------------------------------------------------------------------------
 
+
 @contextmanager
-def stack(model_dir: Path, work: Path, env: Mapping[str, str] | None = None
-          ) -> Iterator[tuple[LoomClient, int]]:
+def stack(
+    model_dir: Path, work: Path, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[LoomClient, int]]:
     """Every service as a local process, rollout serving `model_dir` (`env`: more settings for
     the services); yields the SDK client and the trainer's pid."""
     data_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"stack-{model_dir.name}-"))
     urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
     settings = LoomSettings(data_dir=data_dir, **urls)
-    service_env = {"LOOM_ROLLOUT_MODEL": str(model_dir), "LOOM_ROLLOUT_KV_CACHE_GIB": "1",
-                   "LOOM_ROLLOUT_MAX_MODEL_LEN": str(MAX_MODEL_LEN), **(env or {})}
+    service_env = {
+        "LOOM_ROLLOUT_MODEL": str(model_dir),
+        "LOOM_ROLLOUT_KV_CACHE_GIB": "1",
+        "LOOM_ROLLOUT_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+        **(env or {}),
+    }
     with Supervisor(settings, extra_env=service_env) as supervisor:
         supervisor.start()
         trainer = next(s for s in supervisor.services if s.name == "trainer")
@@ -196,8 +218,9 @@ def reset_peak_rss(pid: int) -> int:
     return proc_status_kib(pid, "VmRSS")
 
 
-def handoff_once(job: JobClient, prompt: list[int], data: list[Datum], trainer_pid: int,
-                 row: Row | None) -> None:
+def handoff_once(
+    job: JobClient, prompt: list[int], data: list[Datum], trainer_pid: int, row: Row | None
+) -> None:
     """One training step (so the weights really change), then publish and sample on it."""
     job.forward_backward(data)
     job.optim_step(AdamParams(lr=1e-3)).result()
@@ -224,8 +247,9 @@ def handoff_once(job: JobClient, prompt: list[int], data: list[Datum], trainer_p
     row.weights_mib = sum(f.size for f in files if f.path.endswith(".safetensors")) / MiB
 
 
-def measure_job(loom: LoomClient, trainer_pid: int, row: Row, model_dir: Path,
-                repeats: int) -> JobClient:
+def measure_job(
+    loom: LoomClient, trainer_pid: int, row: Row, model_dir: Path, repeats: int
+) -> JobClient:
     """A job of `row`'s mode: one warm-up hand-off, then `repeats` measured; the job."""
     rank = row.lora_rank
     lora = LoraConfig(rank=rank, alpha=2.0 * rank) if row.mode == "lora" else None
@@ -241,6 +265,7 @@ def measure_job(loom: LoomClient, trainer_pid: int, row: Row, model_dir: Path,
 
 # --- report ---------------------------------------------------------------------------------
 
+
 def pct_ms(values: list[float], q: float) -> float:
     if len(values) < 2:
         return 1000 * values[0]
@@ -248,16 +273,28 @@ def pct_ms(values: list[float], q: float) -> float:
 
 
 def table_line(row: Row) -> str:
-    raw = (f"{1000 * statistics.median(row.raw_save):.1f} | "
-           f"{1000 * statistics.median(row.raw_save_reused):.1f} | "
-           f"{1000 * statistics.median(row.raw_reload):.1f} | {1000 * row.raw_total:.1f} | "
-           f"{row.ratio:.2f} | {row.ratio_pages_reused:.2f} | {row.floor_ratio:.2f}"
-           ) if row.raw_save else "– | – | – | – | – | – | –"
-    cells = [pct_ms(row.handoff, 0.5), pct_ms(row.handoff, 0.9), pct_ms(row.publish_op, 0.5),
-             pct_ms(row.after_publish, 0.5), pct_ms(row.steady_sample, 0.5)]
-    return (f"| {row.name} | {row.mode} | {row.weights_mib:.2f} | "
-            + " | ".join(f"{cell:.1f}" for cell in cells)
-            + f" | {raw} | {row.peak_extra_mib:.1f} | {'PASS' if row.passed else 'FAIL'} |")
+    raw = (
+        (
+            f"{1000 * statistics.median(row.raw_save):.1f} | "
+            f"{1000 * statistics.median(row.raw_save_reused):.1f} | "
+            f"{1000 * statistics.median(row.raw_reload):.1f} | {1000 * row.raw_total:.1f} | "
+            f"{row.ratio:.2f} | {row.ratio_pages_reused:.2f} | {row.floor_ratio:.2f}"
+        )
+        if row.raw_save
+        else "– | – | – | – | – | – | –"
+    )
+    cells = [
+        pct_ms(row.handoff, 0.5),
+        pct_ms(row.handoff, 0.9),
+        pct_ms(row.publish_op, 0.5),
+        pct_ms(row.after_publish, 0.5),
+        pct_ms(row.steady_sample, 0.5),
+    ]
+    return (
+        f"| {row.name} | {row.mode} | {row.weights_mib:.2f} | "
+        + " | ".join(f"{cell:.1f}" for cell in cells)
+        + f" | {raw} | {row.peak_extra_mib:.1f} | {'PASS' if row.passed else 'FAIL'} |"
+    )
 
 
 def report(rows: list[Row], repeats: int, timings: dict[str, float]) -> str:
@@ -309,6 +346,7 @@ def report(rows: list[Row], repeats: int, timings: dict[str, float]) -> str:
 
 # --- main -----------------------------------------------------------------------------------
 
+
 @contextmanager
 def timed(timings: dict[str, float], name: str) -> Iterator[None]:
     started = time.perf_counter()
@@ -319,8 +357,9 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
         print(f"{name}: {timings[name]:.0f} s", file=sys.stderr, flush=True)
 
 
-def run_size(size: str, args: argparse.Namespace, work: Path,
-             timings: dict[str, float]) -> list[Row]:
+def run_size(
+    size: str, args: argparse.Namespace, work: Path, timings: dict[str, float]
+) -> list[Row]:
     """Raw baseline first (no stack running), then one stack for the full and LoRA jobs."""
     with timed(timings, f"build/find {size} model"):
         model_dir = ensure_model(args.models_dir, size)
@@ -341,19 +380,26 @@ def run_size(size: str, args: argparse.Namespace, work: Path,
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--sizes", nargs="+", choices=sorted(MODEL_SIZES),
-                        default=["1mb", "100mb", "1gb"])
+    parser.add_argument(
+        "--sizes", nargs="+", choices=sorted(MODEL_SIZES), default=["1mb", "100mb", "1gb"]
+    )
     parser.add_argument("--skip-lora", action="store_true")
     parser.add_argument("--lora-ranks", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--lora-base", choices=sorted(MODEL_SIZES), default="100mb")
-    parser.add_argument("--models-dir", type=Path,
-                        default=REPO / ".loom-test-cache" / "bench-models")
+    parser.add_argument(
+        "--models-dir", type=Path, default=REPO / ".loom-test-cache" / "bench-models"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="Where the table goes.")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="Keep data dirs and logs here (default: a temp dir, removed).")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="Keep data dirs and logs here (default: a temp dir, removed).",
+    )
     parser.add_argument("--reload-worker", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -363,8 +409,9 @@ def main() -> None:
     if args.reload_worker:
         reload_worker(*args.reload_worker)
         return
-    sizes = [s for s in MODEL_SIZES if s in args.sizes
-             or (s == args.lora_base and not args.skip_lora)]
+    sizes = [
+        s for s in MODEL_SIZES if s in args.sizes or (s == args.lora_base and not args.skip_lora)
+    ]
     with tempfile.TemporaryDirectory(prefix="loom-bench-") as temp:
         work = args.work_dir or Path(temp)
         work.mkdir(parents=True, exist_ok=True)

@@ -46,14 +46,15 @@ async def measure(url: str, key: str, samples: int) -> list[tuple[str, float, fl
             forward = await (await job.forward(data, LossConfig(temperature=scored_at)))
             deltas, k3 = [], []
             for datum, row, theirs in zip(data, forward.logprobs, sampler, strict=True):
-                ours = row[len(datum.input_ids) - len(theirs):]
+                ours = row[len(datum.input_ids) - len(theirs) :]
                 for trainer_lp, sampler_lp in zip(ours, theirs, strict=True):
                     deltas.append(abs(trainer_lp - sampler_lp))
                     log_ratio = trainer_lp - sampler_lp  # log(pi_trainer / pi_sampler)
                     k3.append(math.exp(log_ratio) - log_ratio - 1)
             label = f"sampled at T={temperature}, trainer at T={scored_at}"
-            rows.append((label, sum(deltas) / len(deltas), max(deltas), sum(k3) / len(k3),
-                         len(deltas)))
+            rows.append(
+                (label, sum(deltas) / len(deltas), max(deltas), sum(k3) / len(k3), len(deltas))
+            )
         return rows
 
 
@@ -62,8 +63,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=256)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work, local_stack(Path(work)) as stack:
-        rows = asyncio.run(measure(stack.settings.url_of("gateway"), stack.api_key,
-                                   args.samples))
+        rows = asyncio.run(measure(stack.settings.url_of("gateway"), stack.api_key, args.samples))
     lines = [
         "# Sampler-vs-trainer logprob mismatch",
         "",
@@ -76,8 +76,10 @@ def main() -> None:
         "",
         "| samples | tokens | mean abs Δ | max abs Δ | k3 KL |",
         "|---|---|---|---|---|",
-        *(f"| {label} | {n} | {mean:.2e} | {worst:.2e} | {kl:.2e} |"
-          for label, mean, worst, kl, n in rows),
+        *(
+            f"| {label} | {n} | {mean:.2e} | {worst:.2e} | {kl:.2e} |"
+            for label, mean, worst, kl, n in rows
+        ),
         "",
     ]
     RESULTS.write_text("\n".join(lines))

@@ -87,20 +87,32 @@ class FullGcMeter:
             self.arm.full_gc_s += time.process_time() - self._began
 
 
-async def batch(llm: AsyncLLM, prompts: list[list[int]], args: argparse.Namespace,
-                arm: Arm) -> None:
+async def batch(
+    llm: AsyncLLM, prompts: list[list[int]], args: argparse.Namespace, arm: Arm
+) -> None:
     """Every prompt at once, each sample exactly `max_tokens` long."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    params = [SamplingParams(n=args.n, max_tokens=args.max_tokens, min_tokens=args.max_tokens,
-                             ignore_eos=True, temperature=1.0, seed=i, logprobs=0,
-                             detokenize=False, flat_logprobs=arm.flat,
-                             output_kind=RequestOutputKind.FINAL_ONLY)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(
+            n=args.n,
+            max_tokens=args.max_tokens,
+            min_tokens=args.max_tokens,
+            ignore_eos=True,
+            temperature=1.0,
+            seed=i,
+            logprobs=0,
+            detokenize=False,
+            flat_logprobs=arm.flat,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        for i in range(len(prompts))
+    ]
     cpu, wall = time.process_time(), time.perf_counter()
-    outputs = await asyncio.gather(*(direct_generate(llm, p, q) for p, q in zip(prompts, params,
-                                                                            strict=True)))
+    outputs = await asyncio.gather(
+        *(direct_generate(llm, p, q) for p, q in zip(prompts, params, strict=True))
+    )
     arm.cpu_s.append(time.process_time() - cpu)
     arm.wall_s.append(time.perf_counter() - wall)
     arm.tokens.append(sum(len(c.token_ids) for o in outputs for c in o.outputs))
@@ -118,8 +130,9 @@ async def measure(model: Path, args: argparse.Namespace) -> dict[str, Arm]:
     gc.callbacks.append(meter)
     try:
         for heap in ("as loaded", "frozen"):
-            phase = {f"{name}, heap {heap}": Arm(flat=name == "flat")
-                     for name in ("flat", "nested")}
+            phase = {
+                f"{name}, heap {heap}": Arm(flat=name == "flat") for name in ("flat", "nested")
+            }
             for arm in phase.values():  # warm-up, untimed
                 await batch(llm, prompts, args, Arm(flat=arm.flat))
             if heap == "frozen":
@@ -142,46 +155,50 @@ def report(arms: dict[str, Arm], args: argparse.Namespace) -> str:
         "full GCs | their CPU ms per 1k tokens | CPU ms per 1k tokens without them | "
         "median tokens/s |",
         "|---|---|---|---|---|---|---|---|",
-        *(f"| {name} | {arm.total_ms_per_1k:.1f} | {arm.median_ms_per_1k:.1f} | "
-          f"{', '.join(f'{ms:.1f}' for ms in arm.per_batch_ms_per_1k)} | "
-          f"{arm.full_gc} | {arm.ms_per_1k(arm.full_gc_s, sum(arm.tokens)):.1f} | "
-          f"{arm.without_full_gc_ms_per_1k:.1f} | "
-          f"{arm.median_tokens_per_s:.0f} |"
-          for name, arm in arms.items()),
+        *(
+            f"| {name} | {arm.total_ms_per_1k:.1f} | {arm.median_ms_per_1k:.1f} | "
+            f"{', '.join(f'{ms:.1f}' for ms in arm.per_batch_ms_per_1k)} | "
+            f"{arm.full_gc} | {arm.ms_per_1k(arm.full_gc_s, sum(arm.tokens)):.1f} | "
+            f"{arm.without_full_gc_ms_per_1k:.1f} | "
+            f"{arm.median_tokens_per_s:.0f} |"
+            for name, arm in arms.items()
+        ),
     ]
     flat, nested = arms["flat, heap as loaded"], arms["nested, heap as loaded"]
     frozen = arms["flat, heap frozen"]
-    return "\n".join([
-        "# vLLM frontend CPU for logprobs: flat against nested",
-        "",
-        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
-        f"({os.cpu_count()} cores), `python -m bench.logprobs_frontend --rounds {args.rounds} "
-        f"--prompts {args.prompts} --n {args.n} --max-tokens {args.max_tokens}`: one vLLM "
-        "AsyncLLM with the rollout engine's arguments on the tiny model; each batch sends "
-        f"{args.prompts} requests at once, n={args.n}, exactly {args.max_tokens} tokens each, "
-        "logprob of the sampled token, no detokenizing, final output only (as the rollout "
-        "service samples). Frontend CPU: this process's CPU time (vLLM's output handler "
-        "decoding every step's outputs and building the logprobs), not the engine's "
-        "processes. The arms alternate batch by batch, the order swapped every round. "
-        "Python's garbage collector runs when allocations call for it, so a full "
-        "(generation 2) collection may land in the batch after the one whose objects caused "
-        "it: those are counted apart, with their CPU time. Then the same with the start-up "
-        "heap frozen (`services.rollout.app.freeze_startup_heap`, as the rollout service "
-        "does once its engine is up).",
-        "",
-        *rows,
-        "",
-        f"Frontend CPU of flat relative to nested: all batches "
-        f"**{flat.total_ms_per_1k / nested.total_ms_per_1k:.2f}**, median batch "
-        f"{flat.median_ms_per_1k / nested.median_ms_per_1k:.2f}; without full "
-        f"collections {flat.without_full_gc_ms_per_1k / nested.without_full_gc_ms_per_1k:.2f}. "
-        f"Flat with the start-up heap frozen, relative to nested as loaded (before this "
-        f"change): **{frozen.total_ms_per_1k / nested.total_ms_per_1k:.2f}**. "
-        "Tokens/s is the engine's pace: on an otherwise idle machine it barely moves; the CPU "
-        "saved goes to whatever shares the machine with the engine (HTTP, environments, the "
-        "trainer).",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# vLLM frontend CPU for logprobs: flat against nested",
+            "",
+            f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
+            f"({os.cpu_count()} cores), `python -m bench.logprobs_frontend --rounds {args.rounds} "
+            f"--prompts {args.prompts} --n {args.n} --max-tokens {args.max_tokens}`: one vLLM "
+            "AsyncLLM with the rollout engine's arguments on the tiny model; each batch sends "
+            f"{args.prompts} requests at once, n={args.n}, exactly {args.max_tokens} tokens each, "
+            "logprob of the sampled token, no detokenizing, final output only (as the rollout "
+            "service samples). Frontend CPU: this process's CPU time (vLLM's output handler "
+            "decoding every step's outputs and building the logprobs), not the engine's "
+            "processes. The arms alternate batch by batch, the order swapped every round. "
+            "Python's garbage collector runs when allocations call for it, so a full "
+            "(generation 2) collection may land in the batch after the one whose objects caused "
+            "it: those are counted apart, with their CPU time. Then the same with the start-up "
+            "heap frozen (`services.rollout.app.freeze_startup_heap`, as the rollout service "
+            "does once its engine is up).",
+            "",
+            *rows,
+            "",
+            f"Frontend CPU of flat relative to nested: all batches "
+            f"**{flat.total_ms_per_1k / nested.total_ms_per_1k:.2f}**, median batch "
+            f"{flat.median_ms_per_1k / nested.median_ms_per_1k:.2f}; without full "
+            f"collections {flat.without_full_gc_ms_per_1k / nested.without_full_gc_ms_per_1k:.2f}. "
+            f"Flat with the start-up heap frozen, relative to nested as loaded (before this "
+            f"change): **{frozen.total_ms_per_1k / nested.total_ms_per_1k:.2f}**. "
+            "Tokens/s is the engine's pace: on an otherwise idle machine it barely moves; the CPU "
+            "saved goes to whatever shares the machine with the engine (HTTP, environments, the "
+            "trainer).",
+            "",
+        ]
+    )
 
 
 def main() -> None:

@@ -43,8 +43,9 @@ PROMPT_TOKENS = 12
 Rates = dict[tuple[str, int], list[float]]  # (arm, concurrency) → tokens/s of each batch
 
 
-async def measure_arm(max_loras: int, concurrency: list[int], batches: int,
-                      max_tokens: int) -> dict[int, list[float]]:
+async def measure_arm(
+    max_loras: int, concurrency: list[int], batches: int, max_tokens: int
+) -> dict[int, list[float]]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     settings = RolloutSettings(rollout_max_loras=max_loras)
@@ -106,7 +107,8 @@ def report(rates: Rates, args: argparse.Namespace) -> str:
         lines.append(
             f"| {size} | {statistics.median(on):.0f} | {statistics.median(off):.0f} | "
             f"**{statistics.median(off) / statistics.median(on):.2f}×** | "
-            f"{paired[0]:.2f} to {paired[-1]:.2f} |")
+            f"{paired[0]:.2f} to {paired[-1]:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -116,13 +118,15 @@ async def main_async(args: argparse.Namespace) -> Rates:
     for round_ in range(1, args.rounds + 1):
         order = list(ARMS) if round_ % 2 else list(ARMS)[::-1]
         for arm in order:
-            measured = await measure_arm(ARMS[arm], args.concurrency, args.batches,
-                                         args.max_tokens)
+            measured = await measure_arm(ARMS[arm], args.concurrency, args.batches, args.max_tokens)
             gc.collect()  # the engine's last references: it shuts down now, not at exit
             for size, values in measured.items():
                 rates[(arm, size)].extend(values)
-                print(f"round {round_}, {arm}, concurrency {size}: "
-                      f"{', '.join(f'{v:.0f}' for v in values)} tok/s", flush=True)
+                print(
+                    f"round {round_}, {arm}, concurrency {size}: "
+                    f"{', '.join(f'{v:.0f}' for v in values)} tok/s",
+                    flush=True,
+                )
     return rates
 
 

@@ -43,9 +43,14 @@ def long_tailed_batch(rows: int, mean: int, cap: int, seed: int) -> list[Datum]:
         ids = [rng.randrange(3, 200) for _ in range(PROMPT_TOKENS + completion)]
         mask = [0.0] * PROMPT_TOKENS + [1.0] * completion
         advantage = rng.uniform(-1, 1)
-        data.append(Datum(input_ids=ids, loss_mask=mask,
-                          logprobs=[0.0] * PROMPT_TOKENS + [-5.0] * completion,
-                          advantages=[advantage * m for m in mask]))
+        data.append(
+            Datum(
+                input_ids=ids,
+                loss_mask=mask,
+                logprobs=[0.0] * PROMPT_TOKENS + [-5.0] * completion,
+                advantages=[advantage * m for m in mask],
+            )
+        )
     return data
 
 
@@ -73,8 +78,10 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="loom-bench-micro-") as work:
         base = ensure_tiny_model(Path(work) / "tiny")
-        arms = {"one padded pass": model(Path(work), base, ONE_PASS),
-                "micro-batches": model(Path(work), base, CPU_BUDGET)}
+        arms = {
+            "one padded pass": model(Path(work), base, ONE_PASS),
+            "micro-batches": model(Path(work), base, CPU_BUDGET),
+        }
         times: dict[str, list[float]] = {name: [] for name in arms}
         shapes = []
         for round_ in range(args.rounds + 1):
@@ -86,38 +93,47 @@ def main() -> None:
                 if round_:  # round 0 warms both up
                     times[name].append(elapsed)
             if round_:
-                shapes.append((sum(lengths), len(lengths) * max(lengths),
-                               sum(len(g) * lengths[g[0]] for g in groups), len(groups)))
+                shapes.append(
+                    (
+                        sum(lengths),
+                        len(lengths) * max(lengths),
+                        sum(len(g) * lengths[g[0]] for g in groups),
+                        len(groups),
+                    )
+                )
     one, micro = (statistics.median(times[name]) for name in arms)
     rows = [
         "| arm | median s | min s | max s |",
         "|---|---|---|---|",
-        *(f"| {name} | {statistics.median(t):.3f} | {min(t):.3f} | {max(t):.3f} |"
-          for name, t in times.items()),
+        *(
+            f"| {name} | {statistics.median(t):.3f} | {min(t):.3f} | {max(t):.3f} |"
+            for name, t in times.items()
+        ),
     ]
-    real, padded, micro_padded, passes = (statistics.mean(s[i] for s in shapes)
-                                          for i in range(4))
-    report = "\n".join([
-        "# Trainer micro-batches by length",
-        "",
-        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} (CPU, one torch "
-        f"thread), `python -m bench.micro_batches --rows {args.rows} --mean-tokens "
-        f"{args.mean_tokens} --max-tokens {args.max_tokens} --rounds {args.rounds}`: the tiny "
-        "model, full weights, one `forward_backward` (PPO, token mean) per arm and round on "
-        f"the same batch: {args.rows} rows of a {PROMPT_TOKENS}-token prompt and a "
-        f"completion of geometric length (mean {args.mean_tokens}, cap {args.max_tokens}), "
-        "a new batch each round, the arms interleaved.",
-        "",
-        f"Per batch, on average: {real:.0f} real tokens; {padded:.0f} tokens as one padded "
-        f"pass; {micro_padded:.0f} tokens in {passes:.1f} micro-batches of at most "
-        f"{CPU_BUDGET} tokens (the default budget).",
-        "",
-        *rows,
-        "",
-        f"Speed-up of micro-batches over one padded pass (ratio of medians): "
-        f"**{one / micro:.2f}x**",
-        "",
-    ])
+    real, padded, micro_padded, passes = (statistics.mean(s[i] for s in shapes) for i in range(4))
+    report = "\n".join(
+        [
+            "# Trainer micro-batches by length",
+            "",
+            f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} (CPU, one torch "
+            f"thread), `python -m bench.micro_batches --rows {args.rows} --mean-tokens "
+            f"{args.mean_tokens} --max-tokens {args.max_tokens} --rounds {args.rounds}`: the tiny "
+            "model, full weights, one `forward_backward` (PPO, token mean) per arm and round on "
+            f"the same batch: {args.rows} rows of a {PROMPT_TOKENS}-token prompt and a "
+            f"completion of geometric length (mean {args.mean_tokens}, cap {args.max_tokens}), "
+            "a new batch each round, the arms interleaved.",
+            "",
+            f"Per batch, on average: {real:.0f} real tokens; {padded:.0f} tokens as one padded "
+            f"pass; {micro_padded:.0f} tokens in {passes:.1f} micro-batches of at most "
+            f"{CPU_BUDGET} tokens (the default budget).",
+            "",
+            *rows,
+            "",
+            f"Speed-up of micro-batches over one padded pass (ratio of medians): "
+            f"**{one / micro:.2f}x**",
+            "",
+        ]
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(report)
     print(report)

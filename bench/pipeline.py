@@ -74,8 +74,11 @@ ARMS = [
     Arm("async", "async"),
     Arm("async+partial+length-aware", "async", PARTIAL),
     # AReaL's bound: on how far ahead groups start; late groups are trained, not dropped.
-    Arm("async+partial+length-aware, bound on starts", "async",
-        {**PARTIAL, "staleness_bound": "started"}),
+    Arm(
+        "async+partial+length-aware, bound on starts",
+        "async",
+        {**PARTIAL, "staleness_bound": "started"},
+    ),
 ]
 
 
@@ -107,9 +110,14 @@ class Measured:
 
 def pooled(runs: list[Measured]) -> Measured:
     """One arm's rounds as one run: their steps, samples and seconds together."""
-    return Measured(runs[0].arm, [s for r in runs for s in r.steps],
-                    sum(r.wall_s for r in runs), sum(r.engine_busy_s for r in runs),
-                    sum(r.trainer_busy_s for r in runs), [n for r in runs for n in r.lengths])
+    return Measured(
+        runs[0].arm,
+        [s for r in runs for s in r.steps],
+        sum(r.wall_s for r in runs),
+        sum(r.engine_busy_s for r in runs),
+        sum(r.trainer_busy_s for r in runs),
+        [n for r in runs for n in r.lengths],
+    )
 
 
 @dataclass
@@ -128,13 +136,18 @@ class Observed:
         return self.inner.batch(groups)
 
 
-async def calibrate_stop_tokens(loom: AsyncLoomClient, mean_tokens: int,
-                                max_tokens: int) -> tuple[list[int], float]:
+async def calibrate_stop_tokens(
+    loom: AsyncLoomClient, mean_tokens: int, max_tokens: int
+) -> tuple[list[int], float]:
     """Tokens the base model, sampling freely, emits about once per `mean_tokens` tokens
     between them (the most frequent first, until their rates add up)."""
-    response = await loom.sample(SampleRequest(
-        prompt="1+2=", n=64, params=SamplingParams(max_tokens=max_tokens, temperature=1.0,
-                                                   seed=0)))
+    response = await loom.sample(
+        SampleRequest(
+            prompt="1+2=",
+            n=64,
+            params=SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=0),
+        )
+    )
     counts = Counter(t for s in response.samples for t in s.token_ids)
     total = sum(counts.values())
     chosen: list[int] = []
@@ -148,24 +161,42 @@ async def calibrate_stop_tokens(loom: AsyncLoomClient, mean_tokens: int,
 
 
 def arithmetic_tasks(count: int) -> list[dict[str, str]]:
-    return [{"prompt": f"{a % 97}+{b % 89}=", "reference": str(a % 97 + b % 89)}
-            for a, b in zip(range(count), range(7, 7 + 3 * count, 3), strict=True)]
+    return [
+        {"prompt": f"{a % 97}+{b % 89}=", "reference": str(a % 97 + b % 89)}
+        for a, b in zip(range(count), range(7, 7 + 3 * count, 3), strict=True)
+    ]
 
 
-async def run_arm(stack: LocalStack, loom: AsyncLoomClient, arm: Arm, args: argparse.Namespace,
-                  stop_tokens: list[int], name: str) -> Measured:
+async def run_arm(
+    stack: LocalStack,
+    loom: AsyncLoomClient,
+    arm: Arm,
+    args: argparse.Namespace,
+    stop_tokens: list[int],
+    name: str,
+) -> Measured:
     job: AsyncJobClient = await loom.create_job("loom/tiny", name=name, mode=args.mode)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1,
-                            stop_token_ids=stop_tokens)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=1.0, seed=1, stop_token_ids=stop_tokens
+    )
     # Enough that no arm runs out: dropped groups use tasks up, and an arm whose tasks ran out
     # would drain its pipeline at the end (the trainer idle while the last groups finish).
     tasks = arithmetic_tasks(2 * args.groups_per_step * args.steps)
     algorithm = Observed(grpo())
-    pipeline = AsyncPipeline(job, algorithm, env="arithmetic",  # type: ignore[arg-type]
-                             tasks=tasks, groups_per_step=args.groups_per_step,
-                             group_size=args.group_size, params=params, mode=arm.mode,
-                             max_staleness=args.max_staleness, oversample=args.oversample,
-                             epochs=args.epochs, **arm.options)
+    pipeline = AsyncPipeline(
+        job,
+        algorithm,
+        env="arithmetic",  # type: ignore[arg-type]
+        tasks=tasks,
+        groups_per_step=args.groups_per_step,
+        group_size=args.group_size,
+        params=params,
+        mode=arm.mode,
+        max_staleness=args.max_staleness,
+        oversample=args.oversample,
+        epochs=args.epochs,
+        **arm.options,
+    )
     engine0 = stack.counter("rollout", ENGINE_BUSY)
     trainer0 = stack.counter("trainer", TRAINER_BUSY)
     began = time.perf_counter()
@@ -182,8 +213,12 @@ def percentile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
-def table(rounds: list[list[Measured]], args: argparse.Namespace,
-          stop: tuple[list[int], float], pinned: bool) -> str:
+def table(
+    rounds: list[list[Measured]],
+    args: argparse.Namespace,
+    stop: tuple[list[int], float],
+    pinned: bool,
+) -> str:
     """`rounds`: per round, every arm's run, in the arms' order."""
     results = [pooled(list(runs)) for runs in zip(*rounds, strict=True)]
     sync = results[0]
@@ -204,7 +239,8 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
             f"{sum(s.abandoned_stale for s in r.steps)} | "
             f"{statistics.mean(runs[i].steps[0].wait_s for runs in rounds):.2f} | "
             f"{statistics.mean(s.wait_s for s in r.steps):.2f} | "
-            f"{statistics.mean(s.train_s for s in r.steps):.2f} |")
+            f"{statistics.mean(s.train_s for s in r.steps):.2f} |"
+        )
     lengths = sync.lengths
     header = [
         "# RL pipeline: throughput and bubbles",
@@ -229,13 +265,19 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
         "fraction of the arm's wall time with no generation in flight (engine) or no "
         "operation running (trainer). First batch: the wait for a run's first step's groups, "
         "the pipeline's fill, which the trainer spends idle in every arm (averaged over rounds). "
-        + ("The engine (vLLM's EngineCore and worker processes) runs on core 0, the trainer "
-           "(one torch thread) on core 1; every other process (the rollout service's own, "
-           "gateway, reward, modelstate, the bench's client) wherever the OS puts it."
-           if pinned else "No core pinning.")
-        + (" Full-weights jobs only, so the engine runs without LoRA layers "
-           "(`LOOM_ROLLOUT_MAX_LORAS=0`; `--lora-layers` keeps them)."
-           if args.mode == "full" and not args.lora_layers else ""),
+        + (
+            "The engine (vLLM's EngineCore and worker processes) runs on core 0, the trainer "
+            "(one torch thread) on core 1; every other process (the rollout service's own, "
+            "gateway, reward, modelstate, the bench's client) wherever the OS puts it."
+            if pinned
+            else "No core pinning."
+        )
+        + (
+            " Full-weights jobs only, so the engine runs without LoRA layers "
+            "(`LOOM_ROLLOUT_MAX_LORAS=0`; `--lora-layers` keeps them)."
+            if args.mode == "full" and not args.lora_layers
+            else ""
+        ),
         "",
         f"Output lengths (sync arm, tokens): p50 {percentile(lengths, 0.5):.0f}, "
         f"p90 {percentile(lengths, 0.9):.0f}, p99 {percentile(lengths, 0.99):.0f}, "
@@ -253,7 +295,8 @@ def table(rounds: list[list[Measured]], args: argparse.Namespace,
             f"Targets ({r.arm.name}): ≥ {MIN_SPEEDUP}× sync throughput: {speedup:.2f}× — "
             f"{'PASS' if speedup >= MIN_SPEEDUP else 'FAIL'}; bubble ≤ {MAX_BUBBLE:.0%} (worse "
             f"of engine and trainer): {bubble:.1%} — "
-            f"{'PASS' if bubble <= MAX_BUBBLE else 'FAIL'}.")
+            f"{'PASS' if bubble <= MAX_BUBBLE else 'FAIL'}."
+        )
         verdict.append("")
     return "\n".join(header + rows + verdict)
 
@@ -266,16 +309,24 @@ async def main_async(args: argparse.Namespace) -> str:
     if args.pin and (os.cpu_count() or 1) >= 2:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
         cores = {"rollout": [0], "trainer": [1]}
-    with tempfile.TemporaryDirectory(prefix="loom-bench-pipeline-") as work, \
-            local_stack(Path(work), env, cores) as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="loom-bench-pipeline-") as work,
+        local_stack(Path(work), env, cores) as stack,
+    ):
         if cores is not None:  # vLLM's processes inherited core 0; the service itself is host work
             pin_threads(stack.pid("rollout"), range(os.cpu_count() or 1))
         async with AsyncLoomClient(stack.settings.gateway_url, stack.api_key) as loom:
             stop = await calibrate_stop_tokens(loom, args.mean_tokens, args.max_tokens)
             # One-time costs (vLLM compiles its logprob kernels for new batch shapes, the first
             # LoRA loads) are paid here, not by whichever arm runs first.
-            await run_arm(stack, loom, ARMS[-1], argparse.Namespace(
-                **{**vars(args), "steps": 2}), stop[0], "bench-warm-up")
+            await run_arm(
+                stack,
+                loom,
+                ARMS[-1],
+                argparse.Namespace(**{**vars(args), "steps": 2}),
+                stop[0],
+                "bench-warm-up",
+            )
             arms = [arm for arm in ARMS if not args.arms or arm.name in args.arms]
             rounds = []
             for round_ in range(1, args.rounds + 1):
@@ -283,12 +334,13 @@ async def main_async(args: argparse.Namespace) -> str:
                 runs: dict[str, Measured] = {}
                 for arm in order:
                     print(f"round {round_}, arm {arm.name} ...", flush=True)
-                    r = await run_arm(stack, loom, arm, args, stop[0],
-                                      f"bench-{arm.name}-{round_}")
+                    r = await run_arm(stack, loom, arm, args, stop[0], f"bench-{arm.name}-{round_}")
                     runs[arm.name] = r
-                    print(f"  {r.samples} samples in {r.wall_s:.1f} s, engine bubble "
-                          f"{r.engine_bubble:.0%}, trainer bubble {r.trainer_bubble:.0%}",
-                          flush=True)
+                    print(
+                        f"  {r.samples} samples in {r.wall_s:.1f} s, engine bubble "
+                        f"{r.engine_bubble:.0%}, trainer bubble {r.trainer_bubble:.0%}",
+                        flush=True,
+                    )
                 rounds.append([runs[arm.name] for arm in arms])
     return table(rounds, args, stop, cores is not None)
 
@@ -297,24 +349,47 @@ def main() -> None:
     import asyncio
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="every arm once a round, the order reversed every other round")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="every arm once a round, the order reversed every other round",
+    )
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--mean-tokens", type=int, default=48)
-    parser.add_argument("--epochs", type=int, default=2,
-                        help="optimizer passes per batch: sets the trainer's share of the work")
-    parser.add_argument("--mode", choices=["lora", "full"], default="full",
-                        help="what each job trains and hands to the engine")
-    parser.add_argument("--max-staleness", type=int, default=4,
-                        help="of the async arms: how many versions a trained group may lag")
-    parser.add_argument("--oversample", type=float, default=1.0,
-                        help="groups asked for per group a step needs, in every arm")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=2,
+        help="optimizer passes per batch: sets the trainer's share of the work",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["lora", "full"],
+        default="full",
+        help="what each job trains and hands to the engine",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=4,
+        help="of the async arms: how many versions a trained group may lag",
+    )
+    parser.add_argument(
+        "--oversample",
+        type=float,
+        default=1.0,
+        help="groups asked for per group a step needs, in every arm",
+    )
     parser.add_argument("--no-pin", dest="pin", action="store_false")
-    parser.add_argument("--lora-layers", action="store_true",
-                        help="--mode full: build the engine with LoRA layers all the same")
+    parser.add_argument(
+        "--lora-layers",
+        action="store_true",
+        help="--mode full: build the engine with LoRA layers all the same",
+    )
     parser.add_argument("--arms", nargs="*", help="a subset, by name (the first is the baseline)")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))

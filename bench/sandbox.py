@@ -79,7 +79,8 @@ async def measure(execute: Execute, code: str, concurrency: int, requests: int) 
 
 async def bare_subprocess(code: str) -> bool:
     process = await asyncio.create_subprocess_exec(
-        BARE_PYTHON, "-I", "-c", code, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        BARE_PYTHON, "-I", "-c", code, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     await process.communicate()
     return process.returncode == 0
 
@@ -87,15 +88,23 @@ async def bare_subprocess(code: str) -> bool:
 @contextlib.asynccontextmanager
 async def sandbox_service(backend: str, pool: int) -> AsyncIterator[Execute]:
     port = free_port()
-    env = {**os.environ, "LOOM_SANDBOX_URL": f"http://127.0.0.1:{port}",
-           "LOOM_SANDBOX_BACKEND": backend, "LOOM_SANDBOX_MAX_CONCURRENCY": str(pool),
-           "LOOM_SANDBOX_DOCKER_POOL": f"loom-bench-{port}", "LOOM_LOG_LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "LOOM_SANDBOX_URL": f"http://127.0.0.1:{port}",
+        "LOOM_SANDBOX_BACKEND": backend,
+        "LOOM_SANDBOX_MAX_CONCURRENCY": str(pool),
+        "LOOM_SANDBOX_DOCKER_POOL": f"loom-bench-{port}",
+        "LOOM_LOG_LEVEL": "warning",
+    }
     process = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env, cwd=REPO)
     limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
     # The service reads its token from the same environment (or data dir) as this process.
-    async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
-                                  limits=limits, headers=service_headers(LoomSettings())
-                                  ) as client:
+    async with httpx2.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}",
+        timeout=120,
+        limits=limits,
+        headers=service_headers(LoomSettings()),
+    ) as client:
         try:
             await until_ready(client, process, f"{backend} sandbox service", 120)
 
@@ -119,9 +128,11 @@ async def run(requests: int) -> list[Row]:
                 row = await measure(execute, code, concurrency, max(requests, 2 * concurrency))
                 row.runner, row.program = runner, program
                 rows.append(row)
-                print(f"{runner:8} {program:8} c={concurrency:<3} p50 {row.p(0.5):7.1f} ms  "
-                      f"p99 {row.p(0.99):7.1f} ms  {row.per_s:6.1f}/s  failures {row.failures}",
-                      flush=True)
+                print(
+                    f"{runner:8} {program:8} c={concurrency:<3} p50 {row.p(0.5):7.1f} ms  "
+                    f"p99 {row.p(0.99):7.1f} ms  {row.per_s:6.1f}/s  failures {row.failures}",
+                    flush=True,
+                )
 
     await measure_all("bare", bare_subprocess)
     for backend in ("process", "docker"):
@@ -152,19 +163,26 @@ def report(rows: list[Row], requests: int) -> str:
     ]
     for row in rows:
         baseline = bare[(row.program, row.concurrency)]
-        lines.append(f"| {row.runner} | {row.program} | {row.concurrency} | {row.p(0.5):.1f} | "
-                     f"{row.p(0.99):.1f} | {row.per_s:.1f} | "
-                     f"{row.p(0.5) / baseline.p(0.5):.2f} | {row.failures} |")
-    lines += ["", "| backend | warm p50 trivial, c=1 (ms) | target | best trivial/s | target |",
-              "|---|---|---|---|---|"]
+        lines.append(
+            f"| {row.runner} | {row.program} | {row.concurrency} | {row.p(0.5):.1f} | "
+            f"{row.p(0.99):.1f} | {row.per_s:.1f} | "
+            f"{row.p(0.5) / baseline.p(0.5):.2f} | {row.failures} |"
+        )
+    lines += [
+        "",
+        "| backend | warm p50 trivial, c=1 (ms) | target | best trivial/s | target |",
+        "|---|---|---|---|---|",
+    ]
     for backend, target in TARGET_P50_MS.items():
         cells = [r for r in rows if r.runner == backend and r.program == "trivial"]
         p50 = next(r for r in cells if r.concurrency == 1).p(0.5)
         best = max(r.per_s for r in cells)
-        lines.append(f"| {backend} | {p50:.1f} | {'PASS' if p50 <= target else 'FAIL'} "
-                     f"(≤ {target:.0f}) | {best:.1f} | "
-                     f"{'PASS' if best >= TARGET_TRIVIAL_PER_S else 'FAIL'} "
-                     f"(≥ {TARGET_TRIVIAL_PER_S:.0f}) |")
+        lines.append(
+            f"| {backend} | {p50:.1f} | {'PASS' if p50 <= target else 'FAIL'} "
+            f"(≤ {target:.0f}) | {best:.1f} | "
+            f"{'PASS' if best >= TARGET_TRIVIAL_PER_S else 'FAIL'} "
+            f"(≥ {TARGET_TRIVIAL_PER_S:.0f}) |"
+        )
     return "\n".join(lines) + "\n"
 
 

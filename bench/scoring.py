@@ -52,14 +52,25 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "scoring.md"
 GROUPS, GROUP_SIZE = 16, 8
 VERIFIERS: dict[str, dict[str, Any]] = {
-    "regex": {"pattern": r"^\s*-?\d+\s*$"}, "exact_match": {}, "first_integer": {}}
+    "regex": {"pattern": r"^\s*-?\d+\s*$"},
+    "exact_match": {},
+    "first_integer": {},
+}
 
 
 def group(index: int) -> list[dict[str, str]]:
     """A group's answers to `a+b=`: some right, some wrong, some with trailing text."""
     answer = 20 + index
-    replies = [f"{answer}", f"{answer + 1}", f" {answer}", f"{answer}3", f"{answer} 7",
-               f"{answer - 10}", "", f"{answer}"]
+    replies = [
+        f"{answer}",
+        f"{answer + 1}",
+        f" {answer}",
+        f"{answer}3",
+        f"{answer} 7",
+        f"{answer - 10}",
+        "",
+        f"{answer}",
+    ]
     return [{"response": r, "reference": str(answer)} for r in replies[:GROUP_SIZE]]
 
 
@@ -84,17 +95,25 @@ class Service:
 
 
 @contextlib.asynccontextmanager
-async def service(name: str, checkout: Path, module: str, data_dir: Path,
-                  env: dict[str, str] | None = None) -> AsyncIterator[Service]:
+async def service(
+    name: str, checkout: Path, module: str, data_dir: Path, env: dict[str, str] | None = None
+) -> AsyncIterator[Service]:
     """`python -m services.<module>` from `checkout` (its `services` package comes first on
     the path), on a free port, once ready."""
     port = free_port()
     settings = LoomSettings(data_dir=data_dir)
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [sys.executable, "-m", f"services.{module}"], cwd=checkout,
-        env={**os.environ, **(env or {}), f"LOOM_{module.upper()}_URL": url,
-             "LOOM_DATA_DIR": str(data_dir), "LOOM_LOG_LEVEL": "warning"})
+        [sys.executable, "-m", f"services.{module}"],
+        cwd=checkout,
+        env={
+            **os.environ,
+            **(env or {}),
+            f"LOOM_{module.upper()}_URL": url,
+            "LOOM_DATA_DIR": str(data_dir),
+            "LOOM_LOG_LEVEL": "warning",
+        },
+    )
     limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
     try:
         async with httpx2.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -129,8 +148,7 @@ class Samples:
 Step = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
-async def timed(service: Service, route: str, step: Step, verifier: str, steps: int
-                ) -> Samples:
+async def timed(service: Service, route: str, step: Step, verifier: str, steps: int) -> Samples:
     params = VERIFIERS[verifier]
     await step(verifier, params)  # warm: connections, caches
     before = await service.server_seconds(route)
@@ -154,31 +172,49 @@ def arms(service: Service, scorer: RewardScorer | None) -> dict[str, tuple[str, 
         await post("/v1/score", {"verifier": verifier, "params": params, "items": group(0)})
 
     async def per_group(verifier: str, params: dict[str, Any]) -> None:
-        await asyncio.gather(*(post("/v1/score", {"verifier": verifier, "params": params,
-                                                  "items": group(g)}) for g in range(GROUPS)))
+        await asyncio.gather(
+            *(
+                post("/v1/score", {"verifier": verifier, "params": params, "items": group(g)})
+                for g in range(GROUPS)
+            )
+        )
 
     async def batch(verifier: str, params: dict[str, Any]) -> None:
-        await post("/v1/score/batch", {"batches": [
-            {"verifier": verifier, "params": params, "items": group(g)} for g in range(GROUPS)]})
+        await post(
+            "/v1/score/batch",
+            {
+                "batches": [
+                    {"verifier": verifier, "params": params, "items": group(g)}
+                    for g in range(GROUPS)
+                ]
+            },
+        )
 
     async def gathered(verifier: str, params: dict[str, Any]) -> None:
         assert scorer is not None
-        await asyncio.gather(*(scorer.score(verifier, [ScoreItem(**i) for i in group(g)], params)
-                               for g in range(GROUPS)))
+        await asyncio.gather(
+            *(
+                scorer.score(verifier, [ScoreItem(**i) for i in group(g)], params)
+                for g in range(GROUPS)
+            )
+        )
 
-    found = {"one 8-item request": ("/v1/score", one_request),
-             "step: 16 requests at once": ("/v1/score", per_group)}
+    found = {
+        "one 8-item request": ("/v1/score", one_request),
+        "step: 16 requests at once": ("/v1/score", per_group),
+    }
     if scorer is not None:
-        found |= {"step: one batch request": ("/v1/score/batch", batch),
-                  "step: rollout's RewardScorer": ("/v1/score/batch", gathered)}
+        found |= {
+            "step: one batch request": ("/v1/score/batch", batch),
+            "step: rollout's RewardScorer": ("/v1/score/batch", gathered),
+        }
     return found
 
 
 async def run(base: Path, rounds: int, steps: int) -> dict[tuple[str, str, str], Samples]:
     results: dict[tuple[str, str, str], Samples] = {}
     async with reward_service("before", base) as before, reward_service("after", REPO) as after:
-        scorer = RewardScorer(ServiceClient(after.url, service="reward",
-                                            headers=after.headers))
+        scorer = RewardScorer(ServiceClient(after.url, service="reward", headers=after.headers))
         for round_ in range(rounds):
             for service, gatherer in ((before, None), (after, scorer)):
                 for arm, (route, step) in arms(service, gatherer).items():
@@ -207,12 +243,23 @@ async def rollout_requests(steps: int) -> RolloutCounts:
     counts = RolloutCounts()
     with tempfile.TemporaryDirectory(prefix="bench-scoring-rollout-") as temp:
         data_dir = Path(temp)
-        async with service("after", REPO, "reward", data_dir) as reward, service(
-                "after", REPO, "rollout", data_dir,
-                {"LOOM_REWARD_URL": reward.url, "LOOM_ROLLOUT_MODEL": str(model)}) as rollout:
+        async with (
+            service("after", REPO, "reward", data_dir) as reward,
+            service(
+                "after",
+                REPO,
+                "rollout",
+                data_dir,
+                {"LOOM_REWARD_URL": reward.url, "LOOM_ROLLOUT_MODEL": str(model)},
+            ) as rollout,
+        ):
             tasks = [{"prompt": f"{a}+{a + 7}=", "reference": str(2 * a + 7)} for a in range(16)]
-            body = {"env": "arithmetic", "tasks": tasks, "group_size": GROUP_SIZE,
-                    "params": {"max_tokens": 8, "temperature": 1.0}}
+            body = {
+                "env": "arithmetic",
+                "tasks": tasks,
+                "group_size": GROUP_SIZE,
+                "params": {"max_tokens": 8, "temperature": 1.0},
+            }
             for step in range(steps + 1):  # the first warms the engine up
                 before = (await reward.server_seconds("/v1/score/batch"))[1]
                 started = time.perf_counter()
@@ -227,9 +274,12 @@ async def rollout_requests(steps: int) -> RolloutCounts:
     return counts
 
 
-def report(results: dict[tuple[str, str, str], Samples], args: argparse.Namespace,
-           load: tuple[tuple[float, ...], tuple[float, ...]],
-           rollouts: RolloutCounts | None) -> str:
+def report(
+    results: dict[tuple[str, str, str], Samples],
+    args: argparse.Namespace,
+    load: tuple[tuple[float, ...], tuple[float, ...]],
+    rollouts: RolloutCounts | None,
+) -> str:
     lines = [
         "# Scoring cost: reward service before and after (issue 38)",
         "",
@@ -255,8 +305,10 @@ def report(results: dict[tuple[str, str, str], Samples], args: argparse.Namespac
         server_ms = 1000 * samples.server_s / samples.requests
         walls = sorted(samples.walls)
         p90 = walls[int(0.9 * (len(walls) - 1))]
-        lines.append(f"| {service} | {arm} | {verifier} | {per_step:g} | {server_ms:.2f} | "
-                     f"{1000 * statistics.median(walls):.2f} | {1000 * p90:.2f} |")
+        lines.append(
+            f"| {service} | {arm} | {verifier} | {per_step:g} | {server_ms:.2f} | "
+            f"{1000 * statistics.median(walls):.2f} | {1000 * p90:.2f} |"
+        )
     lines += [
         "",
         "Before: `regex` ran each item in a worker process (one process hop per item, at most "
@@ -292,8 +344,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-scoring-base-") as checkout:
         # The base's services package only (all the reward service imports), read from git
         # without touching the work tree or the repository's state.
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.base, "services"],
-                                 check=True, capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", args.base, "services"],
+            check=True,
+            capture_output=True,
+        ).stdout
         subprocess.run(["tar", "-x", "-C", checkout], input=archive, check=True)
         load_start = os.getloadavg()
         results = asyncio.run(run(Path(checkout), args.rounds, args.steps))

@@ -52,8 +52,13 @@ RESULTS = REPO / "bench" / "results" / "store_publish.md"
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 MiB = 1 << 20
 # The small files of a Hugging Face directory, unchanged from one save to the next.
-CONSTANT_FILES = {"config.json": 800, "generation_config.json": 60, "tokenizer.json": 7000,
-                  "tokenizer_config.json": 320, "chat_template.jinja": 650}
+CONSTANT_FILES = {
+    "config.json": 800,
+    "generation_config.json": 60,
+    "tokenizer.json": 7000,
+    "tokenizer_config.json": 320,
+    "chat_template.jinja": 650,
+}
 
 
 @contextmanager
@@ -96,8 +101,9 @@ def measure(backend: str, weights_bytes: int, repeats: int, work: Path) -> dict[
         for repeat in range(repeats + 1):  # the first publish warms connections: not counted
             name = store.blobs.new_staging_name()
             write_version(store.blobs.staging / name, weights_bytes, constants)
-            request = PublishRequest(job_id="bench", kind=VersionKind.full, base_model="m",
-                                     step=repeat, staged=name)
+            request = PublishRequest(
+                job_id="bench", kind=VersionKind.full, base_model="m", step=repeat, staged=name
+            )
             start = time.perf_counter()
             store.publish(request)
             elapsed = time.perf_counter() - start
@@ -110,9 +116,12 @@ def measure(backend: str, weights_bytes: int, repeats: int, work: Path) -> dict[
                 raw_s.append(raw)
         engine.dispose()
     publish_p50, raw_p50 = statistics.median(publish_s), statistics.median(raw_s)
-    return {"publish_p50": 1000 * publish_p50,
-            "publish_p90": 1000 * statistics.quantiles(publish_s, n=10)[-1],
-            "raw_p50": 1000 * raw_p50, "ratio": publish_p50 / raw_p50}
+    return {
+        "publish_p50": 1000 * publish_p50,
+        "publish_p90": 1000 * statistics.quantiles(publish_s, n=10)[-1],
+        "raw_p50": 1000 * raw_p50,
+        "ratio": publish_p50 / raw_p50,
+    }
 
 
 def sweep_every_publish(blobs: BlobStore) -> None:
@@ -130,15 +139,17 @@ def measure_run(weights_bytes: int, versions: int, work: Path) -> dict[str, list
         url = f"sqlite:///{work / f'{arm}.db'}"
         migrate(url, ALEMBIC_DIR, VERSION_TABLE)
         engines.append(make_engine(url))
-        stores[arm] = ModelStore(make_sessionmaker(engines[-1]),
-                                 BlobStore(work / f"blobs-{arm}", 1 << 40))
+        stores[arm] = ModelStore(
+            make_sessionmaker(engines[-1]), BlobStore(work / f"blobs-{arm}", 1 << 40)
+        )
     times: dict[str, list[float]] = {arm: [] for arm in stores}
     for step in range(versions):
         for arm, store in stores.items():
             name = store.blobs.new_staging_name()
             write_version(store.blobs.staging / name, weights_bytes, constants)
-            request = PublishRequest(job_id="bench", kind=VersionKind.full, base_model="m",
-                                     step=step, staged=name)
+            request = PublishRequest(
+                job_id="bench", kind=VersionKind.full, base_model="m", step=step, staged=name
+            )
             start = time.perf_counter()
             if arm == "before":
                 sweep_every_publish(store.blobs)
@@ -152,27 +163,36 @@ def measure_run(weights_bytes: int, versions: int, work: Path) -> dict[str, list
 
 def report_run(times: dict[str, list[float]], weights_bytes: int) -> str:
     versions = len(times["now"])
-    parts = [(f"publishes 1-{versions // 10}", slice(0, versions // 10)),
-             (f"publishes {versions - versions // 10 + 1}-{versions}",
-              slice(versions - versions // 10, versions)),
-             (f"all {versions}", slice(0, versions))]
+    parts = [
+        (f"publishes 1-{versions // 10}", slice(0, versions // 10)),
+        (
+            f"publishes {versions - versions // 10 + 1}-{versions}",
+            slice(versions - versions // 10, versions),
+        ),
+        (f"all {versions}", slice(0, versions)),
+    ]
     lines = [
-        "", f"## The store's share of a publish over a run of {versions} versions "
-        f"({weights_bytes / MiB:.1f} MiB of weights, SQLite)", "",
+        "",
+        f"## The store's share of a publish over a run of {versions} versions "
+        f"({weights_bytes / MiB:.1f} MiB of weights, SQLite)",
+        "",
         "`link_pending` + `publish`, as `POST /v1/versions` calls them (without HTTP). "
         "*before*: every publish first looks through the pending directories of the last "
         f"{PENDING_TTL_S / 60:.0f} minutes, as before issue 38; *now*: once every "
         f"{PENDING_SWEEP_S:.0f} s. Load average at the end: {os.getloadavg()[0]:.1f} (a shared "
-        "machine: times are upper bounds).", "",
+        "machine: times are upper bounds).",
+        "",
         "| publishes | before p50 ms | now p50 ms | before mean ms | now mean ms |",
         "|---|---|---|---|---|",
     ]
     for label, part in parts:
         before, now = times["before"][part], times["now"][part]
-        lines.append(f"| {label} | {1000 * statistics.median(before):.1f} | "
-                     f"{1000 * statistics.median(now):.1f} | "
-                     f"{1000 * statistics.fmean(before):.1f} | "
-                     f"{1000 * statistics.fmean(now):.1f} |")
+        lines.append(
+            f"| {label} | {1000 * statistics.median(before):.1f} | "
+            f"{1000 * statistics.median(now):.1f} | "
+            f"{1000 * statistics.fmean(before):.1f} | "
+            f"{1000 * statistics.fmean(now):.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -189,23 +209,28 @@ def report(rows: list[tuple[str, int, dict[str, float]]], repeats: int) -> str:
         "",
         "| database | weights MiB | publish p50 ms | publish p90 ms | raw p50 ms | ratio |",
         "|---|---|---|---|---|---|",
-        *(f"| {backend} | {size / MiB:.0f} | {row['publish_p50']:.1f} | "
-          f"{row['publish_p90']:.1f} | {row['raw_p50']:.1f} | {row['ratio']:.2f} |"
-          for backend, size, row in rows),
+        *(
+            f"| {backend} | {size / MiB:.0f} | {row['publish_p50']:.1f} | "
+            f"{row['publish_p90']:.1f} | {row['raw_p50']:.1f} | {row['ratio']:.2f} |"
+            for backend, size, row in rows
+        ),
     ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--weights-mb", type=float, nargs="+", default=[1, 100])
-    parser.add_argument("--databases", nargs="+", choices=["sqlite", "postgresql"],
-                        default=["sqlite", "postgresql"])
+    parser.add_argument(
+        "--databases", nargs="+", choices=["sqlite", "postgresql"], default=["sqlite", "postgresql"]
+    )
     parser.add_argument("--run-versions", type=int, default=300)
-    parser.add_argument("--run-weights-mb", type=float, default=3.15,
-                        help="the tiny model's weight file")
+    parser.add_argument(
+        "--run-weights-mb", type=float, default=3.15, help="the tiny model's weight file"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     rows = []

@@ -31,8 +31,11 @@ from services.common.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "trackers.md"
-ARMS = {"none": {}, "wandb+mlflow+tensorboard": {"trackers": "wandb,mlflow,tensorboard"},
-        "mlflow unreachable": {"trackers": "mlflow", "trackers_retries": 3}}
+ARMS = {
+    "none": {},
+    "wandb+mlflow+tensorboard": {"trackers": "wandb,mlflow,tensorboard"},
+    "mlflow unreachable": {"trackers": "mlflow", "trackers_retries": 3},
+}
 
 
 @dataclass
@@ -44,22 +47,31 @@ class Arm:
     latencies: list[float] = field(default_factory=list)
 
     def log(self, step: int, points: int) -> None:
-        batch = [MetricPoint(step=step, name=f"rl/metric_{i}", value=step / (i + 1))
-                 for i in range(points)]
+        batch = [
+            MetricPoint(step=step, name=f"rl/metric_{i}", value=step / (i + 1))
+            for i in range(points)
+        ]
         started = time.perf_counter()
         with transaction(self.sessions) as session:
             job_logs.log_metrics(session, self.job_id, batch)
         self.latencies.append(time.perf_counter() - started)
 
 
-COUNTERS = ("loom_tracker_points_total", "loom_tracker_failures_total",
-            "loom_tracker_dropped_points_total")
+COUNTERS = (
+    "loom_tracker_points_total",
+    "loom_tracker_failures_total",
+    "loom_tracker_dropped_points_total",
+)
 
 
 def _total(registry: CollectorRegistry, name: str) -> float:
     """A counter summed over its trackers."""
-    return sum(sample.value for metric in registry.collect() for sample in metric.samples
-               if sample.name == name)
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if sample.name == name
+    )
 
 
 def make_arm(work: Path, name: str, options: dict[str, object]) -> Arm:
@@ -71,13 +83,15 @@ def make_arm(work: Path, name: str, options: dict[str, object]) -> Arm:
     migrate(url, ALEMBIC_DIR, VERSION_TABLE)
     sessions = make_sessionmaker(make_engine(url))
     registry = CollectorRegistry()
-    mirror = TrackerMirror([n for n in settings.trackers.split(",") if n],
-                           settings.tracker_options(), registry,
-                           retries=settings.trackers_retries)
+    mirror = TrackerMirror(
+        [n for n in settings.trackers.split(",") if n],
+        settings.tracker_options(),
+        registry,
+        retries=settings.trackers_retries,
+    )
     attach(sessions, mirror)
     with transaction(sessions) as session:
-        row = JobRow(name="bench", base_model="loom/tiny", mode="full", config={},
-                     status="running")
+        row = JobRow(name="bench", base_model="loom/tiny", mode="full", config={}, status="running")
         session.add(row)
         session.flush()
         job_id = row.id
@@ -93,13 +107,15 @@ def main() -> None:
         arms = {name: make_arm(Path(work), name, options) for name, options in ARMS.items()}
         order = list(arms.values())
         for step in range(1, args.requests + 1):  # interleaved, so drift hits every arm
-            for arm in order[step % len(order):] + order[:step % len(order)]:
+            for arm in order[step % len(order) :] + order[: step % len(order)]:
                 arm.log(step, args.points)
         for arm in order:
             arm.mirror.close(timeout_s=30)
         results = {name: arm.latencies for name, arm in arms.items()}
-        counts = {name: [_total(arm.registry, metric) for metric in COUNTERS]
-                  for name, arm in arms.items()}
+        counts = {
+            name: [_total(arm.registry, metric) for metric in COUNTERS]
+            for name, arm in arms.items()
+        }
     base = statistics.median(results["none"])
     lines = [
         "# Trackers: cost to the request that logs metrics",
@@ -118,9 +134,10 @@ def main() -> None:
         values = sorted(values)
         p95 = values[int(0.95 * (len(values) - 1))]
         median = statistics.median(values)
-        lines.append(f"| {name} | {median * 1000:.2f} | {p95 * 1000:.2f} | "
-                     f"{median / base:.2f} | " + " | ".join(f"{c:.0f}" for c in counts[name])
-                     + " |")
+        lines.append(
+            f"| {name} | {median * 1000:.2f} | {p95 * 1000:.2f} | "
+            f"{median / base:.2f} | " + " | ".join(f"{c:.0f}" for c in counts[name]) + " |"
+        )
     text = "\n".join(lines) + "\n"
     RESULTS.write_text(text)
     print(text)

@@ -66,8 +66,9 @@ TOLERANCE = {"logprob": 1e-4, "loss": 1e-4, "grad norm (relative)": 1e-4, "weigh
 Timing = tuple[list[float], int]  # step times, peak GPU bytes
 
 
-def rl_data(rows: int, vocab: int, seed: int, lengths: Callable[[random.Random], int]
-            ) -> list[Datum]:
+def rl_data(
+    rows: int, vocab: int, seed: int, lengths: Callable[[random.Random], int]
+) -> list[Datum]:
     rng = random.Random(seed)
     data = []
     for _ in range(rows):
@@ -75,9 +76,14 @@ def rl_data(rows: int, vocab: int, seed: int, lengths: Callable[[random.Random],
         prompt = n // 4
         mask = [0.0] * prompt + [1.0] * (n - prompt)
         advantage = rng.uniform(-1, 1)
-        data.append(Datum(input_ids=[rng.randrange(3, vocab) for _ in range(n)], loss_mask=mask,
-                          logprobs=[-5.0 * m for m in mask],
-                          advantages=[advantage * m for m in mask]))
+        data.append(
+            Datum(
+                input_ids=[rng.randrange(3, vocab) for _ in range(n)],
+                loss_mask=mask,
+                logprobs=[-5.0 * m for m in mask],
+                advantages=[advantage * m for m in mask],
+            )
+        )
     return data
 
 
@@ -91,22 +97,26 @@ def tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = False
 
 
-def trainer(work: Path, base: Path, device: str, mode: TrainingMode, budget: int,
-            rank: int = 8) -> TrainerModel:
+def trainer(
+    work: Path, base: Path, device: str, mode: TrainingMode, budget: int, rank: int = 8
+) -> TrainerModel:
     registry = ModelRegistry(work / f"{device}-{mode}-{budget}", torch.device(device), budget)
-    spec = CreateModelRequest(job_id="bench", base_model=str(base), mode=mode,
-                              lora=LoraConfig(rank=rank), seed=3)
+    spec = CreateModelRequest(
+        job_id="bench", base_model=str(base), mode=mode, lora=LoraConfig(rank=rank), seed=3
+    )
     return registry.create(spec)[0]
 
 
 # --- 1. same results ---------------------------------------------------------------------------
 
+
 def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
 
 
-def compare_devices(work: Path, tiny: Path, mode: TrainingMode, device: str, tag: str
-                    ) -> dict[str, float]:
+def compare_devices(
+    work: Path, tiny: Path, mode: TrainingMode, device: str, tag: str
+) -> dict[str, float]:
     """Largest CPU-GPU differences over three steps; the GPU model starts from the CPU one's
     trainable weights (LoRA inits from a seed draw from each device's own generator)."""
     cpu = trainer(work / tag, tiny, "cpu", mode, 64)
@@ -119,19 +129,24 @@ def compare_devices(work: Path, tiny: Path, mode: TrainingMode, device: str, tag
         b = gpu.forward_backward(data, PPO_KL, return_logprobs=True)
         assert a.logprobs is not None and b.logprobs is not None
         norm_a, norm_b = cpu.optim_step(ADAM).grad_norm, gpu.optim_step(ADAM).grad_norm
-        for key, value in (("logprob", max_difference(a.logprobs, b.logprobs)),
-                           ("loss", abs(a.loss - b.loss)),
-                           ("grad norm (relative)", abs(norm_a - norm_b) / norm_a)):
+        for key, value in (
+            ("logprob", max_difference(a.logprobs, b.logprobs)),
+            ("loss", abs(a.loss - b.loss)),
+            ("grad norm (relative)", abs(norm_a - norm_b) / norm_a),
+        ):
             worst[key] = max(worst[key], value)
-    worst["weight"] = max((pa.detach() - pb.detach().cpu()).abs().max().item()
-                          for (_, pa), (_, pb) in zip(cpu.named_trainable(),
-                                                      gpu.named_trainable(), strict=True))
+    worst["weight"] = max(
+        (pa.detach() - pb.detach().cpu()).abs().max().item()
+        for (_, pa), (_, pb) in zip(cpu.named_trainable(), gpu.named_trainable(), strict=True)
+    )
     # A checkpoint taken on the GPU resumes on the CPU (a cluster run continued on a laptop),
     # with the optimizer's moments; and a save_weights directory is written from the GPU.
     save_state(gpu, work / tag / "checkpoints", "from-gpu")
     load_state(cpu, work / tag / "checkpoints", "from-gpu")
-    assert all(torch.equal(pa, pb.cpu()) for (_, pa), (_, pb) in
-               zip(cpu.named_trainable(), gpu.named_trainable(), strict=True))
+    assert all(
+        torch.equal(pa, pb.cpu())
+        for (_, pa), (_, pb) in zip(cpu.named_trainable(), gpu.named_trainable(), strict=True)
+    )
     assert cpu.optimizer_state() is not None and cpu.step == gpu.step
     (work / tag / "save").mkdir()
     gpu.save(work / tag / "save", shard_bytes=1 << 20)
@@ -140,12 +155,20 @@ def compare_devices(work: Path, tiny: Path, mode: TrainingMode, device: str, tag
 
 # --- 2. speed -----------------------------------------------------------------------------------
 
+
 def qwen_half_b(directory: Path, device: str) -> int:
     """Qwen2.5-0.5B's shape, random weights (nothing is downloaded), saved to `directory`;
     returns its number of parameters."""
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=896, intermediate_size=4864,
-                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         max_position_embeddings=4096, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
     with torch.device(device):
         model = Qwen2ForCausalLM(config)
     model.save_pretrained(directory)
@@ -169,8 +192,9 @@ def measure(step: Callable[[], None], steps: int) -> Timing:
     return times, torch.cuda.max_memory_allocated()
 
 
-def hand_written(base: Path, device: str, data: list[Datum], steps: int, precision: str,
-                 lora: LoraConfig | None) -> Timing:
+def hand_written(
+    base: Path, device: str, data: list[Datum], steps: int, precision: str, lora: LoraConfig | None
+) -> Timing:
     """The step a researcher writes by hand: one padded pass, the same loss, AdamW (LoRA:
     peft on the same base, Loom's default target modules)."""
     network = Qwen2ForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
@@ -181,14 +205,17 @@ def hand_written(base: Path, device: str, data: list[Datum], steps: int, precisi
     optimizer = torch.optim.AdamW(params, lr=ADAM.lr, betas=(ADAM.beta1, ADAM.beta2))
     ids, mask, old, advantages = (
         torch.tensor([getattr(d, field) for d in data], device=device)
-        for field in ("input_ids", "loss_mask", "logprobs", "advantages"))
+        for field in ("input_ids", "loss_mask", "logprobs", "advantages")
+    )
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = network(input_ids=ids, attention_mask=torch.ones_like(ids),
-                             use_cache=False).logits
-        loss, _ = compute_loss(IS_LOSS, token_logprobs(logits, ids), mask, old_logprobs=old,
-                               advantages=advantages)
+            logits = network(
+                input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False
+            ).logits
+        loss, _ = compute_loss(
+            IS_LOSS, token_logprobs(logits, ids), mask, old_logprobs=old, advantages=advantages
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -198,8 +225,16 @@ def hand_written(base: Path, device: str, data: list[Datum], steps: int, precisi
         return measure(step, steps)
 
 
-def loom(work: Path, base: Path, device: str, data: list[Datum], steps: int, precision: str,
-         lora: LoraConfig | None, budget: int) -> Timing:
+def loom(
+    work: Path,
+    base: Path,
+    device: str,
+    data: list[Datum],
+    steps: int,
+    precision: str,
+    lora: LoraConfig | None,
+    budget: int,
+) -> Timing:
     mode = TrainingMode.full if lora is None else TrainingMode.lora
     model = trainer(work, base, device, mode, budget, rank=lora.rank if lora else 8)
 
@@ -213,12 +248,15 @@ def loom(work: Path, base: Path, device: str, data: list[Datum], steps: int, pre
 
 # --- report -------------------------------------------------------------------------------------
 
+
 def same_results(work: Path, device: str) -> list[str]:
     lines = [
-        "## Same results on CPU and GPU", "",
+        "## Same results on CPU and GPU",
+        "",
         "Tiny model, three steps of PPO with KL 0.1 on 12 rows of 6 to 61 tokens (micro-batch "
         "budget 64, so several passes a step), AdamW lr 1e-3; the GPU model starts from the "
-        "CPU one's weights. Largest differences over the three steps:", "",
+        "CPU one's weights. Largest differences over the three steps:",
+        "",
         "| mode | GPU products | " + " | ".join(TOLERANCE) + " | within tolerance |",
         "|---|---|" + "---|" * (len(TOLERANCE) + 1),
     ]
@@ -229,13 +267,22 @@ def same_results(work: Path, device: str) -> list[str]:
                 worst = compare_devices(work, tiny, mode, device, f"{mode}-{products}")
             ok = all(worst[k] <= TOLERANCE[k] for k in TOLERANCE)
             verdict = ("yes" if ok else "NO") if products == "fp32" else "— (not fp32)"
-            lines.append(f"| {mode} | {products} | "
-                         + " | ".join(f"{worst[k]:.1e}" for k in TOLERANCE) + f" | {verdict} |")
+            lines.append(
+                f"| {mode} | {products} | "
+                + " | ".join(f"{worst[k]:.1e}" for k in TOLERANCE)
+                + f" | {verdict} |"
+            )
             print(lines[-1], flush=True)
-    return [*lines, "", "Tolerances (fp32): " + ", ".join(
-        f"{k} {v:g}" for k, v in TOLERANCE.items()) + ". In every row a checkpoint taken on the "
+    return [
+        *lines,
+        "",
+        "Tolerances (fp32): "
+        + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+        + ". In every row a checkpoint taken on the "
         "GPU (weights and AdamW moments) resumed on the CPU with identical weights, and "
-        "save_weights wrote its directory from the GPU.", ""]
+        "save_weights wrote its directory from the GPU.",
+        "",
+    ]
 
 
 def speed(work: Path, base: Path, device: str, args: argparse.Namespace) -> list[str]:
@@ -256,18 +303,28 @@ def speed(work: Path, base: Path, device: str, args: argparse.Namespace) -> list
     results: dict[tuple[str, str, str, int], Timing] = {}
     for mode, who, precision, lora, budget in arms:
         results[mode, who, precision, budget] = (
-            hand_written(base, device, data, args.steps, precision, lora) if who == "hand-written"
-            else loom(work, base, device, data, args.steps, precision, lora, budget))
-        print(mode, who, precision, budget, statistics.median(results[mode, who, precision,
-                                                                      budget][0]), flush=True)
+            hand_written(base, device, data, args.steps, precision, lora)
+            if who == "hand-written"
+            else loom(work, base, device, data, args.steps, precision, lora, budget)
+        )
+        print(
+            mode,
+            who,
+            precision,
+            budget,
+            statistics.median(results[mode, who, precision, budget][0]),
+            flush=True,
+        )
     tokens = args.rows * args.tokens
     lines = [
-        "## Speed: one optimizer step", "",
+        "## Speed: one optimizer step",
+        "",
         f"Importance-sampling loss on {args.rows} rows of {args.tokens} tokens ({tokens} tokens "
         f"a step), AdamW, gradient clip 1.0, fp32 weights and optimizer state; median of "
         f"{args.steps} steps after one warm-up. Budget: Loom's micro-batch budget in tokens "
         f"({cpu_budget} is the CPU default; the next table chooses the CUDA one). Ratios are "
-        "step times (below 1 is faster).", "",
+        "step times (below 1 is faster).",
+        "",
         "| mode | step | products | budget | median s | min s | tokens/s | peak GiB "
         "| × hand-written fp32 | × hand-written, same products |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -281,7 +338,8 @@ def speed(work: Path, base: Path, device: str, args: argparse.Namespace) -> list
             f"{'one pass' if budget == ONE_PASS else budget or '—'} | {median:.3f} | "
             f"{min(times):.3f} | {tokens / median:,.0f} | {peak / 2**30:.1f} | "
             f"{median / statistics.median(results[mode, 'hand-written', 'fp32', 0][0]):.2f} | "
-            f"{same} |")
+            f"{same} |"
+        )
     return [*lines, ""]
 
 
@@ -291,18 +349,26 @@ def budgets(work: Path, base: Path, device: str, args: argparse.Namespace) -> li
     batches = {
         f"{args.rows} x {args.tokens}": rl_data(args.rows, VOCAB, 7, lambda rng: args.tokens),
         # Long-tailed, as RL samples are: most rows short, a few long.
-        "32, long-tailed": rl_data(32, VOCAB, 11,
-                                   lambda rng: min(2048, 32 + int(rng.expovariate(1 / 224)))),
+        "32, long-tailed": rl_data(
+            32, VOCAB, 11, lambda rng: min(2048, 32 + int(rng.expovariate(1 / 224)))
+        ),
     }
     lines = [
-        "## Micro-batch budgets", "",
+        "## Micro-batch budgets",
+        "",
         f"Full weights, TF32, the same loss and optimizer; median of {args.steps} steps. "
-        "Batches: " + "; ".join(f"{name}: {len(data)} rows of {min(len(d.input_ids) for d in data)}"
-                                f" to {max(len(d.input_ids) for d in data)} tokens "
-                                f"({sum(len(d.input_ids) for d in data)} in all)"
-                                for name, data in batches.items()) + ".", "",
+        "Batches: "
+        + "; ".join(
+            f"{name}: {len(data)} rows of {min(len(d.input_ids) for d in data)}"
+            f" to {max(len(d.input_ids) for d in data)} tokens "
+            f"({sum(len(d.input_ids) for d in data)} in all)"
+            for name, data in batches.items()
+        )
+        + ".",
+        "",
         "| batch | budget | passes | tokens computed (padding included) | median s | tokens/s "
-        "| peak GiB |", "|---|---|---|---|---|---|---|",
+        "| peak GiB |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, data in batches.items():
         lengths = [len(d.input_ids) for d in data]
@@ -316,8 +382,10 @@ def budgets(work: Path, base: Path, device: str, args: argparse.Namespace) -> li
                 lines.append(row + f"{padded} | out of GPU memory | | |")
                 continue
             median = statistics.median(times)
-            lines.append(row + f"{padded} | {median:.3f} | {sum(lengths) / median:,.0f} | "
-                         f"{peak / 2**30:.1f} |")
+            lines.append(
+                row + f"{padded} | {median:.3f} | {sum(lengths) / median:,.0f} | "
+                f"{peak / 2**30:.1f} |"
+            )
             print(lines[-1], flush=True)
     return [*lines, ""]
 
@@ -330,18 +398,23 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     lines = [
-        "# The trainer on a GPU", "",
+        "# The trainer on a GPU",
+        "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {torch.cuda.get_device_name(args.device)} "
         f"({platform.node()}), torch {torch.__version__}, `python -m bench.trainer_cuda --rows "
-        f"{args.rows} --tokens {args.tokens} --steps {args.steps}`.", "",
+        f"{args.rows} --tokens {args.tokens} --steps {args.steps}`.",
+        "",
     ]
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         lines += same_results(work, args.device)
         base = work / "qwen"
         params = qwen_half_b(base, args.device)
-        lines += [f"The model below: Qwen2.5-0.5B's shape with random weights "
-                  f"({params / 1e6:.0f}M parameters; nothing is downloaded).", ""]
+        lines += [
+            f"The model below: Qwen2.5-0.5B's shape with random weights "
+            f"({params / 1e6:.0f}M parameters; nothing is downloaded).",
+            "",
+        ]
         lines += speed(work, base, args.device, args)
         lines += budgets(work, base, args.device, args)
     RESULTS.write_text("\n".join(lines))

@@ -39,8 +39,12 @@ LOSS = {"name": "importance_sampling", "aggregation": "sum"}
 def start_trainer(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     url = f"http://127.0.0.1:{free_port()}"
     env = {**os.environ, "LOOM_DATA_DIR": str(data_dir), "LOOM_TRAINER_URL": url}
-    process = subprocess.Popen([sys.executable, "-m", "services.trainer"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.trainer"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -68,10 +72,15 @@ def run(http: httpx2.Client, action: str, body: dict[str, Any]) -> dict[str, Any
 
 def batch(size: int, tokens: int, vocab: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    return [{"input_ids": [rng.randrange(vocab) for _ in range(tokens)],
-             "loss_mask": [0.0] + [1.0] * (tokens - 1),
-             "advantages": [rng.uniform(-1, 1)] * tokens,
-             "logprobs": [-6.0] * tokens} for _ in range(size)]
+    return [
+        {
+            "input_ids": [rng.randrange(vocab) for _ in range(tokens)],
+            "loss_mask": [0.0] + [1.0] * (tokens - 1),
+            "advantages": [rng.uniform(-1, 1)] * tokens,
+            "logprobs": [-6.0] * tokens,
+        }
+        for _ in range(size)
+    ]
 
 
 def main() -> None:
@@ -87,17 +96,29 @@ def main() -> None:
     try:
         headers = service_headers(LoomSettings(data_dir=work))  # the trainer's data dir
         with httpx2.Client(base_url=url, timeout=120, headers=headers) as http:
-            created = http.post("/v1/models", json={
-                "job_id": JOB, "base_model": str(model), "mode": "lora",
-                "lora": {"rank": 8, "alpha": 8.0}}).raise_for_status().json()
+            created = (
+                http.post(
+                    "/v1/models",
+                    json={
+                        "job_id": JOB,
+                        "base_model": str(model),
+                        "mode": "lora",
+                        "lora": {"rank": 8, "alpha": 8.0},
+                    },
+                )
+                .raise_for_status()
+                .json()
+            )
             vocab = json.loads((model / "config.json").read_text())["vocab_size"]
             data = batch(args.batch, args.tokens, vocab, seed=0)
             arms = {
-                "two calls": lambda: (run(http, "forward", {"data": data}),
-                                      run(http, "forward_backward",
-                                          {"data": data, "loss": LOSS})),
-                "one call": lambda: run(http, "forward_backward",
-                                        {"data": data, "loss": LOSS, "return_logprobs": True}),
+                "two calls": lambda: (
+                    run(http, "forward", {"data": data}),
+                    run(http, "forward_backward", {"data": data, "loss": LOSS}),
+                ),
+                "one call": lambda: run(
+                    http, "forward_backward", {"data": data, "loss": LOSS, "return_logprobs": True}
+                ),
             }
             for arm in arms.values():  # warm-up: first-call allocations in each arm
                 arm()
@@ -113,8 +134,7 @@ def main() -> None:
     write(args, created, timings)
 
 
-def write(args: argparse.Namespace, model: dict[str, Any], timings: dict[str, list[float]]
-          ) -> None:
+def write(args: argparse.Namespace, model: dict[str, Any], timings: dict[str, list[float]]) -> None:
     two, one = (statistics.median(timings[arm]) for arm in ("two calls", "one call"))
     lines = [
         "# One trainer call per SDK forward_backward",
@@ -132,8 +152,9 @@ def write(args: argparse.Namespace, model: dict[str, Any], timings: dict[str, li
         "|---|---|---|---|",
     ]
     for arm, values in timings.items():
-        lines.append(f"| {arm} | {statistics.median(values):.3f} | {min(values):.3f} | "
-                     f"{max(values):.3f} |")
+        lines.append(
+            f"| {arm} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |"
+        )
     lines += ["", f"Speed-up of one call over two (median ratio): **{two / one:.2f}x**", ""]
     RESULTS.write_text("\n".join(lines))
     print("\n".join(lines))

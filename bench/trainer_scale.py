@@ -73,8 +73,9 @@ def _steps(model: TrainerModel | RemoteModel, data: list[Datum], steps: int) -> 
     return statistics.median(times)
 
 
-def one_process(spec: CreateModelRequest, data: list[Datum], steps: int,
-                work: Path) -> dict[str, Any]:
+def one_process(
+    spec: CreateModelRequest, data: list[Datum], steps: int, work: Path
+) -> dict[str, Any]:
     registry = ModelRegistry(work / "one", torch.device("cpu"), micro_batch_tokens=1 << 20)
     model, _ = registry.create(spec)
     step = _steps(model, data, steps)
@@ -82,16 +83,30 @@ def one_process(spec: CreateModelRequest, data: list[Datum], steps: int,
     (work / "one-save").mkdir()
     start = time.perf_counter()
     model.save(work / "one-save", 64 * MB)
-    return {"arm": "one process (world size 1, today's path)", "step_s": step,
-            "held": held, "publish_s": time.perf_counter() - start, "ranks": []}
+    return {
+        "arm": "one process (world size 1, today's path)",
+        "step_s": step,
+        "held": held,
+        "publish_s": time.perf_counter() - start,
+        "ranks": [],
+    }
 
 
-def sharded(world_size: int, spec: CreateModelRequest, data: list[Datum], steps: int,
-            work: Path) -> dict[str, Any]:
-    group = RankGroup(RankConfig(
-        world_size=world_size, master_port=0, data_dir=work / f"ranks-{world_size}",
-        device="cpu", micro_batch_tokens=1 << 20, threads=1, sharding=Sharding(),
-        timeout_s=600))
+def sharded(
+    world_size: int, spec: CreateModelRequest, data: list[Datum], steps: int, work: Path
+) -> dict[str, Any]:
+    group = RankGroup(
+        RankConfig(
+            world_size=world_size,
+            master_port=0,
+            data_dir=work / f"ranks-{world_size}",
+            device="cpu",
+            micro_batch_tokens=1 << 20,
+            threads=1,
+            sharding=Sharding(),
+            timeout_s=600,
+        )
+    )
     group.start()
     try:
         model, _ = RemoteRegistry(group).create(spec)
@@ -110,25 +125,34 @@ def sharded(world_size: int, spec: CreateModelRequest, data: list[Datum], steps:
         publish_peak = [_status_kb(pid, "VmHWM") for pid in group.pids]
     finally:
         group.stop()
-    ranks = [{"load_peak_mb": load / 1024, "train_peak_mb": t / 1024,
-              "publish_extra_mb": (p - b) / 1024}
-             for load, t, b, p in zip(load_peak, train_peak, before, publish_peak, strict=True)]
-    return {"arm": f"{world_size} rank{'s' if world_size > 1 else ''} (FSDP2, gloo)",
-            "step_s": step, "held": held, "publish_s": publish, "ranks": ranks}
+    ranks = [
+        {"load_peak_mb": load / 1024, "train_peak_mb": t / 1024, "publish_extra_mb": (p - b) / 1024}
+        for load, t, b, p in zip(load_peak, train_peak, before, publish_peak, strict=True)
+    ]
+    return {
+        "arm": f"{world_size} rank{'s' if world_size > 1 else ''} (FSDP2, gloo)",
+        "step_s": step,
+        "held": held,
+        "publish_s": publish,
+        "ranks": ranks,
+    }
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace, params: int,
-           file_mb: float) -> str:
+def report(
+    rows: list[dict[str, Any]], args: argparse.Namespace, params: int, file_mb: float
+) -> str:
     trained = ("weights", "gradients", "optimizer")
     one = sum(rows[0]["held"][part] for part in trained)
     lines = [
-        "# Sharded trainer on CPU (bench/trainer_scale.py)", "",
+        "# Sharded trainer on CPU (bench/trainer_scale.py)",
+        "",
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()},"
         f" {torch.get_num_threads()} torch threads here, 1 per rank; torch {torch.__version__}."
         f" Model: random-init Qwen2 '{args.size}', {params / 1e6:.1f}M parameters (fp32), "
         f"{file_mb:.0f} MB of weight files. Batch: {args.rows} rows x {args.tokens} tokens, "
         f"cross-entropy, full fine-tuning, {args.steps} timed steps (median). The machine has "
-        "2 cores shared with other work: times are noisy, memory is not.", "",
+        "2 cores shared with other work: times are noisy, memory is not.",
+        "",
         "| arm | weights+grads+AdamW held per rank (MB) | vs one process | step (s) | "
         "publish (s) | per-rank peak RSS, loaded (MB) | per-rank peak RSS, run (MB) | "
         "per-rank publish peak over RSS before (MB) |",
@@ -141,17 +165,25 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, params: int,
             f"| {row['arm']} | {held / MB:.1f} ({row['held']['weights'] / MB:.1f} + "
             f"{row['held']['gradients'] / MB:.1f} + {row['held']['optimizer'] / MB:.1f}) | "
             f"{held / one:.2f}x | {row['step_s']:.2f} | {row['publish_s']:.2f} | "
-            + (", ".join(f"{r['load_peak_mb']:.0f}" for r in ranks) or "-") + " | "
-            + (", ".join(f"{r['train_peak_mb']:.0f}" for r in ranks) or "-") + " | "
-            + (", ".join(f"{r['publish_extra_mb']:.0f}" for r in ranks) or "-") + " |")
-    lines += ["", "Held bytes are the tensors' own sizes on rank 0 after a forward_backward "
-              "(FSDP2 splits every parameter's first dimension; rank 1 holds the same to "
-              "within one row per tensor). Peak RSS includes torch, transformers and the gloo "
-              "buffers of a rank; rank 0 reads the whole model from disk before it hands each "
-              "rank its shards, the other ranks never hold it whole. A "
-              "publish gathers one file at a time (at most 64 MB of whole tensors here); its "
-              "peak over the RSS before it is small because the allocator reuses the memory "
-              "the step's activations freed.", ""]
+            + (", ".join(f"{r['load_peak_mb']:.0f}" for r in ranks) or "-")
+            + " | "
+            + (", ".join(f"{r['train_peak_mb']:.0f}" for r in ranks) or "-")
+            + " | "
+            + (", ".join(f"{r['publish_extra_mb']:.0f}" for r in ranks) or "-")
+            + " |"
+        )
+    lines += [
+        "",
+        "Held bytes are the tensors' own sizes on rank 0 after a forward_backward "
+        "(FSDP2 splits every parameter's first dimension; rank 1 holds the same to "
+        "within one row per tensor). Peak RSS includes torch, transformers and the gloo "
+        "buffers of a rank; rank 0 reads the whole model from disk before it hands each "
+        "rank its shards, the other ranks never hold it whole. A "
+        "publish gathers one file at a time (at most 64 MB of whole tensors here); its "
+        "peak over the RSS before it is small because the allocator reuses the memory "
+        "the step's activations freed.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -51,8 +51,9 @@ STACK_ENV = {"LOOM_ROLLOUT_KV_CACHE_GIB": str(64 / 1024), "HF_HUB_OFFLINE": "1"}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--arms", default=",".join(ARMS))
@@ -71,8 +72,9 @@ def main() -> None:
     write(args, start, runs, stack, began)
 
 
-def measure(work: Path, start: Path, arms: list[str], args: argparse.Namespace
-            ) -> tuple[list[Run], Stack]:
+def measure(
+    work: Path, start: Path, arms: list[str], args: argparse.Namespace
+) -> tuple[list[Run], Stack]:
     """Every arm once a round, in reverse order every other round."""
     runs: list[Run] = []
     env = {**STACK_ENV, "LOOM_ROLLOUT_MODEL": str(start)}
@@ -83,8 +85,11 @@ def measure(work: Path, start: Path, arms: list[str], args: argparse.Namespace
             order = arms if round_ % 2 else arms[::-1]
             for arm in order:
                 runs.append(run_arm(work, stack, start, arm, round_, args))
-                print(f"round {round_} {arm}: {runs[-1].record['wall_s']:.1f} s, "
-                      f"{runs[-1].peak_rss / 1e9:.2f} GB", flush=True)
+                print(
+                    f"round {round_} {arm}: {runs[-1].record['wall_s']:.1f} s, "
+                    f"{runs[-1].peak_rss / 1e9:.2f} GB",
+                    flush=True,
+                )
     return runs, at_rest
 
 
@@ -100,41 +105,59 @@ def stack_pids(stack: LocalStack) -> list[int]:
     return [service.pid for service in stack.supervisor.services]
 
 
-def run_arm(work: Path, stack: LocalStack, start: Path, arm: str, round_: int,
-            args: argparse.Namespace) -> Run:
+def run_arm(
+    work: Path, stack: LocalStack, start: Path, arm: str, round_: int, args: argparse.Namespace
+) -> Run:
     """The arm's client process, its peak RSS (with the stack's, for Loom) sampled meanwhile."""
     out = work / f"{arm}-{round_}.json"
     if arm == "trl":
         command = ["-m", "bench._vs_trl_trl"]
     else:
-        command = ["-m", "bench._vs_trl_loom", "--url", stack.settings.gateway_url,
-                   "--mode", arm.removeprefix("loom-")]
-    command += ["--start", str(start), "--steps", str(args.steps), "--lr", str(args.lr),
-                "--out", str(out)]
+        command = [
+            "-m",
+            "bench._vs_trl_loom",
+            "--url",
+            stack.settings.gateway_url,
+            "--mode",
+            arm.removeprefix("loom-"),
+        ]
+    command += [
+        "--start",
+        str(start),
+        "--steps",
+        str(args.steps),
+        "--lr",
+        str(args.lr),
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LOOM_API_KEY": stack.api_key}
     load_before = os.getloadavg()[0]
     with (work / f"{arm}-{round_}.log").open("w") as log:
-        process = subprocess.Popen([sys.executable, *command], cwd=REPO, env=env,
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, *command], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         services = [] if arm == "trl" else stack_pids(stack)
         with PeakRss(lambda: [process.pid, *services]) as peak:
             code = process.wait()
     if code != 0:
-        raise RuntimeError(f"{arm} (round {round_}) exited {code}: "
-                           f"{(work / f'{arm}-{round_}.log').read_text()[-3000:]}")
+        raise RuntimeError(
+            f"{arm} (round {round_}) exited {code}: "
+            f"{(work / f'{arm}-{round_}.log').read_text()[-3000:]}"
+        )
     return Run(round_, json.loads(out.read_text()), peak.peak, load_before, os.getloadavg()[0])
 
 
-def write(args: argparse.Namespace, start: Path, runs: list[Run], stack: Stack,
-          began: datetime) -> None:
+def write(
+    args: argparse.Namespace, start: Path, runs: list[Run], stack: Stack, began: datetime
+) -> None:
     raw = start.parent / f"runs-{began:%Y%m%dT%H%M}.json"  # every record, to render again
     raw.write_text(json.dumps([asdict(r) for r in runs] + [asdict(stack)]))
     arms = summarize(runs)
     warm_up = json.loads((start / "start.json").read_text())
     threads = {r.record["threads"] for r in runs if "threads" in r.record}
     lines = [
-        f"## {args.rounds} interleaved rounds x {args.steps} steps, "
-        f"{began:%Y-%m-%d %H:%M} UTC",
+        f"## {args.rounds} interleaved rounds x {args.steps} steps, {began:%Y-%m-%d %H:%M} UTC",
         "",
         f"Start: the tiny model after {warm_up['steps']} warm-up steps (validation accuracy "
         f"{warm_up['validation_accuracy']:.1%}). Settings: {GrpoSetup(lr=args.lr).to_json()}. "
@@ -167,7 +190,8 @@ def write(args: argparse.Namespace, start: Path, runs: list[Run], stack: Stack,
 def header() -> str:
     return (
         "# Loom against TRL's GRPOTrainer on the tiny model (issue 38)\n\n"
-        + (__doc__ or "").split("\n\n    .venv")[0] + "\n\n"
+        + (__doc__ or "").split("\n\n    .venv")[0]
+        + "\n\n"
         "Differences that remain between the arms: TRL's clipped ratio is to the logprobs of "
         "the weights it trains (one step per batch: the ratio is 1, the clip idle), Loom's to "
         "the sampler's (vLLM's) logprobs, equal up to numerics; TRL's advantage divides by "
@@ -175,7 +199,8 @@ def header() -> str:
         "forward (a metric). Sampling: transformers' `generate` (padded batch of 128) against "
         "vLLM's CPU engine. Prompts: TRL's sampler draws 16 train problems a step with its "
         "seed, Loom's loop with Python's `random`, from the same train split. "
-        f"Warm-up settings (the demo's SFT): {warm_up_setup()}.\n\n")
+        f"Warm-up settings (the demo's SFT): {warm_up_setup()}.\n\n"
+    )
 
 
 if __name__ == "__main__":

@@ -17,16 +17,22 @@ err_console = Console(stderr=True)
 
 DataDirOption = Annotated[
     Path | None,
-    typer.Option("--data-dir", envvar="LOOM_DATA_DIR",
-                 help="Where the embedded stack keeps state (default: ~/.loom)."),
+    typer.Option(
+        "--data-dir",
+        envvar="LOOM_DATA_DIR",
+        help="Where the embedded stack keeps state (default: ~/.loom).",
+    ),
 ]
 UrlOption = Annotated[
     str | None, typer.Option("--url", help="Gateway URL (default: LOOM_GATEWAY_URL).")
 ]
 ApiKeyOption = Annotated[
     str | None,
-    typer.Option("--api-key", envvar="LOOM_API_KEY",
-                 help="API key (default: <data_dir>/admin_key, written at first `loom up`)."),
+    typer.Option(
+        "--api-key",
+        envvar="LOOM_API_KEY",
+        help="API key (default: <data_dir>/admin_key, written at first `loom up`).",
+    ),
 ]
 
 
@@ -51,8 +57,11 @@ def api_key_for(given: str | None, settings: LoomSettings) -> str:
     key_file = admin_key_file(settings)
     if key_file.exists():
         return key_file.read_text().strip()
-    fail(f"No API key: pass --api-key, set LOOM_API_KEY, or run `loom up` once so {key_file} "
-         "exists.", code=2)
+    fail(
+        f"No API key: pass --api-key, set LOOM_API_KEY, or run `loom up` once so {key_file} "
+        "exists.",
+        code=2,
+    )
 
 
 def gateway_answers(url: str) -> bool:

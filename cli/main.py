@@ -42,26 +42,34 @@ from cli.versions import versions_app
 from gateway.schemas import StackHealth
 from services.common.service_token import ServiceTokenError
 
-app = typer.Typer(help="Loom: a control plane for RL post-training of LLMs.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Loom: a control plane for RL post-training of LLMs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(versions_app, name="versions")
 app.add_typer(cluster_app, name="cluster")
 app.command()(runs.recipes)
 app.command()(runs.run)
+
+
 def _start(supervisor: Supervisor) -> None:
     """Launch the stack and show each service's way to readiness; on a start-up death, show
     the tail of its log (the supervisor's context then stops the rest)."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description:<11}"),
-                  TextColumn("{task.fields[state]}"), TimeElapsedColumn(),
-                  console=console) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description:<11}"),
+        TextColumn("{task.fields[state]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         try:
             launched = supervisor.launch()
         except ServiceTokenError as exc:  # a token set too short, a data dir not writable
             fail(str(exc))
-        tasks = {s.name: progress.add_task(s.name, total=1, state="starting")
-                 for s in launched}
+        tasks = {s.name: progress.add_task(s.name, total=1, state="starting") for s in launched}
 
         def on_change(service: RunningService) -> None:
             progress.update(tasks[service.name], completed=1, state=service.state)
@@ -72,8 +80,12 @@ def _start(supervisor: Supervisor) -> None:
             state = f"[red]{escape(failure.reason)}[/red]"
             progress.update(tasks[failure.service.name], state=state)
             progress.stop()
-            err_console.print(Panel(Text(failure.service.log_tail() or "(empty log)"),
-                                    title=f"{failure.service.log_path} (tail)"))
+            err_console.print(
+                Panel(
+                    Text(failure.service.log_tail() or "(empty log)"),
+                    title=f"{failure.service.log_path} (tail)",
+                )
+            )
             fail(f"{failure}; stopping the stack.")
 
 
@@ -82,16 +94,21 @@ def _services_table(supervisor: Supervisor) -> Table:
     for column in ("service", "URL", "pid", "state", "log"):
         table.add_column(column)
     for service in supervisor.services:
-        table.add_row(service.name, service.url, str(service.pid), service.state,
-                      str(service.log_path))
+        table.add_row(
+            service.name, service.url, str(service.pid), service.state, str(service.log_path)
+        )
     return table
 
 
 @app.command()
 def up(
     data_dir: DataDirOption = None,
-    only: Annotated[list[str] | None, typer.Option(
-        "--only", help="Start only these services (repeatable); default: all of them.")] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only", help="Start only these services (repeatable); default: all of them."
+        ),
+    ] = None,
 ) -> None:
     """Start every service as a local process and keep them running until Ctrl-C."""
     settings = settings_for(data_dir)
@@ -100,18 +117,22 @@ def up(
     specs = [spec for spec in STACK if not only or spec.name in only]
     unknown = set(only or ()) - {spec.name for spec in STACK}
     if unknown:
-        fail(f"Unknown service(s) {sorted(unknown)}; known: {[spec.name for spec in STACK]}",
-             code=2)
+        fail(
+            f"Unknown service(s) {sorted(unknown)}; known: {[spec.name for spec in STACK]}", code=2
+        )
     terminate_on_sigterm()
     with Supervisor(settings, specs) as supervisor:
         try:
             _start(supervisor)
             console.print(_services_table(supervisor))
             if not had_key and key_file.exists():
-                console.print(Panel(
-                    f"{key_file.read_text().strip()}\n\nAlso in {key_file} (mode 0600), which "
-                    "`loom status` and `loom demo` read. Delete it in production.",
-                    title="bootstrap admin API key (shown once)"))
+                console.print(
+                    Panel(
+                        f"{key_file.read_text().strip()}\n\nAlso in {key_file} (mode 0600), which "
+                        "`loom status` and `loom demo` read. Delete it in production.",
+                        title="bootstrap admin API key (shown once)",
+                    )
+                )
             console.print("Stack is up. Ctrl-C stops it; a service that dies is restarted.")
             _keep_up(supervisor)
         except KeyboardInterrupt:
@@ -126,23 +147,31 @@ def _keep_up(supervisor: Supervisor) -> None:
             try:
                 changed = supervisor.supervise(http)
             except ServiceFailed as failure:
-                err_console.print(Panel(Text(failure.service.log_tail() or "(empty log)"),
-                                        title=f"{failure.service.log_path} (tail)"))
+                err_console.print(
+                    Panel(
+                        Text(failure.service.log_tail() or "(empty log)"),
+                        title=f"{failure.service.log_path} (tail)",
+                    )
+                )
                 fail(f"{failure}.")
             for service in changed:
                 if service.state == "waiting":
-                    err_console.print(Text(
-                        f"{service.name} exited with code {service.last_exit}; restarting "
-                        f"(log: {service.log_path})", style="yellow"))
+                    err_console.print(
+                        Text(
+                            f"{service.name} exited with code {service.last_exit}; restarting "
+                            f"(log: {service.log_path})",
+                            style="yellow",
+                        )
+                    )
                 elif service.state == "ready":
-                    console.print(f"{service.name} is ready again (restart "
-                                  f"{service.restarts}).")
+                    console.print(f"{service.name} is ready again (restart {service.restarts}).")
             time.sleep(1)
 
 
 def fetch_health(url: str, api_key: str) -> StackHealth:
-    response = httpx2.get(f"{url.rstrip('/')}/v1/health",
-                          headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+    response = httpx2.get(
+        f"{url.rstrip('/')}/v1/health", headers={"Authorization": f"Bearer {api_key}"}, timeout=10
+    )
     if response.status_code != 200:
         message = response.json().get("error", {}).get("message", response.text)
         raise RuntimeError(f"HTTP {response.status_code}: {message}")
@@ -178,8 +207,13 @@ def status(
         color = "green" if service.status in ("ready", "ok") else "red"
         detail = ", ".join(f"{k}={v}" for k, v in service.detail.items())
         restarts = str(supervised.get(name, {}).get("restarts", "")) if supervised else ""
-        table.add_row(name, f"[{color}]{service.status}[/{color}]", service.version,
-                      restarts, escape(detail[:120]))
+        table.add_row(
+            name,
+            f"[{color}]{service.status}[/{color}]",
+            service.version,
+            restarts,
+            escape(detail[:120]),
+        )
     console.print(table)
     if health.status != "ok":
         raise typer.Exit(1)
@@ -211,11 +245,18 @@ def _demo_runner(name: DemoName) -> Callable[[str, str, Path], Any]:
 def demo(
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
-    example: Annotated[DemoName, typer.Option(
-        "--example", help="arith: GRPO on arithmetic (a few minutes); python-tool: multi-turn "
-        "tool use, the model calls a sandboxed Python tool (about 11 minutes).")] = DemoName.arith,
-    out: Annotated[Path | None, typer.Option(
-        "--out", help="Where plots and metrics go (default runs/<example>_grpo).")] = None,
+    example: Annotated[
+        DemoName,
+        typer.Option(
+            "--example",
+            help="arith: GRPO on arithmetic (a few minutes); python-tool: multi-turn "
+            "tool use, the model calls a sandboxed Python tool (about 11 minutes).",
+        ),
+    ] = DemoName.arith,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Where plots and metrics go (default runs/<example>_grpo)."),
+    ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Train the tiny model with GRPO (starts a local stack if needed).

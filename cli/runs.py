@@ -44,13 +44,15 @@ def recipes() -> None:
 
 def run(
     recipe: Annotated[str, typer.Argument(help="A registered recipe (`loom recipes`).")],
-    config: Annotated[str, typer.Option(
-        "--config", help="The recipe's config: JSON, or @path to a JSON file.")] = "{}",
+    config: Annotated[
+        str, typer.Option("--config", help="The recipe's config: JSON, or @path to a JSON file.")
+    ] = "{}",
     base_model: Annotated[str, typer.Option("--base-model")] = "loom/tiny",
     mode: Annotated[TrainingMode, typer.Option("--mode")] = TrainingMode.lora,
     name: Annotated[str | None, typer.Option("--name", help="Job name (default: recipe)")] = None,
-    detach: Annotated[bool, typer.Option(
-        "--detach", help="Submit and return; follow with GET /v1/tasks/{id}.")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Submit and return; follow with GET /v1/tasks/{id}.")
+    ] = False,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
     data_dir: DataDirOption = None,

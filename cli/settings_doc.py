@@ -17,8 +17,14 @@ from services.trainer.settings import TrainerSettings
 from services.worker.settings import WorkerSettings
 
 SETTINGS_CLASSES: tuple[type[LoomSettings], ...] = (
-    LoomSettings, GatewaySettings, ModelStateSettings, RolloutSettings, TrainerSettings,
-    RewardSettings, SandboxSettings, WorkerSettings,
+    LoomSettings,
+    GatewaySettings,
+    ModelStateSettings,
+    RolloutSettings,
+    TrainerSettings,
+    RewardSettings,
+    SandboxSettings,
+    WorkerSettings,
 )
 
 
@@ -27,9 +33,11 @@ def settings_rows() -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     seen: set[str] = set()
     for cls in SETTINGS_CLASSES:
-        own = LoomSettings.model_fields if cls is LoomSettings else {
-            k: v for k, v in cls.model_fields.items() if k not in LoomSettings.model_fields
-        }
+        own = (
+            LoomSettings.model_fields
+            if cls is LoomSettings
+            else {k: v for k, v in cls.model_fields.items() if k not in LoomSettings.model_fields}
+        )
         for name, field in own.items():
             if name in seen:
                 continue
@@ -43,8 +51,11 @@ def _default_text(default: object, factory: object) -> str:
     if factory is not None:
         return "(derived)"
     if isinstance(default, Path):
-        return "~/" + str(default.relative_to(Path.home())) if default.is_relative_to(
-            Path.home()) else str(default)
+        return (
+            "~/" + str(default.relative_to(Path.home()))
+            if default.is_relative_to(Path.home())
+            else str(default)
+        )
     return "" if default is None else str(default)
 
 
@@ -52,6 +63,9 @@ def settings_markdown() -> str:
     lines = ["| variable | default | meaning |", "|---|---|---|"]
     for variable, default, description in settings_rows():
         cell = description.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| `{variable}` | `{default}` | {cell} |" if default
-                     else f"| `{variable}` | | {cell} |")
+        lines.append(
+            f"| `{variable}` | `{default}` | {cell} |"
+            if default
+            else f"| `{variable}` | | {cell} |"
+        )
     return "\n".join(lines)

@@ -44,8 +44,9 @@ class ServiceSpec:
     http: bool = True
 
 
-def python_module(name: str, module: str, startup_timeout_s: float = 60.0,
-                  http: bool = True) -> ServiceSpec:
+def python_module(
+    name: str, module: str, startup_timeout_s: float = 60.0, http: bool = True
+) -> ServiceSpec:
     return ServiceSpec(name, (sys.executable, "-m", module), startup_timeout_s, http)
 
 
@@ -115,8 +116,13 @@ class Supervisor:
     """Starts services, waits for their readiness, and stops them all (used as a context
     manager, so an error or Ctrl-C on the way still stops everything)."""
 
-    def __init__(self, settings: LoomSettings, specs: Sequence[ServiceSpec] = STACK,
-                 grace_s: float = 20.0, extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: LoomSettings,
+        specs: Sequence[ServiceSpec] = STACK,
+        grace_s: float = 20.0,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.settings = settings
         self.specs = tuple(specs)
         self.grace_s = grace_s
@@ -128,15 +134,22 @@ class Supervisor:
     def __enter__(self) -> Supervisor:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     def environment(self) -> dict[str, str]:
         """Every service sees the same data dir, every other service's URL and the same
         service token (created here, before the services start)."""
-        env = {**os.environ, "LOOM_DATA_DIR": str(self.settings.ensure_data_dir()),
-               "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "LOOM_DATA_DIR": str(self.settings.ensure_data_dir()),
+            "PYTHONUNBUFFERED": "1",
+        }
         env.update({f"LOOM_{name.upper()}_URL": self.settings.url_of(name) for name in SERVICES})
         env.update(token_environment(self.settings))
         if self.settings.database_url:
@@ -150,19 +163,23 @@ class Supervisor:
         for spec in self.specs:
             log_path = self.log_dir / f"{spec.name}.log"
             url = self.settings.url_of(spec.name) if spec.http else ""
-            self.services.append(RunningService(spec, url, log_path,
-                                                self._spawn(spec, log_path)))
+            self.services.append(RunningService(spec, url, log_path, self._spawn(spec, log_path)))
         self._write_state()
         return self.services
 
-    def _spawn(self, spec: ServiceSpec, log_path: Path, why: str = "starting"
-               ) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, spec: ServiceSpec, log_path: Path, why: str = "starting"
+    ) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as log:
             log.write(f"\n--- loom: {why} {spec.name} at {time.ctime()} ---\n".encode())
             log.flush()
             return subprocess.Popen(
-                spec.argv, env=self._env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                spec.argv,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def supervise(self, http: httpx2.Client) -> list[RunningService]:
@@ -176,8 +193,10 @@ class Supervisor:
             before = service.state
             if service.state in ("ready", "starting") and service.process.poll() is not None:
                 self._died(service, now, f"exited with code {service.process.returncode}")
-            elif service.state == "starting" and now - service.started_at > \
-                    service.spec.startup_timeout_s:
+            elif (
+                service.state == "starting"
+                and now - service.started_at > service.spec.startup_timeout_s
+            ):
                 _signal_group(service.pid, signal.SIGKILL)
                 service.process.wait()
                 self._died(service, now, "was not ready in time after a restart")
@@ -203,14 +222,17 @@ class Supervisor:
         if len(service.deaths) >= MAX_DEATHS:
             service.state = "exited"
             self._write_state()
-            raise ServiceFailed(service, f"{reason}; it died {len(service.deaths)} times in "
-                                f"{DEATH_WINDOW_S / 60:.0f} minutes, so the stack stops")
-        backoff = min(MAX_RESTART_BACKOFF_S,
-                      RESTART_BACKOFF_S * 2 ** (len(service.deaths) - 1))
+            raise ServiceFailed(
+                service,
+                f"{reason}; it died {len(service.deaths)} times in "
+                f"{DEATH_WINDOW_S / 60:.0f} minutes, so the stack stops",
+            )
+        backoff = min(MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S * 2 ** (len(service.deaths) - 1))
         service.state, service.restart_at = "waiting", now + backoff
         with open(service.log_path, "ab") as log:
-            log.write(f"\n--- loom: {service.name} {reason}; restarting in {backoff:.0f} s "
-                      "---\n".encode())
+            log.write(
+                f"\n--- loom: {service.name} {reason}; restarting in {backoff:.0f} s ---\n".encode()
+            )
 
     def _answers(self, service: RunningService, http: httpx2.Client) -> bool:
         if not service.spec.http:
@@ -227,15 +249,23 @@ class Supervisor:
         """What `loom status` shows of the supervised processes (atomic: a reader never sees
         half of it)."""
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        state = {s.name: {"state": s.state, "pid": s.pid, "restarts": s.restarts,
-                          "last_exit": s.last_exit, "log": str(s.log_path)}
-                 for s in self.services}
+        state = {
+            s.name: {
+                "state": s.state,
+                "pid": s.pid,
+                "restarts": s.restarts,
+                "last_exit": s.last_exit,
+                "log": str(s.log_path),
+            }
+            for s in self.services
+        }
         partial = self.state_file.with_suffix(".tmp")
         partial.write_text(json.dumps(state, indent=1))
         partial.replace(self.state_file)
 
-    def wait_ready(self, on_change: Callable[[RunningService], None] | None = None,
-                   poll_s: float = 0.5) -> None:
+    def wait_ready(
+        self, on_change: Callable[[RunningService], None] | None = None, poll_s: float = 0.5
+    ) -> None:
         """Block until every service answers /readyz; raise `ServiceFailed` if one exits or
         takes longer than its start-up timeout."""
         with httpx2.Client(timeout=2.0) as http:
@@ -264,8 +294,9 @@ class Supervisor:
             return False
         return marker.strip() == str(service.pid)
 
-    def start(self, on_change: Callable[[RunningService], None] | None = None
-              ) -> list[RunningService]:
+    def start(
+        self, on_change: Callable[[RunningService], None] | None = None
+    ) -> list[RunningService]:
         self.launch()
         self.wait_ready(on_change)
         self._write_state()
@@ -357,7 +388,6 @@ def group_members(pgid: int) -> list[psutil.Process]:
     members = []
     for process in psutil.process_iter(["status"]):
         with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if (os.getpgid(process.pid) == pgid
-                    and process.info["status"] != psutil.STATUS_ZOMBIE):
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
                 members.append(process)
     return members

@@ -30,8 +30,9 @@ from gateway.formatting import human_size
 from modelstate.schemas import ManifestDiff, Version
 from services.common.errors import LoomError
 
-versions_app = typer.Typer(help="A job's published weight versions (the model-state store).",
-                           no_args_is_help=True)
+versions_app = typer.Typer(
+    help="A job's published weight versions (the model-state store).", no_args_is_help=True
+)
 
 JobArg = Annotated[str, typer.Argument(help="The job's id.")]
 RefArg = Annotated[str, typer.Argument(help="A version number or an alias (`latest`, `best`).")]
@@ -40,8 +41,9 @@ VERSION_LIST = TypeAdapter(list[Version])
 
 
 @contextmanager
-def _job(job_id: str, url: str | None, api_key: str | None,
-         data_dir: Path | None) -> Iterator[JobClient]:
+def _job(
+    job_id: str, url: str | None, api_key: str | None, data_dir: Path | None
+) -> Iterator[JobClient]:
     """The job on a running stack; a refusal from any call made with it ends the command
     with its message and exit status 1."""
     settings = settings_for(data_dir)
@@ -64,13 +66,26 @@ def _print_json(model: BaseModel | list[Version]) -> None:
 
 def _versions_table(title: str, versions: list[Version]) -> Table:
     table = Table(title=title)
-    for column in ("version", "kind", "step", "parent", "aliases", "files", "size", "metrics",
-                   "created (UTC)"):
+    for column in (
+        "version",
+        "kind",
+        "step",
+        "parent",
+        "aliases",
+        "files",
+        "size",
+        "metrics",
+        "created (UTC)",
+    ):
         table.add_column(column)
     for v in versions:
         table.add_row(
-            str(v.number), v.kind.value, _or_dash(v.step), _or_dash(v.parent),
-            ", ".join(sorted(v.aliases)), str(len(v.files)),
+            str(v.number),
+            v.kind.value,
+            _or_dash(v.step),
+            _or_dash(v.parent),
+            ", ".join(sorted(v.aliases)),
+            str(len(v.files)),
             human_size(sum(f.size for f in v.files)),
             escape(", ".join(f"{name}={value:g}" for name, value in sorted(v.metrics.items()))),
             v.created_at.strftime("%Y-%m-%d %H:%M:%S"),
@@ -83,8 +98,13 @@ def _or_dash(value: int | None) -> str:
 
 
 @versions_app.command("list")
-def list_versions(job_id: JobArg, as_json: JsonOption = False, url: UrlOption = None,
-                  api_key: ApiKeyOption = None, data_dir: DataDirOption = None) -> None:
+def list_versions(
+    job_id: JobArg,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Every version of the job, oldest first."""
     with _job(job_id, url, api_key, data_dir) as job:
         versions = job.versions()
@@ -97,9 +117,14 @@ def list_versions(job_id: JobArg, as_json: JsonOption = False, url: UrlOption = 
 
 
 @versions_app.command()
-def show(job_id: JobArg, ref: RefArg = "latest", as_json: JsonOption = False,
-         url: UrlOption = None, api_key: ApiKeyOption = None,
-         data_dir: DataDirOption = None) -> None:
+def show(
+    job_id: JobArg,
+    ref: RefArg = "latest",
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """One version's lineage (it and its ancestors, newest first) and its files."""
     with _job(job_id, url, api_key, data_dir) as job:
         lineage = job.lineage(ref)
@@ -107,8 +132,9 @@ def show(job_id: JobArg, ref: RefArg = "latest", as_json: JsonOption = False,
         _print_json(lineage)
         return
     version = lineage.versions[0]
-    console.print(_versions_table(f"Version {version.number} of {job_id} and its ancestors",
-                                  lineage.versions))
+    console.print(
+        _versions_table(f"Version {version.number} of {job_id} and its ancestors", lineage.versions)
+    )
     if not lineage.complete:
         console.print("An ancestor was deleted: the lineage stops before the base model.")
     console.print(f"Base model: {version.base_model}", markup=False)
@@ -121,9 +147,15 @@ def show(job_id: JobArg, ref: RefArg = "latest", as_json: JsonOption = False,
 
 
 @versions_app.command()
-def compare(job_id: JobArg, a: RefArg, b: RefArg = "latest", as_json: JsonOption = False,
-            url: UrlOption = None, api_key: ApiKeyOption = None,
-            data_dir: DataDirOption = None) -> None:
+def compare(
+    job_id: JobArg,
+    a: RefArg,
+    b: RefArg = "latest",
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Which files differ between versions A and B, and how much of B is stored once for both."""
     with _job(job_id, url, api_key, data_dir) as job:
         diff = job.compare(a, b)
@@ -147,15 +179,21 @@ def _print_diff(diff: ManifestDiff) -> None:
         console.print(table)
     else:
         console.print(f"Versions {diff.a} and {diff.b} hold the same files.")
-    console.print(f"{len(diff.unchanged)} file(s) unchanged; {human_size(diff.shared_bytes)} of "
-                  f"version {diff.b} stored once for both.")
+    console.print(
+        f"{len(diff.unchanged)} file(s) unchanged; {human_size(diff.shared_bytes)} of "
+        f"version {diff.b} stored once for both."
+    )
 
 
 @versions_app.command()
-def alias(job_id: JobArg, name: Annotated[str, typer.Argument(help="The alias, e.g. `best`.")],
-          number: Annotated[int, typer.Argument(help="The version it should name.")],
-          url: UrlOption = None, api_key: ApiKeyOption = None,
-          data_dir: DataDirOption = None) -> None:
+def alias(
+    job_id: JobArg,
+    name: Annotated[str, typer.Argument(help="The alias, e.g. `best`.")],
+    number: Annotated[int, typer.Argument(help="The version it should name.")],
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Point an alias at a version (created, or moved atomically)."""
     with _job(job_id, url, api_key, data_dir) as job:
         moved = job.move_alias(name, number)
@@ -163,9 +201,13 @@ def alias(job_id: JobArg, name: Annotated[str, typer.Argument(help="The alias, e
 
 
 @versions_app.command()
-def delete(job_id: JobArg, number: Annotated[int, typer.Argument(help="The version number.")],
-           url: UrlOption = None, api_key: ApiKeyOption = None,
-           data_dir: DataDirOption = None) -> None:
+def delete(
+    job_id: JobArg,
+    number: Annotated[int, typer.Argument(help="The version number.")],
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Delete a version: refused while an alias names it or a rollout engine serves it.
 
     Its files go at the next garbage collection unless another version shares them."""
@@ -175,19 +217,27 @@ def delete(job_id: JobArg, number: Annotated[int, typer.Argument(help="The versi
 
 
 @versions_app.command()
-def retention(job_id: JobArg,
-              keep_last: Annotated[int | None, typer.Option(
-                  "--keep-last", min=0, help="Keep the newest N versions (0: keep all).")
-              ] = None,
-              keep_ancestors: Annotated[bool, typer.Option(
-                  "--keep-ancestors", help="Also keep every ancestor of an aliased version.")
-              ] = False,
-              url: UrlOption = None, api_key: ApiKeyOption = None,
-              data_dir: DataDirOption = None) -> None:
+def retention(
+    job_id: JobArg,
+    keep_last: Annotated[
+        int | None,
+        typer.Option("--keep-last", min=0, help="Keep the newest N versions (0: keep all)."),
+    ] = None,
+    keep_ancestors: Annotated[
+        bool,
+        typer.Option("--keep-ancestors", help="Also keep every ancestor of an aliased version."),
+    ] = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Show, or with --keep-last set, which versions garbage collection keeps."""
     with _job(job_id, url, api_key, data_dir) as job:
-        policy = (job.retention() if keep_last is None
-                  else job.set_retention(keep_last, keep_ancestors=keep_ancestors))
+        policy = (
+            job.retention()
+            if keep_last is None
+            else job.set_retention(keep_last, keep_ancestors=keep_ancestors)
+        )
     n = policy.keep_last
     kept = "every version" if n == 0 else f"the newest {n} version{'s' if n > 1 else ''}"
     if policy.keep_ancestors:
@@ -197,15 +247,21 @@ def retention(job_id: JobArg,
 
 
 @versions_app.command()
-def download(job_id: JobArg,
-             dest: Annotated[Path, typer.Argument(help="Directory to write (created).")],
-             ref: Annotated[str, typer.Option("--ref", help="Version number or alias.")
-                            ] = "latest",
-             merge_lora: Annotated[bool, typer.Option(
-                 "--merge-lora", help="A LoRA version merged into its base model: a full "
-                 "Hugging Face model directory.")] = False,
-             url: UrlOption = None, api_key: ApiKeyOption = None,
-             data_dir: DataDirOption = None) -> None:
+def download(
+    job_id: JobArg,
+    dest: Annotated[Path, typer.Argument(help="Directory to write (created).")],
+    ref: Annotated[str, typer.Option("--ref", help="Version number or alias.")] = "latest",
+    merge_lora: Annotated[
+        bool,
+        typer.Option(
+            "--merge-lora",
+            help="A LoRA version merged into its base model: a full Hugging Face model directory.",
+        ),
+    ] = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Write a version as a Hugging Face directory (config, tokenizer, weights)."""
     with _job(job_id, url, api_key, data_dir) as job:
         path = job.download(dest, ref, merge_lora=merge_lora)

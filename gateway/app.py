@@ -39,13 +39,15 @@ from services.worker.app import create_celery
 from services.worker.settings import WorkerSettings
 
 
-def create_app(settings: GatewaySettings | None = None,
-               worker_settings: WorkerSettings | None = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings | None = None, worker_settings: WorkerSettings | None = None
+) -> FastAPI:
     """`worker_settings`: the broker tasks are sent to; default: LOOM_WORKER_* with the
     gateway's data dir, database and service URLs."""
     settings = settings or GatewaySettings()
     worker_settings = worker_settings or WorkerSettings(
-        **settings.model_dump(include=set(LoomSettings.model_fields)))
+        **settings.model_dump(include=set(LoomSettings.model_fields))
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,13 +55,17 @@ def create_app(settings: GatewaySettings | None = None,
         await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
         # The worker's tables too: the gateway inserts tasks when it dispatches them, and
         # may start before any worker (the worker migrates them at its start as well).
-        await run_in_threadpool(migrate, url, worker_models.ALEMBIC_DIR,
-                                worker_models.VERSION_TABLE)
+        await run_in_threadpool(
+            migrate, url, worker_models.ALEMBIC_DIR, worker_models.VERSION_TABLE
+        )
         engine = make_engine(url)
         app.state.sessions = make_sessionmaker(engine)
         app.state.trackers = TrackerMirror(
-            parse_trackers(settings.trackers), settings.tracker_options(),
-            app.state.metrics_registry, retries=settings.trackers_retries)
+            parse_trackers(settings.trackers),
+            settings.tracker_options(),
+            app.state.metrics_registry,
+            retries=settings.trackers_retries,
+        )
         attach_trackers(app.state.sessions, app.state.trackers)
         app.state.bootstrap_key = await run_in_threadpool(
             bootstrap_admin_key, app.state.sessions, settings
@@ -94,10 +100,20 @@ def create_app(settings: GatewaySettings | None = None,
     # over the /v1/{service} proxy. Routes are matched in order, so the proxy (every sample
     # call) comes before the SDK-compatible APIs and the admin pages, whose paths it cannot
     # match anyway.
-    app = create_service_app("gateway", routers=[jobs_routes.router, auth_routes.router,
-                                                 health_routes.router, task_routes.router,
-                                                 replica_routes.router, proxy_routes.router],
-                             lifespan=lifespan, readiness=readiness, service_token=None)
+    app = create_service_app(
+        "gateway",
+        routers=[
+            jobs_routes.router,
+            auth_routes.router,
+            health_routes.router,
+            task_routes.router,
+            replica_routes.router,
+            proxy_routes.router,
+        ],
+        lifespan=lifespan,
+        readiness=readiness,
+        service_token=None,
+    )
     app.state.settings = settings
     dialects = ClientDialects()
     compat.install(app, dialects)  # Tinker's and Weaver's APIs, after the proxy's routes

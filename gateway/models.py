@@ -38,16 +38,20 @@ class Base(DeclarativeBase):
 class ApiKeyRow(Base):
     __tablename__ = "api_keys"
 
-    id: Mapped[str] = mapped_column(String(64), primary_key=True,
-                                    default=lambda: new_id("key"))
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("key"))
     name: Mapped[str] = mapped_column(String(128))
     prefix: Mapped[str] = mapped_column(String(16), doc="First characters, for display only")
     key_hash: Mapped[str] = mapped_column(String(64), unique=True, doc="sha256 hex of the key")
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     job_id: Mapped[str | None] = mapped_column(
-        String(64), ForeignKey("jobs.id", ondelete="CASCADE", name="fk_api_keys_job_id",
-                               use_alter=True),  # jobs also refers to api_keys
-        index=True, default=None, doc="A job key: it acts for this one job of its owner only")
+        String(64),
+        ForeignKey(
+            "jobs.id", ondelete="CASCADE", name="fk_api_keys_job_id", use_alter=True
+        ),  # jobs also refers to api_keys
+        index=True,
+        default=None,
+        doc="A job key: it acts for this one job of its owner only",
+    )
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
 
@@ -55,8 +59,7 @@ class ApiKeyRow(Base):
 class JobRow(Base):
     __tablename__ = "jobs"
 
-    id: Mapped[str] = mapped_column(String(64), primary_key=True,
-                                    default=lambda: new_id("job"))
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("job"))
     name: Mapped[str] = mapped_column(String(128))
     base_model: Mapped[str] = mapped_column(String(1024))
     mode: Mapped[str] = mapped_column(String(16))
@@ -76,8 +79,9 @@ class JobMetricRow(Base):
     __tablename__ = "job_metrics"
     __table_args__ = (UniqueConstraint("job_id", "name", "step", name="uq_job_metrics_point"),)
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     job_id: Mapped[str] = mapped_column(String(64), ForeignKey("jobs.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(128))
     step: Mapped[int] = mapped_column(BigInteger)
@@ -88,10 +92,12 @@ class JobMetricRow(Base):
 class JobSampleRow(Base):
     __tablename__ = "job_samples"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(String(64), ForeignKey("jobs.id", ondelete="CASCADE"),
-                                        index=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
     step: Mapped[int] = mapped_column(BigInteger)
     version: Mapped[int | None] = mapped_column(Integer, default=None)
     prompt: Mapped[str] = mapped_column(SampledText)

@@ -53,9 +53,11 @@ class JobCreate(StrictModel):
     mode: TrainingMode = TrainingMode.lora
     lora: LoraConfig = LoraConfig()
     config: dict[str, Any] = Field(
-        default={}, description="Free-form settings of the script; `trackers` (a list of "
+        default={},
+        description="Free-form settings of the script; `trackers` (a list of "
         f"{', '.join(TRACKER_NAMES)}) mirrors the job's metrics to them ([] for none) instead "
-        "of LOOM_TRACKERS")
+        "of LOOM_TRACKERS",
+    )
 
     @field_validator("config")
     @classmethod
@@ -152,8 +154,9 @@ class ApiKeyPublic(LenientModel):
     id: str
     name: str
     admin: bool
-    job_id: str | None = Field(default=None,
-                               description="A job key: it acts for this one job only.")
+    job_id: str | None = Field(
+        default=None, description="A job key: it acts for this one job only."
+    )
     prefix: str
     created_at: datetime
     revoked_at: datetime | None = None

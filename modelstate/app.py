@@ -41,8 +41,10 @@ def create_app(settings: ModelStateSettings | None = None) -> FastAPI:
         engine = make_engine(url)
         blobs = BlobStore(settings.modelstate_blob_dir, settings.modelstate_max_file_bytes)
         store = ModelStore(make_sessionmaker(engine), blobs)
-        default = RetentionPolicy(keep_last=settings.modelstate_keep_last,
-                                  keep_ancestors=settings.modelstate_keep_ancestors)
+        default = RetentionPolicy(
+            keep_last=settings.modelstate_keep_last,
+            keep_ancestors=settings.modelstate_keep_ancestors,
+        )
         collector = Collector(store, default, settings.modelstate_gc_grace_s)
         app.state.settings = settings
         app.state.store = store
@@ -51,7 +53,8 @@ def create_app(settings: ModelStateSettings | None = None) -> FastAPI:
         gc_task = None
         if settings.modelstate_gc_interval_s > 0:
             gc_task = asyncio.create_task(
-                collect_periodically(collector, settings.modelstate_gc_interval_s))
+                collect_periodically(collector, settings.modelstate_gc_interval_s)
+            )
         try:
             yield
         finally:
@@ -66,8 +69,11 @@ def create_app(settings: ModelStateSettings | None = None) -> FastAPI:
         return {"database": "ok"}
 
     app = create_service_app(
-        "modelstate", routers=[*routers, events.router], lifespan=lifespan,
-        readiness=readiness, service_token=service_token(settings),
+        "modelstate",
+        routers=[*routers, events.router],
+        lifespan=lifespan,
+        readiness=readiness,
+        service_token=service_token(settings),
     )
     return app
 

@@ -247,8 +247,10 @@ class BlobStore:
         """(manifest path, file) for every regular file a writer left in `staging/<name>`."""
         directory = self.staging / name
         if not directory.is_dir():
-            raise NotFound(f"No staging directory {name!r}: it was never made, already "
-                           "published, or collected as abandoned.")
+            raise NotFound(
+                f"No staging directory {name!r}: it was never made, already "
+                "published, or collected as abandoned."
+            )
         found = []
         for path in sorted(directory.rglob("*")):
             mode = path.lstat().st_mode

@@ -59,8 +59,9 @@ DELETE_VERSION = Route("DELETE", "/v1/jobs/{job_id}/versions/{number}", Version)
 LINEAGE = Route("GET", "/v1/jobs/{job_id}/versions/{ref}/lineage", Lineage)
 COMPARE = Route("GET", "/v1/jobs/{job_id}/compare", ManifestDiff)
 # Streamed, not JSON: read by `transfer.download_file` and `transfer.download_archive`.
-VERSION_FILE: Route[None] = Route("GET", "/v1/jobs/{job_id}/versions/{ref}/files/{path}", None,
-                                  whole_paths=frozenset({"path"}))
+VERSION_FILE: Route[None] = Route(
+    "GET", "/v1/jobs/{job_id}/versions/{ref}/files/{path}", None, whole_paths=frozenset({"path"})
+)
 ARCHIVE: Route[None] = Route("GET", "/v1/jobs/{job_id}/versions/{ref}/archive", None)
 MOVE_ALIAS = Route("PUT", "/v1/jobs/{job_id}/aliases/{name}", Alias, MoveAlias)
 DELETE_ALIAS: Route[None] = Route("DELETE", "/v1/jobs/{job_id}/aliases/{name}", None)
@@ -77,14 +78,20 @@ EVENTS: Route[None] = Route("GET", "/v1/events", None)
 class ModelStateClient(ServiceClient):
     SERVICE = "modelstate"
 
-    def __init__(self, base_url: str | httpx2.AsyncClient, *, event_read_timeout_s: float = 60.0,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        base_url: str | httpx2.AsyncClient,
+        *,
+        event_read_timeout_s: float = 60.0,
+        **options: Any,
+    ) -> None:
         """`options`: `ServiceClient`'s (`headers`: sent with every request; a service's
         own client passes the service token's, see `from_settings`)."""
         super().__init__(base_url, **options)
         # Longer than the server's heartbeat period: silence this long means a dead connection.
-        self._event_timeout = httpx2.Timeout(connect=5.0, read=event_read_timeout_s,
-                                             write=30.0, pool=30.0)
+        self._event_timeout = httpx2.Timeout(
+            connect=5.0, read=event_read_timeout_s, write=30.0, pool=30.0
+        )
         self._info: StoreInfo | None = None
 
     @classmethod
@@ -123,8 +130,10 @@ class ModelStateClient(ServiceClient):
         hashes = hashes or {}
         info = await self.store_info()
         if directory.parent == Path(info.staging_dir):
-            declared = [FileRef(path=name, sha256=sha, size=(directory / name).stat().st_size)
-                        for name, sha in sorted(hashes.items())]
+            declared = [
+                FileRef(path=name, sha256=sha, size=(directory / name).stat().st_size)
+                for name, sha in sorted(hashes.items())
+            ]
             request = PublishRequest(**meta.model_dump(), staged=directory.name, files=declared)
             return await self._commit(request)
         files = _files_of(directory)
@@ -151,8 +160,9 @@ class ModelStateClient(ServiceClient):
     async def _upload_missing(self, refs: list[FileRef], paths: dict[str, Path]) -> None:
         for ref in {r.sha256: r for r in refs}.values():
             if not await self.has_blob(ref.sha256):
-                await upload_blob(self.http, self.path(PUT_BLOB.url(sha256=ref.sha256)),
-                                  paths[ref.path], ref.size)
+                await upload_blob(
+                    self.http, self.path(PUT_BLOB.url(sha256=ref.sha256)), paths[ref.path], ref.size
+                )
 
     async def get_blob(self, sha256: str) -> StoredBlob:
         return await self.call(GET_BLOB, sha256=sha256)
@@ -197,8 +207,9 @@ class ModelStateClient(ServiceClient):
         url = VERSION_FILE.url(job_id=version.job_id, ref=version.number, path=entry.path)
         await download_file(self.http, self.path(url), target, entry)
 
-    async def download_archive(self, version: Version, target: Path, *,
-                               merge_lora: bool = False) -> Path:
+    async def download_archive(
+        self, version: Version, target: Path, *, merge_lora: bool = False
+    ) -> Path:
         """The version as one tar file `target` (with `merge_lora`, a LoRA version merged into
         its base model: a full Hugging Face directory)."""
         url = self.path(ARCHIVE.url(job_id=version.job_id, ref=version.number))
@@ -232,8 +243,7 @@ class ModelStateClient(ServiceClient):
     # --- pins --------------------------------------------------------------------------------
 
     async def set_pins(self, holder: str, versions: list[VersionKey], ttl_s: float) -> PinList:
-        return await self.call(SET_PINS, PinRequest(versions=versions, ttl_s=ttl_s),
-                               holder=holder)
+        return await self.call(SET_PINS, PinRequest(versions=versions, ttl_s=ttl_s), holder=holder)
 
     async def clear_pins(self, holder: str) -> None:
         await self.call(CLEAR_PINS, holder=holder)
@@ -262,8 +272,11 @@ class ModelStateClient(ServiceClient):
                 params["job_id"] = job_id
             try:
                 async with self.http.stream(
-                    EVENTS.method, self.path(EVENTS.path), params=params,
-                    timeout=self._event_timeout, headers={"Accept": "text/event-stream"},
+                    EVENTS.method,
+                    self.path(EVENTS.path),
+                    params=params,
+                    timeout=self._event_timeout,
+                    headers={"Accept": "text/event-stream"},
                 ) as response:
                     if response.status_code < 500:
                         await raise_for_status(response)
@@ -280,9 +293,14 @@ class ModelStateClient(ServiceClient):
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)
 
+
 async def local_or_download(
-    version: Version, cache_dir: Path, *, client: ModelStateClient | None = None,
-    in_place: bool = True, fetch: Callable[[Version, Path], Awaitable[Path]] | None = None,
+    version: Version,
+    cache_dir: Path,
+    *,
+    client: ModelStateClient | None = None,
+    in_place: bool = True,
+    fetch: Callable[[Version, Path], Awaitable[Path]] | None = None,
 ) -> Path:
     """A directory holding `version`'s files: the store's own one when it is on this host
     and `in_place` (read there, no copy), else a download into `cache_dir/<job>/<number>`

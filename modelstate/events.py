@@ -94,21 +94,25 @@ router = APIRouter(prefix="/v1", tags=["events"])
 @router.get(
     "/events",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}},
-                     "description": "`event: version` messages (`id`: the version id) and "
-                     "`event: pending` messages (live only, no id)."}},
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`event: version` messages (`id`: the version id) and "
+            "`event: pending` messages (live only, no id).",
+        }
+    },
 )
 async def stream_events(
     store: StoreDep,
     broadcaster: EventsDep,
     settings: SettingsDep,
-    job_id: Annotated[str | None, Query(min_length=1, max_length=128,
-                                        pattern=JOB_ID_PATTERN)] = None,
+    job_id: Annotated[
+        str | None, Query(min_length=1, max_length=128, pattern=JOB_ID_PATTERN)
+    ] = None,
     after: Annotated[int, Query(ge=0, description="Replay versions with a larger id.")] = 0,
     last_event_id: Annotated[int | None, Header(ge=0)] = None,
 ) -> EventSourceResponse:
-    events = version_events(store, broadcaster, job_id=job_id,
-                            after=max(after, last_event_id or 0))
+    events = version_events(store, broadcaster, job_id=job_id, after=max(after, last_event_id or 0))
     # Comment pings let both ends notice a dead connection; sse-starlette also ends open
     # streams when uvicorn begins shutting down, so a restart is not held up by subscribers.
     return EventSourceResponse(events, ping=settings.modelstate_sse_heartbeat_s)

@@ -43,8 +43,10 @@ def version_files(blobs: BlobStore, version: Version) -> list[tuple[str, Path]]:
 def merged_lora(blobs: BlobStore, version: Version, data_dir: Path) -> list[tuple[str, Path]]:
     """The files of `version` (a LoRA adapter) merged into its base: a full model directory."""
     if version.kind != VersionKind.lora:
-        raise InvalidInput(f"Version {version.number} holds full weights; only LoRA versions "
-                           "are merged (download it without merge_lora).")
+        raise InvalidInput(
+            f"Version {version.number} holds full weights; only LoRA versions "
+            "are merged (download it without merge_lora)."
+        )
     out = blobs.exports / version.job_id / str(version.number) / "merged"
     with _merge_lock:
         if not out.is_dir():
@@ -65,8 +67,10 @@ def _merge_into(out: Path, blobs: BlobStore, version: Version, data_dir: Path) -
             base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
             merged = peft.PeftModel.from_pretrained(base, adapter).merge_and_unload()
         except (OSError, ValueError) as exc:
-            raise InvalidInput(f"Cannot merge version {version.number} into its base model "
-                               f"{version.base_model!r} on this host: {exc}") from exc
+            raise InvalidInput(
+                f"Cannot merge version {version.number} into its base model "
+                f"{version.base_model!r} on this host: {exc}"
+            ) from exc
         merged.save_pretrained(work)
         AutoTokenizer.from_pretrained(base_path).save_pretrained(work)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ def versions_to_delete(
     versions = sorted(versions, key=lambda v: v.number)
     if policy.keep_last == 0:
         return []
-    keep = {v.number for v in versions[-policy.keep_last:]} | pinned
+    keep = {v.number for v in versions[-policy.keep_last :]} | pinned
     aliased = [v for v in versions if v.aliases]
     keep |= {v.number for v in aliased}
     if policy.keep_ancestors:
@@ -59,8 +59,12 @@ class Collector:
             row = session.get(RetentionRow, job_id)
         if row is None:
             return Retention(job_id=job_id, is_default=True, **self.default.model_dump())
-        return Retention(job_id=job_id, keep_last=row.keep_last,
-                         keep_ancestors=row.keep_ancestors, is_default=False)
+        return Retention(
+            job_id=job_id,
+            keep_last=row.keep_last,
+            keep_ancestors=row.keep_ancestors,
+            is_default=False,
+        )
 
     def set_retention(self, job_id: str, policy: RetentionPolicy) -> Retention:
         with self.store.sessions() as session, session.begin():
@@ -75,8 +79,9 @@ class Collector:
         retention = self.retention(job_id)
         if retention.keep_last == 0:  # keep everything: runs after every publish, so stop here
             return []
-        policy = RetentionPolicy(keep_last=retention.keep_last,
-                                 keep_ancestors=retention.keep_ancestors)
+        policy = RetentionPolicy(
+            keep_last=retention.keep_last, keep_ancestors=retention.keep_ancestors
+        )
         pinned = {p.number for p in self.store.pins() if p.job_id == job_id}
         deleted = []
         for number in versions_to_delete(self.store.list_versions(job_id), policy, pinned):
@@ -97,25 +102,32 @@ class Collector:
         blobs_deleted, bytes_freed = self._delete_unreferenced_blobs(grace)
         blobs = self.store.blobs
         temp = blobs.remove_stale(blobs.tmp, grace) + blobs.remove_stale(blobs.staging, grace)
-        return GcReport(versions_deleted=deleted, blobs_deleted=blobs_deleted,
-                        bytes_freed=bytes_freed, temp_entries_removed=temp,
-                        stray_entries_removed=self._remove_strays(grace))
+        return GcReport(
+            versions_deleted=deleted,
+            blobs_deleted=blobs_deleted,
+            bytes_freed=bytes_freed,
+            temp_entries_removed=temp,
+            stray_entries_removed=self._remove_strays(grace),
+        )
 
     def _delete_unreferenced_blobs(self, grace_s: float) -> tuple[int, int]:
         cutoff = utcnow() - timedelta(seconds=grace_s)
         unreferenced = (BlobRow.touched_at <= cutoff) & ~exists(
-            select(VersionFileRow.version_id).where(VersionFileRow.sha256 == BlobRow.sha256))
+            select(VersionFileRow.version_id).where(VersionFileRow.sha256 == BlobRow.sha256)
+        )
         with self.store.sessions() as session:
             candidates = session.scalars(select(BlobRow.sha256).where(unreferenced)).all()
         count = freed = 0
         for start in range(0, len(candidates), DELETE_BATCH):
-            batch = candidates[start:start + DELETE_BATCH]
+            batch = candidates[start : start + DELETE_BATCH]
             with self.store.sessions() as session, session.begin():
                 blob_lock(session)
                 # Checked again under the lock: a publish may have claimed one meanwhile.
                 gone = session.execute(
-                    delete(BlobRow).where(BlobRow.sha256.in_(batch), unreferenced)
-                    .returning(BlobRow.sha256, BlobRow.size)).all()
+                    delete(BlobRow)
+                    .where(BlobRow.sha256.in_(batch), unreferenced)
+                    .returning(BlobRow.sha256, BlobRow.size)
+                ).all()
                 for sha256, size in gone:
                     self.store.blobs.remove_blob(sha256)
                     count, freed = count + 1, freed + size
@@ -128,17 +140,23 @@ class Collector:
         removed = 0
         with self.store.sessions() as session:
             files = {sha: path for sha, path in blobs.blob_files() if is_older_than(path, grace_s)}
-            with_rows = set(session.scalars(
-                select(BlobRow.sha256).where(BlobRow.sha256.in_(list(files)))))
+            with_rows = set(
+                session.scalars(select(BlobRow.sha256).where(BlobRow.sha256.in_(list(files))))
+            )
             for sha256 in files.keys() - with_rows:
                 files[sha256].unlink(missing_ok=True)
                 removed += 1
             for job_id, number, path in list(blobs.version_dirs()):
                 if not is_older_than(path, grace_s):
                     continue
-                if session.scalar(select(VersionRow.id).where(
-                        VersionRow.job_id == job_id, VersionRow.number == number)) is None:
+                if (
+                    session.scalar(
+                        select(VersionRow.id).where(
+                            VersionRow.job_id == job_id, VersionRow.number == number
+                        )
+                    )
+                    is None
+                ):
                     blobs.remove_version_dir(job_id, number)
                     removed += 1
         return removed
-

@@ -68,8 +68,9 @@ class VersionFileRow(Base):
     path: Mapped[str] = mapped_column(String(1024), primary_key=True)
     size: Mapped[int] = mapped_column(BigInteger)
     # No cascade: a blob that a version references cannot be deleted.
-    sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256", name="fk_files_blob"),
-                                        index=True)
+    sha256: Mapped[str] = mapped_column(
+        ForeignKey("blobs.sha256", name="fk_files_blob"), index=True
+    )
 
 
 class AliasRow(Base):
@@ -78,8 +79,10 @@ class AliasRow(Base):
     __tablename__ = "aliases"
     __table_args__ = (
         ForeignKeyConstraint(
-            ["job_id", "number"], ["versions.job_id", "versions.number"],
-            name="fk_aliases_version", ondelete="CASCADE",
+            ["job_id", "number"],
+            ["versions.job_id", "versions.number"],
+            name="fk_aliases_version",
+            ondelete="CASCADE",
         ),
     )
 
@@ -95,8 +98,10 @@ class PinRow(Base):
     __tablename__ = "pins"
     __table_args__ = (
         ForeignKeyConstraint(
-            ["job_id", "number"], ["versions.job_id", "versions.number"],
-            name="fk_pins_version", ondelete="CASCADE",
+            ["job_id", "number"],
+            ["versions.job_id", "versions.number"],
+            name="fk_pins_version",
+            ondelete="CASCADE",
         ),
     )
 

@@ -10,9 +10,7 @@ from pydantic import Field, model_validator
 
 from services.common.schemas import LenientModel, StrictModel
 
-JobId = Annotated[
-    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-]
+JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ALIAS_PATTERN = r"^[A-Za-z_][A-Za-z0-9._-]{0,63}$"
 AliasName = Annotated[str, Field(min_length=1, max_length=64, pattern=ALIAS_PATTERN)]
 # Version numbers are an INTEGER column: a larger one names no version, and would overflow
@@ -185,8 +183,9 @@ class PinList(LenientModel):
 
 class RetentionPolicy(StrictModel):
     keep_last: int = Field(
-        ge=0, description="Keep the newest N versions (0: keep all); aliased and pinned "
-        "versions are always kept."
+        ge=0,
+        description="Keep the newest N versions (0: keep all); aliased and pinned "
+        "versions are always kept.",
     )
     keep_ancestors: bool = Field(
         default=False, description="Also keep every ancestor of an aliased version."

@@ -21,7 +21,9 @@ class ModelStateSettings(LoomSettings):
         default=15.0, gt=0, description="Seconds between SSE keep-alive comments."
     )
     modelstate_keep_last: int = Field(
-        default=0, ge=0, description="Default retention: keep each job's newest N versions "
+        default=0,
+        ge=0,
+        description="Default retention: keep each job's newest N versions "
         "(0: keep all). Aliased and pinned versions are always kept; jobs may set their own "
         "policy (PUT /v1/jobs/{job}/retention).",
     )
@@ -29,10 +31,14 @@ class ModelStateSettings(LoomSettings):
         default=False, description="Default retention: also keep ancestors of aliased versions."
     )
     modelstate_gc_interval_s: float = Field(
-        default=600.0, ge=0, description="Seconds between garbage collections (0: only on "
+        default=600.0,
+        ge=0,
+        description="Seconds between garbage collections (0: only on "
         "POST /v1/gc). Retention of a job is also applied right after each publish.",
     )
     modelstate_gc_grace_s: float = Field(
-        default=3600.0, ge=0, description="Unreferenced blobs, temp files and staging "
+        default=3600.0,
+        ge=0,
+        description="Unreferenced blobs, temp files and staging "
         "directories younger than this are never collected (publishes in progress).",
     )

@@ -94,8 +94,12 @@ class ModelStore:
         caller's transaction (holding the blob lock) commits. Files moved by a transaction
         that then rolls back are blob files without a row, which collection removes."""
         now = utcnow()
-        stored = {row.sha256: row for row in session.scalars(
-            select(BlobRow).where(BlobRow.sha256.in_({item.sha256 for item in received})))}
+        stored = {
+            row.sha256: row
+            for row in session.scalars(
+                select(BlobRow).where(BlobRow.sha256.in_({item.sha256 for item in received}))
+            )
+        }
         for item in received:
             row = stored.get(item.sha256)
             if row is None:
@@ -124,8 +128,9 @@ class ModelStore:
             return _retry_on_conflict(lambda: self._commit_version(meta, files), "publish")
         files, received = self._verify_staged(meta)
         try:
-            return _retry_on_conflict(lambda: self._commit_version(meta, files, received),
-                                      "publish")
+            return _retry_on_conflict(
+                lambda: self._commit_version(meta, files, received), "publish"
+            )
         finally:
             self.blobs.remove_staging(meta.staged)  # with any staged file not adopted
 
@@ -139,9 +144,13 @@ class ModelStore:
         directory = self.blobs.link_pending(meta.staged, staged)
         if directory is None:
             return None
-        return PendingVersion(job_id=meta.job_id, kind=meta.kind, staged=meta.staged,
-                              local_path=str(directory),
-                              files={relative: path.stat().st_size for relative, path in staged})
+        return PendingVersion(
+            job_id=meta.job_id,
+            kind=meta.kind,
+            staged=meta.staged,
+            local_path=str(directory),
+            files={relative: path.stat().st_size for relative, path in staged},
+        )
 
     def _verify_staged(self, meta: PublishRequest) -> tuple[list[FileRef], list[ReceivedBlob]]:
         """Hash the staged files (in parallel when they are big) and sync those with content
@@ -152,8 +161,9 @@ class ModelStore:
         declared = {f.path: f for f in meta.files}
         unknown = sorted(set(declared) - {path for path, _ in staged})
         if unknown:
-            raise InvalidInput(f"Declared files are not in the staging directory: {unknown}",
-                               {"paths": unknown})
+            raise InvalidInput(
+                f"Declared files are not in the staging directory: {unknown}", {"paths": unknown}
+            )
         paths = [path for _, path in staged]
         hash_one = partial(hash_staged, stored=self.blobs.holds)
         if sum(path.stat().st_size for path in paths) < PARALLEL_HASH_BYTES:
@@ -173,8 +183,9 @@ class ModelStore:
             refs.append(FileRef(path=relative, sha256=item.sha256, size=item.size))
         return refs, received
 
-    def _commit_version(self, meta: PublishRequest, files: list[FileRef],
-                        received: list[ReceivedBlob] | None = None) -> tuple[Version, bool]:
+    def _commit_version(
+        self, meta: PublishRequest, files: list[FileRef], received: list[ReceivedBlob] | None = None
+    ) -> tuple[Version, bool]:
         """`received`: files of this version to add to the store first (a staged publish)."""
         job_id = meta.job_id
         with self.sessions() as session:  # closing without commit rolls back
@@ -184,8 +195,11 @@ class ModelStore:
             else:
                 _claim_blobs(session, files)
             if meta.step is not None:
-                existing = session.scalar(select(VersionRow).where(
-                    VersionRow.job_id == job_id, VersionRow.step == meta.step))
+                existing = session.scalar(
+                    select(VersionRow).where(
+                        VersionRow.job_id == job_id, VersionRow.step == meta.step
+                    )
+                )
                 if existing is not None:
                     version = self._republish(session, existing, meta, files)
                     session.commit()
@@ -201,11 +215,18 @@ class ModelStore:
             elif parent > 0:
                 _find_version(session, job_id, parent)
             row = VersionRow(
-                job_id=job_id, number=number, parent=parent, step=meta.step,
-                kind=meta.kind.value, base_model=meta.base_model, metrics=dict(meta.metrics),
+                job_id=job_id,
+                number=number,
+                parent=parent,
+                step=meta.step,
+                kind=meta.kind.value,
+                base_model=meta.base_model,
+                metrics=dict(meta.metrics),
                 created_at=utcnow(),
-                files=[VersionFileRow(path=f.path, size=f.size, sha256=f.sha256)
-                       for f in sorted(files, key=lambda f: f.path)],
+                files=[
+                    VersionFileRow(path=f.path, size=f.size, sha256=f.sha256)
+                    for f in sorted(files, key=lambda f: f.path)
+                ],
             )
             session.add(row)
             session.flush()  # takes (job_id, number): a concurrent publisher now waits or fails
@@ -221,15 +242,17 @@ class ModelStore:
                 raise
         return self._to_version(row, aliases), True
 
-    def _republish(self, session: Session, row: VersionRow, meta: PublishRequest,
-                   files: list[FileRef]) -> Version:
+    def _republish(
+        self, session: Session, row: VersionRow, meta: PublishRequest, files: list[FileRef]
+    ) -> Version:
         """Publishing a step again is a retry when nothing differs; the aliases it asks for
         move to the existing version."""
         stored = {f.path: f.sha256 for f in row.files}
         offered = {f.path: f.sha256 for f in files}
         if stored != offered or row.kind != meta.kind.value:
-            differ = sorted(p for p in stored.keys() | offered.keys()
-                            if stored.get(p) != offered.get(p))
+            differ = sorted(
+                p for p in stored.keys() | offered.keys() if stored.get(p) != offered.get(p)
+            )
             raise Conflict(
                 f"Job {meta.job_id!r} already has version {row.number} for step {meta.step} "
                 f"with different files ({', '.join(differ[:5]) or 'another kind'}); a step "
@@ -255,14 +278,18 @@ class ModelStore:
 
     def delete_alias(self, job_id: str, name: str) -> None:
         if name == LATEST:
-            raise Conflict("'latest' is kept by the store (it follows each publish); move it "
-                           "instead of deleting it.")
+            raise Conflict(
+                "'latest' is kept by the store (it follows each publish); move it "
+                "instead of deleting it."
+            )
         with self.sessions() as session, session.begin():
             if session.get(AliasRow, (job_id, name)) is None:
-                raise NotFound(f"Job {job_id!r} has no alias {name!r}. "
-                               f"{_inventory(session, job_id)}")
-            session.execute(delete(AliasRow).where(AliasRow.job_id == job_id,
-                                                   AliasRow.name == name))
+                raise NotFound(
+                    f"Job {job_id!r} has no alias {name!r}. {_inventory(session, job_id)}"
+                )
+            session.execute(
+                delete(AliasRow).where(AliasRow.job_id == job_id, AliasRow.name == name)
+            )
 
     # --- deletion and pins -------------------------------------------------------------------
 
@@ -274,15 +301,20 @@ class ModelStore:
             if names:
                 raise Conflict(
                     f"Version {number} of job {job_id!r} has aliases {names}: move or delete "
-                    "them first.", {"aliases": names})
-            holders = session.scalars(select(PinRow.holder).where(
-                PinRow.job_id == job_id, PinRow.number == number,
-                PinRow.expires_at > utcnow())).all()
+                    "them first.",
+                    {"aliases": names},
+                )
+            holders = session.scalars(
+                select(PinRow.holder).where(
+                    PinRow.job_id == job_id, PinRow.number == number, PinRow.expires_at > utcnow()
+                )
+            ).all()
             if holders:
                 raise Conflict(
                     f"Version {number} of job {job_id!r} is pinned by {sorted(holders)} (a "
                     "serving engine has it loaded); it can be deleted once they let go.",
-                    {"pinned_by": sorted(holders)})
+                    {"pinned_by": sorted(holders)},
+                )
             version = self._to_version(row, [])
             session.delete(row)
         self.blobs.remove_version_dir(job_id, number)
@@ -297,22 +329,37 @@ class ModelStore:
                 session.execute(delete(PinRow).where(PinRow.holder == holder))
                 pins = []
                 for key in {(k.job_id, k.number) for k in keys}:
-                    if session.scalar(select(VersionRow.id).where(
-                            VersionRow.job_id == key[0], VersionRow.number == key[1])):
-                        session.add(PinRow(holder=holder, job_id=key[0], number=key[1],
-                                           expires_at=expires))
-                        pins.append(Pin(holder=holder, job_id=key[0], number=key[1],
-                                        expires_at=expires))
+                    if session.scalar(
+                        select(VersionRow.id).where(
+                            VersionRow.job_id == key[0], VersionRow.number == key[1]
+                        )
+                    ):
+                        session.add(
+                            PinRow(holder=holder, job_id=key[0], number=key[1], expires_at=expires)
+                        )
+                        pins.append(
+                            Pin(holder=holder, job_id=key[0], number=key[1], expires_at=expires)
+                        )
             return sorted(pins, key=lambda p: (p.job_id, p.number))
 
         return _retry_on_conflict(replace, "pin update")
 
     def pins(self) -> list[Pin]:
         with self.sessions() as session:
-            rows = session.scalars(select(PinRow).where(PinRow.expires_at > utcnow())
-                                   .order_by(PinRow.holder, PinRow.job_id, PinRow.number))
-            return [Pin(holder=r.holder, job_id=r.job_id, number=r.number,
-                        expires_at=_as_utc(r.expires_at)) for r in rows]
+            rows = session.scalars(
+                select(PinRow)
+                .where(PinRow.expires_at > utcnow())
+                .order_by(PinRow.holder, PinRow.job_id, PinRow.number)
+            )
+            return [
+                Pin(
+                    holder=r.holder,
+                    job_id=r.job_id,
+                    number=r.number,
+                    expires_at=_as_utc(r.expires_at),
+                )
+                for r in rows
+            ]
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -365,9 +412,16 @@ class ModelStore:
 
     def _to_version(self, row: VersionRow, aliases: list[str]) -> Version:
         return Version(
-            id=row.id, job_id=row.job_id, number=row.number, parent=row.parent, step=row.step,
-            kind=VersionKind(row.kind), base_model=row.base_model, metrics=dict(row.metrics),
-            aliases=sorted(aliases), created_at=_as_utc(row.created_at),
+            id=row.id,
+            job_id=row.job_id,
+            number=row.number,
+            parent=row.parent,
+            step=row.step,
+            kind=VersionKind(row.kind),
+            base_model=row.base_model,
+            metrics=dict(row.metrics),
+            aliases=sorted(aliases),
+            created_at=_as_utc(row.created_at),
             files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in row.files],
             local_path=str(self.blobs.version_dir(row.job_id, row.number)),
         )
@@ -377,19 +431,25 @@ def _claim_blobs(session: Session, files: list[FileRef]) -> None:
     """Every file's blob must be stored with the declared size. Touching the rows takes
     SQLite's write lock if no earlier write of the transaction did (see `blob_lock`)."""
     wanted = {f.sha256 for f in files}
-    session.execute(update(BlobRow).where(BlobRow.sha256.in_(wanted))
-                    .values(touched_at=utcnow()))
-    sizes = {sha256: size for sha256, size in session.execute(
-        select(BlobRow.sha256, BlobRow.size).where(BlobRow.sha256.in_(wanted)))}
+    session.execute(update(BlobRow).where(BlobRow.sha256.in_(wanted)).values(touched_at=utcnow()))
+    sizes = {
+        sha256: size
+        for sha256, size in session.execute(
+            select(BlobRow.sha256, BlobRow.size).where(BlobRow.sha256.in_(wanted))
+        )
+    }
     missing = sorted({f.path for f in files if f.sha256 not in sizes})
     if missing:
         raise Conflict(
             f"The blobs of {missing[:10]} are not in the store: upload them (PUT "
-            "/v1/blobs/<sha256>) and publish again.", {"missing": missing})
+            "/v1/blobs/<sha256>) and publish again.",
+            {"missing": missing},
+        )
     wrong = sorted(f.path for f in files if sizes[f.sha256] != f.size)
     if wrong:
-        raise InvalidInput(f"Declared sizes of {wrong[:10]} differ from their stored blobs.",
-                           {"paths": wrong})
+        raise InvalidInput(
+            f"Declared sizes of {wrong[:10]} differ from their stored blobs.", {"paths": wrong}
+        )
 
 
 def _retry_on_conflict(write: Callable[[], T], what: str) -> T:
@@ -435,8 +495,10 @@ def _find_version(session: Session, job_id: str, number: int) -> VersionRow:
             f"Version 0 of job {job_id!r} is its base model, which modelstate does not store."
         )
     if number > MAX_VERSION_NUMBER:
-        raise NotFound(f"Job {job_id!r} has no version {number}: version numbers go up to "
-                       f"{MAX_VERSION_NUMBER}.")
+        raise NotFound(
+            f"Job {job_id!r} has no version {number}: version numbers go up to "
+            f"{MAX_VERSION_NUMBER}."
+        )
     row = session.scalar(
         select(VersionRow).where(VersionRow.job_id == job_id, VersionRow.number == number)
     )
@@ -448,13 +510,15 @@ def _find_version(session: Session, job_id: str, number: int) -> VersionRow:
 def _inventory(session: Session, job_id: str) -> str:
     """What does exist, so a 404 tells the caller what to ask for instead."""
     low, high, count = session.execute(
-        select(func.min(VersionRow.number), func.max(VersionRow.number), func.count())
-        .where(VersionRow.job_id == job_id)
+        select(func.min(VersionRow.number), func.max(VersionRow.number), func.count()).where(
+            VersionRow.job_id == job_id
+        )
     ).one()
     if not count:
         return f"Job {job_id!r} has no published versions."
-    aliases = session.scalars(select(AliasRow).where(AliasRow.job_id == job_id)
-                              .order_by(AliasRow.name)).all()
+    aliases = session.scalars(
+        select(AliasRow).where(AliasRow.job_id == job_id).order_by(AliasRow.name)
+    ).all()
     named = ", ".join(f"{a.name}->{a.number}" for a in aliases) or "none"
     return f"It has {count} version(s); numbers {low}..{high}; aliases: {named}."
 

@@ -36,23 +36,30 @@ async def upload_blob(http: httpx2.AsyncClient, url: str, path: Path, size: int)
     """PUT one file's content to its blob `url` (idempotent: retried from the start after a
     broken transfer)."""
     response = await retrying(
-        lambda: http.put(url, content=file_chunks(path),
-                         headers={"Content-Length": str(size),
-                                  "Content-Type": "application/octet-stream"}),
-        ATTEMPTS, lambda exc: UpstreamError(f"modelstate: uploading {path.name}: {exc!r}"))
+        lambda: http.put(
+            url,
+            content=file_chunks(path),
+            headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+        ),
+        ATTEMPTS,
+        lambda exc: UpstreamError(f"modelstate: uploading {path.name}: {exc!r}"),
+    )
     raise_for_envelope(response, "modelstate")
 
 
-async def download_file(http: httpx2.AsyncClient, url: str, target: Path,
-                        entry: ManifestFile) -> None:
+async def download_file(
+    http: httpx2.AsyncClient, url: str, target: Path, entry: ManifestFile
+) -> None:
     """Fetch `entry` into `target`. Bytes land in `.<name>.part` first; a broken transfer, or
     a later call after a crash, continues from the part's end; the whole file is checked
     against the manifest before it is renamed into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(f".{target.name}.part")
     await retrying(
-        lambda: _fetch_rest(http, url, part, entry.size), ATTEMPTS,
-        lambda exc: UpstreamError(f"modelstate: downloading {entry.path!r}: {exc!r}"))
+        lambda: _fetch_rest(http, url, part, entry.size),
+        ATTEMPTS,
+        lambda exc: UpstreamError(f"modelstate: downloading {entry.path!r}: {exc!r}"),
+    )
     sha256, size = await asyncio.to_thread(hash_file, part)
     if sha256 != entry.sha256 or size != entry.size:
         part.unlink()
@@ -79,9 +86,9 @@ async def _fetch_rest(http: httpx2.AsyncClient, url: str, part: Path, size: int)
                 out.write(chunk)
 
 
-
-async def download_archive(http: httpx2.AsyncClient, url: str, target: Path,
-                           params: dict[str, str | bool]) -> None:
+async def download_archive(
+    http: httpx2.AsyncClient, url: str, target: Path, params: dict[str, str | bool]
+) -> None:
     """Stream a version's tar archive into the file `target`."""
     try:
         async with http.stream("GET", url, params=params) as response:

@@ -29,8 +29,9 @@ async def receive_blob(
         return await run_in_threadpool(writer.finish, sha256, size)
     except ClientDisconnect as exc:
         writer.abort()
-        raise InvalidInput(f"The upload of {sha256} was cut off after {writer.size} bytes; "
-                           "nothing was stored.") from exc
+        raise InvalidInput(
+            f"The upload of {sha256} was cut off after {writer.size} bytes; nothing was stored."
+        ) from exc
     except BaseException:
         writer.abort()
         raise

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-PG_ADMIN_URL = os.environ.get("LOOM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "LOOM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 REDIS_URL = os.environ.get("LOOM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHE = Path(__file__).resolve().parent.parent / ".loom-test-cache"
 UNIT_TESTS = Path(__file__).resolve().parent / "unit"

@@ -20,7 +20,10 @@ Advantages = Callable[[Sequence[float]], list[float]]
 
 
 def group_advantages(
-    rewards: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6,
+    rewards: Sequence[float],
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
     std: Literal["sample", "population"] = "sample",
 ) -> list[float]:
     """Advantages of one group of rewards: (r - mean) / (std + eps), or r - mean (Dr.GRPO).
@@ -43,7 +46,6 @@ Std = Literal["sample", "population"]
 
 def grpo_advantages(rewards: Sequence[float], std: Std = "sample") -> list[float]:
     return group_advantages(rewards, std=std)
-
 
 
 def dr_grpo_advantages(rewards: Sequence[float]) -> list[float]:

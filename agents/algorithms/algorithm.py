@@ -38,8 +38,7 @@ class OverlongShaping:
 
     def penalty(self, trajectory: Trajectory) -> float:
         turns = [t.end - t.start for t in trajectory.turns if t.kind == "model"]
-        return min((overlong_penalty(n, self.max_tokens, self.buffer) for n in turns),
-                   default=0.0)
+        return min((overlong_penalty(n, self.max_tokens, self.buffer) for n in turns), default=0.0)
 
 
 @dataclass
@@ -86,41 +85,84 @@ class Algorithm:
                 if self.filter_zero_variance:
                     continue
             batch.kept += 1
-            batch.data.extend(trajectory_datum(t, a) for t, a in
-                              zip(group.trajectories, self.advantages(rewards), strict=True))
+            batch.data.extend(
+                trajectory_datum(t, a)
+                for t, a in zip(group.trajectories, self.advantages(rewards), strict=True)
+            )
         return batch
 
 
-def grpo(*, clip: float = 0.2, kl_coef: float = 0.0, tis_cap: float | None = None,
-         std: Std = "sample") -> Algorithm:
+def grpo(
+    *, clip: float = 0.2, kl_coef: float = 0.0, tis_cap: float | None = None, std: Std = "sample"
+) -> Algorithm:
     """GRPO as published: std-normalised advantages (`std`: the group's sample standard
     deviation, as TRL and verl, or its population one), symmetric clip, each sequence's token
     mean averaged over sequences."""
-    return Algorithm("grpo", partial(grpo_advantages, std=std), LossConfig(
-        name=LossName.ppo, clip_low=clip, clip_high=clip, kl_coef=kl_coef, tis_cap=tis_cap,
-        aggregation=LossAggregation.sequence_mean))
+    return Algorithm(
+        "grpo",
+        partial(grpo_advantages, std=std),
+        LossConfig(
+            name=LossName.ppo,
+            clip_low=clip,
+            clip_high=clip,
+            kl_coef=kl_coef,
+            tis_cap=tis_cap,
+            aggregation=LossAggregation.sequence_mean,
+        ),
+    )
 
 
 def dr_grpo(*, max_tokens: int, clip: float = 0.2, tis_cap: float | None = None) -> Algorithm:
     """Dr. GRPO: centred advantages, token sums over a constant (the generation budget)."""
-    return Algorithm("dr_grpo", dr_grpo_advantages, LossConfig(
-        name=LossName.ppo, clip_low=clip, clip_high=clip, tis_cap=tis_cap,
-        aggregation=LossAggregation.sum_normalized, normalizer=max_tokens))
+    return Algorithm(
+        "dr_grpo",
+        dr_grpo_advantages,
+        LossConfig(
+            name=LossName.ppo,
+            clip_low=clip,
+            clip_high=clip,
+            tis_cap=tis_cap,
+            aggregation=LossAggregation.sum_normalized,
+            normalizer=max_tokens,
+        ),
+    )
 
 
-def dapo(*, max_tokens: int, overlong_buffer: int = 0, clip_low: float = 0.2,
-         clip_high: float = 0.28, tis_cap: float | None = None, std: Std = "sample"
-         ) -> Algorithm:
+def dapo(
+    *,
+    max_tokens: int,
+    overlong_buffer: int = 0,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    tis_cap: float | None = None,
+    std: Std = "sample",
+) -> Algorithm:
     """DAPO: clip-higher, token-level mean, dynamic sampling (zero-variance groups dropped;
     over-sample to keep the batch full) and over-long reward shaping."""
     overlong = OverlongShaping(max_tokens, overlong_buffer) if overlong_buffer else None
-    return Algorithm("dapo", partial(grpo_advantages, std=std), LossConfig(
-        name=LossName.ppo, clip_low=clip_low, clip_high=clip_high, tis_cap=tis_cap,
-        aggregation=LossAggregation.token_mean), filter_zero_variance=True, overlong=overlong)
+    return Algorithm(
+        "dapo",
+        partial(grpo_advantages, std=std),
+        LossConfig(
+            name=LossName.ppo,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            tis_cap=tis_cap,
+            aggregation=LossAggregation.token_mean,
+        ),
+        filter_zero_variance=True,
+        overlong=overlong,
+    )
 
 
 def rloo(*, tis_cap: float | None = None) -> Algorithm:
     """RLOO: leave-one-out baselines, the plain importance-sampled policy gradient."""
-    return Algorithm("rloo", rloo_advantages, LossConfig(
-        name=LossName.importance_sampling, tis_cap=tis_cap,
-        aggregation=LossAggregation.token_mean))
+    return Algorithm(
+        "rloo",
+        rloo_advantages,
+        LossConfig(
+            name=LossName.importance_sampling,
+            tis_cap=tis_cap,
+            aggregation=LossAggregation.token_mean,
+        ),
+    )

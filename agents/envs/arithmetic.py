@@ -18,14 +18,17 @@ class ArithmeticParams(StrictModel):
     verifier: Literal["first_integer", "exact_match"] = Field(
         default="first_integer",
         description="first_integer: the reply's first integer is the sum; exact_match: the "
-        "reply is the sum and nothing else")
+        "reply is the sum and nothing else",
+    )
 
 
 class ArithmeticEnv(Environment):
     name = "arithmetic"
-    description = ("Single turn: the model completes `a+b=` with the sum; scored by the "
-                   "reply's first integer (env_params.verifier: exact_match for the whole "
-                   "reply).")
+    description = (
+        "Single turn: the model completes `a+b=` with the sum; scored by the "
+        "reply's first integer (env_params.verifier: exact_match for the whole "
+        "reply)."
+    )
     params_model = ArithmeticParams
 
     def __init__(self, params: ArithmeticParams, task: RolloutTask) -> None:

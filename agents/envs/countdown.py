@@ -10,11 +10,14 @@ from services.rollout.environments import Environment, Scoring
 
 class CountdownEnv(Environment):
     name = "countdown"
-    description = ("Single turn: reach the target from the numbers with + - * / and "
-                   "parentheses; the task's reference is {\"numbers\": [...], \"target\": n}.")
+    description = (
+        "Single turn: reach the target from the numbers with + - * / and "
+        'parentheses; the task\'s reference is {"numbers": [...], "target": n}.'
+    )
     params_model = CountdownParams
     params: CountdownParams
 
     def scoring(self, replies: list[str]) -> Scoring:
-        return Scoring("countdown", replies[-1], self.task.reference,
-                       self.params.model_dump(exclude_none=True))
+        return Scoring(
+            "countdown", replies[-1], self.task.reference, self.params.model_dump(exclude_none=True)
+        )

@@ -29,16 +29,19 @@ PYTHON_TOOL = {
 
 class PythonToolParams(StrictModel):
     timeout_s: float = Field(default=5.0, gt=0, le=60, description="Per program")
-    max_output_chars: int = Field(default=2000, ge=16, le=100_000,
-                                  description="Tool output kept (the rest is cut)")
+    max_output_chars: int = Field(
+        default=2000, ge=16, le=100_000, description="Tool output kept (the rest is cut)"
+    )
     max_calls_per_turn: int = Field(default=4, ge=1, le=16)
     verifier: str = Field(default="math", description="Scores the final answer")
 
 
 class PythonToolEnv(Environment):
     name = "python_tool"
-    description = ("Multi-turn: the model may run Python in the sandbox (tool `python`, "
-                   "argument `code`) before it answers; the last turn is scored.")
+    description = (
+        "Multi-turn: the model may run Python in the sandbox (tool `python`, "
+        "argument `code`) before it answers; the last turn is scored."
+    )
     params_model = PythonToolParams
     params: PythonToolParams
     max_turns = 4
@@ -68,9 +71,14 @@ class PythonToolEnv(Environment):
         result = await tools.run_python(code, timeout_s=self.params.timeout_s)
         if result.status == ExecutionStatus.timeout:
             return f"error: the program ran past its {self.params.timeout_s:g} s limit"
-        output = result.stdout if result.status == ExecutionStatus.ok else (
-            f"error ({result.status.value}, exit code {result.exit_code}):\n"
-            f"{result.stderr[-self.params.max_output_chars:]}")
+        output = (
+            result.stdout
+            if result.status == ExecutionStatus.ok
+            else (
+                f"error ({result.status.value}, exit code {result.exit_code}):\n"
+                f"{result.stderr[-self.params.max_output_chars :]}"
+            )
+        )
         return self._cut(output)
 
     def _cut(self, text: str) -> str:

@@ -97,12 +97,15 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
     config = config or DemoConfig()
     started = time.perf_counter()
     rng = random.Random(config.seed)
-    with LoomClient(url, api_key) as loom, \
-            loom.create_job(config.base_model, name="arith-grpo", mode=config.mode) as job:
+    with (
+        LoomClient(url, api_key) as loom,
+        loom.create_job(config.base_model, name="arith-grpo", mode=config.mode) as job,
+    ):
         # The block's end marks the job completed (failed if it raises)
         console.print(f"[bold]Job[/bold] {job.id}: {config.base_model} ({config.mode})")
-        splits = make_splits(held_out=config.held_out, validation=config.validation,
-                             seed=config.seed)
+        splits = make_splits(
+            held_out=config.held_out, validation=config.validation, seed=config.seed
+        )
         train, validation, held_out = encode(loom, splits)
 
         sft = _sft(loom, job, train, validation, config, rng)
@@ -115,11 +118,14 @@ def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = 
         curve, final_version = _grpo(loom, job, train, validation, best, config, rng)
         after = evaluate(loom, job, held_out, config, best.version)
         final = evaluate(loom, job, held_out, config, final_version)
-        console.print(f"Held-out accuracy after GRPO: {after:.1%} (best version {best.version}, "
-                      f"chosen on validation), {final:.1%} (last version {final_version})")
+        console.print(
+            f"Held-out accuracy after GRPO: {after:.1%} (best version {best.version}, "
+            f"chosen on validation), {final:.1%} (last version {final_version})"
+        )
 
-    result = DemoResult(job.id, before, after, final, best.version,
-                        time.perf_counter() - started, curve)
+    result = DemoResult(
+        job.id, before, after, final, best.version, time.perf_counter() - started, curve
+    )
     result.csv_path, result.png_path = _write_curve(curve, sft.accuracy, out_dir)
     _print_summary(result)
     return result
@@ -146,8 +152,14 @@ def _adam(lr: float, config: ArithConfig) -> AdamParams:
     return AdamParams(lr=lr, beta2=0.95, weight_decay=config.weight_decay)
 
 
-def _sft(loom: LoomClient, job: JobClient, train: list[Encoded], validation: list[Encoded],
-         config: ArithConfig, rng: random.Random) -> ScoredVersion:
+def _sft(
+    loom: LoomClient,
+    job: JobClient,
+    train: list[Encoded],
+    validation: list[Encoded],
+    config: ArithConfig,
+    rng: random.Random,
+) -> ScoredVersion:
     """Supervised steps until validation accuracy reaches the target (or the step budget ends);
     the version it stops on gets the `sft` alias."""
     checked = ScoredVersion(0, 0.0)
@@ -186,23 +198,34 @@ class GrpoStep:
     groups_with_signal: int
 
 
-def grpo_step(loom: LoomClient, job: JobClient, batch: list[Encoded], config: ArithConfig,
-              version: int, step: int) -> GrpoStep:
+def grpo_step(
+    loom: LoomClient,
+    job: JobClient,
+    batch: list[Encoded],
+    config: ArithConfig,
+    version: int,
+    step: int,
+) -> GrpoStep:
     """Sample `batch` on `version` (groups of `group_size`), score, train on the groups with
     signal (not published: the caller does that)."""
     started = time.perf_counter()
     params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
-    responses = job.sample_many([e.prompt_ids for e in batch], n=config.group_size,
-                                params=params, version=version)
+    responses = job.sample_many(
+        [e.prompt_ids for e in batch], n=config.group_size, params=params, version=version
+    )
     if any(r.version != version for r in responses):
-        raise RuntimeError(f"rollout served {[r.version for r in responses]}, "
-                           f"expected version {version}")
-    items = [ScoreItem(response=s.text, reference=e.problem.answer)
-             for e, r in zip(batch, responses, strict=True) for s in r.samples]
+        raise RuntimeError(
+            f"rollout served {[r.version for r in responses]}, expected version {version}"
+        )
+    items = [
+        ScoreItem(response=s.text, reference=e.problem.answer)
+        for e, r in zip(batch, responses, strict=True)
+        for s in r.samples
+    ]
     rewards = [s.reward for s in loom.score("exact_match", items).scores]
     data = []
     for i, response in enumerate(responses):
-        group = rewards[i * config.group_size:(i + 1) * config.group_size]
+        group = rewards[i * config.group_size : (i + 1) * config.group_size]
         if not has_signal(group):
             continue
         for sample, advantage in zip(response.samples, group_advantages(group), strict=True):
@@ -215,27 +238,44 @@ def grpo_step(loom: LoomClient, job: JobClient, batch: list[Encoded], config: Ar
         metrics |= {"loss": trained.result().loss, **trained.result().metrics}
     metrics["samples_per_s"] = len(rewards) / (time.perf_counter() - started)
     samples: list[dict[str, object]] = [
-        {"step": step, "version": version, "prompt": e.problem.prompt,
-         "completion": s.text, "reward": reward}
-        for e, r, reward in zip(batch, responses, rewards[::config.group_size], strict=True)
-        for s in r.samples[:1]]
+        {
+            "step": step,
+            "version": version,
+            "prompt": e.problem.prompt,
+            "completion": s.text,
+            "reward": reward,
+        }
+        for e, r, reward in zip(batch, responses, rewards[:: config.group_size], strict=True)
+        for s in r.samples[:1]
+    ]
     return GrpoStep(metrics, samples, len(data) // config.group_size)
 
 
-def _grpo(loom: LoomClient, job: JobClient, train: list[Encoded], validation: list[Encoded],
-          best: ScoredVersion, config: ArithConfig, rng: random.Random
-          ) -> tuple[list[dict[str, float]], int]:
+def _grpo(
+    loom: LoomClient,
+    job: JobClient,
+    train: list[Encoded],
+    validation: list[Encoded],
+    best: ScoredVersion,
+    config: ArithConfig,
+    rng: random.Random,
+) -> tuple[list[dict[str, float]], int]:
     curve: list[dict[str, float]] = []
     version = job.version("latest").number
     with progress_bar() as progress:
         task = progress.add_task("GRPO", total=config.rl_steps, info="")
         for step in range(1, config.rl_steps + 1):
-            done = grpo_step(loom, job, rng.sample(train, config.prompts_per_step), config,
-                             version, step)
+            done = grpo_step(
+                loom, job, rng.sample(train, config.prompts_per_step), config, version, step
+            )
             metrics, mean_reward = done.metrics, done.metrics["reward"]
             version = job.save_weights(metrics={"reward": mean_reward}).result().number
-            point = {"step": step, "version": version, "reward": mean_reward,
-                     "groups_with_signal": done.groups_with_signal}
+            point = {
+                "step": step,
+                "version": version,
+                "reward": mean_reward,
+                "groups_with_signal": done.groups_with_signal,
+            }
             if step % config.eval_every == 0 or step == config.rl_steps:
                 accuracy = evaluate(loom, job, validation, config, version)
                 point["validation_accuracy"] = accuracy
@@ -251,19 +291,23 @@ def _grpo(loom: LoomClient, job: JobClient, train: list[Encoded], validation: li
     return curve, version
 
 
-def evaluate(loom: LoomClient, job: JobClient, problems: list[Encoded], config: ArithConfig,
-              version: int) -> float:
+def evaluate(
+    loom: LoomClient, job: JobClient, problems: list[Encoded], config: ArithConfig, version: int
+) -> float:
     """Greedy accuracy on `problems`, on one explicit version."""
     params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0)
     responses = job.sample_many([e.prompt_ids for e in problems], params=params, version=version)
-    items = [ScoreItem(response=r.samples[0].text, reference=e.problem.answer)
-             for e, r in zip(problems, responses, strict=True)]
+    items = [
+        ScoreItem(response=r.samples[0].text, reference=e.problem.answer)
+        for e, r in zip(problems, responses, strict=True)
+    ]
     scores = loom.score("exact_match", items).scores
     return sum(s.reward for s in scores) / len(scores)
 
 
-def _write_curve(curve: list[dict[str, float]], start_accuracy: float, out_dir: Path
-                 ) -> tuple[Path, Path]:
+def _write_curve(
+    curve: list[dict[str, float]], start_accuracy: float, out_dir: Path
+) -> tuple[Path, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -280,8 +324,12 @@ def _write_curve(curve: list[dict[str, float]], start_accuracy: float, out_dir: 
     ax.plot([p["step"] for p in curve], [p["reward"] for p in curve], label="train reward")
     evals = [{"step": 0, "validation_accuracy": start_accuracy}]  # the SFT start
     evals += [p for p in curve if "validation_accuracy" in p]
-    ax.plot([p["step"] for p in evals], [p["validation_accuracy"] for p in evals], "o-",
-            label="validation accuracy (greedy)")
+    ax.plot(
+        [p["step"] for p in evals],
+        [p["validation_accuracy"] for p in evals],
+        "o-",
+        label="validation accuracy (greedy)",
+    )
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, 1)
     ax.set_title("Loom demo: two-digit addition, tiny model")
@@ -298,8 +346,10 @@ def _print_summary(result: DemoResult) -> None:
     table.add_column("value", justify="right")
     table.add_row("job", result.job_id)
     table.add_row("held-out accuracy before RL (after SFT)", f"{result.accuracy_before:.1%}")
-    table.add_row(f"held-out accuracy after RL (best version {result.best_version})",
-                  f"{result.accuracy_after:.1%}")
+    table.add_row(
+        f"held-out accuracy after RL (best version {result.best_version})",
+        f"{result.accuracy_after:.1%}",
+    )
     table.add_row("held-out accuracy, last version", f"{result.accuracy_final:.1%}")
     table.add_row("wall time", f"{result.wall_s:.0f} s")
     table.add_row("reward curve", f"{result.csv_path}\n{result.png_path}")

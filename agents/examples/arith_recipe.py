@@ -23,8 +23,7 @@ from agents.recipes.run import RecipeRun
 
 
 def run_arith(run: RecipeRun, config: ArithConfig) -> dict[str, Any]:
-    splits = make_splits(held_out=config.held_out, validation=config.validation,
-                         seed=config.seed)
+    splits = make_splits(held_out=config.held_out, validation=config.validation, seed=config.seed)
     train, validation, held_out = encode(run.loom, splits)
     state = run.state
     if "sft_end" not in state:
@@ -35,10 +34,13 @@ def run_arith(run: RecipeRun, config: ArithConfig) -> dict[str, Any]:
     _grpo(run, train, validation, config, state)
     best = run.job.version("best").number
     return {
-        "sft_steps": state["sft_end"], "sft_version": state["sft_version"],
-        "best_version": best, "last_version": run.job.version("latest").number,
-        "held_out_accuracy_sft": evaluate(run.loom, run.job, held_out, config,
-                                          state["sft_version"]),
+        "sft_steps": state["sft_end"],
+        "sft_version": state["sft_version"],
+        "best_version": best,
+        "last_version": run.job.version("latest").number,
+        "held_out_accuracy_sft": evaluate(
+            run.loom, run.job, held_out, config, state["sft_version"]
+        ),
         "held_out_accuracy_best": evaluate(run.loom, run.job, held_out, config, best),
     }
 
@@ -47,19 +49,22 @@ def _batch(items: list[Encoded], size: int, config: ArithConfig, step: int) -> l
     return random.Random(f"{config.seed}:{step}").sample(items, size)
 
 
-def _sft(run: RecipeRun, train: list[Encoded], validation: list[Encoded],
-         config: ArithConfig) -> dict[str, Any]:
+def _sft(
+    run: RecipeRun, train: list[Encoded], validation: list[Encoded], config: ArithConfig
+) -> dict[str, Any]:
     """SFT steps until a check reaches the target accuracy; the state GRPO starts from."""
     if run.last is not None:  # resumed at a check: decide on its version first
-        decided = _check(run, run.job.version("latest").number, run.last.step, validation,
-                         config)
+        decided = _check(run, run.job.version("latest").number, run.last.step, validation, config)
         if decided:
             return decided
     for step in range(run.start_step, config.sft_max_steps + 1):
         loss = sft_step(run.job, _batch(train, config.sft_batch, config, step), config)
         run.job.log_metrics(step, {"sft/loss": loss})
-        if (step >= config.sft_min_steps and step % config.sft_check_every == 0
-                or step == config.sft_max_steps):
+        if (
+            step >= config.sft_min_steps
+            and step % config.sft_check_every == 0
+            or step == config.sft_max_steps
+        ):
             version = run.checkpoint(step, metrics={"sft/loss": loss}).number
             decided = _check(run, version, step, validation, config)
             if decided:
@@ -67,25 +72,41 @@ def _sft(run: RecipeRun, train: list[Encoded], validation: list[Encoded],
     raise AssertionError("the last SFT step is always a check that decides")
 
 
-def _check(run: RecipeRun, version: int, step: int, validation: list[Encoded],
-           config: ArithConfig) -> dict[str, Any] | None:
+def _check(
+    run: RecipeRun, version: int, step: int, validation: list[Encoded], config: ArithConfig
+) -> dict[str, Any] | None:
     accuracy = evaluate(run.loom, run.job, validation, config, version)
     run.job.log_metrics(step, {"sft/validation_accuracy": accuracy})
     if accuracy < config.sft_target_accuracy and step < config.sft_max_steps:
         return None
     run.job.move_alias("sft", version)
     run.job.move_alias("best", version)
-    return {"sft_end": step, "sft_version": version, "best_version": version,
-            "best_accuracy": accuracy}
+    return {
+        "sft_end": step,
+        "sft_version": version,
+        "best_version": version,
+        "best_accuracy": accuracy,
+    }
 
 
-def _grpo(run: RecipeRun, train: list[Encoded], validation: list[Encoded],
-          config: ArithConfig, state: dict[str, Any]) -> None:
+def _grpo(
+    run: RecipeRun,
+    train: list[Encoded],
+    validation: list[Encoded],
+    config: ArithConfig,
+    state: dict[str, Any],
+) -> None:
     first = state["sft_end"] + 1
     version = run.job.version("latest").number
     for step in range(max(first, run.start_step), first + config.rl_steps):
-        done = grpo_step(run.loom, run.job, _batch(train, config.prompts_per_step, config, step),
-                         config, version, step)
+        done = grpo_step(
+            run.loom,
+            run.job,
+            _batch(train, config.prompts_per_step, config, step),
+            config,
+            version,
+            step,
+        )
         version = run.checkpoint(step, state, metrics={"reward": done.metrics["reward"]}).number
         metrics = dict(done.metrics)
         rl_step = step - first + 1
@@ -101,6 +122,10 @@ def _grpo(run: RecipeRun, train: list[Encoded], validation: list[Encoded],
         run.job.log_samples(done.samples)
 
 
-ARITH_GRPO = Recipe(name="arith_grpo", config=ArithConfig, run=run_arith,
-                    description="The demo: two-digit addition, SFT warm-up then GRPO.",
-                    services=("trainer", "modelstate", "rollout", "reward"))
+ARITH_GRPO = Recipe(
+    name="arith_grpo",
+    config=ArithConfig,
+    run=run_arith,
+    description="The demo: two-digit addition, SFT warm-up then GRPO.",
+    services=("trainer", "modelstate", "rollout", "reward"),
+)

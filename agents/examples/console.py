@@ -10,5 +10,11 @@ console = Console()
 
 def progress_bar() -> Progress:
     """Description, bar, n/total, a free `info` field, elapsed time."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )

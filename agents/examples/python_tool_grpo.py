@@ -106,8 +106,9 @@ class DemoConfig:
 
 # A smaller run (`--quick`): the same warm-up (it cannot be shortened: see above), fewer and
 # smaller RL steps, smaller evaluation splits.
-QUICK = dataclasses.replace(DemoConfig(), held_out=100, validation=64, rl_steps=8,
-                            groups_per_step=8)
+QUICK = dataclasses.replace(
+    DemoConfig(), held_out=100, validation=64, rl_steps=8, groups_per_step=8
+)
 
 
 @dataclass(frozen=True)
@@ -160,14 +161,18 @@ class Evaluation:
 
 def called_python(trajectory: Trajectory) -> bool:
     first = next((turn for turn in trajectory.turns if turn.kind == "model"), None)
-    return first is not None and any(isinstance(call, ToolCall) and call.name == "python"
-                                     for call in parse_tool_calls(first.text))
+    return first is not None and any(
+        isinstance(call, ToolCall) and call.name == "python"
+        for call in parse_tool_calls(first.text)
+    )
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> Evaluation:
     n = len(trajectories)
-    return Evaluation(success=sum(t.reward == 1.0 for t in trajectories) / n,
-                      tool_calls=sum(called_python(t) for t in trajectories) / n)
+    return Evaluation(
+        success=sum(t.reward == 1.0 for t in trajectories) / n,
+        tool_calls=sum(called_python(t) for t in trajectories) / n,
+    )
 
 
 def training_tasks(tasks: Sequence[ToolTask], rng: random.Random) -> Iterator[dict[str, str]]:
@@ -199,31 +204,41 @@ class DemoResult:
     csv_path: Path | None = None
 
 
-def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = None
-             ) -> DemoResult:
+def run_demo(url: str, api_key: str, out_dir: Path, config: DemoConfig | None = None) -> DemoResult:
     config = config or DemoConfig()
     started = time.perf_counter()
     rng = random.Random(config.seed)
     splits = make_splits(config.held_out, config.validation, config.seed)
     with LoomClient(url, api_key) as loom:
         job = loom.create_job(config.base_model, name="python-tool-grpo", mode=config.mode)
-        console.print(f"[bold]Job[/bold] {job.id}: {config.base_model} ({config.mode}), "
-                      f"env {ENV}")
+        console.print(f"[bold]Job[/bold] {job.id}: {config.base_model} ({config.mode}), env {ENV}")
         _copy_warmup(loom, job, config, rng)
-        demos = _render(loom, splits.train[:config.sft_examples])
+        demos = _render(loom, splits.train[: config.sft_examples])
         sft_steps, sft_version = _sft(job, demos, splits.validation, config, rng)
         before = _evaluate(job, splits.held_out, config, sft_version)
-        console.print(f"Held-out after SFT (version {sft_version}): {before.success:.1%} "
-                      f"success, {before.tool_calls:.1%} called the tool")
+        console.print(
+            f"Held-out after SFT (version {sft_version}): {before.success:.1%} "
+            f"success, {before.tool_calls:.1%} called the tool"
+        )
 
         curve = _rl(job, splits.train, config, rng)
         final_version = curve[-1].version if curve else sft_version
         after = _evaluate(job, splits.held_out, config, final_version)
-        console.print(f"Held-out after {config.algorithm.upper()} (version {final_version}): "
-                      f"{after.success:.1%} success, {after.tool_calls:.1%} called the tool")
+        console.print(
+            f"Held-out after {config.algorithm.upper()} (version {final_version}): "
+            f"{after.success:.1%} success, {after.tool_calls:.1%} called the tool"
+        )
 
-    result = DemoResult(job.id, sft_steps, before, after, sft_version, final_version,
-                        time.perf_counter() - started, curve)
+    result = DemoResult(
+        job.id,
+        sft_steps,
+        before,
+        after,
+        sft_version,
+        final_version,
+        time.perf_counter() - started,
+        curve,
+    )
     result.csv_path = _write_curve(curve, out_dir)
     _print_summary(result, config)
     return result
@@ -243,33 +258,43 @@ def _copy_warmup(loom: LoomClient, job: JobClient, config: DemoConfig, rng: rand
     with progress_bar() as progress:
         task = progress.add_task("Copy warm-up", total=config.copy_steps, info="")
         for start in range(0, len(data), config.copy_batch):
-            loss = job.forward_backward(data[start:start + config.copy_batch],
-                                        LossConfig(name="cross_entropy"))
+            loss = job.forward_backward(
+                data[start : start + config.copy_batch], LossConfig(name="cross_entropy")
+            )
             job.optim_step(_adam(config.sft_lr, config)).result()
             progress.update(task, advance=1, info=f"loss {loss.result().loss:.3f}")
 
 
 def _render(loom: LoomClient, tasks: Sequence[ToolTask]) -> list[Datum]:
     """Each demonstration as training tokens: loss on the model's two turns only."""
+
     def render(task: ToolTask) -> Datum:
         rendered = loom.render(demonstration(task), tools=[PYTHON_TOOL])
         return Datum(input_ids=rendered.token_ids, loss_mask=rendered.loss_mask)
 
-    with console.status(f"Rendering {len(tasks)} demonstrations"), \
-            ThreadPoolExecutor(RENDER_THREADS) as pool:
+    with (
+        console.status(f"Rendering {len(tasks)} demonstrations"),
+        ThreadPoolExecutor(RENDER_THREADS) as pool,
+    ):
         return list(pool.map(render, tasks))
 
 
-def _sft(job: JobClient, demos: list[Datum], validation: list[ToolTask], config: DemoConfig,
-         rng: random.Random) -> tuple[int, int]:
+def _sft(
+    job: JobClient,
+    demos: list[Datum],
+    validation: list[ToolTask],
+    config: DemoConfig,
+    rng: random.Random,
+) -> tuple[int, int]:
     """Supervised steps until validation success reaches the target (or the step budget
     ends); returns the steps taken and the version it stopped on (alias `sft`)."""
     version, step = 0, 0
     with progress_bar() as progress:
         task = progress.add_task("SFT on tool use", total=config.sft_max_steps, info="")
         for step in range(1, config.sft_max_steps + 1):
-            loss = job.forward_backward(rng.sample(demos, config.sft_batch),
-                                        LossConfig(name="cross_entropy"))
+            loss = job.forward_backward(
+                rng.sample(demos, config.sft_batch), LossConfig(name="cross_entropy")
+            )
             job.optim_step(_adam(config.sft_lr, config)).result()
             progress.update(task, advance=1, info=f"loss {loss.result().loss:.3f}")
             due = step >= config.sft_min_steps and step % config.sft_check_every == 0
@@ -290,14 +315,22 @@ def _algorithm(config: DemoConfig) -> Algorithm:
     return grpo()
 
 
-def _rl(job: JobClient, train: list[ToolTask], config: DemoConfig, rng: random.Random
-        ) -> list[StepResult]:
+def _rl(
+    job: JobClient, train: list[ToolTask], config: DemoConfig, rng: random.Random
+) -> list[StepResult]:
     pipeline = Pipeline(
-        job, _algorithm(config), env=ENV, tasks=training_tasks(train, rng),
-        groups_per_step=config.groups_per_step, group_size=config.group_size,
+        job,
+        _algorithm(config),
+        env=ENV,
+        tasks=training_tasks(train, rng),
+        groups_per_step=config.groups_per_step,
+        group_size=config.group_size,
         params=SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature),
-        mode=config.pipeline_mode, max_staleness=config.max_staleness,
-        adam=_adam(config.rl_lr, config), max_turns=config.max_turns)
+        mode=config.pipeline_mode,
+        max_staleness=config.max_staleness,
+        adam=_adam(config.rl_lr, config),
+        max_turns=config.max_turns,
+    )
     curve: list[StepResult] = []
     title = f"{config.algorithm.upper()} ({config.pipeline_mode})"
     with progress_bar() as progress:
@@ -309,28 +342,46 @@ def _rl(job: JobClient, train: list[ToolTask], config: DemoConfig, rng: random.R
                 f"groups {step.groups} (dropped {step.dropped_stale} stale, "
                 f"{step.abandoned_stale} cancelled as stale, "
                 f"{step.dropped_filtered} filtered)  staleness {step.max_staleness}  "
-                f"waited {step.wait_s:.1f} s  trained {step.train_s:.1f} s")
+                f"waited {step.wait_s:.1f} s  trained {step.train_s:.1f} s"
+            )
             progress.update(task, advance=1, info=f"reward {step.mean_reward:.3f}")
     return curve
 
 
-def _evaluate(job: JobClient, tasks: list[ToolTask], config: DemoConfig,
-              version: int) -> Evaluation:
+def _evaluate(
+    job: JobClient, tasks: list[ToolTask], config: DemoConfig, version: int
+) -> Evaluation:
     """Greedy episodes of `tasks` on one explicit version, with real tool calls."""
-    stream = job.rollouts([rollout_task(t) for t in tasks], env=ENV,
-                          params=SamplingParams(max_tokens=config.max_tokens, temperature=0.0),
-                          version=version, max_turns=config.max_turns)
+    stream = job.rollouts(
+        [rollout_task(t) for t in tasks],
+        env=ENV,
+        params=SamplingParams(max_tokens=config.max_tokens, temperature=0.0),
+        version=version,
+        max_turns=config.max_turns,
+    )
     trajectories = [t for group in stream for t in group.trajectories]
     if stream.errors:  # a failed episode is not a wrong answer: do not report it as one
-        raise RuntimeError(f"{len(stream.errors)} evaluation episodes failed: "
-                           f"{stream.errors[0].message}")
+        raise RuntimeError(
+            f"{len(stream.errors)} evaluation episodes failed: {stream.errors[0].message}"
+        )
     return summarize(trajectories)
 
 
 REWARD_WINDOW = 5
-CURVE_FIELDS = ("step", "version", "mean_reward", "groups", "dropped_filtered",
-                "dropped_stale", "abandoned_stale", "failed_groups", "max_staleness", "loss",
-                "wait_s", "train_s")
+CURVE_FIELDS = (
+    "step",
+    "version",
+    "mean_reward",
+    "groups",
+    "dropped_filtered",
+    "dropped_stale",
+    "abandoned_stale",
+    "failed_groups",
+    "max_staleness",
+    "loss",
+    "wait_s",
+    "train_s",
+)
 
 
 def _write_curve(curve: list[StepResult], out_dir: Path) -> Path:
@@ -339,8 +390,7 @@ def _write_curve(curve: list[StepResult], out_dir: Path) -> Path:
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(CURVE_FIELDS)
-        writer.writerows([_round(getattr(step, name)) for name in CURVE_FIELDS]
-                         for step in curve)
+        writer.writerows([_round(getattr(step, name)) for name in CURVE_FIELDS] for step in curve)
     return path
 
 
@@ -354,39 +404,58 @@ def _print_summary(result: DemoResult, config: DemoConfig) -> None:
     table.add_column("before RL (after SFT)", justify="right")
     table.add_column("after RL", justify="right")
     table.add_row("version", str(result.sft_version), str(result.final_version))
-    table.add_row("held-out success (greedy)", f"{result.before.success:.1%}",
-                  f"{result.after.success:.1%}")
-    table.add_row("held-out episodes that called the tool", f"{result.before.tool_calls:.1%}",
-                  f"{result.after.tool_calls:.1%}")
+    table.add_row(
+        "held-out success (greedy)", f"{result.before.success:.1%}", f"{result.after.success:.1%}"
+    )
+    table.add_row(
+        "held-out episodes that called the tool",
+        f"{result.before.tool_calls:.1%}",
+        f"{result.after.tool_calls:.1%}",
+    )
     if result.curve:  # one step's reward is noisy: a few steps' mean at each end
         ends = [result.curve[:REWARD_WINDOW], result.curve[-REWARD_WINDOW:]]
         first, last = (sum(s.mean_reward for s in steps) / len(steps) for steps in ends)
-        table.add_row(f"train reward (mean of the first / last {REWARD_WINDOW} steps)",
-                      f"{first:.3f}", f"{last:.3f}")
+        table.add_row(
+            f"train reward (mean of the first / last {REWARD_WINDOW} steps)",
+            f"{first:.3f}",
+            f"{last:.3f}",
+        )
     console.print(table)
-    console.print(f"job {result.job_id}: {result.sft_steps} SFT steps, {len(result.curve)} "
-                  f"{config.algorithm.upper()} steps ({config.pipeline_mode}), "
-                  f"{result.wall_s:.0f} s; reward curve in {result.csv_path}")
+    console.print(
+        f"job {result.job_id}: {result.sft_steps} SFT steps, {len(result.curve)} "
+        f"{config.algorithm.upper()} steps ({config.pipeline_mode}), "
+        f"{result.wall_s:.0f} s; reward curve in {result.csv_path}"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", default=os.environ.get("LOOM_URL", "http://127.0.0.1:8000"))
     parser.add_argument("--api-key", default=os.environ.get("LOOM_API_KEY"))
     parser.add_argument("--out", type=Path, default=Path("runs/python_tool_grpo"))
-    parser.add_argument("--quick", action="store_true", help="fewer, smaller RL steps and "
-                        "smaller evaluation splits")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer, smaller RL steps and smaller evaluation splits"
+    )
     parser.add_argument("--rl-steps", type=int, help="RL steps (default: 20, --quick 8)")
-    parser.add_argument("--mode", choices=["async", "sync"], default="async",
-                        help="pipeline mode (async: max_staleness 1)")
+    parser.add_argument(
+        "--mode",
+        choices=["async", "sync"],
+        default="async",
+        help="pipeline mode (async: max_staleness 1)",
+    )
     parser.add_argument("--algorithm", choices=["grpo", "dapo"], default="grpo")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if not args.api_key:
         parser.error("--api-key (or LOOM_API_KEY) is required")
-    config = dataclasses.replace(QUICK if args.quick else DemoConfig(), seed=args.seed,
-                                 pipeline_mode=args.mode, algorithm=args.algorithm)
+    config = dataclasses.replace(
+        QUICK if args.quick else DemoConfig(),
+        seed=args.seed,
+        pipeline_mode=args.mode,
+        algorithm=args.algorithm,
+    )
     if args.rl_steps is not None:
         config = dataclasses.replace(config, rl_steps=args.rl_steps)
     run_demo(args.url, args.api_key, args.out, config)

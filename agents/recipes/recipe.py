@@ -47,17 +47,23 @@ class Recipe(Generic[C]):
             return self.config.model_validate(raw)
         except ValidationError as exc:
             errors = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
-            raise InvalidInput(f"Config of recipe {self.name!r} is invalid: "
-                               f"{_first_error(errors)}", {"errors": errors}) from None
+            raise InvalidInput(
+                f"Config of recipe {self.name!r} is invalid: {_first_error(errors)}",
+                {"errors": errors},
+            ) from None
 
     def execute(self, attempt: RecipeAttempt, config: C) -> tuple[dict[str, Any], int]:
         """Run (or resume) to the end with the attempt's key; blocking, for a thread."""
         with LoomClient(attempt.gateway_url, attempt.secret) as loom:
-            run = RecipeRun(loom, loom.get_job(attempt.job_id),
-                            run_id=f"{attempt.task_id}-a{attempt.attempt}",
-                            resumed=attempt.resumed, series=attempt.task_id,
-                            record=attempt.record,
-                            between_steps=lambda: _stop_point(loom, attempt))
+            run = RecipeRun(
+                loom,
+                loom.get_job(attempt.job_id),
+                run_id=f"{attempt.task_id}-a{attempt.attempt}",
+                resumed=attempt.resumed,
+                series=attempt.task_id,
+                record=attempt.record,
+                between_steps=lambda: _stop_point(loom, attempt),
+            )
             try:
                 run.restore()
                 summary = self.run(run, config)
@@ -76,12 +82,15 @@ def _stop_point(loom: LoomClient, attempt: RecipeAttempt) -> None:
     """Between steps: end the run if asked to; wait here while the job is paused."""
     while True:
         if attempt.stop.is_set():
-            raise RunStopped(f"Task {attempt.task_id} was cancelled or taken over.",
-                             cancel_task=False)
+            raise RunStopped(
+                f"Task {attempt.task_id} was cancelled or taken over.", cancel_task=False
+            )
         status = loom.get_job(attempt.job_id).info.status
         if status == JobStatus.cancelled:
-            raise RunStopped(f"Job {attempt.job_id} was cancelled; the run stopped after its "
-                             "last checkpoint.", cancel_task=True)
+            raise RunStopped(
+                f"Job {attempt.job_id} was cancelled; the run stopped after its last checkpoint.",
+                cancel_task=True,
+            )
         if status != JobStatus.paused:
             return
         time.sleep(PAUSE_POLL_S)
@@ -91,15 +100,20 @@ def _recast(loom: LoomClient, job_id: str, exc: LoomError) -> LoomError:
     """`exc`, or a retryable error for what a resume may cure: a server fault (a service that
     died mid-request answers 500), or a trainer that no longer holds the job's model."""
     if exc.status_code >= 500 and not isinstance(exc, RETRYABLE):
-        return UpstreamError(f"A service failed mid-run: {exc.message}; resuming from the "
-                             "last checkpoint.", exc.detail)
+        return UpstreamError(
+            f"A service failed mid-run: {exc.message}; resuming from the last checkpoint.",
+            exc.detail,
+        )
     if not isinstance(exc, NotFound):
         return exc
     try:
         loom.get_job(job_id).model_info()
     except NotFound:
-        return Unavailable(f"The trainer lost job {job_id}'s model (it restarted?): resuming "
-                           f"from the last checkpoint. ({exc.message})", {"job_id": job_id})
+        return Unavailable(
+            f"The trainer lost job {job_id}'s model (it restarted?): resuming "
+            f"from the last checkpoint. ({exc.message})",
+            {"job_id": job_id},
+        )
     except LoomError:
         return exc
     return exc

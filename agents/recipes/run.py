@@ -24,10 +24,17 @@ from services.worker.schemas import PublishOptions, RunProgress
 
 
 class RecipeRun:
-    def __init__(self, loom: LoomClient, job: JobClient, *, run_id: str,
-                 resumed: RunProgress | None,
-                 record: Callable[[RunProgress], None],
-                 between_steps: Callable[[], None], series: str | None = None) -> None:
+    def __init__(
+        self,
+        loom: LoomClient,
+        job: JobClient,
+        *,
+        run_id: str,
+        resumed: RunProgress | None,
+        record: Callable[[RunProgress], None],
+        between_steps: Callable[[], None],
+        series: str | None = None,
+    ) -> None:
         """`run_id` names this attempt's checkpoints; `series` groups the run's checkpoints
         across attempts, so the trainer keeps only its newest few."""
         self.loom = loom
@@ -57,9 +64,14 @@ class RecipeRun:
         self.job.load_state(self.last.checkpoint).result()
         return self._publish(self.last.publish)
 
-    def checkpoint(self, step: int, state: dict[str, Any] | None = None, *,
-                   aliases: Sequence[str] = (), metrics: dict[str, float] | None = None
-                   ) -> SaveWeightsResult:
+    def checkpoint(
+        self,
+        step: int,
+        state: dict[str, Any] | None = None,
+        *,
+        aliases: Sequence[str] = (),
+        metrics: dict[str, float] | None = None,
+    ) -> SaveWeightsResult:
         """Step `step` is done: save the trainer state, record it, publish the weights (with
         `aliases` moved to them), then stop here if the run was cancelled or wait here while
         its job is paused. Returns the published version."""
@@ -67,9 +79,12 @@ class RecipeRun:
             raise ValueError(f"checkpoint step {step} is not after step {self.last.step}")
         name = f"{self.run_id}-step-{step}"
         self.job.save_state(name, series=self.series).result()
-        progress = RunProgress(step=step, checkpoint=name, state=state or {},
-                               publish=PublishOptions(aliases=list(aliases),
-                                                      metrics=metrics or {}))
+        progress = RunProgress(
+            step=step,
+            checkpoint=name,
+            state=state or {},
+            publish=PublishOptions(aliases=list(aliases), metrics=metrics or {}),
+        )
         self._record(progress)
         self.last = progress
         published = self._publish(progress.publish)
@@ -78,5 +93,6 @@ class RecipeRun:
 
     def _publish(self, options: PublishOptions) -> SaveWeightsResult:
         result: SaveWeightsResult = self.job.save_weights(
-            aliases=options.aliases, metrics=options.metrics).result()
+            aliases=options.aliases, metrics=options.metrics
+        ).result()
         return result

@@ -21,26 +21,38 @@ MAX_EXAMPLES = 100_000
 
 class Example(StrictModel):
     prompt: str = Field(min_length=1)
-    completion: str = Field(min_length=1, description="Learned after the prompt; end it with "
-                            "the model's end-of-text token to teach it to stop.")
+    completion: str = Field(
+        min_length=1,
+        description="Learned after the prompt; end it with "
+        "the model's end-of-text token to teach it to stop.",
+    )
 
 
 class SftConfig(StrictModel):
     examples: list[Example] = Field(default=[], max_length=MAX_EXAMPLES)
-    data: list[Datum] = Field(default=[], max_length=MAX_EXAMPLES,
-                              description="Instead of examples: token ids and loss masks.")
+    data: list[Datum] = Field(
+        default=[],
+        max_length=MAX_EXAMPLES,
+        description="Instead of examples: token ids and loss masks.",
+    )
     steps: int = Field(ge=1, le=1_000_000)
     batch_size: int = Field(default=8, ge=1, le=4096)
     adam: AdamParams = AdamParams()
-    checkpoint_every: int = Field(default=10, ge=1, description="Steps between checkpoints "
-                                  "(each publishes a version); the last step always is one.")
+    checkpoint_every: int = Field(
+        default=10,
+        ge=1,
+        description="Steps between checkpoints "
+        "(each publishes a version); the last step always is one.",
+    )
     seed: int = 0
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         if bool(self.examples) == bool(self.data):
-            raise ValueError("give either `examples` (prompt/completion texts) or `data` "
-                             "(token ids), not both or neither")
+            raise ValueError(
+                "give either `examples` (prompt/completion texts) or `data` "
+                "(token ids), not both or neither"
+            )
         return self
 
 
@@ -48,7 +60,8 @@ def run_sft(run: RecipeRun, config: SftConfig) -> dict[str, Any]:
     data = config.data or _tokenized(run, config.examples)
     for step in range(run.start_step, config.steps + 1):
         batch = random.Random(f"{config.seed}:{step}").sample(
-            data, min(config.batch_size, len(data)))
+            data, min(config.batch_size, len(data))
+        )
         trained = run.job.forward_backward(batch, LossConfig(name="cross_entropy"))
         run.job.optim_step(config.adam).result()
         loss = trained.result().loss
@@ -64,5 +77,9 @@ def _tokenized(run: RecipeRun, examples: list[Example]) -> list[Datum]:
     return [sft_datum(p, c) for p, c in zip(prompts, completions, strict=True)]
 
 
-SFT = Recipe(name="sft", config=SftConfig, run=run_sft,
-             description="Supervised fine-tuning on prompt/completion pairs or token ids.")
+SFT = Recipe(
+    name="sft",
+    config=SftConfig,
+    run=run_sft,
+    description="Supervised fine-tuning on prompt/completion pairs or token ids.",
+)

@@ -1,10 +1,10 @@
 """Loom's Python SDK: RL scripts talk to Loom only through these REST clients.
 
-    from agents.sdk import LoomClient
-    loom = LoomClient("http://127.0.0.1:8000", api_key)
-    job = loom.create_job("loom/tiny", mode="lora")      # a JobClient
-    out = job.sample("2+3=", n=4)
-    job.forward_backward(data, LossConfig(name="ppo")).result()
+from agents.sdk import LoomClient
+loom = LoomClient("http://127.0.0.1:8000", api_key)
+job = loom.create_job("loom/tiny", mode="lora")      # a JobClient
+out = job.sample("2+3=", n=4)
+job.forward_backward(data, LossConfig(name="ppo")).result()
 """
 
 import warnings
@@ -107,7 +107,8 @@ def __getattr__(name: str) -> Any:
     # `Job` was JobClient's name until it was mistaken for the gateway's job record
     # (gateway.schemas.Job, what `JobClient.info` holds); scripts that use it keep working.
     if name == "Job":
-        warnings.warn("agents.sdk.Job is now agents.sdk.JobClient", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "agents.sdk.Job is now agents.sdk.JobClient", DeprecationWarning, stacklevel=2
+        )
         return JobClient
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

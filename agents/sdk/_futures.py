@@ -18,8 +18,7 @@ class OperationFuture(Generic[T]):
 
     operation: Operation  # as last polled
 
-    def __init__(self, trainer: TrainerClient, operation: Operation, result_type: type[T]
-                 ) -> None:
+    def __init__(self, trainer: TrainerClient, operation: Operation, result_type: type[T]) -> None:
         self._trainer = trainer
         self._result_type = result_type
         self.operation = operation

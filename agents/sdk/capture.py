@@ -26,8 +26,9 @@ class AsyncCaptureSession:
         self.info = info
 
     @classmethod
-    async def create(cls, http: GatewayHttp, api_key: str,
-                     request: TrajectoryCreate) -> AsyncCaptureSession:
+    async def create(
+        cls, http: GatewayHttp, api_key: str, request: TrajectoryCreate
+    ) -> AsyncCaptureSession:
         return cls(http, api_key, await http.rollout.create_trajectory(request))
 
     @property

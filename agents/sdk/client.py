@@ -70,8 +70,13 @@ class AsyncLoomClient:
         lora: LoraConfig | None = None,
         config: dict[str, Any] | None = None,
     ) -> AsyncJobClient:
-        request = JobCreate(name=name, base_model=base_model, mode=TrainingMode(mode),
-                            lora=lora or LoraConfig(), config=config or {})
+        request = JobCreate(
+            name=name,
+            base_model=base_model,
+            mode=TrainingMode(mode),
+            lora=lora or LoraConfig(),
+            config=config or {},
+        )
         body = await self._http.post_json("/v1/jobs", request.model_dump(mode="json"))
         return AsyncJobClient(self, Job.model_validate(body))
 
@@ -91,7 +96,7 @@ class AsyncLoomClient:
         """Token ids of each text (with the rollout engine's tokenizer), any number of texts."""
         token_ids: list[list[int]] = []
         for start in range(0, len(texts), TOKENIZE_BATCH):
-            request = TokenizeRequest(texts=list(texts[start:start + TOKENIZE_BATCH]))
+            request = TokenizeRequest(texts=list(texts[start : start + TOKENIZE_BATCH]))
             token_ids.extend((await self._http.rollout.tokenize(request)).token_ids)
         return token_ids
 
@@ -99,15 +104,21 @@ class AsyncLoomClient:
         """Trajectories of an environment, streamed a group at a time (see `AsyncJobClient`)."""
         return await AsyncRolloutStream.open(self._http, request)
 
-    async def render(self, messages: Sequence[ChatMessage | dict[str, str]],
-                     tools: Sequence[dict[str, Any]] = ()) -> RenderResponse:
+    async def render(
+        self, messages: Sequence[ChatMessage | dict[str, str]], tools: Sequence[dict[str, Any]] = ()
+    ) -> RenderResponse:
         """A conversation as training tokens with the model's chat template: loss mask 1 on
         the assistant's turns, exactly as a rollout of it would be tokenised."""
         request = RenderRequest.model_validate({"messages": list(messages), "tools": list(tools)})
         return await self._http.rollout.render(request)
 
-    async def capture(self, *, job_id: str | None = None, version: VersionRef = "latest",
-                      metadata: dict[str, Any] | None = None) -> AsyncCaptureSession:
+    async def capture(
+        self,
+        *,
+        job_id: str | None = None,
+        version: VersionRef = "latest",
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncCaptureSession:
         """A trajectory an OpenAI-speaking agent's calls are recorded into (see
         `AsyncJobClient.capture`)."""
         request = TrajectoryCreate(job_id=job_id, version=version, metadata=metadata or {})
@@ -128,18 +139,21 @@ class AsyncLoomClient:
     async def execute(self, code: str, **options: Any) -> ExecuteResponse:
         return await self._http.sandbox.execute(ExecuteRequest(code=code, **options))
 
-    async def open_sandbox(self, *, job_id: str | None = None,
-                           image: str | None = None) -> AsyncSandboxSession:
+    async def open_sandbox(
+        self, *, job_id: str | None = None, image: str | None = None
+    ) -> AsyncSandboxSession:
         """A sandbox session: files persist between programs (multi-turn tools)."""
         info = await self._http.sandbox.create_session(SessionCreate(job_id=job_id, image=image))
         return AsyncSandboxSession(self._http, info)
 
-    async def register_reward(self, name: str, code: str,
-                              job_id: str | None = None) -> RewardFunction:
+    async def register_reward(
+        self, name: str, code: str, job_id: str | None = None
+    ) -> RewardFunction:
         """Register (or replace) a reward function for the `python` verifier; it runs in the
         sandbox, never in the reward service."""
         return await self._http.reward.put_function(
-            name, RewardFunctionPut(code=code, job_id=job_id))
+            name, RewardFunctionPut(code=code, job_id=job_id)
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

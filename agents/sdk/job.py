@@ -100,7 +100,8 @@ class AsyncJobClient:
     async def set_status(self, status: JobStatus | str) -> Job:
         """Move the job (running, paused, completed, failed, cancelled); see the state machine."""
         body = await self._http.post_json(
-            f"/v1/jobs/{self.id}/status", JobStatusUpdate(status=JobStatus(status)).model_dump())
+            f"/v1/jobs/{self.id}/status", JobStatusUpdate(status=JobStatus(status)).model_dump()
+        )
         self.info = Job.model_validate(body)
         return self.info
 
@@ -122,13 +123,14 @@ class AsyncJobClient:
     async def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """`{"reward": 0.4, "loss": 1.2}` at `step`; the web admin plots them. Sending a step
         again replaces its values, so retrying is safe."""
-        points = [MetricPoint(step=step, name=name, value=value)
-                  for name, value in metrics.items()]
-        await self._http.post_json(f"/v1/jobs/{self.id}/metrics",
-                                   MetricsLog(points=points).model_dump())
+        points = [MetricPoint(step=step, name=name, value=value) for name, value in metrics.items()]
+        await self._http.post_json(
+            f"/v1/jobs/{self.id}/metrics", MetricsLog(points=points).model_dump()
+        )
 
-    async def metrics(self, names: Sequence[str] = (), *,
-                      since_step: int | None = None) -> dict[str, MetricSeries]:
+    async def metrics(
+        self, names: Sequence[str] = (), *, since_step: int | None = None
+    ) -> dict[str, MetricSeries]:
         params: dict[str, Any] = {"name": list(names)}
         if since_step is not None:
             params["since_step"] = since_step
@@ -141,8 +143,7 @@ class AsyncJobClient:
         await self._http.post_json(f"/v1/jobs/{self.id}/samples", request.model_dump())
 
     async def samples(self, limit: int = 50) -> list[LoggedSample]:
-        body = await self._http.get_json(f"/v1/jobs/{self.id}/samples",
-                                         params={"limit": limit})
+        body = await self._http.get_json(f"/v1/jobs/{self.id}/samples", params={"limit": limit})
         return JobSamples.model_validate(body).samples
 
     # --- rollout ---------------------------------------------------------------------------
@@ -156,8 +157,14 @@ class AsyncJobClient:
         version: VersionRef = "latest",
     ) -> SampleResponse:
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
-        request = SampleRequest(job_id=self.id, version=version, prompt=text,
-                                prompt_token_ids=ids, n=n, params=params or SamplingParams())
+        request = SampleRequest(
+            job_id=self.id,
+            version=version,
+            prompt=text,
+            prompt_token_ids=ids,
+            n=n,
+            params=params or SamplingParams(),
+        )
         return await self._client.sample(request)
 
     async def sample_many(
@@ -182,8 +189,9 @@ class AsyncJobClient:
 
         async def one(index: int, prompt: str | Sequence[int]) -> SampleResponse:
             async with limit:
-                return await self.sample(prompt, n=n, params=base.derived(index),
-                                         version=first.version)
+                return await self.sample(
+                    prompt, n=n, params=base.derived(index), version=first.version
+                )
 
         rest = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts) if i > 0))
         return [first, *rest]
@@ -202,13 +210,22 @@ class AsyncJobClient:
         streamed with rewards as soon as it is complete. `options`: the other fields of
         `RolloutRequest` (env_params, version_refresh, max_turns, max_total_tokens,
         concurrency, schedule)."""
-        request = RolloutRequest.model_validate({
-            "job_id": self.id, "env": env, "tasks": list(tasks), "group_size": group_size,
-            "params": params or SamplingParams(), "version": version, **options})
+        request = RolloutRequest.model_validate(
+            {
+                "job_id": self.id,
+                "env": env,
+                "tasks": list(tasks),
+                "group_size": group_size,
+                "params": params or SamplingParams(),
+                "version": version,
+                **options,
+            }
+        )
         return await self._client.rollouts(request)
 
-    async def capture(self, *, version: VersionRef = "latest",
-                      metadata: dict[str, Any] | None = None) -> AsyncCaptureSession:
+    async def capture(
+        self, *, version: VersionRef = "latest", metadata: dict[str, Any] | None = None
+    ) -> AsyncCaptureSession:
         """Record a black-box agent: point its OpenAI client at `.openai_base_url` (with
         `.api_key`); every call is answered by this job's `version` (an alias is resolved
         per call) and recorded with token ids and logprobs, whatever model name the agent
@@ -217,24 +234,29 @@ class AsyncJobClient:
 
     # --- trainer ---------------------------------------------------------------------------
 
-    async def _submit(self, action: str, request: BaseModel | None, result_type: type
-                      ) -> OperationFuture[Any]:
+    async def _submit(
+        self, action: str, request: BaseModel | None, result_type: type
+    ) -> OperationFuture[Any]:
         """Submitted under an idempotency key: a submission whose answer was lost is sent
         again and still runs once."""
         trainer = self._http.trainer
-        return OperationFuture(trainer, await trainer.submit(action, self.id, request),
-                               result_type)
+        return OperationFuture(trainer, await trainer.submit(action, self.id, request), result_type)
 
     async def forward_backward(
-        self, data: Sequence[Datum], loss: LossConfig | None = None, *,
+        self,
+        data: Sequence[Datum],
+        loss: LossConfig | None = None,
+        *,
         return_logprobs: bool = False,
     ) -> OperationFuture[ForwardBackwardResult]:
-        request = ForwardBackwardRequest(data=list(data), loss=loss or LossConfig(),
-                                         return_logprobs=return_logprobs)
+        request = ForwardBackwardRequest(
+            data=list(data), loss=loss or LossConfig(), return_logprobs=return_logprobs
+        )
         return await self._submit("forward_backward", request, ForwardBackwardResult)
 
-    async def forward(self, data: Sequence[Datum], loss: LossConfig | None = None
-                      ) -> OperationFuture[ForwardResult]:
+    async def forward(
+        self, data: Sequence[Datum], loss: LossConfig | None = None
+    ) -> OperationFuture[ForwardResult]:
         """Per-token logprobs of `data` under the trainer's current weights, and `loss`'s
         value if given (no gradient)."""
         request = ForwardRequest(data=list(data), loss=loss)
@@ -264,8 +286,9 @@ class AsyncJobClient:
         still does); then `load_state` a checkpoint to resume."""
         return ModelInfo.model_validate(await self._http.post_json(f"/v1/jobs/{self.id}/model"))
 
-    async def save_state(self, name: str, *, series: str | None = None
-                         ) -> OperationFuture[StateCheckpoint]:
+    async def save_state(
+        self, name: str, *, series: str | None = None
+    ) -> OperationFuture[StateCheckpoint]:
         """Checkpoint weights, optimizer moments and step (names are never reused); resume
         with `load_state`, also on a restarted trainer. A checkpoint of a `series` makes the
         series' older ones beyond the trainer's keep count go; others stay until deleted."""
@@ -283,24 +306,36 @@ class AsyncJobClient:
 
     # --- background tasks ------------------------------------------------------------------
 
-    async def submit_task(self, kind: TaskKind | str,
-                          params: BaseModel | dict[str, Any] | None = None, *,
-                          idempotency_key: str | None = None) -> AsyncTask:
+    async def submit_task(
+        self,
+        kind: TaskKind | str,
+        params: BaseModel | dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> AsyncTask:
         """Queue `gc`, `evaluate` or `export` (params: `GcParams`, `EvaluateParams`,
         `ExportParams` or their dicts) on Loom's worker; returns at once. `await
         task.result()` gives the report, evaluation or export directory. Submitting again
         with the same `idempotency_key` returns the same task."""
         return await AsyncTask.submit(self._http, self.id, kind, params, idempotency_key)
 
-    async def run_recipe(self, recipe: str, config: BaseModel | dict[str, Any] | None = None,
-                         *, idempotency_key: str | None = None) -> AsyncTask:
+    async def run_recipe(
+        self,
+        recipe: str,
+        config: BaseModel | dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> AsyncTask:
         """A managed run: Loom's worker runs `recipe` (see `agents.recipes`) on this job,
         checkpointing as it goes and resuming after a crash; returns at once. Stop it with
         `task.cancel()` or by cancelling the job; pause the job to hold it between steps."""
         if isinstance(config, BaseModel):
             config = config.model_dump(mode="json")
-        return await self.submit_task(TaskKind.recipe, {"recipe": recipe, "config": config or {}},
-                                      idempotency_key=idempotency_key)
+        return await self.submit_task(
+            TaskKind.recipe,
+            {"recipe": recipe, "config": config or {}},
+            idempotency_key=idempotency_key,
+        )
 
     async def tasks(self) -> list[BackgroundTask]:
         """This job's background tasks, newest first."""
@@ -344,15 +379,17 @@ class AsyncJobClient:
         policy = RetentionPolicy(keep_last=keep_last, keep_ancestors=keep_ancestors)
         return await self._http.modelstate.set_retention(self.id, policy)
 
-    async def download(self, dest: str | Path, ref: VersionRef = "latest", *,
-                       merge_lora: bool = False) -> Path:
+    async def download(
+        self, dest: str | Path, ref: VersionRef = "latest", *, merge_lora: bool = False
+    ) -> Path:
         """The version as a Hugging Face directory `dest` (a LoRA version merged into its base
         model with `merge_lora`): the tar is streamed to disk next to `dest`, then unpacked."""
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".tar") as archive:
             response = await self._http.modelstate.open(
-                ARCHIVE, params={"merge_lora": merge_lora}, job_id=self.id, ref=ref)
+                ARCHIVE, params={"merge_lora": merge_lora}, job_id=self.id, ref=ref
+            )
             try:
                 async for chunk in response.aiter_bytes(1 << 20):
                     archive.write(chunk)

@@ -82,7 +82,8 @@ class FinishedGroups:
 
     def __init__(self) -> None:
         self._queue: asyncio.PriorityQueue[tuple[int, int, RolloutGroup | None]] = (
-            asyncio.PriorityQueue())
+            asyncio.PriorityQueue()
+        )
         self._arrivals = itertools.count()  # ties never compare groups
 
     def put(self, group: RolloutGroup | None) -> None:
@@ -115,11 +116,11 @@ class AsyncPipeline:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode is 'sync' or 'async', not {mode!r}")
         if staleness_bound not in ("trained", "started"):
-            raise ValueError(f"staleness_bound is 'trained' or 'started', not "
-                             f"{staleness_bound!r}")
+            raise ValueError(f"staleness_bound is 'trained' or 'started', not {staleness_bound!r}")
         if groups_per_step < 1 or oversample < 1 or max_staleness < 0 or epochs < 1:
-            raise ValueError("groups_per_step >= 1, oversample >= 1, max_staleness >= 0 and "
-                             "epochs >= 1")
+            raise ValueError(
+                "groups_per_step >= 1, oversample >= 1, max_staleness >= 0 and epochs >= 1"
+            )
         self.job = job
         self.algorithm = algorithm
         self.env = env
@@ -218,8 +219,10 @@ class AsyncPipeline:
             await self.job.optim_step(self.adam)
             proximal = (await first).logprobs
             assert proximal is not None
-            data = [datum.model_copy(update={"proximal_logprobs": row})
-                    for datum, row in zip(data, proximal, strict=True)]
+            data = [
+                datum.model_copy(update={"proximal_logprobs": row})
+                for datum, row in zip(data, proximal, strict=True)
+            ]
             passes.append(first)
         while len(passes) < self.epochs:
             passes.append(await self.job.forward_backward(data, loss))
@@ -245,7 +248,8 @@ class AsyncPipeline:
         must not hold back the next step's), within what staleness allows: the groups this
         step still needs (`oversample` times over) plus `max_staleness` steps ahead."""
         budget = math.ceil(self._need * self.oversample) + self.staleness * math.ceil(
-            self.groups_per_step * self.oversample)
+            self.groups_per_step * self.oversample
+        )
         if self._outstanding >= budget or not self._tasks_left:
             return
         tasks = list(itertools.islice(self.tasks, budget - self._outstanding))
@@ -260,8 +264,13 @@ class AsyncPipeline:
         settled = 0  # groups delivered or ended (failed, cancelled as stale)
         try:
             params = self.params.derived(next(self._request_numbers))
-            stream = await self.job.rollouts(tasks, env=self.env, group_size=self.group_size,
-                                             params=params, **self.rollout_options)
+            stream = await self.job.rollouts(
+                tasks,
+                env=self.env,
+                group_size=self.group_size,
+                params=params,
+                **self.rollout_options,
+            )
             async for event in stream.events():
                 if event.group is not None:
                     settled += 1

@@ -1,10 +1,10 @@
 """Streamed rollouts in the SDK: groups of trajectories arrive as the service finishes them.
 
-    stream = await job.rollouts(tasks, env="python_tool", group_size=8)
-    async for group in stream:
-        ...
-    stream.errors   # groups that failed (their task_index in `detail`): retry those tasks
-    stream.summary  # after the last group
+stream = await job.rollouts(tasks, env="python_tool", group_size=8)
+async for group in stream:
+    ...
+stream.errors   # groups that failed (their task_index in `detail`): retry those tasks
+stream.summary  # after the last group
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ class AsyncRolloutStream:
     @classmethod
     async def open(cls, http: GatewayHttp, request: RolloutRequest) -> AsyncRolloutStream:
         """Sends the request; a refused one (4xx) raises here, before any group."""
-        built = http.http.build_request("POST", ROLLOUTS_PATH,
-                                        json=request.model_dump(mode="json"))
+        built = http.http.build_request("POST", ROLLOUTS_PATH, json=request.model_dump(mode="json"))
         response = await http.http.send(built, stream=True)
         if response.status_code >= 400:
             await response.aread()

@@ -31,14 +31,17 @@ class AsyncSandboxSession:
         """Run a program (same options as `AsyncLoomClient.execute`); files stay, processes
         do not."""
         return await self._http.sandbox.execute_in_session(
-            self.id, ExecuteRequest(code=code, **options))
+            self.id, ExecuteRequest(code=code, **options)
+        )
 
     async def write_files(self, files: Mapping[str, str | bytes]) -> None:
         """Write files (text or bytes) into the session's workdir."""
-        items = [FileIn(path=path, content=data) if isinstance(data, str)
-                 else FileIn(path=path, content=base64.b64encode(data).decode(),
-                             encoding="base64")
-                 for path, data in files.items()]
+        items = [
+            FileIn(path=path, content=data)
+            if isinstance(data, str)
+            else FileIn(path=path, content=base64.b64encode(data).decode(), encoding="base64")
+            for path, data in files.items()
+        ]
         await self._http.sandbox.write_files(self.id, items)
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:

@@ -41,8 +41,16 @@ from services.rollout.schemas import (
 from services.sandbox.schemas import ExecuteResponse
 from services.trainer.schemas import AdamParams, LoraConfig, TrainingMode
 
-__all__ = ["CaptureSession", "Future", "JobClient", "LoomClient", "Pipeline", "RolloutStream",
-           "SandboxSession", "Task"]
+__all__ = [
+    "CaptureSession",
+    "Future",
+    "JobClient",
+    "LoomClient",
+    "Pipeline",
+    "RolloutStream",
+    "SandboxSession",
+    "Task",
+]
 
 
 class LoomClient(BlockingFace[AsyncLoomClient]):
@@ -70,8 +78,9 @@ class LoomClient(BlockingFace[AsyncLoomClient]):
         config: dict[str, Any] | None = None,
     ) -> JobClient:
         """A new training job on `base_model` (full or LoRA training)."""
-        job = self._runner.run(self._target.create_job(
-            base_model, name=name, mode=mode, lora=lora, config=config))
+        job = self._runner.run(
+            self._target.create_job(base_model, name=name, mode=mode, lora=lora, config=config)
+        )
         return JobClient(job, self._runner)
 
     def get_task(self, task_id: str) -> Task:
@@ -95,18 +104,25 @@ class LoomClient(BlockingFace[AsyncLoomClient]):
         `JobClient.rollouts`)."""
         return RolloutStream(self._runner.run(self._target.rollouts(request)), self._runner)
 
-    def render(self, messages: Sequence[ChatMessage | dict[str, str]],
-               tools: Sequence[dict[str, Any]] = ()) -> RenderResponse:
+    def render(
+        self, messages: Sequence[ChatMessage | dict[str, str]], tools: Sequence[dict[str, Any]] = ()
+    ) -> RenderResponse:
         """A conversation as training tokens with the model's chat template: loss mask 1 on
         the assistant's turns, exactly as a rollout of it would be tokenised."""
         return self._runner.run(self._target.render(messages, tools))
 
-    def capture(self, *, job_id: str | None = None, version: VersionRef = "latest",
-                metadata: dict[str, Any] | None = None) -> CaptureSession:
+    def capture(
+        self,
+        *,
+        job_id: str | None = None,
+        version: VersionRef = "latest",
+        metadata: dict[str, Any] | None = None,
+    ) -> CaptureSession:
         """A trajectory an OpenAI-speaking agent's calls are recorded into (see
         `JobClient.capture`)."""
         session = self._runner.run(
-            self._target.capture(job_id=job_id, version=version, metadata=metadata))
+            self._target.capture(job_id=job_id, version=version, metadata=metadata)
+        )
         return CaptureSession(session, self._runner)
 
     def score(
@@ -124,14 +140,14 @@ class LoomClient(BlockingFace[AsyncLoomClient]):
         """Run a program in a fresh sandbox (`options`: `ExecuteRequest`'s other fields)."""
         return self._runner.run(self._target.execute(code, **options))
 
-    def open_sandbox(self, *, job_id: str | None = None,
-                     image: str | None = None) -> SandboxSession:
+    def open_sandbox(
+        self, *, job_id: str | None = None, image: str | None = None
+    ) -> SandboxSession:
         """A sandbox session: files persist between programs (multi-turn tools)."""
         session = self._runner.run(self._target.open_sandbox(job_id=job_id, image=image))
         return SandboxSession(session, self._runner)
 
-    def register_reward(self, name: str, code: str,
-                        job_id: str | None = None) -> RewardFunction:
+    def register_reward(self, name: str, code: str, job_id: str | None = None) -> RewardFunction:
         """Register (or replace) a reward function for the `python` verifier; it runs in the
         sandbox, never in the reward service."""
         return self._runner.run(self._target.register_reward(name, code, job_id))
@@ -169,11 +185,25 @@ class Pipeline(BlockingFace[AsyncPipeline]):
         adam: AdamParams | None = None,
         **rollout_options: Any,
     ) -> None:
-        super().__init__(AsyncPipeline(
-            job._target, algorithm, env=env, tasks=tasks, groups_per_step=groups_per_step,
-            group_size=group_size, params=params, mode=mode, max_staleness=max_staleness,
-            staleness_bound=staleness_bound, oversample=oversample, epochs=epochs, adam=adam,
-            **rollout_options), job._runner)
+        super().__init__(
+            AsyncPipeline(
+                job._target,
+                algorithm,
+                env=env,
+                tasks=tasks,
+                groups_per_step=groups_per_step,
+                group_size=group_size,
+                params=params,
+                mode=mode,
+                max_staleness=max_staleness,
+                staleness_bound=staleness_bound,
+                oversample=oversample,
+                epochs=epochs,
+                adam=adam,
+                **rollout_options,
+            ),
+            job._runner,
+        )
 
     def run(self, steps: int) -> Iterator[StepResult]:
         """Train `steps` steps (fewer if the tasks run out); one result per step."""

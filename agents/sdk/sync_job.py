@@ -65,8 +65,9 @@ class JobClient(BlockingFace[AsyncJobClient]):
         """`{"reward": 0.4, "loss": 1.2}` at `step`; sending a step again replaces it."""
         self._runner.run(self._target.log_metrics(step, metrics))
 
-    def metrics(self, names: Sequence[str] = (), *,
-                since_step: int | None = None) -> dict[str, MetricSeries]:
+    def metrics(
+        self, names: Sequence[str] = (), *, since_step: int | None = None
+    ) -> dict[str, MetricSeries]:
         """Every metric of the job (or the `names` asked for) by name, steps ascending, after
         `since_step` when given."""
         return self._runner.run(self._target.metrics(names, since_step=since_step))
@@ -90,8 +91,7 @@ class JobClient(BlockingFace[AsyncJobClient]):
         version: VersionRef = "latest",
     ) -> SampleResponse:
         """`n` completions of a prompt (text or token ids) by the job's `version`."""
-        return self._runner.run(
-            self._target.sample(prompt, n=n, params=params, version=version))
+        return self._runner.run(self._target.sample(prompt, n=n, params=params, version=version))
 
     def sample_many(
         self,
@@ -104,7 +104,8 @@ class JobClient(BlockingFace[AsyncJobClient]):
         """Every prompt sampled concurrently by one version; results in order (see
         `AsyncJobClient.sample_many` for seeds)."""
         return self._runner.run(
-            self._target.sample_many(prompts, n=n, params=params, version=version))
+            self._target.sample_many(prompts, n=n, params=params, version=version)
+        )
 
     def rollouts(
         self,
@@ -119,12 +120,16 @@ class JobClient(BlockingFace[AsyncJobClient]):
         """Episodes of `env` on this job's weights, `group_size` per task, each group
         streamed with rewards as soon as it is complete; `options` are `RolloutRequest`'s
         other fields."""
-        stream = self._runner.run(self._target.rollouts(
-            tasks, env=env, group_size=group_size, params=params, version=version, **options))
+        stream = self._runner.run(
+            self._target.rollouts(
+                tasks, env=env, group_size=group_size, params=params, version=version, **options
+            )
+        )
         return RolloutStream(stream, self._runner)
 
-    def capture(self, *, version: VersionRef = "latest",
-                metadata: dict[str, Any] | None = None) -> CaptureSession:
+    def capture(
+        self, *, version: VersionRef = "latest", metadata: dict[str, Any] | None = None
+    ) -> CaptureSession:
         """Record a black-box agent pointed at `.openai_base_url`: every call is answered by
         this job's `version` and recorded with token ids and logprobs."""
         session = self._runner.run(self._target.capture(version=version, metadata=metadata))
@@ -133,15 +138,23 @@ class JobClient(BlockingFace[AsyncJobClient]):
     # --- trainer ---------------------------------------------------------------------------
 
     def forward_backward(
-        self, data: Sequence[Datum], loss: LossConfig | None = None, *,
+        self,
+        data: Sequence[Datum],
+        loss: LossConfig | None = None,
+        *,
         return_logprobs: bool = False,
     ) -> Future[ForwardBackwardResult]:
         """Queue a forward and backward pass accumulating gradients of `loss` on `data`."""
-        return Future(self._runner.run(self._target.forward_backward(
-            data, loss, return_logprobs=return_logprobs)), self._runner)
+        return Future(
+            self._runner.run(
+                self._target.forward_backward(data, loss, return_logprobs=return_logprobs)
+            ),
+            self._runner,
+        )
 
-    def forward(self, data: Sequence[Datum], loss: LossConfig | None = None
-                ) -> Future[ForwardResult]:
+    def forward(
+        self, data: Sequence[Datum], loss: LossConfig | None = None
+    ) -> Future[ForwardResult]:
         """Per-token logprobs of `data` under the trainer's current weights, and `loss`'s
         value if given (no gradient)."""
         return Future(self._runner.run(self._target.forward(data, loss)), self._runner)
@@ -158,8 +171,10 @@ class JobClient(BlockingFace[AsyncJobClient]):
         self, *, aliases: Sequence[str] = (), metrics: dict[str, float] | None = None
     ) -> Future[SaveWeightsResult]:
         """Queue publishing the trainer's weights as the job's next version."""
-        return Future(self._runner.run(
-            self._target.save_weights(aliases=aliases, metrics=metrics)), self._runner)
+        return Future(
+            self._runner.run(self._target.save_weights(aliases=aliases, metrics=metrics)),
+            self._runner,
+        )
 
     def model_info(self) -> ModelInfo:
         """The trainer's model of this job (NotFound after a trainer restart lost it)."""
@@ -173,8 +188,7 @@ class JobClient(BlockingFace[AsyncJobClient]):
     def save_state(self, name: str, *, series: str | None = None) -> Future[StateCheckpoint]:
         """Queue a checkpoint of weights, optimizer moments and step; resume with
         `load_state`."""
-        return Future(self._runner.run(self._target.save_state(name, series=series)),
-                      self._runner)
+        return Future(self._runner.run(self._target.save_state(name, series=series)), self._runner)
 
     def load_state(self, name: str) -> Future[StateCheckpoint]:
         """Queue loading the checkpoint `name` into the trainer's model."""
@@ -190,21 +204,32 @@ class JobClient(BlockingFace[AsyncJobClient]):
 
     # --- background tasks ------------------------------------------------------------------
 
-    def submit_task(self, kind: TaskKind | str,
-                    params: BaseModel | dict[str, Any] | None = None, *,
-                    idempotency_key: str | None = None) -> Task:
+    def submit_task(
+        self,
+        kind: TaskKind | str,
+        params: BaseModel | dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Task:
         """Queue `gc`, `evaluate` or `export` on Loom's worker; returns at once
         (`.result()` waits). The same `idempotency_key` again returns the same task."""
         task = self._runner.run(
-            self._target.submit_task(kind, params, idempotency_key=idempotency_key))
+            self._target.submit_task(kind, params, idempotency_key=idempotency_key)
+        )
         return Task(task, self._runner)
 
-    def run_recipe(self, recipe: str, config: BaseModel | dict[str, Any] | None = None,
-                   *, idempotency_key: str | None = None) -> Task:
+    def run_recipe(
+        self,
+        recipe: str,
+        config: BaseModel | dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Task:
         """A managed run of `recipe` (see `agents.recipes`) on this job by Loom's worker;
         returns at once."""
         task = self._runner.run(
-            self._target.run_recipe(recipe, config, idempotency_key=idempotency_key))
+            self._target.run_recipe(recipe, config, idempotency_key=idempotency_key)
+        )
         return Task(task, self._runner)
 
     def tasks(self) -> list[BackgroundTask]:
@@ -254,10 +279,12 @@ class JobClient(BlockingFace[AsyncJobClient]):
         """Keep the newest `keep_last` versions (0: all), and every ancestor of an aliased
         version with `keep_ancestors`; aliased and pinned versions are always kept."""
         return self._runner.run(
-            self._target.set_retention(keep_last, keep_ancestors=keep_ancestors))
+            self._target.set_retention(keep_last, keep_ancestors=keep_ancestors)
+        )
 
-    def download(self, dest: str | Path, ref: VersionRef = "latest", *,
-                 merge_lora: bool = False) -> Path:
+    def download(
+        self, dest: str | Path, ref: VersionRef = "latest", *, merge_lora: bool = False
+    ) -> Path:
         """The version as a Hugging Face directory `dest` (a LoRA version merged into its
         base model with `merge_lora`)."""
         return self._runner.run(self._target.download(dest, ref, merge_lora=merge_lora))

@@ -28,13 +28,19 @@ class AsyncTask:
         self.info = info
 
     @classmethod
-    async def submit(cls, http: GatewayHttp, job_id: str, kind: TaskKind | str,
-                     params: BaseModel | dict[str, Any] | None,
-                     idempotency_key: str | None) -> AsyncTask:
+    async def submit(
+        cls,
+        http: GatewayHttp,
+        job_id: str,
+        kind: TaskKind | str,
+        params: BaseModel | dict[str, Any] | None,
+        idempotency_key: str | None,
+    ) -> AsyncTask:
         if isinstance(params, BaseModel):
             params = params.model_dump(mode="json")
         request = TypeAdapter(TaskCreate).validate_python(
-            {"kind": str(kind), "params": params or {}, "idempotency_key": idempotency_key})
+            {"kind": str(kind), "params": params or {}, "idempotency_key": idempotency_key}
+        )
         body = await http.post_json(f"/v1/jobs/{job_id}/tasks", request.model_dump(mode="json"))
         return cls(http, BackgroundTask.model_validate(body))
 
@@ -52,8 +58,9 @@ class AsyncTask:
         poll = 0.1
         while not self.info.done:
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"task {self.id} still {self.info.status.value} after "
-                                   f"{timeout} s")
+                raise TimeoutError(
+                    f"task {self.id} still {self.info.status.value} after {timeout} s"
+                )
             await asyncio.sleep(poll)
             poll = min(poll * 2, MAX_POLL_S)
             await self.refresh()
@@ -90,5 +97,4 @@ class AsyncTask:
 
 
 async def list_tasks(http: GatewayHttp, job_id: str) -> list[BackgroundTask]:
-    return BackgroundTaskList.model_validate(
-        await http.get_json(f"/v1/jobs/{job_id}/tasks")).tasks
+    return BackgroundTaskList.model_validate(await http.get_json(f"/v1/jobs/{job_id}/tasks")).tasks

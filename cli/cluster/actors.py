@@ -37,8 +37,9 @@ class ServiceProcess:
     address, a free port). `start_now`: a rollout replica starts in its constructor, so an
     actor Ray restarts on another node comes back by itself and announces its new URL."""
 
-    def __init__(self, name: str, module: str, env: dict[str, str], log_dir: str,
-                 start_now: bool = False) -> None:
+    def __init__(
+        self, name: str, module: str, env: dict[str, str], log_dir: str, start_now: bool = False
+    ) -> None:
         import ray  # in the actor's process, where Ray is running
 
         self.name = name
@@ -65,8 +66,12 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cli.cluster.keeper", self.module], env=env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [sys.executable, "-m", "cli.cluster.keeper", self.module],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self.url
 
     def alive(self) -> bool:
@@ -75,8 +80,11 @@ class ServiceProcess:
     def drain(self, service_token: str) -> None:
         """A rollout replica leaves the gateway's table before it stops (scaling down)."""
         with contextlib.suppress(httpx2.HTTPError):
-            httpx2.post(f"{self.url}{DRAIN.url()}", timeout=10,
-                        headers={SERVICE_TOKEN_HEADER: service_token})
+            httpx2.post(
+                f"{self.url}{DRAIN.url()}",
+                timeout=10,
+                headers={SERVICE_TOKEN_HEADER: service_token},
+            )
             time.sleep(DRAIN_GRACE_S)
 
     def stop(self, timeout_s: float = 60.0) -> None:

@@ -13,25 +13,55 @@ from cli.cluster.placement import ClusterSpec
 from cli.common import DataDirOption, console, fail
 from services.common.settings import LoomSettings
 
-cluster_app = typer.Typer(help="Run Loom on a Ray cluster: each service a Ray actor.",
-                          no_args_is_help=True)
-AddressOption = Annotated[str, typer.Option(
-    "--address", envvar="RAY_ADDRESS", help="The Ray cluster (host:port of its head).")]
-DatabaseOption = Annotated[str | None, typer.Option(
-    "--database-url", envvar="LOOM_DATABASE_URL",
-    help="The database every service uses (PostgreSQL when nodes do not share a disk).")]
+cluster_app = typer.Typer(
+    help="Run Loom on a Ray cluster: each service a Ray actor.", no_args_is_help=True
+)
+AddressOption = Annotated[
+    str,
+    typer.Option(
+        "--address", envvar="RAY_ADDRESS", help="The Ray cluster (host:port of its head)."
+    ),
+]
+DatabaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="LOOM_DATABASE_URL",
+        help="The database every service uses (PostgreSQL when nodes do not share a disk).",
+    ),
+]
 CpusOption = Annotated[float, typer.Option(min=0, help="CPUs Ray reserves for each replica.")]
-GpusOption = Annotated[float, typer.Option(
-    min=0, help="GPUs Ray reserves for each replica (its tensor x data parallel size).")]
+GpusOption = Annotated[
+    float,
+    typer.Option(
+        min=0, help="GPUs Ray reserves for each replica (its tensor x data parallel size)."
+    ),
+]
 
 
-def _spec(data_dir: Path | None, database_url: str | None, *, rollout_cpus: float = 1.0,
-          rollout_gpus: float = 0.0, trainer_cpus: float = 1.0,
-          trainer_gpus: float = 0.0) -> ClusterSpec:
-    settings = LoomSettings(**{key: value for key, value in (
-        ("data_dir", data_dir), ("database_url", database_url)) if value})
-    return ClusterSpec(settings, rollout_cpus=rollout_cpus, rollout_gpus=rollout_gpus,
-                       trainer_cpus=trainer_cpus, trainer_gpus=trainer_gpus)
+def _spec(
+    data_dir: Path | None,
+    database_url: str | None,
+    *,
+    rollout_cpus: float = 1.0,
+    rollout_gpus: float = 0.0,
+    trainer_cpus: float = 1.0,
+    trainer_gpus: float = 0.0,
+) -> ClusterSpec:
+    settings = LoomSettings(
+        **{
+            key: value
+            for key, value in (("data_dir", data_dir), ("database_url", database_url))
+            if value
+        }
+    )
+    return ClusterSpec(
+        settings,
+        rollout_cpus=rollout_cpus,
+        rollout_gpus=rollout_gpus,
+        trainer_cpus=trainer_cpus,
+        trainer_gpus=trainer_gpus,
+    )
 
 
 def _connect(address: str) -> None:
@@ -42,31 +72,50 @@ def _connect(address: str) -> None:
 
 
 @cluster_app.command()
-def up(address: AddressOption, data_dir: DataDirOption = None,
-       database_url: DatabaseOption = None,
-       rollout_replicas: Annotated[int, typer.Option(min=0)] = 1,
-       rollout_cpus: CpusOption = 1.0, rollout_gpus: GpusOption = 0.0,
-       trainer_cpus: Annotated[float, typer.Option(min=0)] = 1.0,
-       trainer_gpus: Annotated[float, typer.Option(min=0)] = 0.0) -> None:
+def up(
+    address: AddressOption,
+    data_dir: DataDirOption = None,
+    database_url: DatabaseOption = None,
+    rollout_replicas: Annotated[int, typer.Option(min=0)] = 1,
+    rollout_cpus: CpusOption = 1.0,
+    rollout_gpus: GpusOption = 0.0,
+    trainer_cpus: Annotated[float, typer.Option(min=0)] = 1.0,
+    trainer_gpus: Annotated[float, typer.Option(min=0)] = 0.0,
+) -> None:
     """Start the services and N rollout replicas as Ray actors; waits until all are ready."""
     _connect(address)
-    urls = placement.up(_spec(data_dir, database_url, rollout_cpus=rollout_cpus,
-                              rollout_gpus=rollout_gpus, trainer_cpus=trainer_cpus,
-                              trainer_gpus=trainer_gpus), rollout_replicas)
+    urls = placement.up(
+        _spec(
+            data_dir,
+            database_url,
+            rollout_cpus=rollout_cpus,
+            rollout_gpus=rollout_gpus,
+            trainer_cpus=trainer_cpus,
+            trainer_gpus=trainer_gpus,
+        ),
+        rollout_replicas,
+    )
     console.print(f"Loom is up on Ray at {address}: gateway {urls['gateway']}")
 
 
 @cluster_app.command()
-def scale(service: Annotated[str, typer.Argument(help="rollout")],
-          replicas: Annotated[int, typer.Argument(min=0)], address: AddressOption,
-          data_dir: DataDirOption = None, database_url: DatabaseOption = None,
-          rollout_cpus: CpusOption = 1.0, rollout_gpus: GpusOption = 0.0) -> None:
+def scale(
+    service: Annotated[str, typer.Argument(help="rollout")],
+    replicas: Annotated[int, typer.Argument(min=0)],
+    address: AddressOption,
+    data_dir: DataDirOption = None,
+    database_url: DatabaseOption = None,
+    rollout_cpus: CpusOption = 1.0,
+    rollout_gpus: GpusOption = 0.0,
+) -> None:
     """Add or remove rollout replicas while jobs run (a removed one drains first)."""
     if service != "rollout":
         fail(f"Only rollout scales by replicas (got {service!r}).", code=2)
     _connect(address)
-    placement.scale(_spec(data_dir, database_url, rollout_cpus=rollout_cpus,
-                          rollout_gpus=rollout_gpus), replicas)
+    placement.scale(
+        _spec(data_dir, database_url, rollout_cpus=rollout_cpus, rollout_gpus=rollout_gpus),
+        replicas,
+    )
     console.print(f"rollout: {len(placement.rollout_names())} replica(s)")
 
 
@@ -81,8 +130,9 @@ def status(address: AddressOption) -> None:
 
 
 @cluster_app.command()
-def down(address: AddressOption, data_dir: DataDirOption = None,
-         database_url: DatabaseOption = None) -> None:
+def down(
+    address: AddressOption, data_dir: DataDirOption = None, database_url: DatabaseOption = None
+) -> None:
     """Stop every Loom actor (state stays in the database and the data dir)."""
     _connect(address)
     placement.down(_spec(data_dir, database_url))

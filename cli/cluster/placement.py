@@ -25,8 +25,13 @@ from services.common.settings import LoomSettings
 NAMESPACE = "loom"
 ROLLOUT = "rollout"
 # (actor name, module); in start order: the public entry and the worker last.
-BASE = (("modelstate", "modelstate"), ("trainer", "services.trainer"),
-        ("reward", "services.reward"), ("sandbox", "services.sandbox"), ("gateway", "gateway"))
+BASE = (
+    ("modelstate", "modelstate"),
+    ("trainer", "services.trainer"),
+    ("reward", "services.reward"),
+    ("sandbox", "services.sandbox"),
+    ("gateway", "gateway"),
+)
 WORKER = ("worker", "services.worker")
 READY_TIMEOUT_S = 900.0
 LIVENESS_EVERY_S = 5.0
@@ -49,8 +54,11 @@ class ClusterSpec:
     env: dict[str, str] = field(default_factory=dict)  # more LOOM_* for every service
 
     def stack_env(self) -> dict[str, str]:
-        env = {"LOOM_DATA_DIR": str(self.settings.data_dir), **token_environment(self.settings),
-               **self.env}
+        env = {
+            "LOOM_DATA_DIR": str(self.settings.data_dir),
+            **token_environment(self.settings),
+            **self.env,
+        }
         if self.settings.database_url:
             env["LOOM_DATABASE_URL"] = self.settings.database_url
         return env
@@ -80,16 +88,23 @@ def _actor_class() -> Any:
     return ray.remote(ServiceProcess)
 
 
-def _options(name: str, cpus: float, gpus: float, *, restarts: int, spread: bool = False
-             ) -> dict[str, Any]:
+def _options(
+    name: str, cpus: float, gpus: float, *, restarts: int, spread: bool = False
+) -> dict[str, Any]:
     """Named and detached (they outlive the command that started them); `spread`: on as many
     nodes as possible (rollout replicas: a node lost takes as few as it can)."""
     options: dict[str, Any] = {
-        "name": name, "namespace": NAMESPACE, "lifetime": "detached", "num_cpus": cpus,
-        "num_gpus": gpus, "max_restarts": restarts, "get_if_exists": True,
+        "name": name,
+        "namespace": NAMESPACE,
+        "lifetime": "detached",
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "max_restarts": restarts,
+        "get_if_exists": True,
         # Every method is idempotent: a call that met the actor restarting, or unreachable for
         # a moment on a busy node (ActorUnavailableError), is sent again.
-        "max_task_retries": TASK_RETRIES}
+        "max_task_retries": TASK_RETRIES,
+    }
     if spread:
         options["scheduling_strategy"] = "SPREAD"
     return options
@@ -104,20 +119,32 @@ def up(spec: ClusterSpec, replicas: int) -> dict[str, str]:
     actor = _actor_class()
     env = spec.stack_env()
     actors = {
-        name: actor.options(**_options(name, *((spec.trainer_cpus, spec.trainer_gpus)
-                                               if name == "trainer" else (0, 0)), restarts=0)
-                            ).remote(name, module, env, spec.log_dir)
+        name: actor.options(
+            **_options(
+                name,
+                *((spec.trainer_cpus, spec.trainer_gpus) if name == "trainer" else (0, 0)),
+                restarts=0,
+            )
+        ).remote(name, module, env, spec.log_dir)
         for name, module in (*BASE, WORKER)
     }
-    urls = {name: info["url"] for name, info in
-            zip(actors, ray.get([a.where.remote() for a in actors.values()]), strict=True)}
+    urls = {
+        name: info["url"]
+        for name, info in zip(
+            actors, ray.get([a.where.remote() for a in actors.values()]), strict=True
+        )
+    }
     stack_env = {**env, **_urls_env(urls)}
     ray.get([a.start.remote(stack_env) for name, a in actors.items() if name != WORKER[0]])
     # The worker waits for rollout before a run: it asks the gateway, which knows the replicas.
-    ray.get(actors[WORKER[0]].start.remote(
-        {**stack_env, "LOOM_ROLLOUT_URL": f"{urls['gateway']}/v1/internal/rollout"}))
-    _wait_ready(actors, {name: url for name, url in urls.items() if name != WORKER[0]},
-                spec.log_dir)
+    ray.get(
+        actors[WORKER[0]].start.remote(
+            {**stack_env, "LOOM_ROLLOUT_URL": f"{urls['gateway']}/v1/internal/rollout"}
+        )
+    )
+    _wait_ready(
+        actors, {name: url for name, url in urls.items() if name != WORKER[0]}, spec.log_dir
+    )
     return {**urls, **scale(spec, replicas)}
 
 
@@ -132,11 +159,12 @@ def scale(spec: ClusterSpec, replicas: int) -> dict[str, str]:
     wanted = [f"{ROLLOUT}-{index}" for index in range(replicas)]
     actor = _actor_class()
     added = {
-        name: actor.options(**_options(name, spec.rollout_cpus, spec.rollout_gpus,
-                                       restarts=-1, spread=True),
-                            resources=spec.rollout_resources).remote(
-            name, "services.rollout", env, spec.log_dir, True)
-        for name in wanted if name not in names
+        name: actor.options(
+            **_options(name, spec.rollout_cpus, spec.rollout_gpus, restarts=-1, spread=True),
+            resources=spec.rollout_resources,
+        ).remote(name, "services.rollout", env, spec.log_dir, True)
+        for name in wanted
+        if name not in names
     }
     token = service_token(spec.settings)
     for name in sorted(set(names) - set(wanted), reverse=True):
@@ -144,8 +172,12 @@ def scale(spec: ClusterSpec, replicas: int) -> dict[str, str]:
         ray.get(handle.drain.remote(token))
         ray.get(handle.stop.remote())
         ray.kill(handle)
-    urls = {name: info["url"] for name, info in
-            zip(added, ray.get([a.where.remote() for a in added.values()]), strict=True)}
+    urls = {
+        name: info["url"]
+        for name, info in zip(
+            added, ray.get([a.where.remote() for a in added.values()]), strict=True
+        )
+    }
     _wait_ready(added, urls, spec.log_dir)
     return urls
 
@@ -153,17 +185,25 @@ def scale(spec: ClusterSpec, replicas: int) -> dict[str, str]:
 def rollout_names() -> list[str]:
     import ray
 
-    return sorted((a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["namespace"] == NAMESPACE and a["name"].startswith(f"{ROLLOUT}-")),
-                  key=lambda name: int(name.rsplit("-", 1)[1]))
+    return sorted(
+        (
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE and a["name"].startswith(f"{ROLLOUT}-")
+        ),
+        key=lambda name: int(name.rsplit("-", 1)[1]),
+    )
 
 
 def status() -> list[dict[str, Any]]:
     """Each Loom actor: name, URL, node, whether its process runs."""
     import ray
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["namespace"] == NAMESPACE]
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE
+    ]
     handles = [ray.get_actor(name, namespace=NAMESPACE) for name in names]
     where = ray.get([h.where.remote() for h in handles])
     alive = ray.get([h.alive.remote() for h in handles])
@@ -184,8 +224,9 @@ def down(spec: ClusterSpec) -> None:
         ray.kill(handle)
 
 
-def _wait_ready(actors: dict[str, Any], urls: dict[str, str], log_dir: str,
-                timeout_s: float = READY_TIMEOUT_S) -> None:
+def _wait_ready(
+    actors: dict[str, Any], urls: dict[str, str], log_dir: str, timeout_s: float = READY_TIMEOUT_S
+) -> None:
     """Until every service answers `/readyz`; a service whose process exited fails at once,
     naming its log (a vLLM start-up takes minutes: nobody should wait them out for a crash)."""
     import ray
@@ -205,8 +246,11 @@ def _wait_ready(actors: dict[str, Any], urls: dict[str, str], log_dir: str,
             alive = ray.get([actors[name].alive.remote() for name in waiting])
             dead = [name for name, up in zip(waiting, alive, strict=True) if not up]
             if dead:
-                raise RuntimeError(f"exited while starting: {', '.join(dead)} (see "
-                                   + ", ".join(f"{log_dir}/{name}.log" for name in dead) + ")")
+                raise RuntimeError(
+                    f"exited while starting: {', '.join(dead)} (see "
+                    + ", ".join(f"{log_dir}/{name}.log" for name in dead)
+                    + ")"
+                )
         if waiting and time.monotonic() > deadline:
             raise TimeoutError(f"not ready after {timeout_s:.0f} s: {', '.join(waiting)}")
         time.sleep(0.5)

@@ -63,8 +63,9 @@ async def current_viewer(request: Request) -> Viewer:
     if session is None:
         raise LoginRequired
     # One primary-key read per page: cheap, and a revoked key stops working at once.
-    key = await in_transaction(request.app.state.sessions,
-                               lambda s: active_identity(s, session.key_id))
+    key = await in_transaction(
+        request.app.state.sessions, lambda s: active_identity(s, session.key_id)
+    )
     if key is None:
         raise LoginRequired
     viewer = Viewer(key=key, session=session, csrf=signer.csrf_token(session.session_id))
@@ -81,9 +82,12 @@ async def checked_form(request: Request, viewer: ViewerDep) -> FormData:
     form = await request.form()
     token = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
     if not isinstance(token, str) or not signer_of(request).csrf_valid(
-            viewer.session.session_id, token):
-        raise CsrfRefused("This form's CSRF token is missing or does not belong to your "
-                          "session, so nothing was changed. Reload the page and try again.")
+        viewer.session.session_id, token
+    ):
+        raise CsrfRefused(
+            "This form's CSRF token is missing or does not belong to your "
+            "session, so nothing was changed. Reload the page and try again."
+        )
     return form
 
 
@@ -92,8 +96,10 @@ CheckedForm = Annotated[FormData, Depends(checked_form)]
 
 def check_origin(request: Request) -> None:
     if not same_origin(request.headers.get("origin"), request.headers.get("host")):
-        raise CsrfRefused(f"The request came from another site "
-                          f"({request.headers.get('origin')}), so nothing was changed.")
+        raise CsrfRefused(
+            f"The request came from another site "
+            f"({request.headers.get('origin')}), so nothing was changed."
+        )
 
 
 # --- logging in and out ---------------------------------------------------------------------
@@ -119,14 +125,17 @@ def check_login_form(request: Request, token: str | None) -> None:
     check_origin(request)
     nonce = signer_of(request).read_login_nonce(request.cookies.get(LOGIN_COOKIE))
     if nonce is None or not signer_of(request).csrf_valid(nonce, token):
-        raise CsrfRefused("The login form expired or was not sent from this site. "
-                          "Reload the login page and try again.")
+        raise CsrfRefused(
+            "The login form expired or was not sent from this site. "
+            "Reload the login page and try again."
+        )
 
 
 async def log_in(request: Request, response: Response, secret: str) -> KeyIdentity | None:
     """Check an API key; when valid, set the session cookie (the key's id, signed)."""
-    key = await in_transaction(request.app.state.sessions,
-                               lambda s: authenticate(s, secret.strip()))
+    key = await in_transaction(
+        request.app.state.sessions, lambda s: authenticate(s, secret.strip())
+    )
     if key is None:
         return None
     _, cookie = signer_of(request).issue(key.id)
@@ -140,18 +149,27 @@ def log_out(request: Request, response: Response, viewer: Viewer) -> None:
     _clear_cookie(request, response, SESSION_COOKIE)
 
 
-def _set_cookie(request: Request, response: Response, name: str, value: str,
-                max_age_s: float) -> None:
+def _set_cookie(
+    request: Request, response: Response, name: str, value: str, max_age_s: float
+) -> None:
     # HttpOnly: no script can read it; SameSite=Strict: no other site's page can make the
     # browser send it; Secure whenever the admin is reached over TLS (a proxy in front must
     # pass X-Forwarded-Proto for that).
-    response.set_cookie(name, value, max_age=int(max_age_s), path="/admin", httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+    response.set_cookie(
+        name,
+        value,
+        max_age=int(max_age_s),
+        path="/admin",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
 
 
 def _clear_cookie(request: Request, response: Response, name: str) -> None:
-    response.delete_cookie(name, path="/admin", httponly=True, samesite="strict",
-                           secure=request.url.scheme == "https")
+    response.delete_cookie(
+        name, path="/admin", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+    )
 
 
 class AdminRoute(APIRoute):
@@ -168,8 +186,10 @@ class AdminRoute(APIRoute):
             except CsrfRefused as exc:
                 return render_error(request, 403, "Request refused", exc.message)
             except RequestValidationError as exc:
-                problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}"
-                                     for e in exc.errors()[:5])
+                problems = "; ".join(
+                    f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}"
+                    for e in exc.errors()[:5]
+                )
                 return render_error(request, 422, "Invalid input", problems)
             except LoomError as exc:
                 return render_error(request, exc.status_code, _title(exc), exc.message)
@@ -179,4 +199,3 @@ class AdminRoute(APIRoute):
 
 def _title(exc: LoomError) -> str:
     return exc.code.replace("_", " ").capitalize()
-

@@ -42,9 +42,13 @@ class Chart:
             for step, value in zip(line.steps, line.values, strict=True):
                 column[index[step]] = value
             columns.append(column)
-        return {"title": self.title, "names": [s.name for s in self.series],
-                "axis": f"{self.phase} step".lstrip(), "data": [steps, *columns],
-                "points": self.points}
+        return {
+            "title": self.title,
+            "names": [s.name for s in self.series],
+            "axis": f"{self.phase} step".lstrip(),
+            "data": [steps, *columns],
+            "points": self.points,
+        }
 
 
 def build_charts(series: list[MetricSeries]) -> list[Chart]:
@@ -55,8 +59,9 @@ def build_charts(series: list[MetricSeries]) -> list[Chart]:
     phases: dict[str, list[MetricSeries]] = {}
     for line in series:
         phases.setdefault(phase_of(line.name), []).append(line)
-    order = sorted(phases, key=lambda p: (PHASE_ORDER.index(p) if p in PHASE_ORDER
-                                          else len(PHASE_ORDER), p))
+    order = sorted(
+        phases, key=lambda p: (PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER), p)
+    )
     keep_empty = set(phases) <= {""}
     slugs: set[str] = set()
     charts: list[Chart] = []
@@ -65,11 +70,14 @@ def build_charts(series: list[MetricSeries]) -> list[Chart]:
     return charts
 
 
-def _phase_charts(phase: str, series: list[MetricSeries], slugs: set[str],
-                  keep_empty: bool) -> list[Chart]:
+def _phase_charts(
+    phase: str, series: list[MetricSeries], slugs: set[str], keep_empty: bool
+) -> list[Chart]:
     prefix = f"{phase} " if phase else ""
-    panels = {title: Chart(title=title, slug=_unique(prefix + title, slugs), phase=phase)
-              for title, _ in PANELS}
+    panels = {
+        title: Chart(title=title, slug=_unique(prefix + title, slugs), phase=phase)
+        for title, _ in PANELS
+    }
     extra: list[Chart] = []
     for line in sorted(series, key=lambda s: s.name):
         short = line.name.removeprefix(f"{phase}/") if phase else line.name
@@ -77,8 +85,9 @@ def _phase_charts(phase: str, series: list[MetricSeries], slugs: set[str],
         if title is not None:
             panels[title].series.append(line)
             continue
-        extra.append(Chart(title=line.name, slug=_unique(line.name, slugs), phase=phase,
-                           series=[line]))
+        extra.append(
+            Chart(title=line.name, slug=_unique(line.name, slugs), phase=phase, series=[line])
+        )
     return [c for c in panels.values() if keep_empty or c.series] + extra
 
 

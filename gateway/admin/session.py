@@ -47,8 +47,7 @@ class SessionSigner:
     """Issues and reads admin cookies and CSRF tokens with one secret, and remembers the
     sessions logged out before their expiry."""
 
-    def __init__(self, secret: bytes, ttl_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, secret: bytes, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
         if len(secret) < 16:
             raise ValueError("the admin session secret needs at least 16 bytes")
         self._secret = secret
@@ -61,27 +60,29 @@ class SessionSigner:
         configured = settings.gateway_admin_session_secret
         # No configured secret: a random one per process, so sessions end at restart (the
         # documented trade-off; replicas behind one balancer must configure a shared one).
-        secret = (configured.get_secret_value().encode("utf-8") if configured is not None
-                  else secrets.token_bytes(32))
+        secret = (
+            configured.get_secret_value().encode("utf-8")
+            if configured is not None
+            else secrets.token_bytes(32)
+        )
         return cls(secret, settings.gateway_admin_session_ttl_s)
 
     # --- sessions ---------------------------------------------------------------------------
 
     def issue(self, key_id: str) -> tuple[AdminSession, str]:
         """A new session for `key_id` and the cookie value that carries it."""
-        session = AdminSession(key_id=key_id, session_id=secrets.token_urlsafe(16),
-                               issued_at=self._clock())
+        session = AdminSession(
+            key_id=key_id, session_id=secrets.token_urlsafe(16), issued_at=self._clock()
+        )
         payload = {"p": _SESSION, "k": key_id, "s": session.session_id, "t": session.issued_at}
         return session, self._sign(payload)
 
     def read(self, cookie: str | None) -> AdminSession | None:
         """The session a cookie carries, or None when it is missing, forged or expired."""
         payload = self._verify(cookie, _SESSION, self.ttl_s)
-        if (payload is None or not isinstance(payload.get("k"), str)
-                or payload["s"] in self._ended):
+        if payload is None or not isinstance(payload.get("k"), str) or payload["s"] in self._ended:
             return None
-        return AdminSession(key_id=payload["k"], session_id=payload["s"],
-                            issued_at=payload["t"])
+        return AdminSession(key_id=payload["k"], session_id=payload["s"], issued_at=payload["t"])
 
     def end(self, session: AdminSession) -> None:
         """Log a session out: its cookie is refused from now on, even if replayed."""
@@ -109,8 +110,9 @@ class SessionSigner:
     def csrf_valid(self, session_id: str, token: str | None) -> bool:
         if not token:
             return False
-        return hmac.compare_digest(self.csrf_token(session_id).encode("ascii"),
-                                   token.encode("utf-8", "replace"))
+        return hmac.compare_digest(
+            self.csrf_token(session_id).encode("ascii"), token.encode("utf-8", "replace")
+        )
 
     # --- signing ----------------------------------------------------------------------------
 
@@ -121,14 +123,14 @@ class SessionSigner:
         body = _b64(json.dumps(payload, separators=(",", ":")).encode("utf-8"))
         return f"{body}.{_b64(self._mac(_COOKIE_MAC + body.encode('ascii')))}"
 
-    def _verify(self, value: str | None, purpose: str,
-                max_age_s: float) -> dict[str, object] | None:
+    def _verify(
+        self, value: str | None, purpose: str, max_age_s: float
+    ) -> dict[str, object] | None:
         if not value or value.count(".") != 1:
             return None
         body, signature = value.split(".")
         expected = _b64(self._mac(_COOKIE_MAC + body.encode("ascii", "replace")))
-        if not hmac.compare_digest(expected.encode("ascii"),
-                                   signature.encode("ascii", "replace")):
+        if not hmac.compare_digest(expected.encode("ascii"), signature.encode("ascii", "replace")):
             return None
         try:
             payload = json.loads(_unb64(body))

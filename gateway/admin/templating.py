@@ -25,8 +25,8 @@ LOGIN_PATH = "/admin/login"
 # JSON, not as script), nothing may frame the admin, and forms post only back to it.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
-                               "img-src 'self' data:; frame-ancestors 'none'; "
-                               "form-action 'self'; base-uri 'none'",
+    "img-src 'self' data:; frame-ancestors 'none'; "
+    "form-action 'self'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     # Pages show what a key may see: never keep them in a shared cache or the back/forward
@@ -42,19 +42,27 @@ def templates() -> Jinja2Templates:
     return environment
 
 
-def render(request: Request, name: str, context: dict[str, Any],
-           status_code: int = 200) -> HTMLResponse:
+def render(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
     viewer = getattr(request.state, "admin_viewer", None)
     response = templates().TemplateResponse(
-        request, name, {"viewer": viewer, **context}, status_code=status_code,
+        request,
+        name,
+        {"viewer": viewer, **context},
+        status_code=status_code,
     )
     response.headers.update(SECURITY_HEADERS)
     return response
 
 
 def render_error(request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
-    return render(request, "error.html", {"title": title, "message": message,
-                                          "status_code": status_code}, status_code)
+    return render(
+        request,
+        "error.html",
+        {"title": title, "message": message, "status_code": status_code},
+        status_code,
+    )
 
 
 def login_redirect(request: Request) -> Response:
@@ -74,8 +82,12 @@ def login_redirect(request: Request) -> Response:
 
 def safe_next(target: str | None) -> str:
     """Where to go after login: only a path inside the admin, never another site."""
-    if (target and (target == "/admin" or target.startswith("/admin/"))
-            and "//" not in target and "\\" not in target):
+    if (
+        target
+        and (target == "/admin" or target.startswith("/admin/"))
+        and "//" not in target
+        and "\\" not in target
+    ):
         return target
     return "/admin/"
 

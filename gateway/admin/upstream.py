@@ -68,8 +68,10 @@ async def move_alias(upstreams: Upstreams, job_id: str, name: str, number: int) 
     try:  # checked here too: the name becomes part of modelstate's URL path
         name = _ALIAS_NAME.validate_python(name)
     except ValidationError as exc:
-        raise InvalidInput(f"{name!r} is not an alias name: up to 64 letters, digits, '.', "
-                           "'_' or '-', starting with a letter or '_'.") from exc
+        raise InvalidInput(
+            f"{name!r} is not an alias name: up to 64 letters, digits, '.', "
+            "'_' or '-', starting with a letter or '_'."
+        ) from exc
     await _modelstate(upstreams).move_alias(job_id, name, number)
 
 
@@ -85,15 +87,19 @@ async def open_archive(upstreams: Upstreams, job_id: str, number: int) -> httpx2
 async def rollout_replicas(upstreams: Upstreams, job_id: str) -> list[ReplicaView]:
     """Each rollout replica the gateway routes to (`ReplicaRegistry.table`) and the versions
     of `job_id` it has loaded, asked of the replica itself, all at once."""
-    return list(await asyncio.gather(*(_replica_view(replica, job_id)
-                                       for replica in upstreams.replicas.table())))
+    return list(
+        await asyncio.gather(
+            *(_replica_view(replica, job_id) for replica in upstreams.replicas.table())
+        )
+    )
 
 
 async def _replica_view(replica: Replica, job_id: str) -> ReplicaView:
     view = ReplicaView(id=replica.id, url=replica.url)
     try:
-        resident = await RolloutClient(replica.client, timeout=PAGE_TIMEOUT,
-                                       retries=0).resident_versions()
+        resident = await RolloutClient(
+            replica.client, timeout=PAGE_TIMEOUT, retries=0
+        ).resident_versions()
     except LoomError as exc:
         view.error = exc.message
         return view

@@ -85,7 +85,7 @@ class JobPage:
     @property
     def shown_versions(self) -> list[Version]:
         start = (self.version_page - 1) * VERSIONS_PER_PAGE
-        return self.listed_versions[start:start + VERSIONS_PER_PAGE]
+        return self.listed_versions[start : start + VERSIONS_PER_PAGE]
 
     @property
     def alias_names(self) -> list[str]:
@@ -101,9 +101,11 @@ async def job_summary(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> J
     return await in_transaction(sessions, lambda s: jobs.get_job(s, job_id, viewer))
 
 
-async def job_status(sessions: Sessions, viewer: KeyIdentity, job_id: str
-                     ) -> tuple[Job, BackgroundTask | None]:
+async def job_status(
+    sessions: Sessions, viewer: KeyIdentity, job_id: str
+) -> tuple[Job, BackgroundTask | None]:
     """The job and its newest managed run: the summary box's contents."""
+
     def read(session: Session) -> tuple[Job, BackgroundTask | None]:
         job = jobs.get_job(session, job_id, viewer)
         return job, tasks.latest_run(session, job.id)
@@ -111,24 +113,43 @@ async def job_status(sessions: Sessions, viewer: KeyIdentity, job_id: str
     return await in_transaction(sessions, read)
 
 
-async def job_page(sessions: Sessions, upstreams: Upstreams, viewer: KeyIdentity,
-                   job_id: str, version_filter: VersionFilter = VersionFilter()) -> JobPage:
-    def read(session: Session
-             ) -> tuple[Job, BackgroundTask | None, list[Chart], list[LoggedSample]]:
+async def job_page(
+    sessions: Sessions,
+    upstreams: Upstreams,
+    viewer: KeyIdentity,
+    job_id: str,
+    version_filter: VersionFilter = VersionFilter(),
+) -> JobPage:
+    def read(
+        session: Session,
+    ) -> tuple[Job, BackgroundTask | None, list[Chart], list[LoggedSample]]:
         job = jobs.get_job(session, job_id, viewer)  # the ownership check comes first
         series = job_logs.metric_series(session, job.id)
-        return (job, tasks.latest_run(session, job.id), build_charts(series),
-                job_logs.recent_samples(session, job.id, SAMPLES_SHOWN))
+        return (
+            job,
+            tasks.latest_run(session, job.id),
+            build_charts(series),
+            job_logs.recent_samples(session, job.id, SAMPLES_SHOWN),
+        )
 
     job, run, charts, samples = await in_transaction(sessions, read)
-    versions, replicas = await asyncio.gather(upstream.job_versions(upstreams, job.id),
-                                              upstream.rollout_replicas(upstreams, job.id))
-    return JobPage(job=job, run=run, charts=charts, samples=samples, versions=versions,
-                   replicas=replicas, version_filter=version_filter)
+    versions, replicas = await asyncio.gather(
+        upstream.job_versions(upstreams, job.id), upstream.rollout_replicas(upstreams, job.id)
+    )
+    return JobPage(
+        job=job,
+        run=run,
+        charts=charts,
+        samples=samples,
+        versions=versions,
+        replicas=replicas,
+        version_filter=version_filter,
+    )
 
 
 async def job_charts(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> dict[str, Any]:
     """Just the charts' data, for the page's periodic refresh."""
+
     def read(session: Session) -> dict[str, Any]:
         job = jobs.get_job_row(session, job_id, viewer)
         return charts_payload(build_charts(job_logs.metric_series(session, job.id)))
@@ -136,8 +157,7 @@ async def job_charts(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> di
     return await in_transaction(sessions, read)
 
 
-async def job_samples(sessions: Sessions, viewer: KeyIdentity,
-                      job_id: str) -> list[LoggedSample]:
+async def job_samples(sessions: Sessions, viewer: KeyIdentity, job_id: str) -> list[LoggedSample]:
     def read(session: Session) -> list[LoggedSample]:
         job = jobs.get_job_row(session, job_id, viewer)
         return job_logs.recent_samples(session, job.id, SAMPLES_SHOWN)
@@ -145,8 +165,9 @@ async def job_samples(sessions: Sessions, viewer: KeyIdentity,
     return await in_transaction(sessions, read)
 
 
-def replica_table(replicas: ReplicaRegistry, viewer: KeyIdentity, *, required: bool = False
-                  ) -> list[ReplicaPublic] | None:
+def replica_table(
+    replicas: ReplicaRegistry, viewer: KeyIdentity, *, required: bool = False
+) -> list[ReplicaPublic] | None:
     """The rollout routing table, for admin keys only (as `GET /v1/rollout/replicas`): it
     names every job's resident versions and the replicas' addresses. None for another key,
     or a 403 where the table was asked for itself."""

@@ -23,8 +23,9 @@ def bootstrap_admin_key(sessions: sessionmaker[Session], settings: GatewaySettin
     with transaction(sessions) as session:
         if configured is not None:
             if not key_exists(session, configured.get_secret_value()):
-                create_key(session, "admin (configured)", admin=True,
-                           secret=configured.get_secret_value())
+                create_key(
+                    session, "admin (configured)", admin=True, secret=configured.get_secret_value()
+                )
             return None
         if count_keys(session) > 0:
             return None
@@ -41,8 +42,11 @@ def _announce(secret: str, settings: GatewaySettings) -> None:
         where = f"also written to {settings.admin_key_file} (mode 0600): delete it in production"
     lines = ["Loom gateway: bootstrap admin API key (shown once)", "", secret, "", where]
     width = max(len(line) for line in lines) + 2
-    box = ["+" + "-" * width + "+", *(f"| {line.ljust(width - 2)} |" for line in lines),
-           "+" + "-" * width + "+"]
+    box = [
+        "+" + "-" * width + "+",
+        *(f"| {line.ljust(width - 2)} |" for line in lines),
+        "+" + "-" * width + "+",
+    ]
     print("\n".join(box), file=sys.stderr, flush=True)
 
 

@@ -31,8 +31,10 @@ async def service_caller(request: Request) -> None:
     """Routes Loom's own services call (under `/v1/internal/`, which the API-key middleware
     lets through) ask the service token instead of a key."""
     if not presents_token(request.scope["headers"], request.app.state.service_digest):
-        raise Unauthorized(f"This endpoint is for Loom's services: send the service token in "
-                           f"the {SERVICE_TOKEN_HEADER} header.")
+        raise Unauthorized(
+            f"This endpoint is for Loom's services: send the service token in "
+            f"the {SERVICE_TOKEN_HEADER} header."
+        )
 
 
 CurrentKey = Annotated[KeyIdentity, Depends(current_key)]

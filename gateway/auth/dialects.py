@@ -42,6 +42,13 @@ class ClientDialects:
 
     def error_response(self, path: str) -> Callable[[LoomError], Response] | None:
         """The error shape of the SDK whose routes `path` is under (None: Loom's own)."""
-        return next((d.error_response for d in self._dialects
-                     if d.path_prefix is not None and d.error_response is not None
-                     and path.startswith(d.path_prefix)), None)
+        return next(
+            (
+                d.error_response
+                for d in self._dialects
+                if d.path_prefix is not None
+                and d.error_response is not None
+                and path.startswith(d.path_prefix)
+            ),
+            None,
+        )

@@ -44,11 +44,13 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-def create_key(session: Session, name: str, admin: bool, secret: str | None = None
-               ) -> ApiKeyCreated:
+def create_key(
+    session: Session, name: str, admin: bool, secret: str | None = None
+) -> ApiKeyCreated:
     secret = secret or generate_secret()
-    row = ApiKeyRow(name=name, admin=admin, prefix=secret[:DISPLAY_CHARS],
-                    key_hash=hash_secret(secret))
+    row = ApiKeyRow(
+        name=name, admin=admin, prefix=secret[:DISPLAY_CHARS], key_hash=hash_secret(secret)
+    )
     session.add(row)
     session.flush()
     return ApiKeyCreated(**to_public(row).model_dump(), key=secret)
@@ -82,16 +84,28 @@ def create_job_key(session: Session, job_id: str, name: str) -> str:
     """A new key acting for job `job_id` only (its owner's rights on that job, nothing else);
     the secret is returned once, as for every key."""
     secret = generate_secret()
-    session.add(ApiKeyRow(name=name, admin=False, job_id=job_id, prefix=secret[:DISPLAY_CHARS],
-                          key_hash=hash_secret(secret)))
+    session.add(
+        ApiKeyRow(
+            name=name,
+            admin=False,
+            job_id=job_id,
+            prefix=secret[:DISPLAY_CHARS],
+            key_hash=hash_secret(secret),
+        )
+    )
     session.flush()
     return secret
 
 
 def revoke_job_keys(session: Session, job_id: str, name: str) -> list[str]:
     """Revoke job `job_id`'s live keys called `name`; their ids (for `AuthCache.evict`)."""
-    rows = list(session.scalars(select(ApiKeyRow).where(
-        ApiKeyRow.job_id == job_id, ApiKeyRow.name == name, ApiKeyRow.revoked_at.is_(None))))
+    rows = list(
+        session.scalars(
+            select(ApiKeyRow).where(
+                ApiKeyRow.job_id == job_id, ApiKeyRow.name == name, ApiKeyRow.revoked_at.is_(None)
+            )
+        )
+    )
     for row in rows:
         row.revoked_at = utcnow()
     session.flush()
@@ -123,6 +137,12 @@ def revoke_key(session: Session, key_id: str) -> ApiKeyPublic:
 
 
 def to_public(row: ApiKeyRow) -> ApiKeyPublic:
-    return ApiKeyPublic(id=row.id, name=row.name, admin=row.admin, job_id=row.job_id,
-                        prefix=row.prefix,
-                        created_at=row.created_at, revoked_at=row.revoked_at)
+    return ApiKeyPublic(
+        id=row.id,
+        name=row.name,
+        admin=row.admin,
+        job_id=row.job_id,
+        prefix=row.prefix,
+        created_at=row.created_at,
+        revoked_at=row.revoked_at,
+    )

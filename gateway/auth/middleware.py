@@ -29,9 +29,11 @@ INTERNAL_PREFIX = "/v1/internal/"
 
 def missing_key(dialects: ClientDialects) -> str:
     hints = "".join(f" ({hint})" for hint in dialects.key_hints())
-    return ("Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
-            f"{hints}. `loom up` prints the admin key once and writes it to "
-            "<data_dir>/admin_key.")
+    return (
+        "Missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
+        f"{hints}. `loom up` prints the admin key once and writes it to "
+        "<data_dir>/admin_key."
+    )
 
 
 def presented_secret(headers: dict[bytes, bytes], dialects: ClientDialects) -> str | None:
@@ -48,8 +50,12 @@ def presented_secret(headers: dict[bytes, bytes], dialects: ClientDialects) -> s
 
 
 def is_public(path: str) -> bool:
-    return (path in PUBLIC_PATHS or path.startswith((*PUBLIC_PREFIXES, INTERNAL_PREFIX))
-            or path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"))
+    return (
+        path in PUBLIC_PATHS
+        or path.startswith((*PUBLIC_PREFIXES, INTERNAL_PREFIX))
+        or path == ADMIN_PREFIX
+        or path.startswith(ADMIN_PREFIX + "/")
+    )
 
 
 class ApiKeyAuthMiddleware:
@@ -68,7 +74,8 @@ class ApiKeyAuthMiddleware:
         secret = presented_secret(dict(scope["headers"]), self.dialects)
         if secret is None:
             await self._unauthorized(missing_key(self.dialects), scope["path"])(
-                scope, receive, send)
+                scope, receive, send
+            )
             return
         state = scope["app"].state
         digest = hash_secret(secret)
@@ -79,7 +86,8 @@ class ApiKeyAuthMiddleware:
                 state.auth_cache.put(digest, identity)
         if identity is None:
             await self._unauthorized("Invalid or revoked API key.", scope["path"])(
-                scope, receive, send)
+                scope, receive, send
+            )
             return
         scope.setdefault("state", {})["api_key"] = identity
         await self.app(scope, receive, send)
@@ -87,8 +95,11 @@ class ApiKeyAuthMiddleware:
     def _unauthorized(self, message: str, path: str) -> ASGIApp:
         """A 401 in the shape the caller's SDK reads: its own under its routes, else Loom's."""
         respond = self.dialects.error_response(path)
-        response = (respond(Unauthorized(message)) if respond is not None
-                    else error_response(401, "unauthorized", message))
+        response = (
+            respond(Unauthorized(message))
+            if respond is not None
+            else error_response(401, "unauthorized", message)
+        )
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
 

@@ -12,8 +12,9 @@ from gateway.schemas import ApiKeyCreate, ApiKeyCreated, ApiKeyList, ApiKeyPubli
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/keys", response_model=ApiKeyCreated, status_code=status.HTTP_201_CREATED,
-             tags=["keys"])
+@router.post(
+    "/keys", response_model=ApiKeyCreated, status_code=status.HTTP_201_CREATED, tags=["keys"]
+)
 def create_key(body: ApiKeyCreate, _admin: AdminKey, session: SessionDep) -> ApiKeyCreated:
     return keys.create_key(session, body.name, body.admin)
 
@@ -24,8 +25,9 @@ def list_keys(_admin: AdminKey, session: SessionDep) -> ApiKeyList:
 
 
 @router.delete("/keys/{key_id}", response_model=ApiKeyPublic, tags=["keys"])
-def revoke_key(key_id: str, _admin: AdminKey, session: SessionDep,
-               cache: AuthCacheDep) -> ApiKeyPublic:
+def revoke_key(
+    key_id: str, _admin: AdminKey, session: SessionDep, cache: AuthCacheDep
+) -> ApiKeyPublic:
     revoked = keys.revoke_key(session, key_id)
     cache.evict(key_id)
     return revoked

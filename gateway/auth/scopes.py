@@ -38,10 +38,16 @@ class Rule:
     also_of: JobsOf | None = None  # other jobs the call reads (the caller must own each too)
 
 
-def _rule(methods: str, path: str, job_of: JobOf | None = None, *, body: bool = False,
-          required: bool = False, also: JobsOf | None = None) -> Rule:
-    return Rule(frozenset(methods.split()), re.compile(f"^{path}$"), job_of, body, required,
-                also)
+def _rule(
+    methods: str,
+    path: str,
+    job_of: JobOf | None = None,
+    *,
+    body: bool = False,
+    required: bool = False,
+    also: JobsOf | None = None,
+) -> Rule:
+    return Rule(frozenset(methods.split()), re.compile(f"^{path}$"), job_of, body, required, also)
 
 
 def _path(match: re.Match[str], _query: dict[str, str], _body: Any) -> str | None:
@@ -145,13 +151,13 @@ def single_valued(items: list[tuple[str, str]]) -> dict[str, str]:
     would act on must not be a guess."""
     job_ids = [value for name, value in items if name == "job_id"]
     if len(job_ids) > 1:
-        raise BadRequest("The query names job_id more than once; name one job.",
-                         {"job_id": job_ids})
+        raise BadRequest(
+            "The query names job_id more than once; name one job.", {"job_id": job_ids}
+        )
     return dict(items)
 
 
-def jobs_named(service: str, method: str, path: str, query: dict[str, str], body: Any
-               ) -> list[str]:
+def jobs_named(service: str, method: str, path: str, query: dict[str, str], body: Any) -> list[str]:
     """Every job a non-admin key's request acts on or reads (none: an open call); the caller
     must own each. Raises Forbidden for calls reserved to admins."""
     job = job_named(service, method, path, query, body)  # Forbidden when no rule applies
@@ -163,15 +169,16 @@ def jobs_named(service: str, method: str, path: str, query: dict[str, str], body
     return list(dict.fromkeys(j for j in (job, *others) if j is not None))
 
 
-def job_named(service: str, method: str, path: str, query: dict[str, str], body: Any
-              ) -> str | None:
+def job_named(service: str, method: str, path: str, query: dict[str, str], body: Any) -> str | None:
     """The job a non-admin key's request acts on (None: no job, an open call).
 
     Raises Forbidden for calls reserved to admins."""
     found = rule_for(service, method, path)
     if found is None:
-        raise Forbidden(f"{method} /v1/{service}{path} is reserved to admin keys; a job key "
-                        "reaches only its own jobs' models, versions and samples.")
+        raise Forbidden(
+            f"{method} /v1/{service}{path} is reserved to admin keys; a job key "
+            "reaches only its own jobs' models, versions and samples."
+        )
     rule, match = found
     if rule.job_of is None:
         return None
@@ -179,8 +186,10 @@ def job_named(service: str, method: str, path: str, query: dict[str, str], body:
     if job is not None:
         _checked_id(job)
     if job is None and rule.job_required:
-        raise Forbidden(f"{method} /v1/{service}{path} without a job_id acts on state shared "
-                        "by every job and is reserved to admin keys; name one of your jobs.")
+        raise Forbidden(
+            f"{method} /v1/{service}{path} without a job_id acts on state shared "
+            "by every job and is reserved to admin keys; name one of your jobs."
+        )
     return job
 
 
@@ -188,7 +197,9 @@ def _checked_id(job: Any) -> str:
     if not isinstance(job, str):
         raise InvalidInput("job_id must be a string.")
     if re.fullmatch(RESOURCE_ID_PATTERN, job) is None:
-        raise BadRequest(f"{job!r} is not a job id: ids are letters, digits, '.', '_' and '-', "
-                         "starting with a letter or digit, at most 128 characters.",
-                         {"job_id": job, "pattern": RESOURCE_ID_PATTERN})
+        raise BadRequest(
+            f"{job!r} is not a job id: ids are letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, at most 128 characters.",
+            {"job_id": job, "pattern": RESOURCE_ID_PATTERN},
+        )
     return job

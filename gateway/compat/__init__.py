@@ -37,10 +37,12 @@ async def _services(app: FastAPI) -> AsyncIterator[None]:
     state, settings = app.state, app.state.settings
     # Tinker's and Weaver's samples are routed over the replicas as /v1/rollout/* is.
     rollout = client_of(settings, RolloutClient, transport=ReplicaTransport(state.replicas))
-    state.tinker = TinkerService(state.sessions, state.trainer, rollout,
-                                 settings.gateway_sdk_base_models, settings.data_dir)
-    state.weaver = WeaverService(state.sessions, state.trainer, rollout,
-                                 settings.gateway_sdk_base_models, settings.data_dir)
+    state.tinker = TinkerService(
+        state.sessions, state.trainer, rollout, settings.gateway_sdk_base_models, settings.data_dir
+    )
+    state.weaver = WeaverService(
+        state.sessions, state.trainer, rollout, settings.gateway_sdk_base_models, settings.data_dir
+    )
     try:
         yield
     finally:

@@ -15,6 +15,7 @@ from services.worker.liveness import worker_health
 async def stack_health(state: State, gateway_version: str) -> StackHealth:
     """An unreachable service is a row, never an error."""
     gateway = Health(service="gateway", status="ready", version=gateway_version)
-    workers = await in_transaction(state.sessions, lambda s: worker_health(
-        s, utcnow(), state.worker_stale_after_s))
+    workers = await in_transaction(
+        state.sessions, lambda s: worker_health(s, utcnow(), state.worker_stale_after_s)
+    )
     return await state.upstreams.health(gateway, workers)

@@ -25,17 +25,29 @@ from services.worker.schemas import TaskKind
 from services.worker.task_schemas import TaskStatus
 
 # How a managed run that ended for good ends its job.
-_JOB_AFTER_RUN = {TaskStatus.succeeded: JobStatus.completed, TaskStatus.failed: JobStatus.failed,
-                  TaskStatus.cancelled: JobStatus.cancelled}
+_JOB_AFTER_RUN = {
+    TaskStatus.succeeded: JobStatus.completed,
+    TaskStatus.failed: JobStatus.failed,
+    TaskStatus.cancelled: JobStatus.cancelled,
+}
 
 
 def insert_job(session: Session, body: JobCreate, owner: KeyIdentity) -> JobRow:
     if owner.job_id is not None:
-        raise Forbidden(f"API key {owner.name!r} is a job key: it acts for job {owner.job_id} "
-                        "only and cannot create jobs; use your own key.")
+        raise Forbidden(
+            f"API key {owner.name!r} is a job key: it acts for job {owner.job_id} "
+            "only and cannot create jobs; use your own key."
+        )
     lora = body.lora.model_dump() if body.mode == TrainingMode.lora else None
-    row = JobRow(name=body.name, base_model=body.base_model, mode=body.mode.value, lora=lora,
-                 config=body.config, status=JobStatus.created.value, owner_key_id=owner.id)
+    row = JobRow(
+        name=body.name,
+        base_model=body.base_model,
+        mode=body.mode.value,
+        lora=lora,
+        config=body.config,
+        status=JobStatus.created.value,
+        owner_key_id=owner.id,
+    )
     session.add(row)
     session.flush()
     return row
@@ -77,8 +89,7 @@ class JobOwners:
 
 
 def list_jobs(session: Session, viewer: KeyIdentity) -> list[Job]:
-    query = select(JobRow).where(visible_to(viewer)).order_by(JobRow.created_at.desc(),
-                                                              JobRow.id)
+    query = select(JobRow).where(visible_to(viewer)).order_by(JobRow.created_at.desc(), JobRow.id)
     rows = list(session.scalars(query))
     steps = progress(session, (row.id for row in rows))
     return [to_public(row, steps.get(row.id)) for row in rows]
@@ -110,8 +121,12 @@ def end_with_run(session: Session, task: BackgroundTaskRow) -> None:
     job, nor does a run whose job was moved meanwhile (paused, or ended by its owner) when
     the state machine does not allow the move (a paused job does not become `completed`)."""
     target = _JOB_AFTER_RUN.get(TaskStatus(task.status))
-    if (target is None or task.kind != TaskKind.recipe.value or task.job_id is None
-            or task.attempts == 0):
+    if (
+        target is None
+        or task.kind != TaskKind.recipe.value
+        or task.job_id is None
+        or task.attempts == 0
+    ):
         return
     job = session.get(JobRow, task.job_id, with_for_update=True)
     if job is not None and target in TRANSITIONS[JobStatus(job.status)]:
@@ -124,25 +139,34 @@ def reopen_for_retry(session: Session, task: BackgroundTaskRow) -> None:
     an operator's retry after an outage resumes the run from its last checkpoint, as retries
     did before runs ended their jobs. Only that run, and only while it is the job's latest:
     a job failed any other way (by its script, or at creation) stays failed."""
-    if (task.kind != TaskKind.recipe.value or task.job_id is None or task.attempts == 0
-            or task.status != TaskStatus.failed.value):
+    if (
+        task.kind != TaskKind.recipe.value
+        or task.job_id is None
+        or task.attempts == 0
+        or task.status != TaskStatus.failed.value
+    ):
         return
     job = session.get(JobRow, task.job_id, with_for_update=True)
     latest = session.scalar(
         select(BackgroundTaskRow.id)
-        .where(BackgroundTaskRow.job_id == task.job_id,
-               BackgroundTaskRow.kind == TaskKind.recipe.value)
-        .order_by(BackgroundTaskRow.created_at.desc(), BackgroundTaskRow.id.desc()).limit(1))
+        .where(
+            BackgroundTaskRow.job_id == task.job_id, BackgroundTaskRow.kind == TaskKind.recipe.value
+        )
+        .order_by(BackgroundTaskRow.created_at.desc(), BackgroundTaskRow.id.desc())
+        .limit(1)
+    )
     if job is not None and job.status == JobStatus.failed.value and latest == task.id:
         reopen_job(job)
         session.flush()
 
 
-async def create_job(sessions: sessionmaker[Session], trainer: TrainerClient, body: JobCreate,
-                     owner: KeyIdentity) -> Job:
+async def create_job(
+    sessions: sessionmaker[Session], trainer: TrainerClient, body: JobCreate, owner: KeyIdentity
+) -> Job:
     job = await in_transaction(sessions, lambda s: to_public(insert_job(s, body, owner)))
-    request = CreateModelRequest(job_id=job.id, base_model=body.base_model, mode=body.mode,
-                                 lora=body.lora)
+    request = CreateModelRequest(
+        job_id=job.id, base_model=body.base_model, mode=body.mode, lora=body.lora
+    )
     try:
         await trainer.create_model(request)
     except LoomError as exc:
@@ -151,24 +175,36 @@ async def create_job(sessions: sessionmaker[Session], trainer: TrainerClient, bo
             f"Job {job.id} failed: the trainer could not create its model: {exc.message}",
             {"job_id": job.id, "trainer": exc.detail},
         ) from exc
-    return await in_transaction(sessions,
-                                lambda s: set_status(s, job.id, JobStatus.running, owner))
+    return await in_transaction(sessions, lambda s: set_status(s, job.id, JobStatus.running, owner))
 
 
-async def ensure_model(sessions: sessionmaker[Session], trainer: TrainerClient, job_id: str,
-                       viewer: KeyIdentity) -> ModelInfo:
+async def ensure_model(
+    sessions: sessionmaker[Session], trainer: TrainerClient, job_id: str, viewer: KeyIdentity
+) -> ModelInfo:
     """The trainer's model of a live job, built again from the job's row if the trainer lost
     it (a restart): the step to take before `load_state` resumes from a checkpoint."""
     job = await in_transaction(sessions, lambda s: to_public(get_job_row(s, job_id, viewer)))
     if job.status not in (JobStatus.running, JobStatus.paused):
-        raise Conflict(f"Job {job_id} is {job.status.value}; only a running or paused job "
-                       "has a trainer model.", {"job_id": job_id, "status": job.status.value})
-    request = CreateModelRequest(job_id=job.id, base_model=job.base_model, mode=job.mode,
-                                 lora=job.lora or LoraConfig())
+        raise Conflict(
+            f"Job {job_id} is {job.status.value}; only a running or paused job "
+            "has a trainer model.",
+            {"job_id": job_id, "status": job.status.value},
+        )
+    request = CreateModelRequest(
+        job_id=job.id, base_model=job.base_model, mode=job.mode, lora=job.lora or LoraConfig()
+    )
     return await trainer.create_model(request)
 
 
 def to_public(row: JobRow, job_progress: JobProgress | None = None) -> Job:
-    return Job(id=row.id, name=row.name, base_model=row.base_model, mode=TrainingMode(row.mode),
-               lora=LoraConfig(**row.lora) if row.lora is not None else None, config=row.config,
-               status=JobStatus(row.status), created_at=row.created_at, progress=job_progress)
+    return Job(
+        id=row.id,
+        name=row.name,
+        base_model=row.base_model,
+        mode=TrainingMode(row.mode),
+        lora=LoraConfig(**row.lora) if row.lora is not None else None,
+        config=row.config,
+        status=JobStatus(row.status),
+        created_at=row.created_at,
+        progress=job_progress,
+    )

@@ -19,8 +19,9 @@ from services.common.states import require_transition
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.created: frozenset({JobStatus.running, JobStatus.failed, JobStatus.cancelled}),
-    JobStatus.running: frozenset({JobStatus.paused, JobStatus.completed, JobStatus.failed,
-                                  JobStatus.cancelled}),
+    JobStatus.running: frozenset(
+        {JobStatus.paused, JobStatus.completed, JobStatus.failed, JobStatus.cancelled}
+    ),
     JobStatus.paused: frozenset({JobStatus.running, JobStatus.failed, JobStatus.cancelled}),
     JobStatus.completed: frozenset(),
     JobStatus.failed: frozenset(),
@@ -31,13 +32,18 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 def reopen_job(job: JobRow) -> None:
     """The one way out of a final state: a `failed` job whose failed managed run is retried
     runs again (`jobs.reopen_for_retry` decides when). Not a move anyone can ask for."""
-    require_transition({JobStatus.failed: frozenset({JobStatus.running})},
-                       JobStatus(job.status), JobStatus.running, f"Job {job.id}",
-                       {"job_id": job.id})
+    require_transition(
+        {JobStatus.failed: frozenset({JobStatus.running})},
+        JobStatus(job.status),
+        JobStatus.running,
+        f"Job {job.id}",
+        {"job_id": job.id},
+    )
     job.status = JobStatus.running.value
 
 
 def move_job(job: JobRow, target: JobStatus) -> None:
-    require_transition(TRANSITIONS, JobStatus(job.status), target, f"Job {job.id}",
-                       {"job_id": job.id})
+    require_transition(
+        TRANSITIONS, JobStatus(job.status), target, f"Job {job.id}", {"job_id": job.id}
+    )
     job.status = target.value

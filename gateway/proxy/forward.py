@@ -33,22 +33,42 @@ from services.rollout.schemas import RolloutEvent
 log = logging.getLogger(__name__)
 ROLLOUT = "rollout"  # routed over its replicas (`gateway.proxy.send`)
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 # The request id is set explicitly; the caller's key must not travel further, and a
 # client-sent service token never reaches a service (the upstream client adds the real one).
-NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "x-api-key", "x-request-id",
-                              SERVICE_TOKEN_HEADER.lower()}
+NOT_FORWARDED = HOP_BY_HOP | {
+    "host",
+    "authorization",
+    "x-api-key",
+    "x-request-id",
+    SERVICE_TOKEN_HEADER.lower(),
+}
 # Our own request-id middleware stamps the response; the upstream's copy would duplicate it.
 NOT_RETURNED = HOP_BY_HOP | {"x-request-id"}
 # `/v1/<service>` before the service's own path.
 PREFIX_SEGMENTS = 2
 
 
-async def forward(upstreams: Upstreams, service: str, request: Request, key: KeyIdentity,
-                  owners: JobOwners, limits: BodyLimits) -> StreamingResponse:
+async def forward(
+    upstreams: Upstreams,
+    service: str,
+    request: Request,
+    key: KeyIdentity,
+    owners: JobOwners,
+    limits: BodyLimits,
+) -> StreamingResponse:
     client = upstreams.client(service)  # an unknown service is a 404 before anything is read
     target = request_target(request)
     limit = limits.for_key(key)
@@ -57,32 +77,46 @@ async def forward(upstreams: Upstreams, service: str, request: Request, key: Key
         raise body_too_large(limit)
     dropped = NOT_FORWARDED
     content: bytes | AsyncIterator[bytes] | None = (
-        capped_stream(request, limit) if has_body(request) else None)
+        capped_stream(request, limit) if has_body(request) else None
+    )
     if not key.admin:
         checked = await authorize(request, service, target, key, owners, limit)
         if checked is not None:  # the body was read to find its job: send what was checked
             content, dropped = checked, NOT_FORWARDED | {"content-length"}
     headers = forwarded_headers(request.headers.raw, dropped) + [
-        (b"x-request-id", request_id_var.get().encode("latin-1"))]
+        (b"x-request-id", request_id_var.get().encode("latin-1"))
+    ]
     if service == ROLLOUT:
-        sent = await send_routed(upstreams.replicas, request.method, target, headers, content,
-                                 request.headers.get(AFFINITY_HEADER))
+        sent = await send_routed(
+            upstreams.replicas,
+            request.method,
+            target,
+            headers,
+            content,
+            request.headers.get(AFFINITY_HEADER),
+        )
     else:
-        upstream = await send(client, service, client.build_request(
-            request.method, target.target, headers=headers, content=content))
+        upstream = await send(
+            client,
+            service,
+            client.build_request(request.method, target.target, headers=headers, content=content),
+        )
         sent = Sent(upstream, upstream.aclose)
     upstream = sent.response
-    response = StreamingResponse(guarded(upstream, service, sent.release),
-                                 status_code=upstream.status_code,
-                                 background=BackgroundTask(sent.release))
+    response = StreamingResponse(
+        guarded(upstream, service, sent.release),
+        status_code=upstream.status_code,
+        background=BackgroundTask(sent.release),
+    )
     # Raw bytes go back unchanged (still compressed if they were), so the upstream's own
     # Content-Length and Content-Encoding stay valid.
     response.raw_headers = forwarded_headers(upstream.headers.raw, NOT_RETURNED)
     return response
 
 
-async def guarded(upstream: httpx2.Response, service: str,
-                  release: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+async def guarded(
+    upstream: httpx2.Response, service: str, release: Callable[[], Awaitable[None]]
+) -> AsyncIterator[bytes]:
     """The upstream's bytes. A stream of events (SSE, NDJSON) broken mid-way ends with an error
     event of its own kind, never silently; other bodies are cut short (the client sees a
     truncated response)."""
@@ -101,17 +135,22 @@ async def guarded(upstream: httpx2.Response, service: str,
         await release()
 
 
-def broken_stream_event(headers: httpx2.Headers, service: str, exc: Exception, tail: bytes
-                        ) -> bytes | None:
+def broken_stream_event(
+    headers: httpx2.Headers, service: str, exc: Exception, tail: bytes
+) -> bytes | None:
     """The closing error of a broken event stream, in the stream's own format, after what
     ends the event or line cut at `tail`; None for a body that is not an uncompressed event
     stream."""
     if headers.get("content-encoding"):
         return None
     media = headers.get("content-type", "").partition(";")[0].strip()
-    error = ErrorBody(code="upstream_error", message=f"The {service} service's stream broke "
-                      f"before it finished ({exc!r}): what came before is complete; retry for "
-                      "the rest.", detail={"service": service})
+    error = ErrorBody(
+        code="upstream_error",
+        message=f"The {service} service's stream broke "
+        f"before it finished ({exc!r}): what came before is complete; retry for "
+        "the rest.",
+        detail={"service": service},
+    )
     if media == "text/event-stream":
         envelope = ErrorEnvelope(error=error).model_dump_json()
         end = b"" if tail in (b"", b"\n\n") else b"\n" if tail.endswith(b"\n") else b"\n\n"
@@ -122,8 +161,14 @@ def broken_stream_event(headers: httpx2.Headers, service: str, exc: Exception, t
     return None
 
 
-async def authorize(request: Request, service: str, target: ProxyTarget, key: KeyIdentity,
-                    owners: JobOwners, limit: int) -> bytes | None:
+async def authorize(
+    request: Request,
+    service: str,
+    target: ProxyTarget,
+    key: KeyIdentity,
+    owners: JobOwners,
+    limit: int,
+) -> bytes | None:
     """Refuse a non-admin key's call on another key's job. Returns the body when the rule had
     to read it: re-encoded from what was checked, so the service cannot see another job_id
     than the one checked here (duplicate JSON keys, say)."""
@@ -132,9 +177,13 @@ async def authorize(request: Request, service: str, target: ProxyTarget, key: Ke
     if found is not None and found[0].reads_body:
         body = scopes.parse_body(await read_capped(request, min(limit, scopes.MAX_SCOPED_BODY)))
         content = json.dumps(body).encode() if body is not None else b""
-    for job_id in scopes.jobs_named(service, request.method, target.path,
-                                    scopes.single_valued(request.query_params.multi_items()),
-                                    body):
+    for job_id in scopes.jobs_named(
+        service,
+        request.method,
+        target.path,
+        scopes.single_valued(request.query_params.multi_items()),
+        body,
+    ):
         await owners.check(key, job_id)
     return content
 
@@ -146,16 +195,21 @@ def request_target(request: Request) -> ProxyTarget:
     return proxy_target(raw_path.decode("latin-1"), PREFIX_SEGMENTS, request.url.query)
 
 
-def forwarded_headers(raw: list[tuple[bytes, bytes]], dropped: frozenset[str]
-                      ) -> list[tuple[bytes, bytes]]:
+def forwarded_headers(
+    raw: list[tuple[bytes, bytes]], dropped: frozenset[str]
+) -> list[tuple[bytes, bytes]]:
     # `Connection: foo` makes `foo` hop-by-hop too (RFC 9110 §7.6.1).
     listed = {
         token.strip().lower()
-        for name, value in raw if name.lower() == b"connection"
+        for name, value in raw
+        if name.lower() == b"connection"
         for token in value.decode("latin-1").split(",")
     }
-    return [(name, value) for name, value in raw
-            if (key := name.decode("latin-1").lower()) not in dropped and key not in listed]
+    return [
+        (name, value)
+        for name, value in raw
+        if (key := name.decode("latin-1").lower()) not in dropped and key not in listed
+    ]
 
 
 def has_body(request: Request) -> bool:

@@ -32,19 +32,20 @@ async def peer_table(_caller: ServiceCaller, replicas: ReplicasDep) -> ReplicaLi
 
 
 @router.put("/internal/replicas/{replica_id}", response_model=ReplicaPublic)
-async def heartbeat(replica_id: ReplicaId, body: ReplicaHeartbeat, _caller: ServiceCaller,
-                    replicas: ReplicasDep) -> ReplicaPublic:
+async def heartbeat(
+    replica_id: ReplicaId, body: ReplicaHeartbeat, _caller: ServiceCaller, replicas: ReplicasDep
+) -> ReplicaPublic:
     """A replica's registration and heartbeat, one call."""
     return replicas.heartbeat(replica_id, body).public(replicas.clock())
 
 
 @router.delete("/internal/replicas/{replica_id}", status_code=204)
-async def leave(replica_id: ReplicaId, _caller: ServiceCaller, replicas: ReplicasDep
-                ) -> Response:
+async def leave(replica_id: ReplicaId, _caller: ServiceCaller, replicas: ReplicasDep) -> Response:
     """A replica going away on purpose: no new request is routed to it."""
     if not replicas.leave(replica_id):
-        raise NotFound(f"No rollout replica {replica_id!r} is registered.",
-                       {"replica_id": replica_id})
+        raise NotFound(
+            f"No rollout replica {replica_id!r} is registered.", {"replica_id": replica_id}
+        )
     return Response(status_code=204)
 
 

@@ -25,24 +25,35 @@ class ReplicaTransport(httpx2.AsyncBaseTransport):
         self.registry = registry
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        target = proxy_target(request.url.raw_path.decode("ascii").partition("?")[0],
-                              API_PREFIX_SEGMENTS, request.url.query.decode("ascii"))
-        headers = [(name, value) for name, value in request.headers.raw
-                   if name.lower() not in NOT_SENT]
-        sent = await send_routed(self.registry, request.method, target, headers,
-                                 await request.aread() or None,
-                                 request.headers.get(AFFINITY_HEADER))
-        return httpx2.Response(sent.response.status_code, headers=sent.response.headers.raw,
-                               stream=Released(sent.response, sent.release),
-                               extensions=sent.response.extensions)
+        target = proxy_target(
+            request.url.raw_path.decode("ascii").partition("?")[0],
+            API_PREFIX_SEGMENTS,
+            request.url.query.decode("ascii"),
+        )
+        headers = [
+            (name, value) for name, value in request.headers.raw if name.lower() not in NOT_SENT
+        ]
+        sent = await send_routed(
+            self.registry,
+            request.method,
+            target,
+            headers,
+            await request.aread() or None,
+            request.headers.get(AFFINITY_HEADER),
+        )
+        return httpx2.Response(
+            sent.response.status_code,
+            headers=sent.response.headers.raw,
+            stream=Released(sent.response, sent.release),
+            extensions=sent.response.extensions,
+        )
 
 
 class Released(httpx2.AsyncByteStream):
     """The replica's bytes as they come (still encoded: the caller's response decodes them);
     closing it ends the call's count on the replica."""
 
-    def __init__(self, response: httpx2.Response,
-                 release: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, response: httpx2.Response, release: Callable[[], Awaitable[None]]) -> None:
         self.response = response
         self.release = release
 

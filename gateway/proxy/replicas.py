@@ -53,27 +53,47 @@ class Replica:
 
     def public(self, now: float) -> ReplicaPublic:
         return ReplicaPublic(
-            id=self.id, url=self.url, static=self.static, ready=self.ready,
-            set_aside=self.set_aside, versions=self.reported,
-            requests_in_flight=self.requests_in_flight, tokens_in_flight=self.tokens_in_flight,
-            gateway_in_flight=self.in_flight, routed=self.routed, failures=self.failures,
+            id=self.id,
+            url=self.url,
+            static=self.static,
+            ready=self.ready,
+            set_aside=self.set_aside,
+            versions=self.reported,
+            requests_in_flight=self.requests_in_flight,
+            tokens_in_flight=self.tokens_in_flight,
+            gateway_in_flight=self.in_flight,
+            routed=self.routed,
+            failures=self.failures,
             heartbeat_s=self.heartbeat_s,
-            last_heartbeat_s_ago=None if self.seen_at is None else round(now - self.seen_at, 3))
+            last_heartbeat_s_ago=None if self.seen_at is None else round(now - self.seen_at, 3),
+        )
 
 
 class ReplicaRegistry:
-    def __init__(self, static_url: str | None, make_client: Callable[[str], httpx2.AsyncClient],
-                 *, missed_heartbeats: float = 3.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        static_url: str | None,
+        make_client: Callable[[str], httpx2.AsyncClient],
+        *,
+        missed_heartbeats: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.make_client = make_client
         self.missed_heartbeats = missed_heartbeats
         self.clock = clock
         self._clients: dict[str, httpx2.AsyncClient] = {}  # by URL: reused when one returns
         self._registered: dict[str, Replica] = {}
         self._turns = 0
-        self.static = None if static_url is None else Replica(
-            id=STATIC_ID, url=static_url.rstrip("/"), client=self._client(static_url),
-            static=True)
+        self.static = (
+            None
+            if static_url is None
+            else Replica(
+                id=STATIC_ID,
+                url=static_url.rstrip("/"),
+                client=self._client(static_url),
+                static=True,
+            )
+        )
 
     def _client(self, url: str) -> httpx2.AsyncClient:
         url = url.rstrip("/")
@@ -89,12 +109,14 @@ class ReplicaRegistry:
         replica = self._registered.get(replica_id)
         if replica is None or replica.url != url:
             replica = self._registered[replica_id] = Replica(
-                id=replica_id, url=url, client=self._client(url))
+                id=replica_id, url=url, client=self._client(url)
+            )
         replica.ready = beat.ready
         replica.reported = beat.versions
         # Version 0 of any job is the base model.
-        replica.versions = frozenset((v.job_id if v.number else None, v.number)
-                                     for v in beat.versions)
+        replica.versions = frozenset(
+            (v.job_id if v.number else None, v.number) for v in beat.versions
+        )
         replica.requests_in_flight = beat.requests_in_flight
         replica.tokens_in_flight = beat.tokens_in_flight
         replica.heartbeat_s = beat.heartbeat_s
@@ -117,8 +139,11 @@ class ReplicaRegistry:
         """Registered replicas heard from within their heartbeat allowance; the others are
         dropped."""
         now = self.clock()
-        expired = [r.id for r in self._registered.values()
-                   if r.seen_at is None or now - r.seen_at > self.missed_heartbeats * r.heartbeat_s]
+        expired = [
+            r.id
+            for r in self._registered.values()
+            if r.seen_at is None or now - r.seen_at > self.missed_heartbeats * r.heartbeat_s
+        ]
         for replica_id in expired:
             del self._registered[replica_id]
         return list(self._registered.values())
@@ -139,8 +164,9 @@ class ReplicaRegistry:
 
     def newest(self, job_id: str) -> int:
         """The newest version of `job_id` any live replica holds (0: none)."""
-        return max((number for r in self.live() for job, number in r.versions if job == job_id),
-                   default=0)
+        return max(
+            (number for r in self.live() for job, number in r.versions if job == job_id), default=0
+        )
 
     def table(self) -> list[Replica]:
         """The routing table: the live replicas, or the static one while there are none."""

@@ -29,8 +29,10 @@ class BodyLimits:
 
 
 def body_too_large(limit: int, hint: str = "") -> PayloadTooLarge:
-    return PayloadTooLarge(f"Request bodies of this endpoint are limited to {limit >> 20} MiB"
-                           f"{hint}.", {"limit_bytes": limit})
+    return PayloadTooLarge(
+        f"Request bodies of this endpoint are limited to {limit >> 20} MiB{hint}.",
+        {"limit_bytes": limit},
+    )
 
 
 async def capped_stream(request: Request, limit: int, hint: str = "") -> AsyncIterator[bytes]:

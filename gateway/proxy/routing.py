@@ -28,8 +28,7 @@ from services.rollout.openai.schemas import BASE_ALIAS, job_model
 AFFINITY_HEADER = "X-Loom-Affinity"
 LATEST = "latest"
 # POST paths (after /v1/rollout) whose body names the version that serves them.
-VERSIONED_POSTS = frozenset({("sample",), ("rollouts",), ("completions",),
-                             ("chat", "completions")})
+VERSIONED_POSTS = frozenset({("sample",), ("rollouts",), ("completions",), ("chat", "completions")})
 TRAJECTORIES = "trajectories"
 
 
@@ -70,13 +69,16 @@ def route_key(segments: tuple[str, ...], body: bytes | None, affinity: str | Non
     if isinstance(model, str):
         parsed = job_model(model) if model != BASE_ALIAS else None
         job_id, version = (parsed[0], parsed[1] or LATEST) if parsed else (None, 0)
-    return RouteKey(job_id=job_id if isinstance(job_id, str) else None,
-                    version=version if isinstance(version, int | str) else LATEST,
-                    affinity=affinity or None)
+    return RouteKey(
+        job_id=job_id if isinstance(job_id, str) else None,
+        version=version if isinstance(version, int | str) else LATEST,
+        affinity=affinity or None,
+    )
 
 
-def order(candidates: Sequence[Replica], key: RouteKey, newest: Callable[[str], int],
-          turn: int) -> list[Replica]:
+def order(
+    candidates: Sequence[Replica], key: RouteKey, newest: Callable[[str], int], turn: int
+) -> list[Replica]:
     """`candidates`, best first."""
     count = len(candidates)
     wanted = key.wanted(newest) if count > 1 else None

@@ -31,8 +31,9 @@ class Sent:
     release: Callable[[], Awaitable[None]]
 
 
-async def send(client: httpx2.AsyncClient, service: str, request: httpx2.Request
-               ) -> httpx2.Response:
+async def send(
+    client: httpx2.AsyncClient, service: str, request: httpx2.Request
+) -> httpx2.Response:
     """Send, streaming the answer. A connection that could not be made is `Unavailable` (the
     service never saw the request); a failure after that is an `UpstreamError`."""
     try:
@@ -41,16 +42,27 @@ async def send(client: httpx2.AsyncClient, service: str, request: httpx2.Request
         raise transport_error(service, client.base_url, exc) from exc
 
 
-async def send_routed(registry: ReplicaRegistry, method: str, target: ProxyTarget,
-                      headers: Headers, content: Content, affinity: str | None) -> Sent:
+async def send_routed(
+    registry: ReplicaRegistry,
+    method: str,
+    target: ProxyTarget,
+    headers: Headers,
+    content: Content,
+    affinity: str | None,
+) -> Sent:
     """`method target` on the best replica for it, or the next ones while they cannot be
     reached; `affinity` is the caller's `X-Loom-Affinity`."""
     candidates = registry.candidates()
     if not candidates:
-        raise Unavailable("No rollout replica is registered, and no LOOM_ROLLOUT_URL is "
-                          "configured.", {"service": "rollout"})
-    if len(candidates) > 1 and isinstance(content, AsyncIterator) \
-            and routing.reads_body(method, target.segments):
+        raise Unavailable(
+            "No rollout replica is registered, and no LOOM_ROLLOUT_URL is configured.",
+            {"service": "rollout"},
+        )
+    if (
+        len(candidates) > 1
+        and isinstance(content, AsyncIterator)
+        and routing.reads_body(method, target.segments)
+    ):
         # Read (capped already) so routing can see the version, and a retry can resend it.
         content = b"".join([chunk async for chunk in content])
     body = content if isinstance(content, bytes) else None
@@ -65,13 +77,15 @@ async def send_routed(registry: ReplicaRegistry, method: str, target: ProxyTarge
             registry.set_aside(replica)
             if attempt == len(ordered):
                 raise
-            log.warning("rollout replica %s (%s) unreachable; retrying on another",
-                        replica.id, replica.url)
+            log.warning(
+                "rollout replica %s (%s) unreachable; retrying on another", replica.id, replica.url
+            )
     raise AssertionError("unreachable: `ordered` is never empty")
 
 
-async def _send_to(replica: Replica, method: str, target: ProxyTarget, headers: Headers,
-                   content: Content) -> Sent:
+async def _send_to(
+    replica: Replica, method: str, target: ProxyTarget, headers: Headers, content: Content
+) -> Sent:
     replica.in_flight += 1
     replica.routed += 1
     released = False
@@ -84,8 +98,11 @@ async def _send_to(replica: Replica, method: str, target: ProxyTarget, headers: 
             await response.aclose()
 
     try:
-        response = await send(replica.client, "rollout", replica.client.build_request(
-            method, target.target, headers=headers, content=content))
+        response = await send(
+            replica.client,
+            "rollout",
+            replica.client.build_request(method, target.target, headers=headers, content=content),
+        )
     except BaseException:
         replica.in_flight -= 1
         raise

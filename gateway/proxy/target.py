@@ -44,15 +44,17 @@ def proxy_target(raw_path: str, service_prefix_segments: int, query: str) -> Pro
     parts = raw_path.split("/")
     if parts[0] != "":
         raise BadRequest("The request path must start with '/'.", {"path": raw_path})
-    segments = tuple(_segment(part, raw_path) for part in parts[1 + service_prefix_segments:])
+    segments = tuple(_segment(part, raw_path) for part in parts[1 + service_prefix_segments :])
     return ProxyTarget(segments=segments, query=query)
 
 
 def _segment(raw: str, raw_path: str) -> str:
     def refuse(why: str) -> BadRequest:
-        return BadRequest(f"The request path {raw_path!r} is refused: {why}. Send the path of "
-                          "the resource itself, each segment percent-encoded at most once.",
-                          {"path": raw_path, "segment": raw})
+        return BadRequest(
+            f"The request path {raw_path!r} is refused: {why}. Send the path of "
+            "the resource itself, each segment percent-encoded at most once.",
+            {"path": raw_path, "segment": raw},
+        )
 
     if raw == "":
         raise refuse("it has an empty segment ('//' or a trailing '/')")

@@ -19,8 +19,13 @@ from services.worker.app import send
 from services.worker.task_schemas import BackgroundTask, TaskCreate
 
 
-async def submit(sessions: sessionmaker[Session], celery: Celery, job_id: str,
-                 body: TaskCreate, viewer: KeyIdentity) -> tuple[BackgroundTask, bool]:
+async def submit(
+    sessions: sessionmaker[Session],
+    celery: Celery,
+    job_id: str,
+    body: TaskCreate,
+    viewer: KeyIdentity,
+) -> tuple[BackgroundTask, bool]:
     """The task (queued and sent), and whether this call created it: a submit repeated with
     the same idempotency key returns the first one's task."""
 
@@ -37,15 +42,17 @@ async def submit(sessions: sessionmaker[Session], celery: Celery, job_id: str,
     return task, created
 
 
-async def retry(sessions: sessionmaker[Session], celery: Celery, task_id: str,
-                viewer: KeyIdentity) -> BackgroundTask:
+async def retry(
+    sessions: sessionmaker[Session], celery: Celery, task_id: str, viewer: KeyIdentity
+) -> BackgroundTask:
     """A failed task queued and sent again."""
     task = await in_transaction(sessions, lambda s: tasks.requeue_failed(s, task_id, viewer))
     return await _dispatch(sessions, celery, task)
 
 
-async def _dispatch(sessions: sessionmaker[Session], celery: Celery,
-                    task: BackgroundTask) -> BackgroundTask:
+async def _dispatch(
+    sessions: sessionmaker[Session], celery: Celery, task: BackgroundTask
+) -> BackgroundTask:
     try:
         await run_in_threadpool(send, celery, task.id, task.kind, task.job_id, task.params)
     except Unavailable as exc:

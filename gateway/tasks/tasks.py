@@ -35,26 +35,37 @@ MAX_LISTED = 1_000
 RUN_KEY_NAME = "managed run"
 
 
-def insert_task(session: Session, job_id: str | None, body: TaskCreate
-                ) -> tuple[BackgroundTask, bool]:
+def insert_task(
+    session: Session, job_id: str | None, body: TaskCreate
+) -> tuple[BackgroundTask, bool]:
     """A new queued task, or (same idempotency key) the one an earlier submit created."""
     params = body.params.model_dump(mode="json")
     if body.idempotency_key is not None:
-        existing = session.scalar(select(BackgroundTaskRow).where(
-            BackgroundTaskRow.job_id == job_id,
-            BackgroundTaskRow.idempotency_key == body.idempotency_key))
+        existing = session.scalar(
+            select(BackgroundTaskRow).where(
+                BackgroundTaskRow.job_id == job_id,
+                BackgroundTaskRow.idempotency_key == body.idempotency_key,
+            )
+        )
         if existing is not None:
             if existing.kind != body.kind or existing.params != params:
                 raise Conflict(
                     f"Idempotency key {body.idempotency_key!r} was used for another task "
                     f"({existing.id}, {existing.kind}) with other params.",
-                    {"task_id": existing.id})
+                    {"task_id": existing.id},
+                )
             return to_public(existing), False
     if isinstance(body, RecipeTaskCreate) and job_id is not None:
         check_run(session, job_id, body.params)
-    row = BackgroundTaskRow(job_id=job_id, kind=body.kind, params=params,
-                            status=TaskStatus.queued.value, attempts=0,
-                            idempotency_key=body.idempotency_key, created_at=utcnow())
+    row = BackgroundTaskRow(
+        job_id=job_id,
+        kind=body.kind,
+        params=params,
+        status=TaskStatus.queued.value,
+        attempts=0,
+        idempotency_key=body.idempotency_key,
+        created_at=utcnow(),
+    )
     session.add(row)
     session.flush()
     return to_public(row), True
@@ -67,14 +78,22 @@ def check_run(session: Session, job_id: str, params: RecipeParams) -> None:
     job = session.get(JobRow, job_id, with_for_update=True)  # serializes concurrent submits
     assert job is not None  # the caller found it
     if job.status not in (JobStatus.running.value, JobStatus.paused.value):
-        raise Conflict(f"Job {job_id} is {job.status}; a recipe runs on a running job.",
-                       {"job_id": job_id, "status": job.status})
-    active = session.scalar(select(BackgroundTaskRow.id).where(
-        BackgroundTaskRow.job_id == job_id, BackgroundTaskRow.kind == TaskKind.recipe.value,
-        BackgroundTaskRow.status.in_([TaskStatus.queued.value, TaskStatus.running.value])))
+        raise Conflict(
+            f"Job {job_id} is {job.status}; a recipe runs on a running job.",
+            {"job_id": job_id, "status": job.status},
+        )
+    active = session.scalar(
+        select(BackgroundTaskRow.id).where(
+            BackgroundTaskRow.job_id == job_id,
+            BackgroundTaskRow.kind == TaskKind.recipe.value,
+            BackgroundTaskRow.status.in_([TaskStatus.queued.value, TaskStatus.running.value]),
+        )
+    )
     if active is not None:
-        raise Conflict(f"Job {job_id} already has a run ({active}); cancel it or wait for it "
-                       "to end first.", {"job_id": job_id, "task_id": active})
+        raise Conflict(
+            f"Job {job_id} already has a run ({active}); cancel it or wait for it to end first.",
+            {"job_id": job_id, "task_id": active},
+        )
 
 
 def end_task(session: Session, task_id: str, end: TaskEnd) -> TaskEnded:
@@ -106,8 +125,9 @@ def drop_run_key(session: Session, job_id: str) -> list[str]:
     return revoke_job_keys(session, job_id, RUN_KEY_NAME)
 
 
-def get_task_row(session: Session, task_id: str, viewer: KeyIdentity, *,
-                 lock: bool = False) -> BackgroundTaskRow:
+def get_task_row(
+    session: Session, task_id: str, viewer: KeyIdentity, *, lock: bool = False
+) -> BackgroundTaskRow:
     """A task the viewer may see: a task of one of its jobs (admins: every task)."""
     row = session.get(BackgroundTaskRow, task_id, with_for_update=lock)
     if row is None or not (viewer.admin or _owns_job_of(session, row, viewer)):
@@ -125,25 +145,34 @@ def _owns_job_of(session: Session, row: BackgroundTaskRow, viewer: KeyIdentity) 
     return True
 
 
-def list_tasks(session: Session, viewer: KeyIdentity, job_id: str | None = None,
-               limit: int = 100) -> list[BackgroundTask]:
+def list_tasks(
+    session: Session, viewer: KeyIdentity, job_id: str | None = None, limit: int = 100
+) -> list[BackgroundTask]:
     """Newest first: one job's tasks, or every task the viewer may see."""
-    query = select(BackgroundTaskRow).order_by(BackgroundTaskRow.created_at.desc(),
-                                               BackgroundTaskRow.id).limit(limit)
+    query = (
+        select(BackgroundTaskRow)
+        .order_by(BackgroundTaskRow.created_at.desc(), BackgroundTaskRow.id)
+        .limit(limit)
+    )
     if job_id is not None:
         get_job_row(session, job_id, viewer)
         query = query.where(BackgroundTaskRow.job_id == job_id)
     elif not viewer.admin:
-        query = query.join(JobRow, JobRow.id == BackgroundTaskRow.job_id).where(
-            visible_to(viewer))
+        query = query.join(JobRow, JobRow.id == BackgroundTaskRow.job_id).where(visible_to(viewer))
     return [to_public(row) for row in session.scalars(query)]
 
 
 def latest_run(session: Session, job_id: str) -> BackgroundTask | None:
     """The job's newest managed run (recipe task), whatever its status."""
-    row = session.scalar(select(BackgroundTaskRow).where(
-        BackgroundTaskRow.job_id == job_id, BackgroundTaskRow.kind == TaskKind.recipe.value,
-    ).order_by(BackgroundTaskRow.created_at.desc(), BackgroundTaskRow.id).limit(1))
+    row = session.scalar(
+        select(BackgroundTaskRow)
+        .where(
+            BackgroundTaskRow.job_id == job_id,
+            BackgroundTaskRow.kind == TaskKind.recipe.value,
+        )
+        .order_by(BackgroundTaskRow.created_at.desc(), BackgroundTaskRow.id)
+        .limit(1)
+    )
     return to_public(row) if row is not None else None
 
 
@@ -183,9 +212,17 @@ def fail_undispatched(session: Session, task_id: str, exc: LoomError) -> Backgro
 
 def to_public(row: BackgroundTaskRow) -> BackgroundTask:
     return BackgroundTask(
-        id=row.id, job_id=row.job_id, kind=TaskKind(row.kind), params=row.params,
-        status=TaskStatus(row.status), result=row.result,
+        id=row.id,
+        job_id=row.job_id,
+        kind=TaskKind(row.kind),
+        params=row.params,
+        status=TaskStatus(row.status),
+        result=row.result,
         error=ErrorBody.model_validate(row.error) if row.error else None,
-        attempts=row.attempts, idempotency_key=row.idempotency_key, created_at=row.created_at,
+        attempts=row.attempts,
+        idempotency_key=row.idempotency_key,
+        created_at=row.created_at,
         progress=RunProgress.model_validate(row.progress) if row.progress else None,
-        started_at=row.started_at, finished_at=row.finished_at)
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )

@@ -57,19 +57,40 @@ class _Batch:
 
 class _Counters:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.points = Counter("loom_tracker_points", "Metric points (and samples) a tracker "
-                              "accepted", ["tracker"], registry=registry)
-        self.failures = Counter("loom_tracker_failures", "Failed deliveries to a tracker "
-                                "(each retry counts)", ["tracker"], registry=registry)
-        self.dropped = Counter("loom_tracker_dropped_points", "Metric points given up on "
-                               "(retries spent or queue full)", ["tracker"], registry=registry)
+        self.points = Counter(
+            "loom_tracker_points",
+            "Metric points (and samples) a tracker accepted",
+            ["tracker"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "loom_tracker_failures",
+            "Failed deliveries to a tracker (each retry counts)",
+            ["tracker"],
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "loom_tracker_dropped_points",
+            "Metric points given up on (retries spent or queue full)",
+            ["tracker"],
+            registry=registry,
+        )
 
 
 class _Lane:
     """One tracker: its queue, its thread, its open writer per job."""
 
-    def __init__(self, name: str, options: TrackerOptions, counters: _Counters, *,
-                 retries: int, backoff_s: float, queue_size: int, idle_close_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        options: TrackerOptions,
+        counters: _Counters,
+        *,
+        retries: int,
+        backoff_s: float,
+        queue_size: int,
+        idle_close_s: float,
+    ) -> None:
         self.name = name
         self._options = options
         self._counters = counters
@@ -88,8 +109,12 @@ class _Lane:
             self._queue.put_nowait(batch)
         except queue.Full:
             self._counters.dropped.labels(self.name).inc(batch.size)
-            log.warning("tracker %s: queue full, %d points of job %s dropped", self.name,
-                        batch.size, batch.job.id)
+            log.warning(
+                "tracker %s: queue full, %d points of job %s dropped",
+                self.name,
+                batch.size,
+                batch.job.id,
+            )
 
     def begin_close(self) -> None:
         """Deliver what is queued, one try each, then close every writer."""
@@ -135,8 +160,14 @@ class _Lane:
                 batch.write(self._writer(batch.job))
             except Exception as exc:  # any library error: the job must not notice
                 self._counters.failures.labels(self.name).inc()
-                log.warning("tracker %s: job %s, attempt %d: %s: %s", self.name, batch.job.id,
-                            attempt + 1, type(exc).__name__, exc)
+                log.warning(
+                    "tracker %s: job %s, attempt %d: %s: %s",
+                    self.name,
+                    batch.job.id,
+                    attempt + 1,
+                    type(exc).__name__,
+                    exc,
+                )
                 self._forget(batch.job.id)
                 if attempt + 1 < tries and self._closing.wait(self._backoff_s * 2**attempt):
                     break  # closing: no more waiting between tries
@@ -173,20 +204,36 @@ class TrackerMirror:
     """The lanes of one process, opened on first use; `default`: the trackers of jobs whose
     config names none."""
 
-    def __init__(self, default: Sequence[str], options: TrackerOptions,
-                 registry: CollectorRegistry, *, retries: int = 3, backoff_s: float = 1.0,
-                 queue_size: int = 10_000, idle_close_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        default: Sequence[str],
+        options: TrackerOptions,
+        registry: CollectorRegistry,
+        *,
+        retries: int = 3,
+        backoff_s: float = 1.0,
+        queue_size: int = 10_000,
+        idle_close_s: float = 600.0,
+    ) -> None:
         self.default = tuple(default)
         self._options = options
         self._counters = _Counters(registry)
-        self._lane_options: dict[str, Any] = {"retries": retries, "backoff_s": backoff_s,
-                                              "queue_size": queue_size,
-                                              "idle_close_s": idle_close_s}
+        self._lane_options: dict[str, Any] = {
+            "retries": retries,
+            "backoff_s": backoff_s,
+            "queue_size": queue_size,
+            "idle_close_s": idle_close_s,
+        }
         self._lanes: dict[str, _Lane] = {}
         self._lock = threading.Lock()
 
-    def submit(self, job: TrackedJob, trackers: Sequence[str], points: Sequence[MetricPoint],
-               samples: Sequence[SampleRecord] = ()) -> None:
+    def submit(
+        self,
+        job: TrackedJob,
+        trackers: Sequence[str],
+        points: Sequence[MetricPoint],
+        samples: Sequence[SampleRecord] = (),
+    ) -> None:
         """`samples` go only to the trackers that opt in to them."""
         for name in trackers:
             kept = tuple(samples) if name in self._options.samples else ()
@@ -206,8 +253,7 @@ class TrackerMirror:
     def _lane(self, name: str) -> _Lane:
         with self._lock:
             if name not in self._lanes:
-                self._lanes[name] = _Lane(name, self._options, self._counters,
-                                          **self._lane_options)
+                self._lanes[name] = _Lane(name, self._options, self._counters, **self._lane_options)
             return self._lanes[name]
 
 
@@ -218,8 +264,12 @@ def attach(sessions: sessionmaker[Session], mirror: TrackerMirror) -> None:
     event.listen(sessions, "after_rollback", _discard)
 
 
-def stage(session: Session, job_id: str, points: Sequence[MetricPoint],
-          samples: Sequence[SampleRecord] = ()) -> None:
+def stage(
+    session: Session,
+    job_id: str,
+    points: Sequence[MetricPoint],
+    samples: Sequence[SampleRecord] = (),
+) -> None:
     """Queue `points` (and `samples`) of `job_id` for its trackers once `session` commits
     (nothing happens for a session whose sessionmaker was not attached, or a job that tracks
     nothing)."""
@@ -233,7 +283,8 @@ def stage(session: Session, job_id: str, points: Sequence[MetricPoint],
     trackers = mirror.default if chosen is None else chosen
     if trackers:
         session.info.setdefault(_PENDING_KEY, []).append(
-            (TrackedJob(id=row.id, name=row.name), trackers, list(points), list(samples)))
+            (TrackedJob(id=row.id, name=row.name), trackers, list(points), list(samples))
+        )
 
 
 def _hand_over(session: Session) -> None:

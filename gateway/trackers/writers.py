@@ -61,10 +61,16 @@ class WandbWriter:
 
         options.root.mkdir(parents=True, exist_ok=True)  # W&B writes under <dir>/wandb
         self._run = wandb.init(
-            project=options.wandb_project, mode=options.wandb_mode, dir=options.root,
-            id=job.id, name=f"{job.name} ({job.id})", resume="allow", reinit="create_new",
+            project=options.wandb_project,
+            mode=options.wandb_mode,
+            dir=options.root,
+            id=job.id,
+            name=f"{job.name} ({job.id})",
+            resume="allow",
+            reinit="create_new",
             config={"loom_job_id": job.id},
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        )
         self._defined: set[str] = set()
 
     def log(self, points: Sequence[MetricPoint]) -> None:
@@ -76,15 +82,15 @@ class WandbWriter:
                 self._run.define_metric(point.name, step_metric=step_key)
                 self._defined.add(point.name)
             rows.setdefault((step_key, point.step), {step_key: point.step})[point.name] = (
-                point.value)
+                point.value
+            )
         for row in rows.values():
             self._run.log(row)
 
     def log_samples(self, samples: Sequence[SampleRecord]) -> None:
         import wandb
 
-        self._run.log({"samples": wandb.Table(columns=list(SAMPLE_COLUMNS),
-                                              data=_rows(samples))})
+        self._run.log({"samples": wandb.Table(columns=list(SAMPLE_COLUMNS), data=_rows(samples))})
 
     def close(self) -> None:
         self._run.finish()
@@ -96,15 +102,23 @@ class MlflowWriter:
 
         self._client = MlflowClient(tracking_uri=options.mlflow_uri)
         experiment = self._client.get_experiment_by_name(options.mlflow_experiment)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self._client.create_experiment(
-                             options.mlflow_experiment,
-                             artifact_location=options.mlflow_artifacts))
-        found = self._client.search_runs([experiment_id],
-                                         filter_string=f"tags.loom_job_id = '{job.id}'")
-        self.run_id = found[0].info.run_id if found else self._client.create_run(
-            experiment_id, run_name=f"{job.name} ({job.id})",
-            tags={"loom_job_id": job.id}).info.run_id
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else self._client.create_experiment(
+                options.mlflow_experiment, artifact_location=options.mlflow_artifacts
+            )
+        )
+        found = self._client.search_runs(
+            [experiment_id], filter_string=f"tags.loom_job_id = '{job.id}'"
+        )
+        self.run_id = (
+            found[0].info.run_id
+            if found
+            else self._client.create_run(
+                experiment_id, run_name=f"{job.name} ({job.id})", tags={"loom_job_id": job.id}
+            ).info.run_id
+        )
 
     def log(self, points: Sequence[MetricPoint]) -> None:
         from mlflow.entities import Metric
@@ -112,14 +126,15 @@ class MlflowWriter:
         now_ms = int(time.time() * 1000)
         metrics = [Metric(p.name, p.value, now_ms, p.step) for p in points]
         for start in range(0, len(metrics), 1000):  # MLflow's batch limit
-            self._client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+            self._client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
 
     def log_samples(self, samples: Sequence[SampleRecord]) -> None:
         # One artifact per batch (MLflow's own log_table appends, but needs pandas); the
         # name sorts by step.
         name = f"samples/step_{samples[0].step:012d}_{uuid.uuid4().hex[:8]}.json"
-        self._client.log_dict(self.run_id, {"columns": list(SAMPLE_COLUMNS),
-                                            "data": _rows(samples)}, name)
+        self._client.log_dict(
+            self.run_id, {"columns": list(SAMPLE_COLUMNS), "data": _rows(samples)}, name
+        )
 
     def close(self) -> None:
         return None
@@ -154,6 +169,7 @@ def _rows(samples: Sequence[SampleRecord]) -> list[list[object]]:
 
 def _markdown(samples: Sequence[SampleRecord]) -> str:
     """A Markdown table (TensorBoard's text plugin renders one); cells keep to one line."""
+
     def cell(value: object) -> str:
         text = "" if value is None else str(value)
         return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
@@ -164,4 +180,7 @@ def _markdown(samples: Sequence[SampleRecord]) -> str:
 
 
 WRITERS: dict[str, type[WandbWriter] | type[MlflowWriter] | type[TensorBoardWriter]] = {
-    "wandb": WandbWriter, "mlflow": MlflowWriter, "tensorboard": TensorBoardWriter}
+    "wandb": WandbWriter,
+    "mlflow": MlflowWriter,
+    "tensorboard": TensorBoardWriter,
+}

@@ -10,10 +10,16 @@ from starlette.concurrency import run_in_threadpool
 from modelstate.deps import CollectorDep, StoreDep
 from modelstate.schemas import GcReport, PinList, PinRequest, Retention, RetentionPolicy
 
-HolderPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,255}$",
-                                 description="Who holds the pins, e.g. rollout@host:port.")]
-JobPath = Annotated[str, Path(min_length=1, max_length=128,
-                              pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+HolderPath = Annotated[
+    str,
+    Path(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,255}$",
+        description="Who holds the pins, e.g. rollout@host:port.",
+    ),
+]
+JobPath = Annotated[
+    str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
 
 router = APIRouter(prefix="/v1", tags=["housekeeping"])
 
@@ -41,8 +47,9 @@ async def get_retention(collector: CollectorDep, job_id: str) -> Retention:
 
 
 @router.put("/jobs/{job_id}/retention", response_model=Retention)
-async def set_retention(collector: CollectorDep, job_id: JobPath,
-                        body: RetentionPolicy) -> Retention:
+async def set_retention(
+    collector: CollectorDep, job_id: JobPath, body: RetentionPolicy
+) -> Retention:
     return await run_in_threadpool(collector.set_retention, job_id, body)
 
 
@@ -53,7 +60,8 @@ MAX_GRACE_S = 10 * 365 * 24 * 3600
 async def collect_garbage(
     collector: CollectorDep,
     # At most ten years: a longer one would overflow the datetime it is subtracted from.
-    grace_s: Annotated[float | None, Query(ge=0, le=MAX_GRACE_S,
-                                           description="Override the grace period.")] = None,
+    grace_s: Annotated[
+        float | None, Query(ge=0, le=MAX_GRACE_S, description="Override the grace period.")
+    ] = None,
 ) -> GcReport:
     return await run_in_threadpool(collector.collect, grace_s)

@@ -28,12 +28,21 @@ AliasPath = Annotated[str, Path(min_length=1, max_length=64, pattern=ALIAS_PATTE
 router = APIRouter(prefix="/v1", tags=["versions"])
 
 
-@router.post("/versions", status_code=status.HTTP_201_CREATED, response_model=Version,
-             responses={200: {"model": Version,
-                              "description": "The step was published before with these files."}})
+@router.post(
+    "/versions",
+    status_code=status.HTTP_201_CREATED,
+    response_model=Version,
+    responses={
+        200: {"model": Version, "description": "The step was published before with these files."}
+    },
+)
 async def publish_version(
-    store: StoreDep, collector: CollectorDep, broadcaster: EventsDep, body: PublishRequest,
-    response: Response, background: BackgroundTasks,
+    store: StoreDep,
+    collector: CollectorDep,
+    broadcaster: EventsDep,
+    body: PublishRequest,
+    response: Response,
+    background: BackgroundTasks,
 ) -> Version:
     pending = await run_in_threadpool(store.link_pending, body)
     if pending is not None:
@@ -58,8 +67,9 @@ async def get_version(store: StoreDep, job_id: str, ref: str) -> Version:
 
 
 @router.delete("/jobs/{job_id}/versions/{number}", response_model=Version)
-async def delete_version(store: StoreDep, job_id: str,
-                         number: Annotated[int, Path(ge=1)]) -> Version:
+async def delete_version(
+    store: StoreDep, job_id: str, number: Annotated[int, Path(ge=1)]
+) -> Version:
     """409 while an alias points at it or a serving engine pins it."""
     return await run_in_threadpool(store.delete_version, job_id, number)
 
@@ -94,19 +104,26 @@ async def get_file(store: StoreDep, job_id: str, ref: str, path: str) -> FileRes
     responses={200: {"content": {"application/x-tar": {}}}},
 )
 async def archive(
-    store: StoreDep, settings: SettingsDep, job_id: str, ref: str,
-    merge_lora: Annotated[bool, Query(description="A LoRA version merged into its base: a "
-                                                  "full Hugging Face model directory.")] = False,
+    store: StoreDep,
+    settings: SettingsDep,
+    job_id: str,
+    ref: str,
+    merge_lora: Annotated[
+        bool,
+        Query(
+            description="A LoRA version merged into its base: a full Hugging Face model directory."
+        ),
+    ] = False,
 ) -> StreamingResponse:
     version = await run_in_threadpool(store.get_version, job_id, ref)
     if merge_lora:
-        files = await run_in_threadpool(export.merged_lora, store.blobs, version,
-                                        settings.data_dir)
+        files = await run_in_threadpool(export.merged_lora, store.blobs, version, settings.data_dir)
     else:
         files = export.version_files(store.blobs, version)
     root = f"{job_id}-v{version.number}" + ("-merged" if merge_lora else "")
     return StreamingResponse(
-        export.tar_stream(files, root), media_type="application/x-tar",
+        export.tar_stream(files, root),
+        media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="{root}.tar"'},
     )
 

@@ -35,8 +35,10 @@ def run_migrations(target_metadata: MetaData, default_version_table: str) -> Non
                 # Replicas started at once migrate one shared database: without a lock two
                 # both find no version table and race to create it (one fails to start).
                 # The lock ends with the transaction; the one that waited finds it at head.
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
-                                   {"key": migration_lock_key(version_table)})
+                connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"),
+                    {"key": migration_lock_key(version_table)},
+                )
             context.run_migrations()
         connection.commit()
     engine.dispose()

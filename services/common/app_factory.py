@@ -86,8 +86,9 @@ def _instrument(app: FastAPI, service: str) -> None:
         if span.is_recording():
             span.set_attribute("loom.service", service)
 
-    FastAPIInstrumentor.instrument_app(app, server_request_hook=name_service,
-                                       excluded_urls=EXCLUDED_URLS)
+    FastAPIInstrumentor.instrument_app(
+        app, server_request_hook=name_service, excluded_urls=EXCLUDED_URLS
+    )
 
 
 def _ops_router(service: str, version: str) -> APIRouter:
@@ -103,16 +104,19 @@ def _ops_router(service: str, version: str) -> APIRouter:
         try:
             detail = await check() if check else {}
         except Exception as exc:  # readiness reports, it does not raise
-            body = Health(service=service, status="not_ready", version=version,
-                          detail={"reason": str(exc)})
+            body = Health(
+                service=service, status="not_ready", version=version, detail={"reason": str(exc)}
+            )
             return JSONResponse(body.model_dump(), status_code=503)
-        return JSONResponse(Health(service=service, status="ready", version=version,
-                                   detail=detail).model_dump())
+        return JSONResponse(
+            Health(service=service, status="ready", version=version, detail=detail).model_dump()
+        )
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(request.app.state.metrics_registry),
-                        media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST
+        )
 
     return router
 
@@ -170,8 +174,9 @@ def install_error_handlers(app: FastAPI) -> None:
         # number out of range); its transaction rolled back, so nothing was written.
         reason = str(exc.orig).splitlines()[0] if exc.orig else type(exc).__name__
         log.warning("value refused by the database: %s", reason)
-        return error_response(422, "invalid_input",
-                              f"The request holds a value the database cannot store: {reason}.")
+        return error_response(
+            422, "invalid_input", f"The request holds a value the database cannot store: {reason}."
+        )
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
@@ -179,8 +184,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # The database is unreachable or dropped the connection (a restart, a failover): an
         # outage, not a bug. The transaction rolled back; the pool reconnects on a later call.
         log.warning("database unavailable: %s", str(exc).splitlines()[0][:300])
-        return error_response(503, Unavailable.code, "The database is unavailable (restarting "
-                              "or unreachable); nothing was written. Try again shortly.")
+        return error_response(
+            503,
+            Unavailable.code,
+            "The database is unavailable (restarting "
+            "or unreachable); nothing was written. Try again shortly.",
+        )
 
     @app.exception_handler(Exception)
     async def _unhandled(_request: Request, exc: Exception) -> JSONResponse:
@@ -234,18 +243,19 @@ class ServiceTokenMiddleware:
         self.digest = token_digest(token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan" or scope["path"] in self.OPEN_PATHS \
-                or self._allowed(scope):
+        if scope["type"] == "lifespan" or scope["path"] in self.OPEN_PATHS or self._allowed(scope):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":  # none today; one added later is guarded too
             await send({"type": "websocket.close", "code": 1008})
             return
         refused = error_response(
-            401, "unauthorized",
+            401,
+            "unauthorized",
             f"This Loom service takes requests only with the service token in the "
             f"{SERVICE_TOKEN_HEADER} header: set LOOM_SERVICE_TOKEN (or LOOM_SERVICE_TOKEN_FILE) "
-            f"to the same value for every Loom process, or call through the gateway.")
+            f"to the same value for every Loom process, or call through the gateway.",
+        )
         await refused(scope, receive, send)
 
     def _allowed(self, scope: Scope) -> bool:
@@ -267,12 +277,16 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, service: str, registry: CollectorRegistry) -> None:
         self.app = app
         self.requests = Counter(
-            "loom_http_requests", "HTTP requests", ["service", "method", "route", "status"],
+            "loom_http_requests",
+            "HTTP requests",
+            ["service", "method", "route", "status"],
             registry=registry,
         )
         self.latency = Histogram(
-            "loom_http_request_seconds", "HTTP request latency (to response start)",
-            ["service", "method", "route"], registry=registry,
+            "loom_http_request_seconds",
+            "HTTP request latency (to response start)",
+            ["service", "method", "route"],
+            registry=registry,
         )
         self.service = service
 
@@ -296,8 +310,9 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_observed)
         finally:
-            self.requests.labels(self.service, scope["method"], _route_template(scope),
-                                 str(status)).inc()
+            self.requests.labels(
+                self.service, scope["method"], _route_template(scope), str(status)
+            ).inc()
 
 
 def _route_template(scope: Scope) -> str:

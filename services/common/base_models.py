@@ -35,14 +35,16 @@ def _hub_model(name: str) -> str:
     try:
         return snapshot_download(name, local_files_only=True)
     except HFValidationError as exc:
-        raise InvalidInput(f"{name!r} is neither a model directory nor a hub model name: "
-                           f"{exc}") from exc
+        raise InvalidInput(
+            f"{name!r} is neither a model directory nor a hub model name: {exc}"
+        ) from exc
     except LocalEntryNotFoundError:
         if constants.HF_HUB_OFFLINE:
             raise InvalidInput(
                 f"Hub model {name!r} is not in the local cache ({constants.HF_HUB_CACHE}) and "
                 "the hub is off (HF_HUB_OFFLINE=1): download it first, or give a model "
-                "directory.") from None
+                "directory."
+            ) from None
     return name
 
 

@@ -87,8 +87,17 @@ class Unavailable(LoomError):
 
 # Every concrete error, most specific first where two share a status code.
 _ERRORS: tuple[type[LoomError], ...] = (
-    BadRequest, InvalidInput, Unauthorized, Forbidden, NotFound, InvalidTransition, Conflict,
-    PayloadTooLarge, LimitExceeded, UpstreamError, Unavailable,
+    BadRequest,
+    InvalidInput,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    InvalidTransition,
+    Conflict,
+    PayloadTooLarge,
+    LimitExceeded,
+    UpstreamError,
+    Unavailable,
 )
 _BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in (LoomError,) + _ERRORS}
 # By status, the general class wins: it comes later, so it overwrites (Conflict, not
@@ -99,10 +108,10 @@ _BY_STATUS: dict[int, type[LoomError]] = {cls.status_code: cls for cls in _ERROR
 def invalid_options(exc: ValidationError, what: str, root: str) -> InvalidInput:
     """Options a user gave (a verifier's, an environment's) that failed validation, as one
     message naming each field (`root` names the options object itself)."""
-    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or root}: {e['msg']}"
-                         for e in exc.errors())
-    return InvalidInput(f"{what}: {problems}",
-                        exc.errors(include_url=False, include_context=False))
+    problems = "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or root}: {e['msg']}" for e in exc.errors()
+    )
+    return InvalidInput(f"{what}: {problems}", exc.errors(include_url=False, include_context=False))
 
 
 def error_from_envelope(status_code: int, body: Any) -> LoomError:

@@ -36,8 +36,10 @@ def worker_ready() -> bool:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in (*SERVICES, "worker"):
-        print(f"usage: python -m services.common.healthcheck {{{'|'.join(SERVICES)}|worker}}",
-              file=sys.stderr)
+        print(
+            f"usage: python -m services.common.healthcheck {{{'|'.join(SERVICES)}|worker}}",
+            file=sys.stderr,
+        )
         return 2
     service = argv[0]
     ready = worker_ready() if service == "worker" else http_ready(service, LoomSettings())

@@ -38,8 +38,9 @@ DEFAULT_TIMEOUT = httpx2.Timeout(connect=5.0, read=300.0, write=300.0, pool=30.0
 CLIENT_KEEP_ALIVE_S = 5.0
 # Every connection may stay pooled while idle (for at most CLIENT_KEEP_ALIVE_S): a client that
 # sends bursts of requests reuses them instead of reconnecting most of them on each burst.
-LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=100,
-                       keepalive_expiry=CLIENT_KEEP_ALIVE_S)
+LIMITS = httpx2.Limits(
+    max_connections=100, max_keepalive_connections=100, keepalive_expiry=CLIENT_KEEP_ALIVE_S
+)
 
 T = TypeVar("T")
 ResponseT = TypeVar("ResponseT", bound=BaseModel | None)
@@ -60,9 +61,12 @@ class Route(Generic[ResponseT]):
 
     def url(self, **params: object) -> str:
         """The path with each parameter percent-encoded as one segment (or as a path)."""
-        return self.path.format(**{
-            name: quote(str(value)) if name in self.whole_paths else segment(value)
-            for name, value in params.items()})
+        return self.path.format(
+            **{
+                name: quote(str(value)) if name in self.whole_paths else segment(value)
+                for name, value in params.items()
+            }
+        )
 
 
 async def retrying(
@@ -115,11 +119,15 @@ class ServiceClient:
         self.retries = retries
         self.through_gateway = through_gateway
         self.timeout = timeout
-        self.http = base_url if isinstance(base_url, httpx2.AsyncClient) else httpx2.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            timeout=timeout or DEFAULT_TIMEOUT,
-            transport=transport or pooled_transport(LIMITS),
-            headers=headers,
+        self.http = (
+            base_url
+            if isinstance(base_url, httpx2.AsyncClient)
+            else httpx2.AsyncClient(
+                base_url=base_url.rstrip("/"),
+                timeout=timeout or DEFAULT_TIMEOUT,
+                transport=transport or pooled_transport(LIMITS),
+                headers=headers,
+            )
         )
 
     def path(self, path: str) -> str:
@@ -142,19 +150,25 @@ class ServiceClient:
         retry = method.upper() in IDEMPOTENT or IDEMPOTENCY_KEY_HEADER in headers
         response = await retrying(
             lambda: self.http.request(method, self.path(path), headers=headers, **kwargs),
-            self.retries + 1 if retry else 1, self.unreachable,
-            again=lambda response: response.status_code in RETRY_STATUSES)
+            self.retries + 1 if retry else 1,
+            self.unreachable,
+            again=lambda response: response.status_code in RETRY_STATUSES,
+        )
         self.raise_for_status(response)
         return response
 
-    async def open(self, route: Route[None], *, params: dict[str, Any] | None = None,
-                   **path_params: object) -> httpx2.Response:
+    async def open(
+        self, route: Route[None], *, params: dict[str, Any] | None = None, **path_params: object
+    ) -> httpx2.Response:
         """`route`'s answer opened as a stream (a file, an archive): the caller reads and
         closes it. Not retried: the caller decides what a broken stream means."""
         request = self.http.build_request(
-            route.method, self.path(route.url(**path_params)), params=params,
+            route.method,
+            self.path(route.url(**path_params)),
+            params=params,
             headers=self._headers({}),
-            timeout=httpx2.USE_CLIENT_DEFAULT if self.timeout is None else self.timeout)
+            timeout=httpx2.USE_CLIENT_DEFAULT if self.timeout is None else self.timeout,
+        )
         try:
             response = await self.http.send(request, stream=True)
         except httpx2.TransportError as exc:
@@ -165,21 +179,32 @@ class ServiceClient:
             self.raise_for_status(response)
         return response
 
-    async def call(self, route: Route[ResponseT], body: BaseModel | None = None, *,
-                   params: dict[str, Any] | None = None,
-                   headers: dict[str, str] | None = None,
-                   timeout: float | None = None,
-                   **path_params: object) -> ResponseT:
+    async def call(
+        self,
+        route: Route[ResponseT],
+        body: BaseModel | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+        **path_params: object,
+    ) -> ResponseT:
         """Send `body` to `route` and return its answer as the route's response schema;
         `timeout`: seconds for this call instead of the client's timeouts."""
         if (body is None) != (route.request is None) or (
-                body is not None and not isinstance(body, cast(type, route.request))):
-            raise TypeError(f"{route.method} {route.path} takes {route.request}, "
-                            f"not {type(body).__name__}")
+            body is not None and not isinstance(body, cast(type, route.request))
+        ):
+            raise TypeError(
+                f"{route.method} {route.path} takes {route.request}, not {type(body).__name__}"
+            )
         response = await self.request(
-            route.method, route.url(**path_params), params=params, headers=headers or {},
+            route.method,
+            route.url(**path_params),
+            params=params,
+            headers=headers or {},
             json=None if body is None else body.model_dump(mode="json"),
-            **({} if timeout is None else {"timeout": timeout}))
+            **({} if timeout is None else {"timeout": timeout}),
+        )
         if route.response is None:
             return cast(ResponseT, None)
         schema = cast(type[BaseModel], route.response)

@@ -49,8 +49,9 @@ class ProbedStream(AsyncNetworkStream):
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
-                        timeout: float | None = None) -> ProbedStream:
+    async def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> ProbedStream:
         return ProbedStream(await self.inner.start_tls(ssl_context, server_hostname, timeout))
 
     def get_extra_info(self, info: str) -> Any:
@@ -65,17 +66,22 @@ class ProbedBackend(AsyncNetworkBackend):
     def __init__(self) -> None:
         self.inner = AnyIOBackend()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None) -> ProbedStream:
-        return ProbedStream(await self.inner.connect_tcp(host, port, timeout, local_address,
-                                                         socket_options))
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> ProbedStream:
+        return ProbedStream(
+            await self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        )
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Iterable[Any] | None = None
-                                  ) -> ProbedStream:
-        return ProbedStream(await self.inner.connect_unix_socket(path, timeout,
-                                                                 socket_options))
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> ProbedStream:
+        return ProbedStream(await self.inner.connect_unix_socket(path, timeout, socket_options))
 
     async def sleep(self, seconds: float) -> None:
         await self.inner.sleep(seconds)
@@ -88,9 +94,10 @@ def pooled_transport(limits: httpx2.Limits) -> httpx2.AsyncBaseTransport:
     # httpx2 builds the pool itself and takes no network backend: hand it ours. Fail loudly
     # if a new httpx2 moves the pool rather than silently keep the slow probe.
     pool = getattr(transport, "_pool", None)
-    if not isinstance(pool, httpcore2.AsyncConnectionPool) \
-            or not hasattr(pool, "_network_backend"):
-        raise RuntimeError("httpx2's transport no longer keeps its pool in `_pool`: update "
-                           "services/common/http_pool.py")
+    if not isinstance(pool, httpcore2.AsyncConnectionPool) or not hasattr(pool, "_network_backend"):
+        raise RuntimeError(
+            "httpx2's transport no longer keeps its pool in `_pool`: update "
+            "services/common/http_pool.py"
+        )
     pool._network_backend = ProbedBackend()
     return traced(transport)

@@ -40,4 +40,5 @@ def configure_logging(service: str, level: str = "info") -> None:
     # httpx2 logs every request it sends at INFO: on the gateway, a line per proxied sample
     # call (an access log, which uvicorn's is off for). Shown only when debugging.
     logging.getLogger("httpx2").setLevel(
-        logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING)
+        logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    )

@@ -45,8 +45,9 @@ _Submission = tuple[str, str]
 
 
 class _Entry:
-    def __init__(self, op: Operation, fn: Callable[[], Any], submission: _Submission | None,
-                 fingerprint: str) -> None:
+    def __init__(
+        self, op: Operation, fn: Callable[[], Any], submission: _Submission | None, fingerprint: str
+    ) -> None:
         self.op = op
         self.fn = fn
         self.submission = submission
@@ -56,10 +57,16 @@ class _Entry:
 
     def run(self) -> Any:
         """The body, on the executor's thread, in its span (when traced)."""
-        queued_s = (self.op.started_at - self.op.created_at).total_seconds() if (
-            self.op.started_at) else 0.0
-        with span_in(self.trace, f"operation {self.op.kind}", attributes={
-                "loom.operation_id": self.op.id, "loom.queued_s": queued_s}):
+        queued_s = (
+            (self.op.started_at - self.op.created_at).total_seconds()
+            if (self.op.started_at)
+            else 0.0
+        )
+        with span_in(
+            self.trace,
+            f"operation {self.op.kind}",
+            attributes={"loom.operation_id": self.op.id, "loom.queued_s": queued_s},
+        ):
             return self.fn()
 
     def move(self, status: OperationStatus, **changes: Any) -> None:
@@ -80,8 +87,15 @@ class OperationQueue:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-op")
         self._history = history
 
-    def submit(self, key: str, kind: str, fn: Callable[[], Any], *,
-               idempotency_key: str | None = None, fingerprint: str = "") -> Operation:
+    def submit(
+        self,
+        key: str,
+        kind: str,
+        fn: Callable[[], Any],
+        *,
+        idempotency_key: str | None = None,
+        fingerprint: str = "",
+    ) -> Operation:
         """Queue `fn` behind `key`'s earlier operations. With `idempotency_key`, a submission
         of the same `kind` and `fingerprint` (the request) seen before, and still kept, is
         answered with that operation as it stands; another request with the key is refused."""
@@ -90,10 +104,15 @@ class OperationQueue:
             if (seen.op.kind, seen.fingerprint) != (kind, fingerprint):
                 raise Conflict(
                     f"Idempotency key {idempotency_key!r} was used for another request "
-                    f"({seen.op.kind}, operation {seen.op.id}); send a new key.")
+                    f"({seen.op.kind}, operation {seen.op.id}); send a new key."
+                )
             return seen.op
-        op = Operation(id=f"op_{uuid.uuid4().hex}", kind=kind,
-                       status=OperationStatus.pending, created_at=_now())
+        op = Operation(
+            id=f"op_{uuid.uuid4().hex}",
+            kind=kind,
+            status=OperationStatus.pending,
+            created_at=_now(),
+        )
         entry = _Entry(op, fn, submission, fingerprint)
         self._entries[op.id] = entry
         if submission is not None:
@@ -133,13 +152,18 @@ class OperationQueue:
                 with self._busy.busy():
                     result = await loop.run_in_executor(self._executor, entry.run)
             except LoomError as exc:
-                entry.move(OperationStatus.failed, finished_at=_now(),
-                           error=ErrorBody(code=exc.code, message=exc.message, detail=exc.detail))
+                entry.move(
+                    OperationStatus.failed,
+                    finished_at=_now(),
+                    error=ErrorBody(code=exc.code, message=exc.message, detail=exc.detail),
+                )
             except Exception as exc:
                 log.exception("operation %s failed", entry.op.id)
-                entry.move(OperationStatus.failed, finished_at=_now(),
-                           error=ErrorBody(code="internal_error",
-                                           message=f"{type(exc).__name__}: {exc}"))
+                entry.move(
+                    OperationStatus.failed,
+                    finished_at=_now(),
+                    error=ErrorBody(code="internal_error", message=f"{type(exc).__name__}: {exc}"),
+                )
             else:
                 entry.move(OperationStatus.succeeded, finished_at=_now(), result=result)
 

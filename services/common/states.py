@@ -9,8 +9,13 @@ from enum import StrEnum
 from services.common.errors import InvalidTransition
 
 
-def require_transition(table: Mapping[StrEnum, frozenset[StrEnum]], current: StrEnum,
-                       target: StrEnum, subject: str, detail: dict[str, str]) -> None:
+def require_transition(
+    table: Mapping[StrEnum, frozenset[StrEnum]],
+    current: StrEnum,
+    target: StrEnum,
+    subject: str,
+    detail: dict[str, str],
+) -> None:
     """Raise InvalidTransition (409) naming `subject` and the moves it has unless
     `current → target` is in `table`."""
     if target in table[current]:

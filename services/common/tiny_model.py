@@ -30,12 +30,29 @@ TINY_CONFIG = {
 # Named random-init shapes for benchmarks. vLLM's CPU attention takes head_dim 32 or 64;
 # num_key_value_heads divides num_attention_heads; embeddings tied, like the tiny model.
 MODEL_SIZES: dict[str, dict[str, Any]] = {
-    "1mb": {**TINY_CONFIG, "hidden_size": 64, "intermediate_size": 192,
-            "num_attention_heads": 2, "num_key_value_heads": 1},  # head_dim 32
-    "100mb": {**TINY_CONFIG, "hidden_size": 512, "intermediate_size": 1536,
-              "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2},
-    "1gb": {**TINY_CONFIG, "hidden_size": 1024, "intermediate_size": 3072,
-            "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4},
+    "1mb": {
+        **TINY_CONFIG,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },  # head_dim 32
+    "100mb": {
+        **TINY_CONFIG,
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+    },
+    "1gb": {
+        **TINY_CONFIG,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 20,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+    },
 }
 SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 # ChatML, with tools named in a system turn and tool results in a user turn, as Qwen does
@@ -48,7 +65,7 @@ CHAT_TEMPLATE = (
     "<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
     "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
     "{% for call in m['tool_calls'] or [] %}{% if m['content'] or not loop.first %}\n{% endif %}"
-    "<tool_call>\n{\"name\": \"{{ call['function']['name'] }}\", \"arguments\": "
+    '<tool_call>\n{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
     "{{ call['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -75,8 +92,10 @@ def build_tokenizer(out_dir: Path) -> int:
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -87,7 +106,10 @@ def build_tokenizer(out_dir: Path) -> int:
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS, unk_token=None,
+        tokenizer_object=tokenizer,
+        eos_token=EOS,
+        pad_token=EOS,
+        unk_token=None,
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -111,8 +133,11 @@ def build_random_model(out_dir: Path | str, config: dict[str, Any], seed: int = 
     vocab_size = build_tokenizer(out)
     eos_id = AutoTokenizer.from_pretrained(out).eos_token_id
     qwen2_config = Qwen2Config(
-        vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
-        dtype="float32", **config,
+        vocab_size=vocab_size,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        dtype="float32",
+        **config,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(qwen2_config)

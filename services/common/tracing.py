@@ -87,8 +87,13 @@ def extract(carrier: Mapping[str, str] | None) -> otel_context.Context | None:
 
 
 @contextlib.contextmanager
-def span_in(parent: otel_context.Context | None, name: str, *, link: bool = False,
-            attributes: Mapping[str, str | int | float] | None = None) -> Iterator[None]:
+def span_in(
+    parent: otel_context.Context | None,
+    name: str,
+    *,
+    link: bool = False,
+    attributes: Mapping[str, str | int | float] | None = None,
+) -> Iterator[None]:
     """Run the block in a span named `name`, a child of `parent` (`link`: the root of a new
     trace that links to `parent`); nothing at all when `parent` is None. An exception the
     block raises marks the span failed and goes on."""
@@ -96,10 +101,14 @@ def span_in(parent: otel_context.Context | None, name: str, *, link: bool = Fals
         yield
         return
     span_context = trace.get_current_span(parent).get_span_context()
-    options = ({"context": otel_context.Context(), "links": [trace.Link(span_context)]}
-               if link else {"context": parent})
+    options = (
+        {"context": otel_context.Context(), "links": [trace.Link(span_context)]}
+        if link
+        else {"context": parent}
+    )
     with trace.get_tracer("loom.work").start_as_current_span(
-            name, attributes=dict(attributes or {}), **options):
+        name, attributes=dict(attributes or {}), **options
+    ):
         yield
 
 
@@ -109,11 +118,16 @@ class _TracingTransport(httpx2.AsyncBaseTransport):
         self._tracer = trace.get_tracer("loom.http")
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        attributes = {"http.request.method": request.method, "url.full": str(request.url),
-                      "server.address": request.url.host}
-        with self._tracer.start_as_current_span(f"{request.method} {request.url.path}",
-                                                kind=trace.SpanKind.CLIENT,
-                                                attributes=attributes) as span:
+        attributes = {
+            "http.request.method": request.method,
+            "url.full": str(request.url),
+            "server.address": request.url.host,
+        }
+        with self._tracer.start_as_current_span(
+            f"{request.method} {request.url.path}",
+            kind=trace.SpanKind.CLIENT,
+            attributes=attributes,
+        ) as span:
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
             request.headers.update(carrier)

@@ -31,9 +31,14 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
         try:
             # Start a worker and check it can verify before declaring the service up.
             await pool.run(60.0, run_verifier, "math", "1/2", "0.5", MathParams())
-            app.state.scorer = Scorer(pool, settings.reward_item_timeout_s, sandbox,
-                                      settings.reward_sandbox_concurrency, functions,
-                                      threads=settings.reward_workers)
+            app.state.scorer = Scorer(
+                pool,
+                settings.reward_item_timeout_s,
+                sandbox,
+                settings.reward_sandbox_concurrency,
+                functions,
+                threads=settings.reward_workers,
+            )
             yield
         finally:
             if hasattr(app.state, "scorer"):
@@ -44,7 +49,12 @@ def create_app(settings: RewardSettings | None = None) -> FastAPI:
     async def readiness() -> dict[str, Any]:
         return {"workers": settings.reward_workers}
 
-    app = create_service_app("reward", routers=[router], lifespan=lifespan, readiness=readiness,
-                             service_token=service_token(settings))
+    app = create_service_app(
+        "reward",
+        routers=[router],
+        lifespan=lifespan,
+        readiness=readiness,
+        service_token=service_token(settings),
+    )
     app.state.settings = settings
     return app

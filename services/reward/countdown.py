@@ -18,16 +18,22 @@ from services.common.schemas import StrictModel
 
 Score = tuple[float, dict[str, object]]
 MAX_EXPRESSION_CHARS = 1000
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-              ast.Div: operator.truediv}
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 
 
 class CountdownParams(StrictModel):
     use_all: bool = Field(default=False, description="Every number must be used.")
-    format_reward: float = Field(default=0.0, ge=0, le=1,
-                                 description="Reward of a valid expression that misses.")
-    answer_after: str | None = Field(default=None, max_length=64,
-                                     description="Score only the text after the last marker.")
+    format_reward: float = Field(
+        default=0.0, ge=0, le=1, description="Reward of a valid expression that misses."
+    )
+    answer_after: str | None = Field(
+        default=None, max_length=64, description="Score only the text after the last marker."
+    )
 
 
 class CountdownReference(StrictModel):
@@ -39,8 +45,10 @@ def parse_reference(reference: str | None) -> CountdownReference:
     try:
         return CountdownReference.model_validate_json(reference or "")
     except ValidationError as exc:
-        raise ValueError('the reference must be JSON {"numbers": [ints], "target": int}: '
-                         f"{exc.errors()[0]['msg']}") from exc
+        raise ValueError(
+            'the reference must be JSON {"numbers": [ints], "target": int}: '
+            f"{exc.errors()[0]['msg']}"
+        ) from exc
 
 
 def score_countdown(response: str, reference: str | None, params: CountdownParams) -> Score:
@@ -58,8 +66,7 @@ def score_countdown(response: str, reference: str | None, params: CountdownParam
     if params.use_all and Counter(used) != available:
         return 0.0, {"expression": expression, "invalid": "not every number was used"}
     hit = value == expected.target
-    return (1.0 if hit else params.format_reward), {"expression": expression,
-                                                     "value": str(value)}
+    return (1.0 if hit else params.format_reward), {"expression": expression, "value": str(value)}
 
 
 def _evaluate(expression: str) -> tuple[Fraction, list[int]]:
@@ -84,8 +91,9 @@ def _value(node: ast.expr, used: list[int]) -> Fraction:
         if isinstance(node.op, ast.Div) and right == 0:
             raise ValueError("division by zero")
         return _OPERATORS[type(node.op)](left, right)
-    raise ValueError(f"only integers, + - * / and parentheses are allowed, not "
-                     f"{ast.unparse(node)!r}")
+    raise ValueError(
+        f"only integers, + - * / and parentheses are allowed, not {ast.unparse(node)!r}"
+    )
 
 
 def reference_of(numbers: list[int], target: int) -> str:

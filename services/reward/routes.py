@@ -55,8 +55,9 @@ JobQuery = Annotated[str | None, Query(pattern=JOB_ID)]
 
 
 @router.put("/functions/{name}", response_model=RewardFunction)
-async def put_function(name: FunctionName, body: RewardFunctionPut,
-                       functions: FunctionsDep) -> RewardFunction:
+async def put_function(
+    name: FunctionName, body: RewardFunctionPut, functions: FunctionsDep
+) -> RewardFunction:
     """Register (or replace) a reward function; score with verifier `python` and
     params {"function": name, "job_id": ...}. It runs in the sandbox, never here."""
     return functions.put(name, body.job_id, body.code)
@@ -68,13 +69,15 @@ async def list_functions(functions: FunctionsDep, job_id: JobQuery = None) -> Re
 
 
 @router.get("/functions/{name}", response_model=RewardFunction)
-async def get_function(name: FunctionName, functions: FunctionsDep,
-                       job_id: JobQuery = None) -> RewardFunction:
+async def get_function(
+    name: FunctionName, functions: FunctionsDep, job_id: JobQuery = None
+) -> RewardFunction:
     return functions.get(name, job_id)
 
 
 @router.delete("/functions/{name}", status_code=204)
-async def delete_function(name: FunctionName, functions: FunctionsDep,
-                          job_id: JobQuery = None) -> Response:
+async def delete_function(
+    name: FunctionName, functions: FunctionsDep, job_id: JobQuery = None
+) -> Response:
     functions.delete(name, job_id)
     return Response(status_code=204)

@@ -39,9 +39,11 @@ FENCED = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.I
 
 class CodeParams(StrictModel):
     tests: str | None = Field(
-        default=None, max_length=200_000,
+        default=None,
+        max_length=200_000,
         description="Python test code (each top-level assert is a test); default: the item's "
-        "reference.")
+        "reference.",
+    )
     timeout_s: float = Field(default=5.0, gt=0, le=60, description="Per test.")
     memory_mb: int = Field(default=256, ge=16, le=4096, description="Per test.")
 
@@ -69,8 +71,9 @@ def split_tests(source: str) -> tuple[str, list[str]]:
     return ast.unparse(ast.Module(body=setup, type_ignores=[])), tests
 
 
-async def score_code(run: RunInSandbox, response: str, reference: str | None,
-                     params: CodeParams) -> Score:
+async def score_code(
+    run: RunInSandbox, response: str, reference: str | None, params: CodeParams
+) -> Score:
     setup, tests = split_tests(compiles(params.tests or reference or "", "the tests"))
     program = candidate_program(response)
     try:
@@ -81,8 +84,14 @@ async def score_code(run: RunInSandbox, response: str, reference: str | None,
     async def run_test(test: str) -> dict[str, Any]:
         token = secrets.token_hex(16)
         code = f"{program}\n\n{setup}\n{test}\nprint({token!r})\n"
-        result = await run(ExecuteRequest(code=code, timeout_s=params.timeout_s,
-                                          memory_mb=params.memory_mb, max_output_bytes=4096))
+        result = await run(
+            ExecuteRequest(
+                code=code,
+                timeout_s=params.timeout_s,
+                memory_mb=params.memory_mb,
+                max_output_bytes=4096,
+            )
+        )
         passed = result.status.value == "ok" and result.stdout.rstrip().endswith(token)
         outcome = {"test": test, "passed": passed, "status": result.status.value}
         if not passed:
@@ -112,14 +121,19 @@ json.dump({"reward": float(value), "detail": detail}, open("result.json", "w"))
 
 class PythonParams(StrictModel):
     code: str | None = Field(
-        default=None, max_length=200_000,
+        default=None,
+        max_length=200_000,
         description="Python source defining reward(response, reference) -> float or "
-        "(float, dict); runs in the sandbox. Or name a registered `function`.")
+        "(float, dict); runs in the sandbox. Or name a registered `function`.",
+    )
     function: str | None = Field(
-        default=None, pattern=FUNCTION_NAME,
-        description="A reward function registered with PUT /v1/functions/{name}.")
-    job_id: str | None = Field(default=None, pattern=JOB_ID,
-                               description="Whose registered `function` (none: shared).")
+        default=None,
+        pattern=FUNCTION_NAME,
+        description="A reward function registered with PUT /v1/functions/{name}.",
+    )
+    job_id: str | None = Field(
+        default=None, pattern=JOB_ID, description="Whose registered `function` (none: shared)."
+    )
     timeout_s: float = Field(default=10.0, gt=0, le=120, description="Per item.")
     memory_mb: int = Field(default=512, ge=16, le=4096, description="Per item.")
 
@@ -135,16 +149,25 @@ class PythonParams(StrictModel):
         return self
 
 
-async def score_python(run: RunInSandbox, response: str, reference: str | None,
-                       params: PythonParams) -> Score:
+async def score_python(
+    run: RunInSandbox, response: str, reference: str | None, params: PythonParams
+) -> Score:
     """`params.code` must be set: a registered function is looked up before scoring."""
     assert params.code is not None
     item = json.dumps({"response": response, "reference": reference})
-    result = await run(ExecuteRequest(
-        code=HARNESS, timeout_s=params.timeout_s, memory_mb=params.memory_mb,
-        files=[FileIn(path="reward_fn.py", content=params.code),
-               FileIn(path="item.json", content=item)],
-        collect=["result.json"], max_output_bytes=8192))
+    result = await run(
+        ExecuteRequest(
+            code=HARNESS,
+            timeout_s=params.timeout_s,
+            memory_mb=params.memory_mb,
+            files=[
+                FileIn(path="reward_fn.py", content=params.code),
+                FileIn(path="item.json", content=item),
+            ],
+            collect=["result.json"],
+            max_output_bytes=8192,
+        )
+    )
     if result.status.value != "ok":
         last_line = (result.stderr.strip().splitlines() or [result.status.value])[-1]
         raise RuntimeError(f"the reward function failed ({result.status.value}): {last_line}")

@@ -18,9 +18,11 @@ class ScoreItem(StrictModel):
 
 
 class ScoreRequest(StrictModel):
-    verifier: str = Field(min_length=1, max_length=64,
-                          description="exact_match | first_integer | math | regex | countdown | "
-                          "code | python")
+    verifier: str = Field(
+        min_length=1,
+        max_length=64,
+        description="exact_match | first_integer | math | regex | countdown | code | python",
+    )
     params: dict[str, Any] = Field(default={}, description="Verifier options, e.g. a pattern")
     items: list[ScoreItem] = Field(min_length=1, max_length=MAX_ITEMS)
 
@@ -85,8 +87,7 @@ def compiles(source: str, what: str) -> str:
 
 def defines_reward(code: str, what: str) -> str:
     module = ast.parse(compiles(code, what))
-    if not any(isinstance(node, ast.FunctionDef) and node.name == "reward"
-               for node in module.body):
+    if not any(isinstance(node, ast.FunctionDef) and node.name == "reward" for node in module.body):
         raise ValueError(f"{what} must define a top-level function reward(response, reference)")
     return code
 
@@ -97,8 +98,9 @@ JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 
 class RewardFunctionPut(StrictModel):
     code: str = Field(max_length=200_000, description="Defines reward(response, reference).")
-    job_id: str | None = Field(default=None, pattern=JOB_ID,
-                               description="The job it belongs to; none: shared.")
+    job_id: str | None = Field(
+        default=None, pattern=JOB_ID, description="The job it belongs to; none: shared."
+    )
 
     @field_validator("code")
     @classmethod

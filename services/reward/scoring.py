@@ -41,9 +41,15 @@ class _Batch:
 
 
 class Scorer:
-    def __init__(self, pool: WorkerPool, item_timeout_s: float,
-                 sandbox: SandboxClient | None = None, sandbox_concurrency: int = 8,
-                 functions: FunctionStore | None = None, threads: int = 2) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        item_timeout_s: float,
+        sandbox: SandboxClient | None = None,
+        sandbox_concurrency: int = 8,
+        functions: FunctionStore | None = None,
+        threads: int = 2,
+    ) -> None:
         self.pool = pool
         self.functions = functions
         self.item_timeout_s = item_timeout_s
@@ -75,8 +81,14 @@ class Scorer:
             try:
                 verifier, params = self._resolve(batch)
             except LoomError as exc:
-                results.append(ScoreResult(verifier=batch.verifier, error=ErrorBody(
-                    code=exc.code, message=exc.message, detail=json_safe(exc.detail))))
+                results.append(
+                    ScoreResult(
+                        verifier=batch.verifier,
+                        error=ErrorBody(
+                            code=exc.code, message=exc.message, detail=json_safe(exc.detail)
+                        ),
+                    )
+                )
                 continue
             results.append(ScoreResult(verifier=verifier.name))
             batches.append(_Batch(verifier, params, batch.items))
@@ -99,15 +111,27 @@ class Scorer:
         """The scores of each batch: the thread verifiers' batches all in one hop, worker and
         sandbox items each a call of its own, inline batches here while those run."""
         threaded = [b for b in batches if b.verifier.runs_in == "thread"]
-        in_thread = asyncio.get_running_loop().run_in_executor(
-            self._threads, self._score_threaded, threaded) if threaded else None
-        awaited = {id(b): asyncio.gather(*(self._score_item(b.verifier, b.params, item)
-                                           for item in b.items))
-                   for b in batches if b.verifier.runs_in in ("worker", "sandbox")}
+        in_thread = (
+            asyncio.get_running_loop().run_in_executor(
+                self._threads, self._score_threaded, threaded
+            )
+            if threaded
+            else None
+        )
+        awaited = {
+            id(b): asyncio.gather(
+                *(self._score_item(b.verifier, b.params, item) for item in b.items)
+            )
+            for b in batches
+            if b.verifier.runs_in in ("worker", "sandbox")
+        }
         scores: dict[int, list[ItemScore]] = {
-            id(b): self._each(b, lambda item, b=b: b.verifier.score(
-                item.response, item.reference, b.params))
-            for b in batches if b.verifier.runs_in == "inline"}
+            id(b): self._each(
+                b, lambda item, b=b: b.verifier.score(item.response, item.reference, b.params)
+            )
+            for b in batches
+            if b.verifier.runs_in == "inline"
+        }
         if in_thread is not None:
             scores.update(zip(map(id, threaded), await in_thread, strict=True))
         for key, pending in awaited.items():
@@ -115,8 +139,15 @@ class Scorer:
         return [scores[id(b)] for b in batches]
 
     def _score_threaded(self, batches: list[_Batch]) -> list[list[ItemScore]]:
-        return [self._each(b, lambda item, b=b: b.verifier.score(
-            item.response, item.reference, b.params, self.item_timeout_s)) for b in batches]
+        return [
+            self._each(
+                b,
+                lambda item, b=b: b.verifier.score(
+                    item.response, item.reference, b.params, self.item_timeout_s
+                ),
+            )
+            for b in batches
+        ]
 
     def _each(self, batch: _Batch, score: Callable[[ScoreItem], Score]) -> list[ItemScore]:
         scores = []
@@ -129,17 +160,22 @@ class Scorer:
                 scores.append(ItemScore(reward=reward, detail=detail))
         return scores
 
-    async def _score_item(self, verifier: Verifier, params: object,
-                          item: ScoreItem) -> ItemScore:
+    async def _score_item(self, verifier: Verifier, params: object, item: ScoreItem) -> ItemScore:
         try:
             if verifier.runs_in == "worker":
-                reward, detail = await self.pool.run(self.item_timeout_s, run_verifier,
-                                                     verifier.name, item.response,
-                                                     item.reference, params)
+                reward, detail = await self.pool.run(
+                    self.item_timeout_s,
+                    run_verifier,
+                    verifier.name,
+                    item.response,
+                    item.reference,
+                    params,
+                )
             else:
                 reward, detail = await asyncio.wait_for(
                     verifier.score(self.run_in_sandbox, item.response, item.reference, params),
-                    self.item_timeout_s)
+                    self.item_timeout_s,
+                )
         except Exception as exc:  # one bad item must not fail the batch
             return self._failed(verifier, exc)
         return ItemScore(reward=reward, detail=detail)

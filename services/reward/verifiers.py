@@ -72,7 +72,8 @@ FIRST_NUMBER = re.compile(r"([-+]?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?", re.A
 
 class FirstIntegerParams(StrictModel):
     answer_after: str | None = Field(
-        default=None, description="Read the integer after the last such marker (\"####\").")
+        default=None, description='Read the integer after the last such marker ("####").'
+    )
 
 
 def first_integer(text: str) -> int | None:
@@ -88,8 +89,7 @@ def first_integer(text: str) -> int | None:
     return int(match.group(1) + match.group(2).replace(",", ""))
 
 
-def score_first_integer(response: str, reference: str | None,
-                        params: FirstIntegerParams) -> Score:
+def score_first_integer(response: str, reference: str | None, params: FirstIntegerParams) -> Score:
     expected = first_integer(reference or "")
     if expected is None:
         raise ValueError(f"the reference {reference!r} holds no integer")
@@ -111,8 +111,10 @@ def score_math(response: str, reference: str | None, _params: MathParams) -> Sco
     if not gold:
         raise ValueError(f"the reference {reference!r} holds no mathematical answer")
     answer = parse(response)
-    detail = {"reference_parsed": str(gold[0]),
-              "response_parsed": str(answer[0]) if answer else None}
+    detail = {
+        "reference_parsed": str(gold[0]),
+        "response_parsed": str(answer[0]) if answer else None,
+    }
     return float(bool(answer) and verify(gold, answer)), detail
 
 
@@ -135,8 +137,9 @@ class RegexParams(StrictModel):
         return pattern
 
 
-def score_regex(response: str, _reference: str | None, params: RegexParams,
-                timeout_s: float) -> Score:
+def score_regex(
+    response: str, _reference: str | None, params: RegexParams, timeout_s: float
+) -> Score:
     """Raises TimeoutError past `timeout_s` (a pattern that backtracks for ever)."""
     compiled = regex.compile(params.pattern)  # cached by the regex module
     find = compiled.search if params.mode == "search" else compiled.fullmatch
@@ -160,36 +163,77 @@ class Verifier:
     runs_in: Literal["inline", "thread", "worker", "sandbox"]
 
     def info(self) -> VerifierInfo:
-        params = {name: field.description or "" for name, field in
-                  self.params_model.model_fields.items()}
+        params = {
+            name: field.description or "" for name, field in self.params_model.model_fields.items()
+        }
         return VerifierInfo(name=self.name, description=self.description, params=params)
 
 
 VERIFIERS: dict[str, Verifier] = {
     verifier.name: verifier
     for verifier in (
-        Verifier("exact_match", "1.0 when the response equals the reference, whitespace "
-                 "normalised.", ExactMatchParams, score_exact_match,
-                 needs_reference=True, runs_in="inline"),
-        Verifier("first_integer", "1.0 when the first integer in the response equals the "
-                 "reference's (signs, thousands commas; a decimal first number scores 0).",
-                 FirstIntegerParams, score_first_integer, needs_reference=True,
-                 runs_in="inline"),
-        Verifier("math", "1.0 when the response's final answer is mathematically equivalent to "
-                 "the reference (math-verify: LaTeX, \\boxed{}, fractions, decimals, equations).",
-                 MathParams, score_math, needs_reference=True, runs_in="worker"),
-        Verifier("regex", "1.0 when the pattern matches the response.", RegexParams, score_regex,
-                 needs_reference=False, runs_in="thread"),
-        Verifier("countdown", "1.0 when the response is an expression over the reference's "
-                 "numbers (each at most once; + - * / and parentheses) equal to its target; "
-                 "reference: JSON {\"numbers\": [...], \"target\": n}.", CountdownParams,
-                 score_countdown, needs_reference=True, runs_in="inline"),
-        Verifier("code", "Fraction of tests the response's program passes, each top-level "
-                 "assert of the tests (the reference, or params.tests) run in the sandbox.",
-                 CodeParams, score_code, needs_reference=False, runs_in="sandbox"),
-        Verifier("python", "A reward function of the job's own (params.code defines "
-                 "reward(response, reference)), run in the sandbox for each item.",
-                 PythonParams, score_python, needs_reference=False, runs_in="sandbox"),
+        Verifier(
+            "exact_match",
+            "1.0 when the response equals the reference, whitespace normalised.",
+            ExactMatchParams,
+            score_exact_match,
+            needs_reference=True,
+            runs_in="inline",
+        ),
+        Verifier(
+            "first_integer",
+            "1.0 when the first integer in the response equals the "
+            "reference's (signs, thousands commas; a decimal first number scores 0).",
+            FirstIntegerParams,
+            score_first_integer,
+            needs_reference=True,
+            runs_in="inline",
+        ),
+        Verifier(
+            "math",
+            "1.0 when the response's final answer is mathematically equivalent to "
+            "the reference (math-verify: LaTeX, \\boxed{}, fractions, decimals, equations).",
+            MathParams,
+            score_math,
+            needs_reference=True,
+            runs_in="worker",
+        ),
+        Verifier(
+            "regex",
+            "1.0 when the pattern matches the response.",
+            RegexParams,
+            score_regex,
+            needs_reference=False,
+            runs_in="thread",
+        ),
+        Verifier(
+            "countdown",
+            "1.0 when the response is an expression over the reference's "
+            "numbers (each at most once; + - * / and parentheses) equal to its target; "
+            'reference: JSON {"numbers": [...], "target": n}.',
+            CountdownParams,
+            score_countdown,
+            needs_reference=True,
+            runs_in="inline",
+        ),
+        Verifier(
+            "code",
+            "Fraction of tests the response's program passes, each top-level "
+            "assert of the tests (the reference, or params.tests) run in the sandbox.",
+            CodeParams,
+            score_code,
+            needs_reference=False,
+            runs_in="sandbox",
+        ),
+        Verifier(
+            "python",
+            "A reward function of the job's own (params.code defines "
+            "reward(response, reference)), run in the sandbox for each item.",
+            PythonParams,
+            score_python,
+            needs_reference=False,
+            runs_in="sandbox",
+        ),
     )
 }
 
@@ -203,19 +247,23 @@ def resolve(name: str, params: dict[str, Any], items: list[ScoreItem]) -> tuple[
     verifier = VERIFIERS.get(name)
     if verifier is None:
         known = sorted(VERIFIERS)
-        raise InvalidInput(f"Unknown verifier {name!r}; known verifiers: {', '.join(known)}",
-                           {"known": known})
+        raise InvalidInput(
+            f"Unknown verifier {name!r}; known verifiers: {', '.join(known)}", {"known": known}
+        )
     try:
         parsed = verifier.params_model.model_validate(params)
     except ValidationError as exc:
         raise invalid_options(exc, f"Invalid params for verifier {name!r}", "params") from exc
     needs_reference = verifier.needs_reference or (
-        isinstance(parsed, CodeParams) and parsed.tests is None)
+        isinstance(parsed, CodeParams) and parsed.tests is None
+    )
     if needs_reference:
         missing = [i for i, item in enumerate(items) if item.reference is None]
         if missing:
-            raise InvalidInput(f"Verifier {name!r} needs a reference; items without one: "
-                               f"{missing[:20]}", {"items": missing})
+            raise InvalidInput(
+                f"Verifier {name!r} needs a reference; items without one: {missing[:20]}",
+                {"items": missing},
+            )
     return verifier, parsed
 
 

@@ -59,9 +59,12 @@ class WorkerPool:
     def _start(self) -> _Generation:
         context = multiprocessing.get_context("spawn")
         barrier = context.Barrier(self.workers + 1)
-        executor = ProcessPoolExecutor(self.workers, mp_context=context,
-                                       initializer=_start_worker,
-                                       initargs=(self._initializer, barrier))
+        executor = ProcessPoolExecutor(
+            self.workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(self._initializer, barrier),
+        )
         calls = [asyncio.wrap_future(executor.submit(_noop)) for _ in range(self.workers)]
         for call in calls:  # a pool that fails to start fails them all: ready reports it once
             call.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -82,7 +85,8 @@ class WorkerPool:
                 try:
                     await generation.ready
                     future = asyncio.get_running_loop().run_in_executor(
-                        generation.executor, fn, *args)
+                        generation.executor, fn, *args
+                    )
                     return await asyncio.wait_for(future, timeout_s)
                 except TimeoutError:
                     self._replace(generation)

@@ -88,8 +88,7 @@ class Episode:
     loss_mask: list[int] = field(default_factory=list)
     turns: list[TurnInfo] = field(default_factory=list)
     replies: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0,
-                                                               "env_s": 0.0})
+    timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0})
 
     @property
     def context(self) -> list[int]:
@@ -102,21 +101,44 @@ class Episode:
     def add_model_turn(self, parts: list[Sample], text: str) -> None:
         """A model turn: one span per version that sampled part of it (partial rollouts)."""
         for part in parts:
-            self._add("model", part.token_ids, part.logprobs, 1,
-                      text if len(parts) == 1 else part.text, part.version, part.stop_reason)
+            self._add(
+                "model",
+                part.token_ids,
+                part.logprobs,
+                1,
+                text if len(parts) == 1 else part.text,
+                part.version,
+                part.stop_reason,
+            )
         self.replies.append(text)
 
     def add_env_turn(self, token_ids: list[int], text: str) -> None:
         self._add("env", token_ids, [0.0] * len(token_ids), 0, text, None, None)
 
-    def _add(self, kind: Any, token_ids: list[int], logprobs: list[float], mask: int,
-             text: str, version: int | None, stop_reason: Any) -> None:
+    def _add(
+        self,
+        kind: Any,
+        token_ids: list[int],
+        logprobs: list[float],
+        mask: int,
+        text: str,
+        version: int | None,
+        stop_reason: Any,
+    ) -> None:
         start = len(self.token_ids)
         self.token_ids.extend(token_ids)
         self.logprobs.extend(logprobs)
         self.loss_mask.extend([mask] * len(token_ids))
-        self.turns.append(TurnInfo(kind=kind, start=start, end=len(self.token_ids), text=text,
-                                   version=version, stop_reason=stop_reason))
+        self.turns.append(
+            TurnInfo(
+                kind=kind,
+                start=start,
+                end=len(self.token_ids),
+                text=text,
+                version=version,
+                stop_reason=stop_reason,
+            )
+        )
 
 
 @dataclass
@@ -145,24 +167,25 @@ class AgentLoop:
             return self.chat.prompt_ids(environment.messages(), environment.tools())
         return self.sampler.engine.encode(environment.prompt_text())
 
-    async def run_group(self, plan: Plan, task_index: int, version: GroupVersion,
-                        slot: Callable[[], Any]) -> list[Trajectory]:
+    async def run_group(
+        self, plan: Plan, task_index: int, version: GroupVersion, slot: Callable[[], Any]
+    ) -> list[Trajectory]:
         """`group_size` episodes of one task, then one reward call; `slot` bounds how many
         episodes run at once across the request."""
         task = plan.request.tasks[task_index]
 
         async def one(sample_index: int) -> Finished:
             async with slot():
-                return await self.run_episode(plan, task_index, sample_index,
-                                              await version.get())
+                return await self.run_episode(plan, task_index, sample_index, await version.get())
 
         finished = await asyncio.gather(*(one(i) for i in range(plan.request.group_size)))
         trajectories = [self._trajectory(task_index, i, f) for i, f in enumerate(finished)]
         await self._score(task, finished, trajectories)
         return trajectories
 
-    async def run_episode(self, plan: Plan, task_index: int, sample_index: int,
-                          version: VersionRef) -> Finished:
+    async def run_episode(
+        self, plan: Plan, task_index: int, sample_index: int, version: VersionRef
+    ) -> Finished:
         request = plan.request
         environment = plan.environment(request.tasks[task_index])
         started = time.perf_counter()
@@ -176,11 +199,13 @@ class AgentLoop:
             if room < 1:
                 stop_reason = "max_tokens"
                 break
-            params = request.params.model_copy(update={
-                "max_tokens": min(request.params.max_tokens, room),
-                "stop_token_ids": sorted(stop_ids),
-                "seed": _seed(request.params.seed, task_index, sample_index, turn),
-            })
+            params = request.params.model_copy(
+                update={
+                    "max_tokens": min(request.params.max_tokens, room),
+                    "stop_token_ids": sorted(stop_ids),
+                    "seed": _seed(request.params.seed, task_index, sample_index, turn),
+                }
+            )
             began = time.perf_counter()
             parts = await self._model_turn(request, episode.context, version, params)
             episode.timings["generate_s"] += time.perf_counter() - began
@@ -202,8 +227,9 @@ class AgentLoop:
             feedback = await environment.step(text, self.tools)
             episode.timings["env_s"] += time.perf_counter() - began
             history.append({"role": "assistant", "content": text})
-            feedback_ids = self._feedback_ids(environment, history, feedback, tools,
-                                              sample.token_ids)
+            feedback_ids = self._feedback_ids(
+                environment, history, feedback, tools, sample.token_ids
+            )
             history.extend(feedback)
             if episode.length + len(feedback_ids) >= plan.max_total_tokens:
                 stop_reason = "max_tokens"  # no room left for the model to answer
@@ -212,23 +238,38 @@ class AgentLoop:
         episode.timings["total_s"] = time.perf_counter() - started
         return Finished(episode, environment, stop_reason)
 
-    async def _model_turn(self, request: RolloutRequest, context: list[int],
-                          version: VersionRef, params: SamplingParams) -> list[Sample]:
+    async def _model_turn(
+        self,
+        request: RolloutRequest,
+        context: list[int],
+        version: VersionRef,
+        params: SamplingParams,
+    ) -> list[Sample]:
         """One model turn: one sample, or with refresh 'partial', parts: a generation that a
         newer version interrupts continues on it from the tokens it has."""
-        sample_request = SampleRequest(job_id=request.job_id, version=version,
-                                       prompt_token_ids=context, params=params)
+        sample_request = SampleRequest(
+            job_id=request.job_id, version=version, prompt_token_ids=context, params=params
+        )
         if request.version_refresh != "partial":
             return (await self.sampler.sample(sample_request)).samples[:1]
         parts: list[Sample] = []
         while True:
             done = [t for part in parts for t in part.token_ids]
-            new_parts, newer = await self.sampler.sample_until_newer(sample_request.model_copy(
-                update={"prompt_token_ids": [*context, *done], "params": params.model_copy(
-                    update={"max_tokens": params.max_tokens - len(done)})}))
+            new_parts, newer = await self.sampler.sample_until_newer(
+                sample_request.model_copy(
+                    update={
+                        "prompt_token_ids": [*context, *done],
+                        "params": params.model_copy(
+                            update={"max_tokens": params.max_tokens - len(done)}
+                        ),
+                    }
+                )
+            )
             parts.extend(part for part in new_parts if part.token_ids or newer is None)
-            if newer is None or len(done) + sum(len(p.token_ids) for p in new_parts) >= \
-                    params.max_tokens:
+            if (
+                newer is None
+                or len(done) + sum(len(p.token_ids) for p in new_parts) >= params.max_tokens
+            ):
                 return parts
             sample_request.version = newer  # the number announced: no alias lookup
 
@@ -242,9 +283,14 @@ class AgentLoop:
             ids.add(self.chat.turn_end_id)
         return ids
 
-    def _feedback_ids(self, environment: Environment, history: list[Message],
-                      feedback: list[Message], tools: list[dict[str, Any]],
-                      reply_ids: list[int]) -> list[int]:
+    def _feedback_ids(
+        self,
+        environment: Environment,
+        history: list[Message],
+        feedback: list[Message],
+        tools: list[dict[str, Any]],
+        reply_ids: list[int],
+    ) -> list[int]:
         if not environment.chat:
             return self.chat.encode("".join(str(m["content"]) for m in feedback))
         ended_with_turn_end = bool(reply_ids) and reply_ids[-1] == self.chat.turn_end_id
@@ -254,14 +300,22 @@ class AgentLoop:
     def _trajectory(task_index: int, sample_index: int, finished: Finished) -> Trajectory:
         episode = finished.episode
         return Trajectory(
-            task_index=task_index, sample_index=sample_index, prompt_token_ids=episode.prompt_ids,
-            token_ids=episode.token_ids, logprobs=episode.logprobs, loss_mask=episode.loss_mask,
-            turns=episode.turns, stop_reason=finished.stop_reason, response="", reward=None,
+            task_index=task_index,
+            sample_index=sample_index,
+            prompt_token_ids=episode.prompt_ids,
+            token_ids=episode.token_ids,
+            logprobs=episode.logprobs,
+            loss_mask=episode.loss_mask,
+            turns=episode.turns,
+            stop_reason=finished.stop_reason,
+            response="",
+            reward=None,
             timings={k: round(v, 4) for k, v in episode.timings.items()},
         )
 
-    async def _score(self, task: RolloutTask, finished: list[Finished],
-                     trajectories: list[Trajectory]) -> None:
+    async def _score(
+        self, task: RolloutTask, finished: list[Finished], trajectories: list[Trajectory]
+    ) -> None:
         """One reward call per verifier (environments name theirs per episode)."""
         by_verifier: dict[tuple[str, str], list[int]] = {}
         scorings = [f.environment.scoring(f.episode.replies) for f in finished]
@@ -271,8 +325,10 @@ class AgentLoop:
             by_verifier.setdefault(key, []).append(i)
         began = time.perf_counter()
         for (verifier, params), members in by_verifier.items():
-            items = [ScoreItem(response=scorings[i].response, reference=scorings[i].reference)
-                     for i in members]
+            items = [
+                ScoreItem(response=scorings[i].response, reference=scorings[i].reference)
+                for i in members
+            ]
             try:
                 scores = (await self.scorer.score(verifier, items, json.loads(params))).scores
             except LoomError as exc:
@@ -290,10 +346,13 @@ class AgentLoop:
 
 def joined(parts: list[Sample]) -> Sample:
     """The parts of a model turn as one sample (the last part's stop reason and version)."""
-    return parts[-1].model_copy(update={
-        "token_ids": [t for part in parts for t in part.token_ids],
-        "logprobs": [lp for part in parts for lp in part.logprobs],
-        "text": "".join(part.text for part in parts)})
+    return parts[-1].model_copy(
+        update={
+            "token_ids": [t for part in parts for t in part.token_ids],
+            "logprobs": [lp for part in parts for lp in part.logprobs],
+            "text": "".join(part.text for part in parts),
+        }
+    )
 
 
 def _seed(seed: int | None, task_index: int, sample_index: int, turn: int) -> int | None:

@@ -19,8 +19,13 @@ LEAVE_TIMEOUT_S = 2.0
 
 
 class Announcer:
-    def __init__(self, gateway: GatewayReplicas, replica_id: str, heartbeat_s: float,
-                 state: Callable[[], ReplicaHeartbeat]) -> None:
+    def __init__(
+        self,
+        gateway: GatewayReplicas,
+        replica_id: str,
+        heartbeat_s: float,
+        state: Callable[[], ReplicaHeartbeat],
+    ) -> None:
         self.gateway = gateway
         self.replica_id = replica_id
         self.heartbeat_s = heartbeat_s
@@ -35,8 +40,11 @@ class Announcer:
             await self.gateway.heartbeat(self.replica_id, self.state(), self.heartbeat_s)
         except LoomError as exc:
             if not self._failing:
-                log.warning("cannot register with the gateway (%s); retrying every %.1f s",
-                            exc.message, self.heartbeat_s)
+                log.warning(
+                    "cannot register with the gateway (%s); retrying every %.1f s",
+                    exc.message,
+                    self.heartbeat_s,
+                )
             self._failing, self.registered = True, False
             return
         if not self.registered:

@@ -58,16 +58,28 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model_path = await run_in_threadpool(
-            resolve_base_model, settings.rollout_model, settings.data_dir)
+            resolve_base_model, settings.rollout_model, settings.data_dir
+        )
         engine = RolloutEngine(settings, model_path, busy)
         store = ModelStateClient.from_settings(settings)
         gateway = client_of(settings, GatewayReplicas, retries=0)  # the next beat retries
         peers = httpx2.AsyncClient(headers=service_headers(settings), timeout=DEFAULT_TIMEOUT)
-        fetcher = Fetcher(store, GatewayPeers(gateway, settings.url_of("rollout")), peers,
-                          settings.cache_dir, in_place=settings.rollout_store_local_reads)
+        fetcher = Fetcher(
+            store,
+            GatewayPeers(gateway, settings.url_of("rollout")),
+            peers,
+            settings.cache_dir,
+            in_place=settings.rollout_store_local_reads,
+        )
         app.state.held_files = fetcher.held
-        versions = Versions(engine, store, fetcher.materialize, base_model=settings.rollout_model,
-                            base_path=model_path, max_loras=settings.rollout_max_loras)
+        versions = Versions(
+            engine,
+            store,
+            fetcher.materialize,
+            base_model=settings.rollout_model,
+            base_path=model_path,
+            max_loras=settings.rollout_max_loras,
+        )
         sampler = Sampler(engine, versions)
         url = settings.database_url_for("rollout")
         await run_in_threadpool(migrate, url, ALEMBIC_DIR, VERSION_TABLE)
@@ -92,16 +104,22 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         def heartbeat() -> ReplicaHeartbeat:
             resident = versions.resident()
             return ReplicaHeartbeat(
-                url=settings.url_of("rollout"), ready=engine.ready,
+                url=settings.url_of("rollout"),
+                ready=engine.ready,
                 versions=[*([resident.full] if resident.full else []), *resident.loras],
                 requests_in_flight=engine.requests_in_flight,
                 tokens_in_flight=engine.tokens_in_flight,
-                heartbeat_s=settings.rollout_heartbeat_s)
+                heartbeat_s=settings.rollout_heartbeat_s,
+            )
 
         announcer = app.state.announcer = Announcer(
-            gateway, settings.replica_id, settings.rollout_heartbeat_s, heartbeat)
-        announcing = asyncio.create_task(announcer.run(), name="rollout-announce") \
-            if settings.rollout_announce else None
+            gateway, settings.replica_id, settings.rollout_heartbeat_s, heartbeat
+        )
+        announcing = (
+            asyncio.create_task(announcer.run(), name="rollout-announce")
+            if settings.rollout_announce
+            else None
+        )
 
         async def run() -> None:
             await engine.start()
@@ -123,21 +141,31 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
                         await running
             engine.shutdown()
             database.dispose()
-            await asyncio.gather(store.aclose(), sandbox.aclose(), reward.aclose(),
-                                 gateway.aclose(), peers.aclose())
+            await asyncio.gather(
+                store.aclose(), sandbox.aclose(), reward.aclose(), gateway.aclose(), peers.aclose()
+            )
 
     async def readiness() -> dict[str, Any]:
         engine: RolloutEngine = app.state.engine
         if not engine.ready:
             engine.llm  # noqa: B018 -- raises Unavailable with the reason (starting or failed)
             raise Unavailable("The rollout engine is warming up.")
-        return {"model": settings.rollout_model, "startup_s": round(engine.startup_seconds or 0, 1),
-                "warmup_s": round(engine.warmup_seconds or 0, 1)}
+        return {
+            "model": settings.rollout_model,
+            "startup_s": round(engine.startup_seconds or 0, 1),
+            "warmup_s": round(engine.warmup_seconds or 0, 1),
+        }
 
-    app = create_service_app("rollout", routers=[routes.router, openai_routes.router],
-                             lifespan=lifespan, service_token=service_token(settings))
-    busy = BusyClock("loom_rollout_engine_busy_seconds",
-                     "Seconds the engine had at least one generation in flight")
+    app = create_service_app(
+        "rollout",
+        routers=[routes.router, openai_routes.router],
+        lifespan=lifespan,
+        service_token=service_token(settings),
+    )
+    busy = BusyClock(
+        "loom_rollout_engine_busy_seconds",
+        "Seconds the engine had at least one generation in flight",
+    )
     app.state.metrics_registry.register(busy)
     app.state.readiness = readiness  # set after: it reads the engine the lifespan puts on `app`
     return app

@@ -72,18 +72,19 @@ def slot_cores(allowed: Sequence[int], per_replica: int, slot: int) -> list[int]
     ordered = sorted(allowed)
     runs = max(len(ordered) // per_replica, 1)
     start = (slot % runs) * per_replica
-    return ordered[start:start + per_replica]
+    return ordered[start : start + per_replica]
 
 
 def rank_binding(cores: Sequence[int], ranks: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for an engine of `ranks` ranks: `cores` split into that many
     runs, `|` between them."""
     if len(cores) < ranks:
-        raise ValueError(f"{len(cores)} core(s) ({format_cores(cores)}) cannot serve an engine "
-                         f"of {ranks} ranks (tensor x data parallel size): give each rank one.")
+        raise ValueError(
+            f"{len(cores)} core(s) ({format_cores(cores)}) cannot serve an engine "
+            f"of {ranks} ranks (tensor x data parallel size): give each rank one."
+        )
     share = len(cores) // ranks
-    return "|".join(format_cores(cores[rank * share:(rank + 1) * share])
-                    for rank in range(ranks))
+    return "|".join(format_cores(cores[rank * share : (rank + 1) * share]) for rank in range(ranks))
 
 
 def claim_slot(directory: Path, allowed: Sequence[int], per_replica: int) -> CoreSlot:
@@ -104,9 +105,14 @@ def default_slots_dir() -> Path:
     return Path(tempfile.gettempdir()) / "loom-rollout-cores"
 
 
-def bind_engine_threads(*, explicit: str | None, per_replica: int, ranks: int,
-                        slots_dir: Path | None,
-                        environ: MutableMapping[str, str] = os.environ) -> CoreSlot | None:
+def bind_engine_threads(
+    *,
+    explicit: str | None,
+    per_replica: int,
+    ranks: int,
+    slots_dir: Path | None,
+    environ: MutableMapping[str, str] = os.environ,
+) -> CoreSlot | None:
     """Set VLLM_CPU_OMP_THREADS_BIND in `environ` (read by the engine processes vLLM starts)
     by the rules above; the slot held, if one was claimed (keep it for the process's life)."""
     if BIND_ENV in environ:
@@ -116,12 +122,16 @@ def bind_engine_threads(*, explicit: str | None, per_replica: int, ranks: int,
     if explicit is not None:
         cores = parse_cores(explicit)
     elif per_replica > 0:
-        slot = claim_slot(slots_dir or default_slots_dir(), sorted(os.sched_getaffinity(0)),
-                          per_replica)
+        slot = claim_slot(
+            slots_dir or default_slots_dir(), sorted(os.sched_getaffinity(0)), per_replica
+        )
         cores = slot.cores
     else:
         return None
     environ[BIND_ENV] = rank_binding(cores, ranks)
-    log.info("engine threads bound to cores %s%s", environ[BIND_ENV],
-             "" if slot is None else f" (slot {slot.index} of this host's replicas)")
+    log.info(
+        "engine threads bound to cores %s%s",
+        environ[BIND_ENV],
+        "" if slot is None else f" (slot {slot.index} of this host's replicas)",
+    )
     return slot

@@ -70,7 +70,8 @@ class RolloutEngine:
                 explicit=settings.rollout_cpu_cores,
                 per_replica=settings.rollout_cpu_cores_per_replica,
                 ranks=settings.rollout_tensor_parallel_size * settings.rollout_data_parallel_size,
-                slots_dir=settings.rollout_cpu_slots_dir)
+                slots_dir=settings.rollout_cpu_slots_dir,
+            )
         args = engine_args(self.settings, self.model_path)
         started = time.perf_counter()
         # Built off the event loop (tens of seconds) so /healthz answers meanwhile; the
@@ -104,8 +105,11 @@ class RolloutEngine:
         await self.generate(prompt, SamplingParams(max_tokens=2, logprobs=0, n=2, seed=0))
         await self.generate(prompt, SamplingParams(max_tokens=2, logprobs=0, top_p=0.9, top_k=8))
         self.warmup_seconds = time.perf_counter() - started
-        log.info("rollout engine started in %.1f s, warmed up in %.1f s",
-                 self.startup_seconds or 0.0, self.warmup_seconds)
+        log.info(
+            "rollout engine started in %.1f s, warmed up in %.1f s",
+            self.startup_seconds or 0.0,
+            self.warmup_seconds,
+        )
 
     # --- generation ---------------------------------------------------------------------
 
@@ -122,19 +126,25 @@ class RolloutEngine:
         reason `abort`) holds the tokens sampled so far. `movable`: later weights may be
         swapped in under this request (see `reload_weights`)."""
         request_id = uuid.uuid4().hex
-        watcher = None if interrupt is None else asyncio.ensure_future(
-            self._abort_on(interrupt, request_id))
-        prompt = {"prompt_token_ids": prompt_token_ids,
-                  "cache_salt": self._cache_salt(movable)}
+        watcher = (
+            None
+            if interrupt is None
+            else asyncio.ensure_future(self._abort_on(interrupt, request_id))
+        )
+        prompt = {"prompt_token_ids": prompt_token_ids, "cache_salt": self._cache_salt(movable)}
         # The work it may still take: prompt plus every sample's token budget.
         tokens = len(prompt_token_ids) + (getattr(params, "max_tokens", 0) or 0) * getattr(
-            params, "n", 1)
+            params, "n", 1
+        )
         self.requests_in_flight += 1
         self.tokens_in_flight += tokens
         try:
             with self.busy.busy():
                 async for output in self.llm.generate(
-                    prompt, params, request_id, lora_request=lora_request,  # type: ignore[arg-type]
+                    prompt,
+                    params,
+                    request_id,
+                    lora_request=lora_request,  # type: ignore[arg-type]
                 ):
                     yield output
         finally:
@@ -165,8 +175,7 @@ class RolloutEngine:
         movable: bool = False,
     ) -> RequestOutput:
         final: RequestOutput | None = None
-        async for output in self.stream(prompt_token_ids, params, lora_request, interrupt,
-                                        movable):
+        async for output in self.stream(prompt_token_ids, params, lora_request, interrupt, movable):
             final = output
         if final is None:  # vLLM always yields a finished output; this guards the type
             raise RuntimeError("vLLM returned no output")
@@ -205,8 +214,9 @@ class RolloutEngine:
         (they were merged against the old base)."""
         await self._pause(clear_cache=self.settings.rollout_inflight_kv == "recompute")
         try:
-            await self.llm.collective_rpc("loom_reload_weights",
-                                          kwargs={"weights_path": weights_path})
+            await self.llm.collective_rpc(
+                "loom_reload_weights", kwargs={"weights_path": weights_path}
+            )
         except BaseException:
             await self.label_weights(UNKNOWN_WEIGHTS_LABEL)  # no token may claim the old ones
             raise
@@ -268,8 +278,11 @@ def engine_args(settings: RolloutSettings, model_path: str) -> AsyncEngineArgs:
 def _lora(settings: RolloutSettings) -> dict[str, Any]:
     if not settings.rollout_max_loras:
         return {"enable_lora": False}
-    return {"enable_lora": True, "max_lora_rank": settings.rollout_max_lora_rank,
-            "max_loras": settings.rollout_max_loras}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": settings.rollout_max_lora_rank,
+        "max_loras": settings.rollout_max_loras,
+    }
 
 
 def _cpu_scheduling(settings: RolloutSettings) -> dict[str, Any]:
@@ -287,6 +300,8 @@ def _cpu_scheduling(settings: RolloutSettings) -> dict[str, Any]:
     if not current_platform.is_cpu():
         return {}
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    return {"enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(CPU_BATCHED_TOKENS, settings.rollout_max_model_len),
-            "kv_cache_memory_bytes": settings.kv_cache_bytes}
+    return {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(CPU_BATCHED_TOKENS, settings.rollout_max_model_len),
+        "kv_cache_memory_bytes": settings.kv_cache_bytes,
+    }

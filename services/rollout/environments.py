@@ -98,8 +98,10 @@ BUILTIN_DISTRIBUTION = "loom"  # whose environments no plugin may shadow
 @cache
 def environments() -> dict[str, type[Environment]]:
     """Every registered environment by name, Loom's own first: a plugin may not shadow one."""
-    points = sorted(entry_points(group=ENTRY_POINT_GROUP),
-                    key=lambda point: point.dist is None or point.dist.name != BUILTIN_DISTRIBUTION)
+    points = sorted(
+        entry_points(group=ENTRY_POINT_GROUP),
+        key=lambda point: point.dist is None or point.dist.name != BUILTIN_DISTRIBUTION,
+    )
     found: dict[str, type[Environment]] = {}
     for point in points:
         if point.name not in found:

@@ -55,10 +55,15 @@ class GatewayPeers:
         except (LoomError, ValueError, ValidationError) as exc:
             log.info("no peer list from the gateway (%s): fetching from the store", exc)
             return []
-        held = [replica for replica in table.replicas
-                if not replica.static and replica.ready and not replica.set_aside
-                and replica.url.rstrip("/") != self.own_url
-                and any((v.job_id, v.number) == (job_id, number) for v in replica.versions)]
+        held = [
+            replica
+            for replica in table.replicas
+            if not replica.static
+            and replica.ready
+            and not replica.set_aside
+            and replica.url.rstrip("/") != self.own_url
+            and any((v.job_id, v.number) == (job_id, number) for v in replica.versions)
+        ]
         return [replica.url for replica in sorted(held, key=lambda r: r.requests_in_flight)]
 
 
@@ -89,8 +94,15 @@ class Fetcher:
     """`materialize` for `Versions`: the store's directory read in place when it is on this
     host (and `in_place`), else every missing file from a peer, or the store."""
 
-    def __init__(self, store: ModelStateClient, peers: Peers, http: httpx2.AsyncClient,
-                 cache_dir: Path, *, in_place: bool = True) -> None:
+    def __init__(
+        self,
+        store: ModelStateClient,
+        peers: Peers,
+        http: httpx2.AsyncClient,
+        cache_dir: Path,
+        *,
+        in_place: bool = True,
+    ) -> None:
         self.store = store
         self.peers = peers
         self.http = http  # sends the service token peers ask for
@@ -112,29 +124,40 @@ class Fetcher:
         return await asyncio.shield(fetching)
 
     async def _materialize(self, version: Version) -> Path:
-        directory = await local_or_download(version, self.cache_dir, in_place=self.in_place,
-                                            fetch=self.fetch)
+        directory = await local_or_download(
+            version, self.cache_dir, in_place=self.in_place, fetch=self.fetch
+        )
         self.held.add(version, directory)
         return directory
 
     async def fetch(self, version: Version, dest: Path) -> Path:
-        missing = [(entry, target) for entry in version.files
-                   if not _complete(target := dest / check_relative_path(entry.path), entry)]
+        missing = [
+            (entry, target)
+            for entry in version.files
+            if not _complete(target := dest / check_relative_path(entry.path), entry)
+        ]
         peers = await self.peers.holding(version.job_id, version.number) if missing else []
         for entry, target in missing:
             await self._fetch_file(version, entry, target, peers)
         return dest
 
-    async def _fetch_file(self, version: Version, entry: ManifestFile, target: Path,
-                          peers: list[str]) -> None:
+    async def _fetch_file(
+        self, version: Version, entry: ManifestFile, target: Path, peers: list[str]
+    ) -> None:
         for peer in list(peers):
             try:
-                await download_file(self.http, f"{peer}{BLOB.url(sha256=entry.sha256)}", target,
-                                    entry)
+                await download_file(
+                    self.http, f"{peer}{BLOB.url(sha256=entry.sha256)}", target, entry
+                )
             except LoomError as exc:
-                log.warning("%s of %s v%d from the replica at %s failed (%s): trying the next "
-                            "source", entry.path, version.job_id, version.number, peer,
-                            exc.message)
+                log.warning(
+                    "%s of %s v%d from the replica at %s failed (%s): trying the next source",
+                    entry.path,
+                    version.job_id,
+                    version.number,
+                    peer,
+                    exc.message,
+                )
                 peers.remove(peer)  # not asked for the version's other files
                 continue
             self.counts.from_peers += 1

@@ -12,15 +12,15 @@ from services.rollout.schemas import ReplicaHeartbeat, ReplicaList, ReplicaPubli
 class GatewayReplicas(ServiceClient):
     SERVICE = "gateway"
     TABLE = Route("GET", "/v1/internal/replicas", ReplicaList)
-    HEARTBEAT = Route("PUT", "/v1/internal/replicas/{replica_id}", ReplicaPublic,
-                      ReplicaHeartbeat)
+    HEARTBEAT = Route("PUT", "/v1/internal/replicas/{replica_id}", ReplicaPublic, ReplicaHeartbeat)
     LEAVE: Route[None] = Route("DELETE", "/v1/internal/replicas/{replica_id}", None)
 
     async def table(self) -> ReplicaList:
         return await self.call(self.TABLE)
 
-    async def heartbeat(self, replica_id: str, state: ReplicaHeartbeat, timeout: float
-                        ) -> ReplicaPublic:
+    async def heartbeat(
+        self, replica_id: str, state: ReplicaHeartbeat, timeout: float
+    ) -> ReplicaPublic:
         """Register or refresh the replica (one call); `timeout` in seconds."""
         return await self.call(self.HEARTBEAT, state, timeout=timeout, replica_id=replica_id)
 

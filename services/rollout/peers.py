@@ -47,12 +47,12 @@ class RewardScorer:
         self._waiting: list[Waiting] = []
         self._sending: set[asyncio.Task[None]] = set()
 
-    async def score(self, verifier: str, items: list[ScoreItem],
-                    params: dict[str, Any]) -> ScoreResponse:
+    async def score(
+        self, verifier: str, items: list[ScoreItem], params: dict[str, Any]
+    ) -> ScoreResponse:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[ScoreResponse] = loop.create_future()
-        self._waiting.append((ScoreRequest(verifier=verifier, items=items, params=params),
-                              future))
+        self._waiting.append((ScoreRequest(verifier=verifier, items=items, params=params), future))
         if len(self._waiting) == 1:
             loop.call_later(self.gather_s, self._send_waiting)
         return await future
@@ -66,8 +66,11 @@ class RewardScorer:
 
     async def _send(self, waiting: list[Waiting]) -> None:
         try:
-            results = (await self.client.score_batch(
-                ScoreBatchRequest(batches=[batch for batch, _ in waiting]))).results
+            results = (
+                await self.client.score_batch(
+                    ScoreBatchRequest(batches=[batch for batch, _ in waiting])
+                )
+            ).results
         except Exception as exc:  # the whole call failed: every group it carried learns why
             for _, future in waiting:
                 if not future.done():

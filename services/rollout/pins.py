@@ -20,8 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class PinStore(Protocol):
-    async def set_pins(self, holder: str, versions: list[VersionKey], ttl_s: float
-                       ) -> PinList: ...
+    async def set_pins(self, holder: str, versions: list[VersionKey], ttl_s: float) -> PinList: ...
 
 
 def holder_name(rollout_url: str) -> str:
@@ -29,8 +28,15 @@ def holder_name(rollout_url: str) -> str:
 
 
 class PinKeeper:
-    def __init__(self, store: PinStore, holder: str, resident: Callable[[], list[VersionKey]],
-                 *, ttl_s: float = 60.0, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        store: PinStore,
+        holder: str,
+        resident: Callable[[], list[VersionKey]],
+        *,
+        ttl_s: float = 60.0,
+        poll_s: float = 0.5,
+    ) -> None:
         self.store = store
         self.holder = holder
         self.resident = resident

@@ -42,35 +42,55 @@ class Rollouts:
         known = environments()
         env_cls = known.get(request.env)
         if env_cls is None:
-            raise InvalidInput(f"Unknown environment {request.env!r}; known environments: "
-                               f"{', '.join(sorted(known))}", {"known": sorted(known)})
+            raise InvalidInput(
+                f"Unknown environment {request.env!r}; known environments: "
+                f"{', '.join(sorted(known))}",
+                {"known": sorted(known)},
+            )
         try:
             env_params = env_cls.params_model.model_validate(request.env_params)
         except ValidationError as exc:
-            raise invalid_options(exc, f"Invalid env_params for {request.env!r}",
-                                  "env_params") from exc
+            raise invalid_options(
+                exc, f"Invalid env_params for {request.env!r}", "env_params"
+            ) from exc
         if request.version_refresh == "partial" and request.job_id is None:
-            raise InvalidInput("version_refresh 'partial' needs a job_id: the base model has no "
-                               "newer versions to continue on.")
+            raise InvalidInput(
+                "version_refresh 'partial' needs a job_id: the base model has no "
+                "newer versions to continue on."
+            )
         if request.max_staleness is not None and (
-                request.job_id is None or request.version_refresh == "turn"):
-            raise InvalidInput("max_staleness needs a job_id and version_refresh 'group' or "
-                               "'partial': a group must start on one version of a job that "
-                               "publishes newer ones.")
+            request.job_id is None or request.version_refresh == "turn"
+        ):
+            raise InvalidInput(
+                "max_staleness needs a job_id and version_refresh 'group' or "
+                "'partial': a group must start on one version of a job that "
+                "publishes newer ones."
+            )
         engine = self.loop.sampler.engine
         context = engine.max_model_len
         if request.max_total_tokens is not None and request.max_total_tokens > context:
-            raise InvalidInput(f"max_total_tokens ({request.max_total_tokens}) exceeds the "
-                               f"model's context of {context} tokens.")
+            raise InvalidInput(
+                f"max_total_tokens ({request.max_total_tokens}) exceeds the "
+                f"model's context of {context} tokens."
+            )
         bad_stops = [t for t in request.params.stop_token_ids if not 0 <= t < engine.vocab_size]
         if bad_stops:
-            raise InvalidInput(f"stop_token_ids must be in [0, {engine.vocab_size}); got "
-                               f"{bad_stops}.")
+            raise InvalidInput(
+                f"stop_token_ids must be in [0, {engine.vocab_size}); got {bad_stops}."
+            )
         max_total_tokens = request.max_total_tokens or context
-        prompts = [self._prompt(index, env_cls(env_params, task), max_total_tokens)
-                   for index, task in enumerate(request.tasks)]
-        return Plan(request, env_cls, env_params, request.max_turns or env_cls.max_turns,
-                    max_total_tokens, prompts)
+        prompts = [
+            self._prompt(index, env_cls(env_params, task), max_total_tokens)
+            for index, task in enumerate(request.tasks)
+        ]
+        return Plan(
+            request,
+            env_cls,
+            env_params,
+            request.max_turns or env_cls.max_turns,
+            max_total_tokens,
+            prompts,
+        )
 
     def _prompt(self, index: int, environment: Environment, max_total_tokens: int) -> list[int]:
         try:
@@ -78,13 +98,16 @@ class Rollouts:
         except ValueError as exc:
             raise InvalidInput(f"tasks[{index}]: {exc}") from exc
         if not prompt or len(prompt) >= max_total_tokens:
-            raise InvalidInput(f"tasks[{index}]: the prompt is {len(prompt)} tokens; it must "
-                               f"leave room for a reply within {max_total_tokens}.")
+            raise InvalidInput(
+                f"tasks[{index}]: the prompt is {len(prompt)} tokens; it must "
+                f"leave room for a reply within {max_total_tokens}."
+            )
         return prompt
 
     def render(self, request: RenderRequest) -> RenderResponse:
         token_ids, mask = self.loop.chat.conversation(
-            [m.model_dump() for m in request.messages], request.tools)
+            [m.model_dump() for m in request.messages], request.tools
+        )
         return RenderResponse(token_ids=token_ids, loss_mask=mask)
 
     async def start(self, request: RolloutRequest) -> AsyncIterator[str]:
@@ -103,21 +126,31 @@ class Rollouts:
         events: asyncio.Queue[RolloutEvent] = asyncio.Queue()
 
         async def group(task_index: int) -> None:
-            version = GroupVersion(request.version, None if request.version_refresh == "turn"
-                                   else lambda: self._number(request, first))
+            version = GroupVersion(
+                request.version,
+                None if request.version_refresh == "turn" else lambda: self._number(request, first),
+            )
             try:
                 trajectories = await self._unless_stale(
-                    request, version, self.loop.run_group(plan, task_index, version,
-                                                          lambda: slots))
-                events.put_nowait(RolloutEvent(type="group", group=RolloutGroup(
-                    task_index=task_index, task_id=request.tasks[task_index].id,
-                    trajectories=trajectories)))
+                    request, version, self.loop.run_group(plan, task_index, version, lambda: slots)
+                )
+                events.put_nowait(
+                    RolloutEvent(
+                        type="group",
+                        group=RolloutGroup(
+                            task_index=task_index,
+                            task_id=request.tasks[task_index].id,
+                            trajectories=trajectories,
+                        ),
+                    )
+                )
             except LoomError as exc:
                 events.put_nowait(_error(exc.code, exc.message, task_index))
             except Exception as exc:  # a bug: report it in the stream, keep the other groups
                 log.exception("rollout group %d failed", task_index)
-                events.put_nowait(_error("internal_error", f"{type(exc).__name__}: {exc}",
-                                         task_index))
+                events.put_nowait(
+                    _error("internal_error", f"{type(exc).__name__}: {exc}", task_index)
+                )
 
         tasks = [asyncio.create_task(group(i)) for i in order]
         groups = model_tokens = env_tokens = 0
@@ -130,30 +163,40 @@ class Rollouts:
                         model_tokens += sum(trajectory.loss_mask)
                         env_tokens += len(trajectory.loss_mask) - sum(trajectory.loss_mask)
                 yield event.model_dump_json(exclude_none=True) + "\n"
-            summary = RolloutSummary(groups=groups, trajectories=groups * request.group_size,
-                                     model_tokens=model_tokens, env_tokens=env_tokens,
-                                     wall_s=round(time.perf_counter() - started, 3))
-            yield RolloutEvent(type="summary", summary=summary).model_dump_json(
-                exclude_none=True) + "\n"
+            summary = RolloutSummary(
+                groups=groups,
+                trajectories=groups * request.group_size,
+                model_tokens=model_tokens,
+                env_tokens=env_tokens,
+                wall_s=round(time.perf_counter() - started, 3),
+            )
+            yield (
+                RolloutEvent(type="summary", summary=summary).model_dump_json(exclude_none=True)
+                + "\n"
+            )
         finally:  # the client went away (or we are done): stop what still runs
             for task in tasks:
                 task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _unless_stale(self, request: RolloutRequest, version: GroupVersion,
-                            group: Coroutine[Any, Any, list[Trajectory]]) -> list[Trajectory]:
+    async def _unless_stale(
+        self,
+        request: RolloutRequest,
+        version: GroupVersion,
+        group: Coroutine[Any, Any, list[Trajectory]],
+    ) -> list[Trajectory]:
         """The group's trajectories, unless the job publishes more than `max_staleness`
         versions after the one the group started on first: then it is cancelled (`Stale`)."""
         if request.max_staleness is None:
             return await group
         assert request.job_id is not None
         running = asyncio.ensure_future(group)
-        outdated = asyncio.ensure_future(self._outdated(request.job_id, version,
-                                                        request.max_staleness))
+        outdated = asyncio.ensure_future(
+            self._outdated(request.job_id, version, request.max_staleness)
+        )
         try:
-            done, _ = await asyncio.wait([running, outdated],
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([running, outdated], return_when=asyncio.FIRST_COMPLETED)
         finally:
             outdated.cancel()  # nothing if it finished
             running.cancel()
@@ -161,12 +204,15 @@ class Rollouts:
             return running.result()
         await asyncio.wait([running])  # its cancellation, done
         started, newest = outdated.result()
-        raise Stale(f"Cancelled: the group started on version {started} and the job has "
-                    f"published version {newest}, more than max_staleness "
-                    f"({request.max_staleness}) after it.")
+        raise Stale(
+            f"Cancelled: the group started on version {started} and the job has "
+            f"published version {newest}, more than max_staleness "
+            f"({request.max_staleness}) after it."
+        )
 
-    async def _outdated(self, job_id: str, version: GroupVersion, max_staleness: int
-                        ) -> tuple[int, int]:
+    async def _outdated(
+        self, job_id: str, version: GroupVersion, max_staleness: int
+    ) -> tuple[int, int]:
         """Once the group has started, wait for a version of the job more than
         `max_staleness` after the one it started on: (started, newest)."""
         started = await version.started()
@@ -190,5 +236,6 @@ class Stale(LoomError):
 
 
 def _error(code: str, message: str, task_index: int) -> RolloutEvent:
-    return RolloutEvent(type="error", error=ErrorBody(code=code, message=message,
-                                                      detail={"task_index": task_index}))
+    return RolloutEvent(
+        type="error", error=ErrorBody(code=code, message=message, detail={"task_index": task_index})
+    )

@@ -58,9 +58,16 @@ async def load(versions: VersionsDep, body: LoadRequest) -> LoadedVersion:
     return await versions.load(body.job_id, body.version)
 
 
-@router.post("/rollouts", response_class=StreamingResponse, responses={200: {
-    "description": "One RolloutEvent per line, each group as it completes, then a summary.",
-    "content": {"application/x-ndjson": {"schema": RolloutEvent.model_json_schema()}}}})
+@router.post(
+    "/rollouts",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "One RolloutEvent per line, each group as it completes, then a summary.",
+            "content": {"application/x-ndjson": {"schema": RolloutEvent.model_json_schema()}},
+        }
+    },
+)
 async def rollouts(runner: RolloutsDep, body: RolloutRequest) -> StreamingResponse:
     return StreamingResponse(await runner.start(body), media_type="application/x-ndjson")
 
@@ -76,8 +83,9 @@ async def create_trajectory(capture: CaptureDep, body: TrajectoryCreate) -> Traj
 
 
 @router.get("/trajectories/{trajectory_id}", response_model=CapturedTrajectory)
-async def get_trajectory(capture: CaptureDep, sampler: SamplerDep,
-                         trajectory_id: TrajectoryId) -> CapturedTrajectory:
+async def get_trajectory(
+    capture: CaptureDep, sampler: SamplerDep, trajectory_id: TrajectoryId
+) -> CapturedTrajectory:
     return await capture.get(trajectory_id, sampler.engine.decode)
 
 
@@ -95,10 +103,14 @@ async def drain(announcer: AnnouncerDep) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/blobs/{sha256}", response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
-async def blob(held: HeldFilesDep, sha256: Annotated[str, Path(pattern=SHA256_PATTERN)]
-               ) -> FileResponse:
+@router.get(
+    "/blobs/{sha256}",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+async def blob(
+    held: HeldFilesDep, sha256: Annotated[str, Path(pattern=SHA256_PATTERN)]
+) -> FileResponse:
     """A file of a version this replica holds, by content, for a peer replica fetching the
     version (`services.rollout.fanout`); Range requests are honoured, so a fetch resumes."""
     path = held.path(sha256)

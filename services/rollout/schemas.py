@@ -50,15 +50,25 @@ class SampleRequest(StrictModel):
     n: int = Field(default=1, ge=1, le=256)
     params: SamplingParams = SamplingParams()
     prompt_logprobs: bool = Field(
-        default=False, description="Also score the prompt: the logprob of each prompt token "
-        "given the ones before it (None for the first), under the same weights.")
+        default=False,
+        description="Also score the prompt: the logprob of each prompt token "
+        "given the ones before it (None for the first), under the same weights.",
+    )
     top_logprobs: int = Field(
-        default=0, ge=0, le=MAX_TOP_LOGPROBS, description="Also give the k most likely "
-        "tokens at each sampled position (`Sample.top_logprobs`).")
+        default=0,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Also give the k most likely "
+        "tokens at each sampled position (`Sample.top_logprobs`).",
+    )
     prompt_top_logprobs: int = Field(
-        default=0, ge=0, le=MAX_TOP_LOGPROBS, description="Also give the k most likely "
+        default=0,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Also give the k most likely "
         "tokens at each prompt position (`SampleResponse.prompt_top_logprobs`); scores the "
-        "prompt as `prompt_logprobs` does.")
+        "prompt as `prompt_logprobs` does.",
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> Self:
@@ -85,6 +95,7 @@ class SampleResponse(LenientModel):
     samples: list[Sample]
     prompt_logprobs: list[float | None] | None = None  # when asked for
     prompt_top_logprobs: list[RankedLogprobs | None] | None = None  # when asked for
+
 
 class TokenizeRequest(StrictModel):
     texts: list[str] = Field(min_length=1, max_length=4096)
@@ -124,8 +135,9 @@ class RenderRequest(StrictModel):
     """A conversation to turn into training tokens with the model's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=2, max_length=256)
-    tools: list[dict[str, Any]] = Field(default=[], max_length=64,
-                                        description="Tool schemas (OpenAI function format)")
+    tools: list[dict[str, Any]] = Field(
+        default=[], max_length=64, description="Tool schemas (OpenAI function format)"
+    )
 
 
 class RenderResponse(LenientModel):
@@ -138,8 +150,9 @@ class RolloutTask(StrictModel):
 
     id: str | None = Field(default=None, max_length=256)
     prompt: str | list[ChatMessage] = Field(description="The user's message, or messages")
-    reference: str | None = Field(default=None, max_length=1_000_000,
-                                  description="What the reward compares with")
+    reference: str | None = Field(
+        default=None, max_length=1_000_000, description="What the reward compares with"
+    )
 
 
 class RolloutRequest(StrictModel):
@@ -148,32 +161,44 @@ class RolloutRequest(StrictModel):
     env_params: dict[str, Any] = Field(default={}, description="The environment's options")
     tasks: list[RolloutTask] = Field(min_length=1, max_length=4096)
     group_size: int = Field(default=1, ge=1, le=256, description="Trajectories per task")
-    params: SamplingParams = Field(default=SamplingParams(),
-                                   description="Per model turn; a seed is varied per "
-                                   "trajectory and turn")
+    params: SamplingParams = Field(
+        default=SamplingParams(),
+        description="Per model turn; a seed is varied per trajectory and turn",
+    )
     version: VersionRef = "latest"
     version_refresh: Literal["group", "turn", "partial"] = Field(
-        default="group", description="group: an alias is resolved once per group; turn: "
+        default="group",
+        description="group: an alias is resolved once per group; turn: "
         "before every model turn, so a trajectory continues on a newer version; partial: "
         "also within a turn: a generation a newer version interrupts continues on it (each "
-        "part a turn of its own, tagged with its version); needs a job_id")
-    max_turns: int | None = Field(default=None, ge=1, le=64,
-                                  description="Model turns per trajectory (default: the "
-                                  "environment's)")
-    max_total_tokens: int | None = Field(default=None, ge=2,
-                                         description="Prompt + all turns (default: the "
-                                         "model's context)")
-    concurrency: int = Field(default=64, ge=1, le=1024,
-                             description="Trajectories in flight at once")
+        "part a turn of its own, tagged with its version); needs a job_id",
+    )
+    max_turns: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Model turns per trajectory (default: the environment's)",
+    )
+    max_total_tokens: int | None = Field(
+        default=None, ge=2, description="Prompt + all turns (default: the model's context)"
+    )
+    concurrency: int = Field(
+        default=64, ge=1, le=1024, description="Trajectories in flight at once"
+    )
     schedule: Literal["fifo", "longest_prompt_first"] = Field(
-        default="fifo", description="Order groups start in; longest_prompt_first starts the "
-        "slowest first so short groups fill in and finish early (SortedRL)")
+        default="fifo",
+        description="Order groups start in; longest_prompt_first starts the "
+        "slowest first so short groups fill in and finish early (SortedRL)",
+    )
     max_staleness: int | None = Field(
-        default=None, ge=0, description="Cancel a group once its job has published more than "
+        default=None,
+        ge=0,
+        description="Cancel a group once its job has published more than "
         "this many versions after the one the group started on (an error event, code "
         "'stale'): a trainer bounding staleness would drop it. Each group on its own: groups "
         "still waiting for a slot start on the newest version. Needs a job_id and refresh "
-        "'group' or 'partial'")
+        "'group' or 'partial'",
+    )
 
 
 class TurnInfo(LenientModel):
@@ -244,12 +269,17 @@ class RolloutEvent(LenientModel):
 
 # --- captured trajectories: OpenAI calls recorded for training ---------------------------------
 
+
 class TrajectoryCreate(StrictModel):
     job_id: JobId | None = Field(default=None, description="None: the base model")
-    version: VersionRef = Field(default="latest", description="Which version answers every "
-                                "call; an alias is resolved at each call")
-    metadata: dict[str, Any] = Field(default={}, description="Kept with the trajectory "
-                                     "(task, episode, anything the script needs back)")
+    version: VersionRef = Field(
+        default="latest",
+        description="Which version answers every call; an alias is resolved at each call",
+    )
+    metadata: dict[str, Any] = Field(
+        default={},
+        description="Kept with the trajectory (task, episode, anything the script needs back)",
+    )
 
 
 class TrajectoryInfo(LenientModel):
@@ -286,25 +316,36 @@ class CapturedTrajectory(LenientModel):
     trajectory: TrajectoryInfo
     calls: list[CapturedCall]
     segments: list[CapturedSegment] = Field(
-        description="One per branch: calls that do not extend each other start a new one")
+        description="One per branch: calls that do not extend each other start a new one"
+    )
 
 
 # --- replicas: each rollout replica announces itself to the gateway --------------------------
+
 
 class ReplicaHeartbeat(StrictModel):
     """What a rollout replica tells the gateway at every heartbeat
     (`PUT /v1/internal/replicas/{replica_id}`, service token): the gateway routes by it."""
 
-    url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://",
-                     description="Where the gateway reaches the replica")
+    url: str = Field(
+        min_length=8,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="Where the gateway reaches the replica",
+    )
     ready: bool = Field(description="Its engine is started and warmed up")
-    versions: list[LoadedVersion] = Field(default=[], max_length=4096,
-                                          description="Versions resident in its engine")
+    versions: list[LoadedVersion] = Field(
+        default=[], max_length=4096, description="Versions resident in its engine"
+    )
     requests_in_flight: int = Field(default=0, ge=0)
-    tokens_in_flight: int = Field(default=0, ge=0,
-                                  description="Prompt tokens plus token budgets of those requests")
-    heartbeat_s: float = Field(gt=0, le=3600, description="Its interval: a replica silent for "
-                               "a few intervals leaves the routing table")
+    tokens_in_flight: int = Field(
+        default=0, ge=0, description="Prompt tokens plus token budgets of those requests"
+    )
+    heartbeat_s: float = Field(
+        gt=0,
+        le=3600,
+        description="Its interval: a replica silent for a few intervals leaves the routing table",
+    )
 
 
 class ReplicaPublic(LenientModel):
@@ -312,11 +353,14 @@ class ReplicaPublic(LenientModel):
 
     id: str
     url: str
-    static: bool = Field(description="The configured LOOM_ROLLOUT_URL, serving while no "
-                         "replica has registered")
+    static: bool = Field(
+        description="The configured LOOM_ROLLOUT_URL, serving while no replica has registered"
+    )
     ready: bool
-    set_aside: bool = Field(description="A connection failed since its last heartbeat: no "
-                            "request goes to it until the next one")
+    set_aside: bool = Field(
+        description="A connection failed since its last heartbeat: no "
+        "request goes to it until the next one"
+    )
     versions: list[LoadedVersion]
     requests_in_flight: int = Field(description="As the replica last reported")
     tokens_in_flight: int

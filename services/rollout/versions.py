@@ -111,8 +111,10 @@ class Preloaded:
 
     def same_files(self, directory: str) -> bool:
         stats = _stat_all(Path(directory), self.files)
-        return stats is not None and {
-            path: (stat.st_dev, stat.st_ino) for path, stat in stats.items()} == self.files
+        return (
+            stats is not None
+            and {path: (stat.st_dev, stat.st_ino) for path, stat in stats.items()} == self.files
+        )
 
 
 def base_target(job_id: str | None = None) -> Target:
@@ -154,8 +156,10 @@ class Versions:
         if job_id is None:
             if ref in (0, LATEST):
                 return base_target()
-            raise InvalidInput(f"Version {ref!r} needs a job_id: without one only the base "
-                               "model (version 0 or 'latest') can be served.")
+            raise InvalidInput(
+                f"Version {ref!r} needs a job_id: without one only the base "
+                "model (version 0 or 'latest') can be served."
+            )
         if ref == 0:
             return base_target(job_id)
         if isinstance(ref, int) and (job_id, ref) in self._known:
@@ -177,7 +181,8 @@ class Versions:
                     f"Version {version.number} of job {version.job_id!r} is a LoRA adapter, and "
                     "this rollout engine runs without LoRA layers (LOOM_ROLLOUT_MAX_LORAS=0): "
                     "set it to 1 or more and restart rollout.",
-                    {"job_id": version.job_id, "number": version.number})
+                    {"job_id": version.job_id, "number": version.number},
+                )
             path = await self.materialize(version)
             target = self._known[key] = Target(version.job_id, version.number, kind, str(path))
             if kind == "full":
@@ -191,14 +196,19 @@ class Versions:
     def succeeds(self, newer: str, older: str) -> bool:
         """Whether full weights `newer` are a later version of the job of `older`."""
         new, old = self.full_target(newer), self.full_target(older)
-        return new is not None and old is not None and new.job_id == old.job_id \
+        return (
+            new is not None
+            and old is not None
+            and new.job_id == old.job_id
             and new.number > old.number
+        )
 
     # --- serving ------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def use(self, job_id: str | None, ref: VersionRef, *, movable: bool = False
-                  ) -> AsyncIterator[Served]:
+    async def use(
+        self, job_id: str | None, ref: VersionRef, *, movable: bool = False
+    ) -> AsyncIterator[Served]:
         """Resolve and hold a version loaded while the block runs. `movable` (partial
         rollouts): full weights may move on to later versions of the job meanwhile."""
         target = await self.resolve(job_id, ref)
@@ -207,8 +217,11 @@ class Versions:
 
     @asynccontextmanager
     async def hold(self, target: Target, *, movable: bool = False) -> AsyncIterator[Served]:
-        async with self.gate.hold(target.weights, lambda: self._swap_full_weights(target),
-                                  movable=movable and target.kind == "full"):
+        async with self.gate.hold(
+            target.weights,
+            lambda: self._swap_full_weights(target),
+            movable=movable and target.kind == "full",
+        ):
             if target.kind != "lora":
                 yield Served(target, None)
                 return
@@ -249,11 +262,15 @@ class Versions:
             return False
         directory = Path(pending.local_path)
         stats = _stat_all(directory, pending.files)
-        if stats is None or any(stats[path].st_size != size
-                                for path, size in pending.files.items()):
+        if stats is None or any(
+            stats[path].st_size != size for path, size in pending.files.items()
+        ):
             return False  # not this host's store, or collected already
-        files = {path: (stat.st_dev, stat.st_ino) for path, stat in stats.items()
-                 if path.endswith(WEIGHTS_SUFFIX)}
+        files = {
+            path: (stat.st_dev, stat.st_ino)
+            for path, stat in stats.items()
+            if path.endswith(WEIGHTS_SUFFIX)
+        }
         if not files:
             return False
         label = f"pending:{pending.staged}"
@@ -286,8 +303,11 @@ class Versions:
         """Published versions this engine holds (modelstate does not store base models)."""
         resident = self.resident()
         held = [*resident.loras, *([resident.full] if resident.full else [])]
-        return [VersionKey(job_id=v.job_id, number=v.number)
-                for v in held if v.job_id is not None and v.number > 0]
+        return [
+            VersionKey(job_id=v.job_id, number=v.number)
+            for v in held
+            if v.job_id is not None and v.number > 0
+        ]
 
     # --- hand-off on publish --------------------------------------------------------------
 
@@ -379,9 +399,12 @@ def _normalize(ref: VersionRef) -> int | str:
     if isinstance(ref, str) and ref.isascii() and ref.isdigit():
         ref = int(ref)
     if isinstance(ref, int) and not 0 <= ref <= MAX_VERSION_NUMBER:
-        raise InvalidInput(f"Version numbers go from 0 (the base model) to "
-                           f"{MAX_VERSION_NUMBER}, got {ref}.")
+        raise InvalidInput(
+            f"Version numbers go from 0 (the base model) to {MAX_VERSION_NUMBER}, got {ref}."
+        )
     if isinstance(ref, str) and not re.fullmatch(ALIAS_PATTERN, ref):
-        raise InvalidInput(f"Version {ref!r} is neither a number nor an alias (a letter or '_', "
-                           "then letters, digits, '.', '_' or '-', at most 64).")
+        raise InvalidInput(
+            f"Version {ref!r} is neither a number nor an alias (a letter or '_', "
+            "then letters, digits, '.', '_' or '-', at most 64)."
+        )
     return ref

@@ -34,19 +34,25 @@ def check_loadable(directory: str | Path, served: TensorSpecs, what: str) -> Non
     found = tensor_specs(directory)
     foreign = sorted(set(found) - set(served))
     if foreign:
-        raise InvalidInput(f"{what} is not weights of the served model: it holds tensors the "
-                           f"model has not, e.g. {foreign[:3]}.", {"unknown": foreign[:20]})
+        raise InvalidInput(
+            f"{what} is not weights of the served model: it holds tensors the "
+            f"model has not, e.g. {foreign[:3]}.",
+            {"unknown": foreign[:20]},
+        )
     wrong = [name for name, shape in found.items() if shape != served[name]]
     if wrong:
         name = wrong[0]
-        raise InvalidInput(f"{what} is not weights of the served model: {name} has shape "
-                           f"{list(found[name])}, the model's is {list(served[name])}.",
-                           {"tensor": name, "shape": list(found[name]),
-                            "expected": list(served[name])})
+        raise InvalidInput(
+            f"{what} is not weights of the served model: {name} has shape "
+            f"{list(found[name])}, the model's is {list(served[name])}.",
+            {"tensor": name, "shape": list(found[name]), "expected": list(served[name])},
+        )
     missing = sorted(set(served) - set(found))
     if missing:
-        raise InvalidInput(f"{what} lacks tensors of the served model, e.g. {missing[:3]}.",
-                           {"missing": missing[:20]})
+        raise InvalidInput(
+            f"{what} lacks tensors of the served model, e.g. {missing[:3]}.",
+            {"missing": missing[:20]},
+        )
 
 
 def _header(path: Path) -> TensorSpecs:
@@ -63,7 +69,8 @@ def _header(path: Path) -> TensorSpecs:
         raw = source.read(length)
     try:
         header = json.loads(raw)
-        return {name: tuple(entry["shape"]) for name, entry in header.items()
-                if name != "__metadata__"}
+        return {
+            name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"
+        }
     except (ValueError, TypeError, KeyError) as exc:
         raise refuse(f"its header does not parse ({exc})") from exc

@@ -45,8 +45,7 @@ class WeightsGate:
         return self._holders + self._movers
 
     @asynccontextmanager
-    async def hold(self, weights: str, swap: Swap, *, movable: bool = False
-                   ) -> AsyncIterator[None]:
+    async def hold(self, weights: str, swap: Swap, *, movable: bool = False) -> AsyncIterator[None]:
         """Hold `weights` loaded for the duration of the block; `swap` loads them if needed
         (it runs alone: no pinned holder is active and no other swap runs). `movable`: later
         versions of `weights` may replace them meanwhile (and may serve from the start)."""
@@ -96,8 +95,7 @@ class WeightsGate:
 
     def _may_swap(self, weights: str) -> bool:
         """No holder would end up on weights it cannot run on."""
-        return self._holders == 0 and (
-            self._movers == 0 or self._succeeds(weights, self.loaded))
+        return self._holders == 0 and (self._movers == 0 or self._succeeds(weights, self.loaded))
 
     def _may_join(self, weights: str, arrived_at: int, movable: bool) -> bool:
         if self._swapping:

@@ -16,9 +16,11 @@ class LoomWorkerExtension:
     def loom_queue_busy_loop_s(self) -> list[float]:
         """How long each message queue this worker reads busy-polls after a message."""
         # type(), not isinstance(): the heap holds dead weak proxies, which raise on that.
-        return [float(queue._spin_condition.busy_loop_s) for queue in gc.get_objects()
-                if issubclass(type(queue), shm_broadcast.MessageQueue)
-                and queue._is_local_reader]
+        return [
+            float(queue._spin_condition.busy_loop_s)
+            for queue in gc.get_objects()
+            if issubclass(type(queue), shm_broadcast.MessageQueue) and queue._is_local_reader
+        ]
 
     def loom_reload_weights(self, weights_path: str) -> None:
         """Reload full weights in place, keeping tied input/output embeddings tied.

@@ -191,7 +191,7 @@ def _run(request, launcher):
                     del open_streams[fd]
         if writable:
             try:
-                data = data[os.write(stdin_w, data[:CHUNK]):]
+                data = data[os.write(stdin_w, data[:CHUNK]) :]
             except BrokenPipeError:
                 data = b""
             if not data:
@@ -209,12 +209,16 @@ def _run(request, launcher):
             os.close(fd)
     status, cpu_s = exited
     return {
-        "wait_status": status, "reason": reason,
+        "wait_status": status,
+        "reason": reason,
         "stdout": out.head.decode("utf-8", "replace"),
         "stderr": err.head.decode("utf-8", "replace"),
-        "stdout_truncated": out.total > out.limit, "stderr_truncated": err.total > err.limit,
+        "stdout_truncated": out.total > out.limit,
+        "stderr_truncated": err.total > err.limit,
         "stderr_tail": err.tail.decode("utf-8", "replace"),
-        "wall_s": wall, "cpu_s": cpu_s, "clean": clean,
+        "wall_s": wall,
+        "cpu_s": cpu_s,
+        "clean": clean,
         "start_failure": _start_failure_of(status_r),
     }
 
@@ -315,8 +319,9 @@ def _empty(dir_fd):
             continue
         # O_PATH needs no permission on the directory itself, which the program may have
         # taken away; the descriptor's /proc link then names exactly that directory.
-        path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=dir_fd)
+        path_fd = os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
         try:
             os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
             fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=path_fd)
@@ -365,8 +370,11 @@ def _read_file(workdir, path, budget):
         if not stat.S_ISREG(info.st_mode):
             return {"path": path, "error": "not a regular file"}
         if info.st_size > budget:
-            return {"path": path, "error": f"too large ({info.st_size} bytes; "
-                                           f"{max(budget, 0)} left of the collect limit)"}
+            return {
+                "path": path,
+                "error": f"too large ({info.st_size} bytes; "
+                f"{max(budget, 0)} left of the collect limit)",
+            }
         with os.fdopen(fd, "rb") as fh:
             fd = None
             data = fh.read(budget + 1)
@@ -404,8 +412,9 @@ def main():
                 continue
         keep = request["keep_workdir"]
         response = _run(request, launcher)
-        response["files"] = _collect(request["uid"], CONTAINER_WORKDIRS[0], request["collect"],
-                                     request["max_collect_bytes"])
+        response["files"] = _collect(
+            request["uid"], CONTAINER_WORKDIRS[0], request["collect"], request["max_collect_bytes"]
+        )
         _reap_orphans()
         # A container's workdirs are emptied after the answer, so a program that left very
         # many files still gets its answer (say `timeout`) in time.
@@ -422,10 +431,20 @@ def _answer(response):
 
 def _start_failure(message):
     """The answer for a program that could not start because its interpreter did not."""
-    return {"wait_status": 0, "reason": None, "stdout": "", "stderr": "",
-            "stdout_truncated": False, "stderr_truncated": False, "stderr_tail": "",
-            "wall_s": 0.0, "cpu_s": 0.0, "clean": True, "files": [],
-            "start_failure": {"kind": "sandbox", "message": message}}
+    return {
+        "wait_status": 0,
+        "reason": None,
+        "stdout": "",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "stderr_tail": "",
+        "wall_s": 0.0,
+        "cpu_s": 0.0,
+        "clean": True,
+        "files": [],
+        "start_failure": {"kind": "sandbox", "message": message},
+    }
 
 
 if __name__ == "__main__":

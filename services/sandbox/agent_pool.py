@@ -130,11 +130,13 @@ class AgentBackend(ABC):
         size = settings.sandbox_max_concurrency
         # One thread per agent in use, plus room for replacements being started.
         self.workers = 2 * size + 2
-        self._threads = ThreadPoolExecutor(max_workers=self.workers,
-                                           thread_name_prefix=f"sandbox-{self.name}")
+        self._threads = ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix=f"sandbox-{self.name}"
+        )
         # A warm pool per image (the process backend has one, keyed None).
         self._idle: dict[str | None, asyncio.Queue[Agent]] = {
-            image: asyncio.Queue() for image in self._images()}
+            image: asyncio.Queue() for image in self._images()
+        }
         self._warm = dict.fromkeys(self._idle, 0)  # agents of each pool: idle or running
         # Per image, the first failed start since its pool was last full.
         self._start_errors: dict[str | None, Exception] = {}
@@ -184,8 +186,13 @@ class AgentBackend(ABC):
         serve or run the probe), with the first failed start as the cause."""
         try:
             await self._call(self._prepare)
-            await asyncio.gather(*(self._fill_at_start(slot, image) for image in self._idle
-                                   for slot in range(self.settings.sandbox_max_concurrency)))
+            await asyncio.gather(
+                *(
+                    self._fill_at_start(slot, image)
+                    for image in self._idle
+                    for slot in range(self.settings.sandbox_max_concurrency)
+                )
+            )
             self._started = True
             default = next(iter(self._idle))
             if not self._warm[default]:
@@ -213,8 +220,15 @@ class AgentBackend(ABC):
                 # Once per slot and round of tries is enough to see why (a missing image fails
                 # every slot); readiness shows a refill that keeps failing.
                 level = logging.WARNING if attempt == 1 else logging.DEBUG
-                log.log(level, "cannot start a %s sandbox agent (slot %d, image %s, attempt "
-                        "%d): %s", self.name, slot, image or "host", attempt, exc)
+                log.log(
+                    level,
+                    "cannot start a %s sandbox agent (slot %d, image %s, attempt %d): %s",
+                    self.name,
+                    slot,
+                    image or "host",
+                    attempt,
+                    exc,
+                )
                 if attempts is not None and attempt >= attempts:
                     return False
                 await asyncio.sleep(delay)
@@ -255,28 +269,34 @@ class AgentBackend(ABC):
                 self.python_version = result.stdout.strip()
                 return
             failures.append(f"{python}: {result.status} {result.stderr.strip()[-300:]}")
-        raise RuntimeError(f"no interpreter works in the {self.name} sandbox: "
-                           + " | ".join(failures))
+        raise RuntimeError(
+            f"no interpreter works in the {self.name} sandbox: " + " | ".join(failures)
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "python": self.python,
-                "python_version": self.python_version,
-                "max_concurrency": self.settings.sandbox_max_concurrency,
-                "idle": {str(image or "host"): queue.qsize()
-                         for image, queue in self._idle.items()},
-                "warm": {str(image or "host"): warm for image, warm in self._warm.items()},
-                "start_errors": {str(image or "host"): str(error)
-                                 for image, error in self._start_errors.items()},
-                "replaced": self.replaced,
-                **self._extra_description()}
+        return {
+            "backend": self.name,
+            "python": self.python,
+            "python_version": self.python_version,
+            "max_concurrency": self.settings.sandbox_max_concurrency,
+            "idle": {str(image or "host"): queue.qsize() for image, queue in self._idle.items()},
+            "warm": {str(image or "host"): warm for image, warm in self._warm.items()},
+            "start_errors": {
+                str(image or "host"): str(error) for image, error in self._start_errors.items()
+            },
+            "replaced": self.replaced,
+            **self._extra_description(),
+        }
 
     async def execute(self, request: ExecuteRequest) -> ExecuteResponse:
         """One program on a pooled agent, which is reset (or replaced) afterwards."""
         self._check(request)
         image = self._image_for(request.image)
         if not self._warm[image] and image in self._start_errors:
-            raise Unavailable(f"no {self.name} sandbox of {image or 'the host'} has started: "
-                              f"{self._start_errors[image]}")
+            raise Unavailable(
+                f"no {self.name} sandbox of {image or 'the host'} has started: "
+                f"{self._start_errors[image]}"
+            )
         pool = self._idle[image]
         agent = await pool.get()
         try:
@@ -301,8 +321,9 @@ class AgentBackend(ABC):
         try:
             clean = await self._call(agent.read_reset, RESET_WAIT_S)
         except AgentLost as exc:
-            log.warning("%s sandbox agent (slot %d) lost in its reset: %s", self.name,
-                        agent.slot, exc)
+            log.warning(
+                "%s sandbox agent (slot %d) lost in its reset: %s", self.name, agent.slot, exc
+            )
             clean = False
         if clean:
             self._idle[agent.image].put_nowait(agent)
@@ -315,10 +336,15 @@ class AgentBackend(ABC):
             return images[0]
         if requested not in self._idle:
             if images == [None]:
-                raise InvalidInput(f"this sandbox runs programs on the host ({self.name} "
-                                   f"backend): it has no image {requested!r}")
-            raise InvalidInput(f"image {requested!r} is not one this sandbox serves; it serves "
-                               f"{', '.join(map(str, images))}", {"images": images})
+                raise InvalidInput(
+                    f"this sandbox runs programs on the host ({self.name} "
+                    f"backend): it has no image {requested!r}"
+                )
+            raise InvalidInput(
+                f"image {requested!r} is not one this sandbox serves; it serves "
+                f"{', '.join(map(str, images))}",
+                {"images": images},
+            )
         return requested
 
     # -- sessions: an agent of their own, whose workdir outlives each program ----------------
@@ -326,8 +352,9 @@ class AgentBackend(ABC):
     async def open_session(self, number: int, image: str | None) -> Agent:
         """A dedicated agent for session `number` (0 ≤ number < sandbox_max_sessions)."""
         self._check_started()
-        return await self._start(self.settings.sandbox_max_concurrency + number,
-                                 self._image_for(image))
+        return await self._start(
+            self.settings.sandbox_max_concurrency + number, self._image_for(image)
+        )
 
     async def run_in_session(self, agent: Agent, request: ExecuteRequest) -> Outcome:
         self._check(request)
@@ -344,19 +371,22 @@ class AgentBackend(ABC):
         if not self._started:
             raise Unavailable("the sandbox backend is not started")
 
-    async def _run_on(self, agent: Agent, request: ExecuteRequest,
-                      keep_workdir: bool) -> Outcome:
+    async def _run_on(self, agent: Agent, request: ExecuteRequest, keep_workdir: bool) -> Outcome:
         self._check_started()
         payload = {
             "language": request.language.value,
-            "code": request.code, "stdin": request.stdin, "timeout_s": request.timeout_s,
-            "files": [{"path": f.path, "data": base64.b64encode(f.data()).decode()}
-                      for f in request.files],
+            "code": request.code,
+            "stdin": request.stdin,
+            "timeout_s": request.timeout_s,
+            "files": [
+                {"path": f.path, "data": base64.b64encode(f.data()).decode()} for f in request.files
+            ],
             "collect": request.collect,
             "max_collect_bytes": self.settings.sandbox_max_collect_bytes,
             "max_output_bytes": request.max_output_bytes,
             "overflow_bytes": self.settings.sandbox_output_overflow_bytes,
-            "uid": agent.uid, "python": self.python,
+            "uid": agent.uid,
+            "python": self.python,
             "limits": rlimits(request, self.settings, own_uid=agent.uid is not None),
             "keep_workdir": keep_workdir,
         }
@@ -366,13 +396,21 @@ class AgentBackend(ABC):
         except AgentLost as exc:
             log.warning("%s sandbox agent (slot %d) lost: %s", self.name, agent.slot, exc)
             status = await self._call(self._lost_status, agent)
-            lost = ExecuteResponse(status=status, exit_code=None, stdout="", stderr="",
-                                   stdout_truncated=False, stderr_truncated=False,
-                                   wall_s=round(time.monotonic() - started, 6), cpu_s=0.0,
-                                   reason="sandbox_lost")
+            lost = ExecuteResponse(
+                status=status,
+                exit_code=None,
+                stdout="",
+                stderr="",
+                stdout_truncated=False,
+                stderr_truncated=False,
+                wall_s=round(time.monotonic() - started, 6),
+                cpu_s=0.0,
+                reason="sandbox_lost",
+            )
             return Outcome(lost, lost=True, clean=False, resetting=False)
-        return Outcome(_response(reply), lost=False, clean=reply["clean"],
-                       resetting=reply["resetting"])
+        return Outcome(
+            _response(reply), lost=False, clean=reply["clean"], resetting=reply["resetting"]
+        )
 
     async def aclose(self) -> None:
         if self._closed:
@@ -422,12 +460,19 @@ def _response(reply: dict[str, Any]) -> ExecuteResponse:
         if failure["kind"] == "input":
             raise InvalidInput(failure["message"])
         raise Unavailable(f"the sandbox could not start the program: {failure['message']}")
-    status, exit_code, signal_number = classify(reply["wait_status"], reply["reason"],
-                                                reply["stderr_tail"])
+    status, exit_code, signal_number = classify(
+        reply["wait_status"], reply["reason"], reply["stderr_tail"]
+    )
     return ExecuteResponse(
-        status=status, exit_code=exit_code, signal=signal_number, reason=reply["reason"],
-        stdout=reply["stdout"], stderr=reply["stderr"],
-        stdout_truncated=reply["stdout_truncated"], stderr_truncated=reply["stderr_truncated"],
-        wall_s=round(reply["wall_s"], 6), cpu_s=round(reply["cpu_s"], 6),
+        status=status,
+        exit_code=exit_code,
+        signal=signal_number,
+        reason=reply["reason"],
+        stdout=reply["stdout"],
+        stderr=reply["stderr"],
+        stdout_truncated=reply["stdout_truncated"],
+        stderr_truncated=reply["stderr_truncated"],
+        wall_s=round(reply["wall_s"], 6),
+        cpu_s=round(reply["cpu_s"], 6),
         files=[FileOut.model_validate(f) for f in reply["files"]],
     )

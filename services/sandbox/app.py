@@ -35,7 +35,12 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     async def readiness() -> dict[str, Any]:
         return dict(app.state.backend.describe())
 
-    app = create_service_app("sandbox", routers=[router], lifespan=lifespan, readiness=readiness,
-                             service_token=service_token(settings))
+    app = create_service_app(
+        "sandbox",
+        routers=[router],
+        lifespan=lifespan,
+        readiness=readiness,
+        service_token=service_token(settings),
+    )
     app.state.settings = settings
     return app

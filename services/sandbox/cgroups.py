@@ -78,8 +78,9 @@ class SlotCgroup(ABC):
         deadline = time.monotonic() + KILL_WAIT_S
         while pids := self.pids():
             if time.monotonic() > deadline:
-                raise CgroupError(f"processes {sorted(pids)} outlive SIGKILL in "
-                                  f"{self.directories[0]}")
+                raise CgroupError(
+                    f"processes {sorted(pids)} outlive SIGKILL in {self.directories[0]}"
+                )
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -157,8 +158,7 @@ class Cgroups:
             for directory in (self._bases[0], self._bases[0] / TOP, self.instances[0]):
                 directory.mkdir(exist_ok=True)
                 # Children may only use the controllers their parent hands down.
-                _write(directory / "cgroup.subtree_control",
-                       " ".join(f"+{c}" for c in CONTROLLERS))
+                _write(directory / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
         # A group competes for CPU with its siblings as one task would: left at the default,
         # all the sandboxes together would weigh one task against the host's others. Weighed
         # as their slots, they get what as many plain processes would; each slot's quota
@@ -176,19 +176,28 @@ class Cgroups:
         try:
             return (SlotCgroupV2 if self.version == 2 else SlotCgroupV1)(directories)
         except OSError as exc:
-            raise CgroupError(f"cannot create the control group {directories[0]}: "
-                              f"{exc.strerror}") from exc
+            raise CgroupError(
+                f"cannot create the control group {directories[0]}: {exc.strerror}"
+            ) from exc
 
     def slot_names(self) -> list[str]:
         """The slots' groups that exist, in any hierarchy."""
-        return sorted({child.name for instance in self.instances if instance.is_dir()
-                       for child in instance.iterdir() if child.is_dir()})
+        return sorted(
+            {
+                child.name
+                for instance in self.instances
+                if instance.is_dir()
+                for child in instance.iterdir()
+                if child.is_dir()
+            }
+        )
 
     def remove_all(self) -> None:
         """Every slot's group and the instance's own, leftovers of a crashed run included."""
         for name in self.slot_names():
             group = (SlotCgroupV2 if self.version == 2 else SlotCgroupV1)(
-                [instance / name for instance in self.instances])
+                [instance / name for instance in self.instances]
+            )
             group.remove()
         for instance in self.instances:
             _rmdir_when_empty(instance)
@@ -201,13 +210,16 @@ def _hierarchies(root: Path) -> tuple[int, list[Path]]:
         available = set(controllers.read_text().split())
         if available.issuperset(CONTROLLERS):
             return 2, [root]
-        raise CgroupError(f"cgroup v2 at {root} lacks the controllers "
-                          f"{sorted(set(CONTROLLERS) - available)}")
+        raise CgroupError(
+            f"cgroup v2 at {root} lacks the controllers {sorted(set(CONTROLLERS) - available)}"
+        )
     bases = [root / c for c in CONTROLLERS]
     missing = [str(b) for b in bases if not (b / "cgroup.procs").exists()]
     if missing:
-        raise CgroupError(f"no cgroup v2 with memory, pids and cpu at {root}, and no cgroup v1 "
-                          f"hierarchy at {', '.join(missing)}")
+        raise CgroupError(
+            f"no cgroup v2 with memory, pids and cpu at {root}, and no cgroup v1 "
+            f"hierarchy at {', '.join(missing)}"
+        )
     return 1, bases
 
 
@@ -236,14 +248,17 @@ def _rmdir_when_empty(directory: Path) -> None:
             return
         except OSError as exc:
             if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise CgroupError(f"cannot remove the control group {directory}: "
-                                  f"{exc.strerror}") from exc
+                raise CgroupError(
+                    f"cannot remove the control group {directory}: {exc.strerror}"
+                ) from exc
             time.sleep(0.01)
 
 
 def join_command(procs_files: list[str], command: list[str]) -> list[str]:
     """`command`, run by a shell that first moves itself into the groups (every descendant of
     the exec'd command starts inside them)."""
-    script = ('for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; '
-              'shift; exec "$@"')
+    script = (
+        'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; '
+        'shift; exec "$@"'
+    )
     return ["/bin/sh", "-c", script, "sh", *procs_files, "--", *command]

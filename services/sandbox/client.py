@@ -16,8 +16,9 @@ from services.sandbox.schemas import (
 EXECUTE = Route("POST", "/v1/execute", ExecuteResponse, ExecuteRequest)
 CREATE_SESSION = Route("POST", "/v1/sessions", SessionInfo, SessionCreate)
 GET_SESSION = Route("GET", "/v1/sessions/{session_id}", SessionInfo)
-EXECUTE_IN_SESSION = Route("POST", "/v1/sessions/{session_id}/execute", ExecuteResponse,
-                           ExecuteRequest)
+EXECUTE_IN_SESSION = Route(
+    "POST", "/v1/sessions/{session_id}/execute", ExecuteResponse, ExecuteRequest
+)
 WRITE_FILES: Route[None] = Route("PUT", "/v1/sessions/{session_id}/files", None, FilesWrite)
 READ_FILES = Route("GET", "/v1/sessions/{session_id}/files", FilesRead)
 CLOSE_SESSION: Route[None] = Route("DELETE", "/v1/sessions/{session_id}", None)
@@ -36,8 +37,7 @@ class SandboxClient(ServiceClient):
     async def get_session(self, session_id: str) -> SessionInfo:
         return await self.call(GET_SESSION, session_id=session_id)
 
-    async def execute_in_session(self, session_id: str, request: ExecuteRequest
-                                 ) -> ExecuteResponse:
+    async def execute_in_session(self, session_id: str, request: ExecuteRequest) -> ExecuteResponse:
         return await self.call(EXECUTE_IN_SESSION, request, session_id=session_id)
 
     async def write_files(self, session_id: str, files: list[FileIn]) -> None:

@@ -26,8 +26,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`, or run "
-                "services/sandbox/ensure-bwrap.sh), or use the docker backend")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`, or run "
+    "services/sandbox/ensure-bwrap.sh), or use the docker backend"
+)
 READ_ONLY = ("/usr",)
 # On merged-/usr systems these are links into /usr; elsewhere directories of their own.
 TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -41,14 +43,16 @@ def find_bwrap(setting: str) -> str:
     """The bubblewrap executable, or a RuntimeError saying how to get it."""
     path = shutil.which(setting)
     if path is None:
-        raise RuntimeError(f"the process sandbox needs bubblewrap ({setting!r} is not on the "
-                           f"PATH): {INSTALL_HINT}")
+        raise RuntimeError(
+            f"the process sandbox needs bubblewrap ({setting!r} is not on the PATH): {INSTALL_HINT}"
+        )
     return path
 
 
 def bwrap_version(bwrap: str) -> str:
-    completed = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10,
-                               check=False)
+    completed = subprocess.run(
+        [bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False
+    )
     return completed.stdout.strip() or completed.stderr.strip()
 
 
@@ -61,12 +65,26 @@ def interpreter_prefix(python: str) -> Path | None:
     return real.parents[1]
 
 
-def bwrap_command(bwrap: str, *, prefixes: list[Path], tmp_mb: int, seccomp_fd: int,
-                  as_root: bool) -> list[str]:
+def bwrap_command(
+    bwrap: str, *, prefixes: list[Path], tmp_mb: int, seccomp_fd: int, as_root: bool
+) -> list[str]:
     """bubblewrap's arguments up to (not including) the command it runs."""
-    args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent",
-            "--new-session", "--proc", "/proc", "--dev", "/dev"]
+    args = [
+        bwrap,
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+    ]
     if as_root:
         args += ["--cap-drop", "ALL"]
         for capability in AGENT_CAPABILITIES:

@@ -88,8 +88,10 @@ class DockerBackend(AgentBackend):
 
     def _check(self, request: ExecuteRequest) -> None:
         if request.memory_mb > self.settings.sandbox_docker_memory_mb:
-            raise InvalidInput(f"memory_mb={request.memory_mb} is above this sandbox's limit of "
-                               f"{self.settings.sandbox_docker_memory_mb} MiB per program")
+            raise InvalidInput(
+                f"memory_mb={request.memory_mb} is above this sandbox's limit of "
+                f"{self.settings.sandbox_docker_memory_mb} MiB per program"
+            )
 
     def _extra_description(self) -> dict[str, Any]:
         return {"images": self._images(), "pool": self.pool_name}
@@ -124,8 +126,9 @@ class DockerBackend(AgentBackend):
             environment={"PATH": "/usr/local/bin:/usr/bin:/bin"},
         )
         try:
-            attached = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1,
-                                                       "stream": 1})
+            attached = container.attach_socket(
+                params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
             container.start()
         except BaseException:
             with contextlib.suppress(docker.errors.APIError):
@@ -145,7 +148,8 @@ class DockerBackend(AgentBackend):
         """This pool's containers, including those a crashed earlier run left behind."""
         assert self._client is not None
         for container in self._client.containers.list(
-                all=True, filters={"label": f"{POOL_LABEL}={self.pool_name}"}):
+            all=True, filters={"label": f"{POOL_LABEL}={self.pool_name}"}
+        ):
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
 
@@ -156,8 +160,9 @@ def _connect(settings: SandboxSettings, pool_size: int) -> docker.DockerClient:
     why_not = docker_available(settings)
     if why_not:
         raise RuntimeError(f"the docker sandbox backend cannot run: {why_not}")
-    return docker.DockerClient(base_url=settings.sandbox_docker_url, timeout=60,
-                               max_pool_size=pool_size)
+    return docker.DockerClient(
+        base_url=settings.sandbox_docker_url, timeout=60, max_pool_size=pool_size
+    )
 
 
 def docker_available(settings: SandboxSettings) -> str | None:
@@ -170,8 +175,10 @@ def docker_available(settings: SandboxSettings) -> str | None:
         client.ping()
         client.images.get(settings.sandbox_docker_image)
     except docker.errors.ImageNotFound:
-        return (f"the image {settings.sandbox_docker_image} is missing: build it with "
-                "docker/ensure-images.sh (see the README)")
+        return (
+            f"the image {settings.sandbox_docker_image} is missing: build it with "
+            "docker/ensure-images.sh (see the README)"
+        )
     except docker.errors.DockerException as exc:
         return f"no Docker daemon at {settings.sandbox_docker_url} ({exc})"
     finally:

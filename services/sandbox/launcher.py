@@ -33,8 +33,14 @@ import types
 START_FAILED_EXIT = 125
 WORKDIR = "/work"
 AGENT_FD = 3
-PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PROGRAM_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 # The interpreter's command line, as a program sees it: -E -s rather than -I, so the workdir
 # is on sys.path and programs import the files they bring.
 PYTHON_FLAGS = ("-E", "-s")
@@ -88,8 +94,10 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd, status_fd):
         _as_user(uid)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
-    if not (os.access(sys.executable, os.X_OK)
-            and os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)):
+    if not (
+        os.access(sys.executable, os.X_OK)
+        and os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)
+    ):
         raise SetupError(f"the sandbox user cannot use the interpreter {sys.executable}")
     os.chdir(WORKDIR)
     script = SCRIPTS[request["language"]]
@@ -102,8 +110,9 @@ def _set_up(request_fd, stdin_fd, stdout_fd, stderr_fd, status_fd):
             with open(item["path"], "wb") as fh:
                 fh.write(base64.b64decode(item["data"]))
         except OSError as exc:
-            raise InputError(f"the file {item['path']!r} cannot be written in the workdir: "
-                             f"{exc.strerror}") from exc
+            raise InputError(
+                f"the file {item['path']!r} cannot be written in the workdir: {exc.strerror}"
+            ) from exc
     for name, (soft, hard) in request["limits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     os.closerange(3, status_fd)

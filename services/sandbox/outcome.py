@@ -16,8 +16,9 @@ OUT_OF_MEMORY = re.compile(r"^MemoryError\b|Cannot allocate memory|std::bad_allo
 MIB = 1024 * 1024
 
 
-def rlimits(request: ExecuteRequest, settings: SandboxSettings,
-            own_uid: bool) -> dict[str, tuple[int, int]]:
+def rlimits(
+    request: ExecuteRequest, settings: SandboxSettings, own_uid: bool
+) -> dict[str, tuple[int, int]]:
     cpu = math.ceil(request.timeout_s) + 1  # wall-clock fires first; SIGXCPU is a backstop
     limits = {
         "RLIMIT_AS": (request.memory_mb * MIB, request.memory_mb * MIB),
@@ -33,8 +34,9 @@ def rlimits(request: ExecuteRequest, settings: SandboxSettings,
     return limits
 
 
-def classify(wait_status: int, reason: str | None,
-             stderr_tail: str) -> tuple[ExecutionStatus, int | None, int | None]:
+def classify(
+    wait_status: int, reason: str | None, stderr_tail: str
+) -> tuple[ExecutionStatus, int | None, int | None]:
     """(status, exit code, signal) of a program from its wait status and why it was stopped."""
     if os.WIFSIGNALED(wait_status):
         signal_number = os.WTERMSIG(wait_status)

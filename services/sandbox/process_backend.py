@@ -52,12 +52,21 @@ AGENT_PROCESSES = 8
 
 
 class LocalAgent(Agent):
-    def __init__(self, slot: int, uid: int | None, command: list[str], seccomp_fd: int,
-                 cgroup: SlotCgroup | None) -> None:
+    def __init__(
+        self,
+        slot: int,
+        uid: int | None,
+        command: list[str],
+        seccomp_fd: int,
+        cgroup: SlotCgroup | None,
+    ) -> None:
         super().__init__(slot, uid)
         self.cgroup = cgroup
         self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(seccomp_fd,),
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            pass_fds=(seccomp_fd,),
             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True,
         )
@@ -112,16 +121,24 @@ class ProcessBackend(AgentBackend):
         self._bwrap = find_bwrap(self.settings.sandbox_bwrap)
         self._bwrap_version = bwrap_version(self._bwrap)
         if not seccomp.supported():
-            raise RuntimeError(f"the process sandbox has no seccomp filter for the "
-                               f"{seccomp.machine()} architecture: use the docker backend")
+            raise RuntimeError(
+                f"the process sandbox has no seccomp filter for the "
+                f"{seccomp.machine()} architecture: use the docker backend"
+            )
         base = self.settings.sandbox_user_id_base
         if self._as_root and base is not None:
-            self._uids = claim(Path(self.settings.sandbox_lock_dir), base,
-                               avoid=frozenset({self.settings.sandbox_docker_user_id}))
+            self._uids = claim(
+                Path(self.settings.sandbox_lock_dir),
+                base,
+                avoid=frozenset({self.settings.sandbox_docker_user_id}),
+            )
         if not self._as_root:
-            log.warning("the process sandbox runs as uid %d, not root: programs share that uid "
-                        "and have no control group (rlimits only); run the service as root "
-                        "or use the docker backend", os.geteuid())
+            log.warning(
+                "the process sandbox runs as uid %d, not root: programs share that uid "
+                "and have no control group (rlimits only); run the service as root "
+                "or use the docker backend",
+                os.geteuid(),
+            )
             return
         instance = f"uids-{self._uids.start}" if self._uids else f"pid-{os.getpid()}"
         try:
@@ -129,12 +146,16 @@ class ProcessBackend(AgentBackend):
             self.cgroups.remove_all()  # what a crashed holder of the range left
             self.cgroups.create(self.settings.sandbox_max_concurrency)
             if self._uids:  # and what other killed services left in theirs
-                sweep_abandoned(Path(self.settings.sandbox_lock_dir),
-                                lambda start: Cgroups(f"uids-{start}").remove_all())
+                sweep_abandoned(
+                    Path(self.settings.sandbox_lock_dir),
+                    lambda start: Cgroups(f"uids-{start}").remove_all(),
+                )
         except (OSError, RuntimeError) as exc:
             self._release_uids()
-            raise RuntimeError(f"the process sandbox cannot limit memory, processes and CPU "
-                               f"with control groups: {exc}") from exc
+            raise RuntimeError(
+                f"the process sandbox cannot limit memory, processes and CPU "
+                f"with control groups: {exc}"
+            ) from exc
 
     def _teardown(self) -> None:
         """Every agent has been removed; remove the instance's groups and free its uids."""
@@ -150,23 +171,33 @@ class ProcessBackend(AgentBackend):
     def _check(self, request: ExecuteRequest) -> None:
         limit = self.settings.sandbox_process_memory_mb
         if request.memory_mb > limit:
-            raise InvalidInput(f"memory_mb={request.memory_mb} is above this sandbox's limit of "
-                               f"{limit} MiB per program (LOOM_SANDBOX_PROCESS_MEMORY_MB)",
-                               {"limit": limit})
+            raise InvalidInput(
+                f"memory_mb={request.memory_mb} is above this sandbox's limit of "
+                f"{limit} MiB per program (LOOM_SANDBOX_PROCESS_MEMORY_MB)",
+                {"limit": limit},
+            )
 
     def _start_agent(self, slot: int, image: str | None) -> LocalAgent:
         uid = self._uids.uid(slot) if self._uids else None
         cgroup = self._slot_cgroup(slot)
-        prefixes = [p for p in map(interpreter_prefix,
-                                   [self._agent_python, *filter(None, self._interpreters())])
-                    if p is not None]
+        prefixes = [
+            p
+            for p in map(
+                interpreter_prefix, [self._agent_python, *filter(None, self._interpreters())]
+            )
+            if p is not None
+        ]
         seccomp_fd = os.memfd_create("loom-seccomp", 0)  # not CLOEXEC: bubblewrap reads it
         try:
             os.write(seccomp_fd, seccomp.filter_bytes())
             os.lseek(seccomp_fd, 0, os.SEEK_SET)
-            command = bwrap_command(self._bwrap, prefixes=prefixes,
-                                    tmp_mb=self.settings.sandbox_tmp_mb, seccomp_fd=seccomp_fd,
-                                    as_root=self._as_root) + agent_command(self._agent_python)
+            command = bwrap_command(
+                self._bwrap,
+                prefixes=prefixes,
+                tmp_mb=self.settings.sandbox_tmp_mb,
+                seccomp_fd=seccomp_fd,
+                as_root=self._as_root,
+            ) + agent_command(self._agent_python)
             if cgroup is not None:
                 command = join_command(cgroup.procs_files, command)
             return LocalAgent(slot, uid, command, seccomp_fd, cgroup)
@@ -190,8 +221,7 @@ class ProcessBackend(AgentBackend):
     def _memory_limit(memory_mb: int) -> int:
         return (memory_mb + AGENT_MEMORY_MB) * MIB
 
-    async def _run_on(self, agent: Agent, request: ExecuteRequest,
-                      keep_workdir: bool) -> Outcome:
+    async def _run_on(self, agent: Agent, request: ExecuteRequest, keep_workdir: bool) -> Outcome:
         """Set the slot's limits for this request; a program the kernel killed for the
         group's memory limit is reported as `oom`."""
         assert isinstance(agent, LocalAgent)
@@ -201,12 +231,12 @@ class ProcessBackend(AgentBackend):
         try:
             cgroup.set_memory(self._memory_limit(request.memory_mb))  # written only on a change
         except OSError as exc:  # e.g. EBUSY: the slot holds more than the new limit
-            raise Unavailable(f"cannot set the sandbox's memory limit to {request.memory_mb} "
-                              f"MiB: {exc.strerror}") from exc
+            raise Unavailable(
+                f"cannot set the sandbox's memory limit to {request.memory_mb} MiB: {exc.strerror}"
+            ) from exc
         oom_kills = cgroup.oom_kills()
         outcome = await super()._run_on(agent, request, keep_workdir)
-        if (outcome.response.status is ExecutionStatus.killed
-                and cgroup.oom_kills() > oom_kills):
+        if outcome.response.status is ExecutionStatus.killed and cgroup.oom_kills() > oom_kills:
             response = outcome.response.model_copy(update={"status": ExecutionStatus.oom})
             outcome = dataclasses.replace(outcome, response=response)
         return outcome
@@ -221,9 +251,11 @@ class ProcessBackend(AgentBackend):
 
     def _extra_description(self) -> dict[str, Any]:
         uids = self._uids
-        return {"isolated_uid": uids is not None,
-                "uids": [uids.start, uids.start + uids.size - 1] if uids else None,
-                "bwrap": self._bwrap_version,
-                "cgroup": f"v{self.cgroups.version}" if self.cgroups else None,
-                "max_memory_mb": self.settings.sandbox_process_memory_mb,
-                "cpus_per_slot": self.settings.sandbox_process_cpus}
+        return {
+            "isolated_uid": uids is not None,
+            "uids": [uids.start, uids.start + uids.size - 1] if uids else None,
+            "bwrap": self._bwrap_version,
+            "cgroup": f"v{self.cgroups.version}" if self.cgroups else None,
+            "max_memory_mb": self.settings.sandbox_process_memory_mb,
+            "cpus_per_slot": self.settings.sandbox_process_cpus,
+        }

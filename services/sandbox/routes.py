@@ -39,8 +39,9 @@ async def get_session(session_id: str, sessions: SessionsDep) -> SessionInfo:
 
 
 @router.post("/sessions/{session_id}/execute", response_model=ExecuteResponse)
-async def execute_in_session(session_id: str, request: ExecuteRequest,
-                             sessions: SessionsDep) -> ExecuteResponse:
+async def execute_in_session(
+    session_id: str, request: ExecuteRequest, sessions: SessionsDep
+) -> ExecuteResponse:
     """Run a program in the session's sandbox; its files stay, its processes do not."""
     return await sessions.execute(session_id, request)
 
@@ -52,9 +53,11 @@ async def write_files(session_id: str, body: FilesWrite, sessions: SessionsDep) 
 
 
 @router.get("/sessions/{session_id}/files", response_model=FilesRead)
-async def read_files(session_id: str, sessions: SessionsDep,
-                     path: Annotated[list[WorkdirPath], Query(max_length=MAX_FILES)]
-                     ) -> FilesRead:
+async def read_files(
+    session_id: str,
+    sessions: SessionsDep,
+    path: Annotated[list[WorkdirPath], Query(max_length=MAX_FILES)],
+) -> FilesRead:
     """Files of the session's workdir (base64), e.g. `?path=out.txt&path=data/x.csv`."""
     return FilesRead(files=await sessions.read_files(session_id, path))
 

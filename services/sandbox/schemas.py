@@ -26,8 +26,10 @@ def _relative_path(path: str) -> str:
     if not path or "\x00" in path or path.startswith("/"):
         raise ValueError(f"{path!r} must be a non-empty path relative to the workdir")
     if posixpath.normpath(path) != path or path.split("/")[0] == "..":
-        raise ValueError(f"{path!r} must be normalised and stay inside the workdir "
-                         "(no '..', '.', '//' or trailing '/')")
+        raise ValueError(
+            f"{path!r} must be normalised and stay inside the workdir "
+            "(no '..', '.', '//' or trailing '/')"
+        )
     if path in ("main.py", "main.sh"):
         raise ValueError(f"{path!r} is where the program itself is written")
     return path
@@ -96,8 +98,10 @@ class ExecutionStatus(StrEnum):
 class ExecuteRequest(StrictModel):
     language: Language = Language.python
     image: str | None = Field(
-        default=None, max_length=256,
-        description="docker backend: one of the images the service serves (default: its first)")
+        default=None,
+        max_length=256,
+        description="docker backend: one of the images the service serves (default: its first)",
+    )
     code: str = Field(min_length=1, max_length=1_000_000)
     stdin: str = Field(default="", max_length=10_000_000)
     timeout_s: float = Field(default=10.0, gt=0, le=300)
@@ -105,7 +109,8 @@ class ExecuteRequest(StrictModel):
     max_output_bytes: int = Field(default=65536, ge=1, le=10_000_000)
     files: FileList = Field(default_factory=list)
     collect: list[WorkdirPath] = Field(
-        default_factory=list, max_length=MAX_FILES,
+        default_factory=list,
+        max_length=MAX_FILES,
         description="Workdir files to return after the program ends (base64, bounded).",
     )
 
@@ -128,9 +133,11 @@ class ExecuteResponse(LenientModel):
 
 class SessionCreate(StrictModel):
     job_id: str | None = Field(
-        default=None, max_length=128, description="Counts against the job's session limit.")
-    image: str | None = Field(default=None, max_length=256,
-                              description="docker backend: the image the session runs in")
+        default=None, max_length=128, description="Counts against the job's session limit."
+    )
+    image: str | None = Field(
+        default=None, max_length=256, description="docker backend: the image the session runs in"
+    )
 
 
 class SessionInfo(LenientModel):

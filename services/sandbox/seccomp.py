@@ -26,15 +26,32 @@ CLONE_NEWUSER = 0x10000000
 
 # name: (x86_64, aarch64)
 DENIED = {
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
-    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
-    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
-    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
-    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
-    "mount_setattr": (442, 442), "setns": (308, 268),
-    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
-    "kexec_load": (246, 104), "kexec_file_load": (320, 294),
-    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "setns": (308, 268),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
 }
 FLAG_CHECKED = {"clone": (56, 220), "unshare": (272, 97)}  # flags in the first argument
 CLONE3 = 435
@@ -76,8 +93,11 @@ def filter_bytes() -> bytes:
         program.append((JEQ, "check_flags", 0, numbers[column]))
     program.append((RET, 0, 0, RET_ALLOW))
     labels["check_flags"] = len(program)
-    program += [(LD_ABS_W, 0, 0, ARG0_LOW_OFFSET), (JSET, "eperm", 0, CLONE_NEWUSER),
-                (RET, 0, 0, RET_ALLOW)]
+    program += [
+        (LD_ABS_W, 0, 0, ARG0_LOW_OFFSET),
+        (JSET, "eperm", 0, CLONE_NEWUSER),
+        (RET, 0, 0, RET_ALLOW),
+    ]
     labels["eperm"] = len(program)
     program.append((RET, 0, 0, deny_eperm))
     labels["enosys"] = len(program)
@@ -92,5 +112,7 @@ def filter_bytes() -> bytes:
         assert 0 <= jump < 256, "a BPF jump reaches 255 instructions at most"
         return jump
 
-    return b"".join(struct.pack("=HBBI", code, offset(jt, i), offset(jf, i), k)
-                    for i, (code, jt, jf, k) in enumerate(program))
+    return b"".join(
+        struct.pack("=HBBI", code, offset(jt, i), offset(jf, i), k)
+        for i, (code, jt, jf, k) in enumerate(program)
+    )

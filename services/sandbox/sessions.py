@@ -36,9 +36,13 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one program at a time
 
     def info(self, idle_timeout_s: float) -> SessionInfo:
-        return SessionInfo(id=self.id, job_id=self.job_id, created_at=self.created_at,
-                           idle_timeout_s=idle_timeout_s,
-                           idle_s=round(time.monotonic() - self.last_used, 3))
+        return SessionInfo(
+            id=self.id,
+            job_id=self.job_id,
+            created_at=self.created_at,
+            idle_timeout_s=idle_timeout_s,
+            idle_s=round(time.monotonic() - self.last_used, 3),
+        )
 
 
 class SessionManager:
@@ -58,18 +62,21 @@ class SessionManager:
             if held >= self.settings.sandbox_max_sessions_per_job:
                 raise LimitExceeded(
                     f"job {job_id} already has {held} open sandbox sessions (the limit per job);"
-                    " close one first", {"limit": self.settings.sandbox_max_sessions_per_job})
+                    " close one first",
+                    {"limit": self.settings.sandbox_max_sessions_per_job},
+                )
         if not self._free_numbers:
-            raise LimitExceeded(f"all {self.settings.sandbox_max_sessions} sandbox sessions are "
-                                "in use; close one or try later")
+            raise LimitExceeded(
+                f"all {self.settings.sandbox_max_sessions} sandbox sessions are "
+                "in use; close one or try later"
+            )
         number = self._free_numbers.pop()
         try:
             agent = await self.backend.open_session(number, image)
         except BaseException:
             self._free_numbers.append(number)
             raise
-        session = Session(id=f"sbx_{uuid.uuid4().hex}", job_id=job_id, number=number,
-                          agent=agent)
+        session = Session(id=f"sbx_{uuid.uuid4().hex}", job_id=job_id, number=number, agent=agent)
         self._sessions[session.id] = session
         return session.info(self.settings.sandbox_session_idle_s)
 
@@ -90,8 +97,7 @@ class SessionManager:
         await self.execute(session_id, ExecuteRequest(code="pass", files=files))
 
     async def read_files(self, session_id: str, paths: list[str]) -> list[FileOut]:
-        return (await self.execute(session_id, ExecuteRequest(code="pass",
-                                                              collect=paths))).files
+        return (await self.execute(session_id, ExecuteRequest(code="pass", collect=paths))).files
 
     async def close(self, session_id: str) -> None:
         session = self._session(session_id)
@@ -111,8 +117,10 @@ class SessionManager:
     def _session(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
-            raise NotFound(f"no sandbox session {session_id!r}: it never existed, was closed, "
-                           "was idle too long or lost its sandbox")
+            raise NotFound(
+                f"no sandbox session {session_id!r}: it never existed, was closed, "
+                "was idle too long or lost its sandbox"
+            )
         return session
 
     async def _close_idle_sessions(self) -> None:

@@ -17,8 +17,10 @@ class SandboxSettings(LoomSettings):
         "`auto`: docker when a daemon answers and the sandbox image exists, else process.",
     )
     sandbox_max_concurrency: int = Field(
-        default=4, ge=1, le=256, description="Executions running at once (agents: processes or "
-        "containers); the rest wait."
+        default=4,
+        ge=1,
+        le=256,
+        description="Executions running at once (agents: processes or containers); the rest wait.",
     )
     sandbox_max_uses: int = Field(
         default=200, ge=1, description="Programs an agent runs before it is replaced."
@@ -49,19 +51,23 @@ class SandboxSettings(LoomSettings):
         "`bubblewrap`); without it the service does not start.",
     )
     sandbox_process_memory_mb: int = Field(
-        default=2048, ge=64,
+        default=2048,
+        ge=64,
         description="Process backend: the most `memory_mb` a request may ask for (more is a "
         "422); the slot's control group holds the program and all its children to their "
         "`memory_mb`, tmpfs files included.",
     )
     sandbox_process_cpus: float = Field(
-        default=1.0, gt=0,
+        default=1.0,
+        gt=0,
         description="Process backend: CPUs each slot's control group may use (a quota), so "
         "busy or forking programs cannot starve the service.",
     )
     sandbox_max_processes: int = Field(
-        default=64, ge=1, description="Processes per sandbox: RLIMIT_NPROC with a slot uid; "
-        "the process backend's control group also holds the whole sandbox to it."
+        default=64,
+        ge=1,
+        description="Processes per sandbox: RLIMIT_NPROC with a slot uid; "
+        "the process backend's control group also holds the whole sandbox to it.",
     )
     sandbox_max_file_mb: int = Field(default=64, ge=1, description="RLIMIT_FSIZE per file.")
     sandbox_max_open_files: int = Field(default=256, ge=16, description="RLIMIT_NOFILE.")
@@ -79,7 +85,8 @@ class SandboxSettings(LoomSettings):
         description="Image the docker backend runs programs in (built from docker/sandbox).",
     )
     sandbox_docker_images: list[str] = Field(
-        default=[], description="More images requests may pick (`image`), each with a warm "
+        default=[],
+        description="More images requests may pick (`image`), each with a warm "
         "pool of its own; any image with python3 (and the sandbox uid's home) works.",
     )
     sandbox_docker_pool: str | None = Field(
@@ -105,10 +112,13 @@ class SandboxSettings(LoomSettings):
         default=300.0, gt=0, description="A session unused this long is closed."
     )
     sandbox_max_collect_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=0,
+        default=16 * 1024 * 1024,
+        ge=0,
         description="Total size of the files one execution may return (`collect`).",
     )
     sandbox_tmp_mb: int = Field(
-        default=64, ge=1, description="Size of each of a sandbox's tmpfs (/work, where "
+        default=64,
+        ge=1,
+        description="Size of each of a sandbox's tmpfs (/work, where "
         "collected and session files live, and /tmp; /dev/shm too in the process backend).",
     )

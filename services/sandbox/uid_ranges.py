@@ -51,8 +51,7 @@ def claim(lock_dir: Path, base: int, avoid: frozenset[int] = frozenset()) -> Uid
         start = base + k * BLOCK
         if any(start <= uid < start + BLOCK for uid in avoid):
             continue
-        fd = os.open(lock_dir / f"uids-{start}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                     0o600)
+        fd = os.open(lock_dir / f"uids-{start}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             # flock, not fcntl locks: those are per process, and two services in one process
             # (tests) would both get the same block.
@@ -62,8 +61,10 @@ def claim(lock_dir: Path, base: int, avoid: frozenset[int] = frozenset()) -> Uid
             continue
         kill_processes_of(range(start, start + BLOCK))
         return UidRange(start, BLOCK, fd)
-    raise RuntimeError(f"all {BLOCKS} sandbox uid ranges from {base} are held by other "
-                       f"services (locks in {lock_dir})")
+    raise RuntimeError(
+        f"all {BLOCKS} sandbox uid ranges from {base} are held by other "
+        f"services (locks in {lock_dir})"
+    )
 
 
 def sweep_abandoned(lock_dir: Path, clean: Callable[[int], None]) -> None:

@@ -47,7 +47,8 @@ def create_app(
             await asyncio.to_thread(group.start)
         app.state.trainer = TrainerService(
             ModelRegistry(settings.data_dir, device, settings.trainer_micro_batch_tokens)
-            if group is None else RemoteRegistry(group),
+            if group is None
+            else RemoteRegistry(group),
             queue,
             ThreadPublisher(client, asyncio.get_running_loop()),
             settings.trainer_work_dir,
@@ -69,20 +70,30 @@ def create_app(
             if modelstate is None:
                 await client.aclose()
 
-    app = create_service_app("trainer", routers=[router], lifespan=lifespan,
-                             service_token=service_token(settings))
-    busy = BusyClock("loom_trainer_busy_seconds",
-                     "Seconds the trainer spent running operations (its device busy)")
+    app = create_service_app(
+        "trainer", routers=[router], lifespan=lifespan, service_token=service_token(settings)
+    )
+    busy = BusyClock(
+        "loom_trainer_busy_seconds",
+        "Seconds the trainer spent running operations (its device busy)",
+    )
     app.state.metrics_registry.register(busy)
     return app
 
 
 def rank_group(settings: TrainerSettings) -> RankGroup:
     """The ranks of a sharded trainer (`LOOM_TRAINER_WORLD_SIZE` > 1), not started yet."""
-    return RankGroup(RankConfig(
-        world_size=settings.trainer_world_size, master_port=0, data_dir=settings.data_dir,
-        device=settings.trainer_device, micro_batch_tokens=settings.trainer_micro_batch_tokens,
-        threads=settings.trainer_threads,
-        sharding=Sharding(settings.trainer_precision,
-                          settings.trainer_activation_checkpointing),
-        timeout_s=settings.trainer_collective_timeout_s))
+    return RankGroup(
+        RankConfig(
+            world_size=settings.trainer_world_size,
+            master_port=0,
+            data_dir=settings.data_dir,
+            device=settings.trainer_device,
+            micro_batch_tokens=settings.trainer_micro_batch_tokens,
+            threads=settings.trainer_threads,
+            sharding=Sharding(
+                settings.trainer_precision, settings.trainer_activation_checkpointing
+            ),
+            timeout_s=settings.trainer_collective_timeout_s,
+        )
+    )

@@ -35,8 +35,7 @@ class Batch:
     def padded_tokens(self) -> int:
         return len(self.lengths) * max(self.lengths)
 
-    def rows(self, rows: list[int], extra: Tensor | None = None
-             ) -> tuple[Batch, Tensor | None]:
+    def rows(self, rows: list[int], extra: Tensor | None = None) -> tuple[Batch, Tensor | None]:
         """These rows, cut to the longest of them; `extra` ([B, T], e.g. reference logprobs)
         cut the same way."""
         index = torch.tensor(rows, device=self.input_ids.device)
@@ -45,17 +44,19 @@ class Batch:
         def cut(tensor: Tensor | None) -> Tensor | None:
             return None if tensor is None else tensor[index, :span]
 
-        part = Batch(input_ids=self.input_ids[index, :span],
-                     attention_mask=self.attention_mask[index, :span],
-                     loss_mask=self.loss_mask[index, :span], old_logprobs=cut(self.old_logprobs),
-                     advantages=cut(self.advantages), lengths=[self.lengths[i] for i in rows],
-                     proximal_logprobs=cut(self.proximal_logprobs))
+        part = Batch(
+            input_ids=self.input_ids[index, :span],
+            attention_mask=self.attention_mask[index, :span],
+            loss_mask=self.loss_mask[index, :span],
+            old_logprobs=cut(self.old_logprobs),
+            advantages=cut(self.advantages),
+            lengths=[self.lengths[i] for i in rows],
+            proximal_logprobs=cut(self.proximal_logprobs),
+        )
         return part, cut(extra)
 
 
-def validate_data(
-    data: list[Datum], vocab_size: int, max_length: int, *, needs_loss: bool
-) -> None:
+def validate_data(data: list[Datum], vocab_size: int, max_length: int, *, needs_loss: bool) -> None:
     """Reject what would otherwise fail deep inside torch with an index error."""
     for i, datum in enumerate(data):
         if len(datum.input_ids) > max_length:

@@ -41,26 +41,42 @@ WEIGHTS, OPTIMIZER, STATE = "trainable.safetensors", "optimizer.pt", "state.json
 SHARDED = "sharded"  # a sharded trainer's checkpoint: DCP's files (`dcp_state`)
 
 
-def save_state(model: TrainerModel | RemoteModel, root: Path, name: str,
-               series: str | None = None, keep: int = 2,
-               expires_at: datetime | None = None) -> StateCheckpoint:
+def save_state(
+    model: TrainerModel | RemoteModel,
+    root: Path,
+    name: str,
+    series: str | None = None,
+    keep: int = 2,
+    expires_at: datetime | None = None,
+) -> StateCheckpoint:
     drop_expired(root)
     job_dir = root / model.spec.job_id
     final = job_dir / name
     if final.exists():
-        raise Conflict(f"Job {model.spec.job_id} already has a checkpoint named {name!r}; "
-                       "checkpoint names are never reused.")
+        raise Conflict(
+            f"Job {model.spec.job_id} already has a checkpoint named {name!r}; "
+            "checkpoint names are never reused."
+        )
     job_dir.mkdir(parents=True, exist_ok=True)
     work = job_dir / f".tmp-{name}-{uuid.uuid4().hex}"
     work.mkdir()
     try:
-        has_optimizer = (write_checkpoint(model, work) if isinstance(model, TrainerModel)
-                         else model.write_checkpoint(work))
-        state = {"job_id": model.spec.job_id, "name": name, "step": model.step,
-                 "last_version": model.last_version, "has_optimizer": has_optimizer,
-                 "created_at": datetime.now(UTC).isoformat(), "series": series,
-                 "expires_at": None if expires_at is None else expires_at.isoformat(),
-                 "spec": model.spec.model_dump(mode="json")}
+        has_optimizer = (
+            write_checkpoint(model, work)
+            if isinstance(model, TrainerModel)
+            else model.write_checkpoint(work)
+        )
+        state = {
+            "job_id": model.spec.job_id,
+            "name": name,
+            "step": model.step,
+            "last_version": model.last_version,
+            "has_optimizer": has_optimizer,
+            "created_at": datetime.now(UTC).isoformat(),
+            "series": series,
+            "expires_at": None if expires_at is None else expires_at.isoformat(),
+            "spec": model.spec.model_dump(mode="json"),
+        }
         (work / STATE).write_text(json.dumps(state, indent=2))
         for path in work.rglob("*"):
             fsync_path(path)
@@ -91,8 +107,7 @@ def _remove(directory: Path) -> None:
     shutil.rmtree(hidden, ignore_errors=True)
 
 
-def set_expiry(root: Path, job_id: str, name: str, expires_at: datetime | None
-               ) -> StateCheckpoint:
+def set_expiry(root: Path, job_id: str, name: str, expires_at: datetime | None) -> StateCheckpoint:
     """A new expiry (None: never), its state file replaced whole."""
     directory = root / job_id / name
     checkpoint = describe(directory)  # 404 when there is none, or it expired
@@ -108,20 +123,29 @@ def set_expiry(root: Path, job_id: str, name: str, expires_at: datetime | None
 
 def drop_expired(root: Path, job_id: str | None = None) -> None:
     """Remove the expired checkpoints of `job_id` (of every job when None)."""
-    job_dirs = [root / job_id] if job_id is not None else (
-        list(root.iterdir()) if root.is_dir() else [])
+    job_dirs = (
+        [root / job_id] if job_id is not None else (list(root.iterdir()) if root.is_dir() else [])
+    )
     for job_dir in job_dirs:
         if not job_dir.is_dir():
             continue
         for directory in job_dir.iterdir():
-            if directory.is_dir() and not directory.name.startswith(".") and _expired(
-                    _read_state(directory)):
+            if (
+                directory.is_dir()
+                and not directory.name.startswith(".")
+                and _expired(_read_state(directory))
+            ):
                 with suppress(FileNotFoundError):  # removed by another caller meanwhile
                     _remove(directory)
 
 
-def load_state(model: TrainerModel | RemoteModel, root: Path, name: str,
-               job_id: str | None = None, optimizer: bool = True) -> StateCheckpoint:
+def load_state(
+    model: TrainerModel | RemoteModel,
+    root: Path,
+    name: str,
+    job_id: str | None = None,
+    optimizer: bool = True,
+) -> StateCheckpoint:
     """Put the checkpoint's weights, step and (with `optimizer`) optimizer moments into
     `model`; without `optimizer` the moments are dropped. The checkpoint may be another job's
     (`job_id`) of the same base model, mode and LoRA configuration: parameter names in a
@@ -133,13 +157,18 @@ def load_state(model: TrainerModel | RemoteModel, root: Path, name: str,
     spec = json.loads((directory / STATE).read_text())["spec"]
     where = f"Checkpoint {name!r}" + (f" of job {source}" if source != model.spec.job_id else "")
     if spec["base_model"] != model.spec.base_model:
-        raise InvalidInput(f"{where} was saved from base model {spec['base_model']!r}; job "
-                           f"{model.spec.job_id} trains {model.spec.base_model!r}.")
+        raise InvalidInput(
+            f"{where} was saved from base model {spec['base_model']!r}; job "
+            f"{model.spec.job_id} trains {model.spec.base_model!r}."
+        )
     if spec["mode"] != model.spec.mode or (
-            model.spec.mode == TrainingMode.lora and spec["lora"] != model.spec.lora.model_dump()):
-        raise InvalidInput(f"{where} was saved from a {spec['mode']} model with "
-                           f"LoRA {spec.get('lora')}; job {model.spec.job_id} trains "
-                           f"{model.spec.mode.value} with LoRA {model.spec.lora.model_dump()}.")
+        model.spec.mode == TrainingMode.lora and spec["lora"] != model.spec.lora.model_dump()
+    ):
+        raise InvalidInput(
+            f"{where} was saved from a {spec['mode']} model with "
+            f"LoRA {spec.get('lora')}; job {model.spec.job_id} trains "
+            f"{model.spec.mode.value} with LoRA {model.spec.lora.model_dump()}."
+        )
     last_version = checkpoint.last_version if source == model.spec.job_id else None
     moments = optimizer and checkpoint.has_optimizer
     if isinstance(model, TrainerModel):
@@ -157,16 +186,18 @@ def write_checkpoint(model: TrainerModel, directory: Path) -> bool:
         return dcp_state.save(model, directory / SHARDED)
     if model.parallel.rank != 0:
         return model.optimizer() is not None
-    save_file({n: p.detach().contiguous().cpu() for n, p in model.named_trainable()},
-              directory / WEIGHTS)
+    save_file(
+        {n: p.detach().contiguous().cpu() for n, p in model.named_trainable()}, directory / WEIGHTS
+    )
     optimizer = model.optimizer_state()
     if optimizer is not None:
         torch.save(optimizer, directory / OPTIMIZER)
     return optimizer is not None
 
 
-def read_checkpoint(model: TrainerModel, directory: Path, optimizer: bool, step: int,
-                    last_version: int | None) -> None:
+def read_checkpoint(
+    model: TrainerModel, directory: Path, optimizer: bool, step: int, last_version: int | None
+) -> None:
     """A checkpoint of either layout, whoever wrote it, into `model` (on every rank of a
     sharded one): see `TrainerModel.restore`."""
     if (directory / SHARDED).is_dir():
@@ -174,8 +205,11 @@ def read_checkpoint(model: TrainerModel, directory: Path, optimizer: bool, step:
         model.restore_position(step, last_version)
         return
     weights = load_file(directory / WEIGHTS, device=str(model.device))
-    moments = (torch.load(directory / OPTIMIZER, weights_only=True, map_location=model.device)
-               if optimizer else None)
+    moments = (
+        torch.load(directory / OPTIMIZER, weights_only=True, map_location=model.device)
+        if optimizer
+        else None
+    )
     model.restore(weights, moments, step, last_version)
 
 
@@ -201,16 +235,23 @@ def is_checkpoint(directory: Path) -> bool:
 def describe(directory: Path) -> StateCheckpoint:
     state = _read_state(directory)
     if state is None or _expired(state):
-        raise NotFound(f"No checkpoint {directory.name!r} for job {directory.parent.name}"
-                       f"{' (it expired)' if state else ''} (list them with "
-                       "GET /v1/models/{id}/checkpoints).")
+        raise NotFound(
+            f"No checkpoint {directory.name!r} for job {directory.parent.name}"
+            f"{' (it expired)' if state else ''} (list them with "
+            "GET /v1/models/{id}/checkpoints)."
+        )
     size = sum(p.stat().st_size for p in directory.iterdir())
-    return StateCheckpoint(job_id=state["job_id"], name=state["name"], step=state["step"],
-                           last_version=state["last_version"],
-                           has_optimizer=state["has_optimizer"], bytes=size,
-                           created_at=datetime.fromisoformat(state["created_at"]),
-                           series=state.get("series"),
-                           expires_at=_expiry(state))
+    return StateCheckpoint(
+        job_id=state["job_id"],
+        name=state["name"],
+        step=state["step"],
+        last_version=state["last_version"],
+        has_optimizer=state["has_optimizer"],
+        bytes=size,
+        created_at=datetime.fromisoformat(state["created_at"]),
+        series=state.get("series"),
+        expires_at=_expiry(state),
+    )
 
 
 def _read_state(directory: Path) -> dict[str, Any] | None:

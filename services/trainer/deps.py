@@ -14,4 +14,5 @@ ServiceDep = Annotated[TrainerService, Depends(app_state("trainer"))]
 # A client-chosen key of one submission (at most 200 characters): the same key sent again, for
 # the same model, is the same submission (see OperationQueue.submit).
 IdempotencyKeyDep = Annotated[
-    str | None, Header(alias=IDEMPOTENCY_KEY_HEADER, min_length=1, max_length=200)]
+    str | None, Header(alias=IDEMPOTENCY_KEY_HEADER, min_length=1, max_length=200)
+]

@@ -24,8 +24,13 @@ from services.trainer.schemas import LoraConfig
 
 def peft_config(lora: LoraConfig) -> peft.LoraConfig:
     """The PEFT configuration of a job's LoRA settings."""
-    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                           target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return peft.LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 class LoraHost:
@@ -36,8 +41,9 @@ class LoraHost:
         self.network: peft.PeftModel | None = None
         self.lock = threading.RLock()
 
-    def attach(self, adapter: str, lora: LoraConfig, seed: int
-               ) -> list[tuple[str, torch.nn.Parameter]]:
+    def attach(
+        self, adapter: str, lora: LoraConfig, seed: int
+    ) -> list[tuple[str, torch.nn.Parameter]]:
         """Add the job's adapter (random init from its seed only); returns its parameters."""
         config = peft_config(lora)
         # manual_seed seeds every device's generator: fork the base's too, so creating a job
@@ -51,8 +57,7 @@ class LoraHost:
                 else:
                     self.network.add_adapter(adapter, config)
             except ValueError as exc:  # e.g. target modules the model does not have
-                raise InvalidInput(
-                    f"Cannot apply LoRA to {self.base_model!r}: {exc}") from exc
+                raise InvalidInput(f"Cannot apply LoRA to {self.base_model!r}: {exc}") from exc
             return self.parameters_of(adapter)
 
     def parameters_of(self, adapter: str) -> list[tuple[str, torch.nn.Parameter]]:
@@ -61,8 +66,11 @@ class LoraHost:
         assert self.network is not None
         # LoRA weights live in ModuleDicts keyed by adapter: `...lora_A.<adapter>.weight`.
         mine = re.compile(rf"(\.lora_(?:A|B|embedding_A|embedding_B))\.{re.escape(adapter)}\.")
-        return [(mine.sub(r"\1.", name), p) for name, p in self.network.named_parameters()
-                if mine.search(name)]
+        return [
+            (mine.sub(r"\1.", name), p)
+            for name, p in self.network.named_parameters()
+            if mine.search(name)
+        ]
 
     @contextmanager
     def using(self, adapter: str) -> Iterator[peft.PeftModel]:

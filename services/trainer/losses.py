@@ -91,14 +91,16 @@ def _log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, diff, torch.zeros_like(diff))
 
 
-def cross_entropy(logprobs: Tensor, mask: Tensor, aggregate: Aggregate | None = None
-                  ) -> LossOutput:
+def cross_entropy(logprobs: Tensor, mask: Tensor, aggregate: Aggregate | None = None) -> LossOutput:
     loss = (aggregate or whole_batch_mean(mask))(-logprobs, mask)
     return loss, {}
 
 
 def importance_sampling(
-    logprobs: Tensor, mask: Tensor, old_logprobs: Tensor, advantages: Tensor,
+    logprobs: Tensor,
+    mask: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
     aggregate: Aggregate | None = None,
 ) -> LossOutput:
     """-mean(ratio * A), ratio = exp(new - old): the policy gradient, corrected for samples
@@ -131,9 +133,10 @@ def ppo(
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
     objective = torch.minimum(unclipped, clipped)
-    metrics = {"clip_fraction": aggregate.token_mean((clipped < unclipped).to(mask.dtype),
-                                                     mask).item(),
-               "ratio_mean": aggregate.token_mean(ratio, mask).item()}
+    metrics = {
+        "clip_fraction": aggregate.token_mean((clipped < unclipped).to(mask.dtype), mask).item(),
+        "ratio_mean": aggregate.token_mean(ratio, mask).item(),
+    }
     if dual_clip is not None:
         floor = dual_clip * advantages
         capped = (advantages < 0) & (objective < floor)
@@ -160,14 +163,17 @@ def cispo(
     coefficient = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = -aggregate(coefficient * logprobs * advantages, mask)
     return loss, {
-        "clip_fraction": aggregate.token_mean((coefficient != ratio).to(mask.dtype),
-                                              mask).item(),
+        "clip_fraction": aggregate.token_mean((coefficient != ratio).to(mask.dtype), mask).item(),
         "ratio_mean": aggregate.token_mean(ratio, mask).item(),
     }
 
 
 def dro(
-    logprobs: Tensor, mask: Tensor, old_logprobs: Tensor, advantages: Tensor, beta: float,
+    logprobs: Tensor,
+    mask: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    beta: float,
     aggregate: Aggregate | None = None,
 ) -> LossOutput:
     """-mean(log pi * A - beta / 2 * log(pi / pi_old)^2) (DRO): off-policy learning held near
@@ -176,12 +182,15 @@ def dro(
     log_ratio = _log_ratio(logprobs, old_logprobs, mask)
     penalty = 0.5 * beta * log_ratio**2
     loss = -aggregate(logprobs * advantages - penalty, mask)
-    return loss, {"penalty_mean": aggregate.token_mean(penalty, mask).item(),
-                  "ratio_mean": aggregate.token_mean(torch.exp(log_ratio), mask).item()}
+    return loss, {
+        "penalty_mean": aggregate.token_mean(penalty, mask).item(),
+        "ratio_mean": aggregate.token_mean(torch.exp(log_ratio), mask).item(),
+    }
 
 
-def reinforce(logprobs: Tensor, mask: Tensor, advantages: Tensor,
-              aggregate: Aggregate | None = None) -> LossOutput:
+def reinforce(
+    logprobs: Tensor, mask: Tensor, advantages: Tensor, aggregate: Aggregate | None = None
+) -> LossOutput:
     """-mean(log pi * A): the on-policy policy gradient. With A = -dL/dlogprob it is also how
     a loss L computed outside the trainer (an SDK's custom loss) reaches the weights: its
     gradient is exactly L's."""
@@ -196,16 +205,21 @@ def k3(logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-def kl_to_reference(logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor,
-                    aggregate: Aggregate | None = None) -> Tensor:
+def kl_to_reference(
+    logprobs: Tensor, mask: Tensor, ref_logprobs: Tensor, aggregate: Aggregate | None = None
+) -> Tensor:
     """The token mean of `k3`: the KL as a metric reports it."""
     aggregate = aggregate or whole_batch_mean(mask)
     return aggregate.token_mean(k3(logprobs, mask, ref_logprobs), mask)
 
 
-def truncated_is_weights(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
-                         cap: float, aggregate: Aggregate | None = None
-                         ) -> tuple[Tensor, dict[str, float]]:
+def truncated_is_weights(
+    logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    mask: Tensor,
+    cap: float,
+    aggregate: Aggregate | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """min(pi / pi_sampler, cap) per token, without gradient (`logprobs`: the trainer's
     proximal policy): corrects samples that an older version (or a sampler whose numerics
     differ from the trainer's) produced, and the cap bounds the variance a rare token could
@@ -213,20 +227,35 @@ def truncated_is_weights(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tenso
     raw = torch.exp(_log_ratio(logprobs.detach(), sampler_logprobs, mask))
     weights = raw.clamp(max=cap)
     aggregate = aggregate or whole_batch_mean(mask)
-    return weights, {"tis_weight_mean": aggregate.token_mean(weights, mask).item(),
-                     "tis_truncated_fraction": aggregate.token_mean((raw > cap).to(mask.dtype),
-                                                           mask).item()}
+    return weights, {
+        "tis_weight_mean": aggregate.token_mean(weights, mask).item(),
+        "tis_truncated_fraction": aggregate.token_mean((raw > cap).to(mask.dtype), mask).item(),
+    }
 
 
-def policy_loss(config: LossConfig, logprobs: Tensor, mask: Tensor, old_logprobs: Tensor,
-                advantages: Tensor, aggregate: Aggregate) -> LossOutput:
+def policy_loss(
+    config: LossConfig,
+    logprobs: Tensor,
+    mask: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    aggregate: Aggregate,
+) -> LossOutput:
     """One of the losses that weigh advantages by a ratio to the sampler's logprobs."""
     clip_low, clip_high = config.clips
     if config.name == LossName.importance_sampling:
         return importance_sampling(logprobs, mask, old_logprobs, advantages, aggregate)
     if config.name == LossName.ppo:
-        return ppo(logprobs, mask, old_logprobs, advantages, clip_low, clip_high, aggregate,
-                   config.clip_ratio_c)
+        return ppo(
+            logprobs,
+            mask,
+            old_logprobs,
+            advantages,
+            clip_low,
+            clip_high,
+            aggregate,
+            config.clip_ratio_c,
+        )
     if config.name == LossName.cispo:
         return cispo(logprobs, mask, old_logprobs, advantages, clip_low, clip_high, aggregate)
     if config.name == LossName.dro:
@@ -266,20 +295,24 @@ def compute_loss(
         if old_logprobs is None:
             raise ValueError(f"loss {config.name.value!r} needs old_logprobs")
         if config.tis_cap is not None:
-            proximal = (logprobs.detach() if proximal_logprobs is None
-                        else proximal_logprobs)
-            weights, metrics = truncated_is_weights(proximal, old_logprobs, mask,
-                                                    config.tis_cap, aggregate)
+            proximal = logprobs.detach() if proximal_logprobs is None else proximal_logprobs
+            weights, metrics = truncated_is_weights(
+                proximal, old_logprobs, mask, config.tis_cap, aggregate
+            )
             advantages, old_logprobs = advantages * weights, proximal
-        loss, policy_metrics = policy_loss(config, logprobs, mask, old_logprobs, advantages,
-                                           aggregate)
+        loss, policy_metrics = policy_loss(
+            config, logprobs, mask, old_logprobs, advantages, aggregate
+        )
         metrics = {**metrics, **policy_metrics}
     if config.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")
         terms = k3(logprobs, mask, ref_logprobs)
-        metrics = {**metrics, "policy_loss": loss.item(),
-                   "kl": aggregate.token_mean(terms, mask).item()}
+        metrics = {
+            **metrics,
+            "policy_loss": loss.item(),
+            "kl": aggregate.token_mean(terms, mask).item(),
+        }
         # Aggregated like the policy loss, so kl_coef weighs the same whatever the aggregation.
         loss = loss + config.kl_coef * aggregate(terms, mask)
     return loss, metrics

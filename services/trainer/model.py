@@ -81,9 +81,15 @@ def empty_causal_lm(path: str) -> PreTrainedModel:
 
 
 class TrainerModel:
-    def __init__(self, spec: CreateModelRequest, model_path: str, device: torch.device,
-                 host: LoraHost | None, micro_batch_tokens: int,
-                 parallel: SingleProcess | None = None) -> None:
+    def __init__(
+        self,
+        spec: CreateModelRequest,
+        model_path: str,
+        device: torch.device,
+        host: LoraHost | None,
+        micro_batch_tokens: int,
+        parallel: SingleProcess | None = None,
+    ) -> None:
         """Full training loads its own copy of the base; LoRA adds an adapter to `host`.
         `parallel`: how it shares the work with other ranks (by default it has none)."""
         self.parallel = parallel or SingleProcess()
@@ -103,8 +109,9 @@ class TrainerModel:
         self.params = [p for _, p in self._named]
         self.vocab_size: int = base.get_input_embeddings().num_embeddings
         self.max_length: int = base.config.max_position_embeddings
-        self._base_params = (self._host.base_params if self._host
-                             else sum(p.numel() for p in base.parameters()))
+        self._base_params = (
+            self._host.base_params if self._host else sum(p.numel() for p in base.parameters())
+        )
         self.step = 0
         self.last_version = 0
         self._optimizer: torch.optim.AdamW | None = None
@@ -136,13 +143,16 @@ class TrainerModel:
 
     def info(self) -> ModelInfo:
         return ModelInfo(
-            model_id=self.spec.job_id, job_id=self.spec.job_id, base_model=self.spec.base_model,
+            model_id=self.spec.job_id,
+            job_id=self.spec.job_id,
+            base_model=self.spec.base_model,
             mode=self.spec.mode,
             lora=self.spec.lora if self.spec.mode == TrainingMode.lora else None,
-            num_params=self._base_params + (
-                sum(p.numel() for p in self.params) if self._host else 0),
+            num_params=self._base_params
+            + (sum(p.numel() for p in self.params) if self._host else 0),
             trainable_params=sum(p.numel() for p in self.params),
-            step=self.step, last_version=self.last_version,
+            step=self.step,
+            last_version=self.last_version,
         )
 
     def validate(self, data: list[Datum], *, needs_loss: bool) -> None:
@@ -151,8 +161,9 @@ class TrainerModel:
 
     # --- operations -----------------------------------------------------------------------
 
-    def forward_backward(self, data: list[Datum], loss_config: LossConfig,
-                         return_logprobs: bool = False) -> ForwardBackwardResult:
+    def forward_backward(
+        self, data: list[Datum], loss_config: LossConfig, return_logprobs: bool = False
+    ) -> ForwardBackwardResult:
         batch = collate(data, self.device)
         with self.network() as network:
             network.train()
@@ -161,11 +172,13 @@ class TrainerModel:
         if return_logprobs:
             logprobs = self.parallel.sum_rows(logprobs)
         return ForwardBackwardResult(
-            loss=loss, num_tokens=batch.num_tokens, metrics=metrics,
-            logprobs=unpad(logprobs, batch.lengths) if return_logprobs else None)
+            loss=loss,
+            num_tokens=batch.num_tokens,
+            metrics=metrics,
+            logprobs=unpad(logprobs, batch.lengths) if return_logprobs else None,
+        )
 
-    def forward(self, data: list[Datum], loss_config: LossConfig | None = None
-                ) -> ForwardResult:
+    def forward(self, data: list[Datum], loss_config: LossConfig | None = None) -> ForwardResult:
         batch = collate(data, self.device)
         with self.network() as network, torch.no_grad():
             network.eval()
@@ -186,8 +199,10 @@ class TrainerModel:
         self._has_gradients = False
         if not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
-            raise InvalidInput(f"The gradient norm is {grad_norm.item()}: step skipped, "
-                               "accumulated gradients dropped")
+            raise InvalidInput(
+                f"The gradient norm is {grad_norm.item()}: step skipped, "
+                "accumulated gradients dropped"
+            )
         # No gradient, no update: AdamW would still move the weights through its momentum and
         # weight decay (an RL batch whose advantages are all zero must leave the policy alone).
         applied = grad_norm.item() > 0.0
@@ -195,8 +210,9 @@ class TrainerModel:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return OptimStepResult(step=self.step, grad_norm=grad_norm.item(), lr=adam.lr,
-                               applied=applied)
+        return OptimStepResult(
+            step=self.step, grad_norm=grad_norm.item(), lr=adam.lr, applied=applied
+        )
 
     def reset_optimizer(self) -> ModelInfo:
         """A fresh AdamW at the next step (no moments), pending gradients dropped; the step
@@ -228,15 +244,25 @@ class TrainerModel:
         """Bytes of trainable weights, their gradients and the optimizer's state that this
         process holds (on a rank: its shards), and of the frozen weights the model runs on
         (a LoRA job's shared base, a full job's reference copy once KL loaded it)."""
-        state = [] if self._optimizer is None else [
-            t for moments in self._optimizer.state.values() for t in moments.values()
-            if isinstance(t, torch.Tensor)]
-        frozen = (self._host.base if self._host is not None else self._frozen_reference)
-        return {"weights": _held(self.params),
-                "gradients": _held([p.grad for p in self.params if p.grad is not None]),
-                "optimizer": _held(state),
-                "frozen": 0 if frozen is None else _held(
-                    [p for p in frozen.parameters() if not p.requires_grad])}
+        state = (
+            []
+            if self._optimizer is None
+            else [
+                t
+                for moments in self._optimizer.state.values()
+                for t in moments.values()
+                if isinstance(t, torch.Tensor)
+            ]
+        )
+        frozen = self._host.base if self._host is not None else self._frozen_reference
+        return {
+            "weights": _held(self.params),
+            "gradients": _held([p.grad for p in self.params if p.grad is not None]),
+            "optimizer": _held(state),
+            "frozen": 0
+            if frozen is None
+            else _held([p for p in frozen.parameters() if not p.requires_grad]),
+        }
 
     def optimizer(self) -> torch.optim.AdamW | None:
         return self._optimizer
@@ -244,21 +270,30 @@ class TrainerModel:
     def optimizer_state(self) -> dict[str, object] | None:
         return None if self._optimizer is None else self._optimizer.state_dict()
 
-    def restore(self, weights: dict[str, torch.Tensor], optimizer: dict[str, object] | None,
-                step: int, last_version: int | None) -> None:
+    def restore(
+        self,
+        weights: dict[str, torch.Tensor],
+        optimizer: dict[str, object] | None,
+        step: int,
+        last_version: int | None,
+    ) -> None:
         """Weights, optimizer moments (None: a fresh optimizer) and step from a checkpoint;
         pending gradients dropped. `last_version` None keeps the model's own."""
         names = {n for n, _ in self._named}
         if set(weights) != names:
             missing, extra = sorted(names - set(weights))[:3], sorted(set(weights) - names)[:3]
-            raise InvalidInput(f"The checkpoint does not fit job {self.spec.job_id}'s model "
-                               f"(missing {missing}, unexpected {extra}).")
+            raise InvalidInput(
+                f"The checkpoint does not fit job {self.spec.job_id}'s model "
+                f"(missing {missing}, unexpected {extra})."
+            )
         with torch.no_grad():
             for name, param in self._named:
                 if weights[name].shape != param.shape:
-                    raise InvalidInput(f"The checkpoint's {name} has shape "
-                                       f"{tuple(weights[name].shape)}, the model's "
-                                       f"{tuple(param.shape)}.")
+                    raise InvalidInput(
+                        f"The checkpoint's {name} has shape "
+                        f"{tuple(weights[name].shape)}, the model's "
+                        f"{tuple(param.shape)}."
+                    )
             for name, param in self._named:
                 param.copy_(self.parallel.shard_like(weights[name], param))
                 param.grad = None
@@ -283,8 +318,12 @@ class TrainerModel:
 
     def optimizer_for(self, adam: AdamParams) -> torch.optim.AdamW:
         """One AdamW for the model's life (its moments persist); each call may retune it."""
-        hyper = {"lr": adam.lr, "betas": (adam.beta1, adam.beta2), "eps": adam.eps,
-                 "weight_decay": adam.weight_decay}
+        hyper = {
+            "lr": adam.lr,
+            "betas": (adam.beta1, adam.beta2),
+            "eps": adam.eps,
+            "weight_decay": adam.weight_decay,
+        }
         if self._optimizer is None:
             self._optimizer = torch.optim.AdamW(self.params, **hyper)
         else:
@@ -294,12 +333,15 @@ class TrainerModel:
 
     def _load_base(self) -> PreTrainedModel:
         """The base model as this process trains it (on a rank: only its shards)."""
-        return self.parallel.load(lambda: empty_causal_lm(self.model_path),
-                                  lambda device: load_causal_lm(self.model_path, device),
-                                  self.device)
+        return self.parallel.load(
+            lambda: empty_causal_lm(self.model_path),
+            lambda device: load_causal_lm(self.model_path, device),
+            self.device,
+        )
 
-    def _loss(self, network: torch.nn.Module, batch: Batch, config: LossConfig, *,
-              backward: bool) -> tuple[float, dict[str, float], torch.Tensor]:
+    def _loss(
+        self, network: torch.nn.Module, batch: Batch, config: LossConfig, *, backward: bool
+    ) -> tuple[float, dict[str, float], torch.Tensor]:
         """The loss on `batch` under `network`'s mode (train or eval), its metrics, and the
         per-token logprobs it was computed from, one micro-batch of rows of similar length at a
         time. Each micro-batch's share of the loss divides by the whole batch's totals, so with
@@ -307,14 +349,18 @@ class TrainerModel:
         micro-batch's whatever the batch's size, and the gradients add up to the batch's."""
         training = network.training
         temperature = config.temperature
-        reference = (self._reference_logprobs(network, batch, temperature)
-                     if config.kl_coef > 0 else None)
+        reference = (
+            self._reference_logprobs(network, batch, temperature) if config.kl_coef > 0 else None
+        )
         network.train(training)  # the reference pass may have switched the mode
         totals = Totals.of(batch.loss_mask)
         groups = self._groups(batch)
         # One group fails, if it does, before its backward: nothing to undo then.
-        undo = (_GradientUndo(self.params, self._has_gradients and len(groups) > 1)
-                if backward else None)
+        undo = (
+            _GradientUndo(self.params, self._has_gradients and len(groups) > 1)
+            if backward
+            else None
+        )
         loss, metrics = 0.0, {}
         logprobs = torch.zeros_like(batch.loss_mask)
         for group in groups:
@@ -322,14 +368,17 @@ class TrainerModel:
             # No row of this micro-batch for this rank: a stand-in row, with no weight, runs
             # the passes the other ranks run.
             part, part_reference = batch.rows(rows or group[:1], reference)
-            part_logprobs = self._forward(network, part.input_ids, part.attention_mask,
-                                          temperature)
-            share, shares = compute_loss(config, part_logprobs, part.loss_mask,
-                                         old_logprobs=part.old_logprobs,
-                                         advantages=part.advantages,
-                                         ref_logprobs=part_reference,
-                                         proximal_logprobs=part.proximal_logprobs,
-                                         totals=totals)
+            part_logprobs = self._forward(network, part.input_ids, part.attention_mask, temperature)
+            share, shares = compute_loss(
+                config,
+                part_logprobs,
+                part.loss_mask,
+                old_logprobs=part.old_logprobs,
+                advantages=part.advantages,
+                ref_logprobs=part_reference,
+                proximal_logprobs=part.proximal_logprobs,
+                totals=totals,
+            )
             if not rows:
                 share, shares = share * 0.0, dict.fromkeys(shares, 0.0)
             if undo is not None:
@@ -337,7 +386,8 @@ class TrainerModel:
                     undo.restore()
                     raise InvalidInput(
                         f"The loss is {share.item()} (check advantages and logprobs for huge "
-                        "or non-finite values); no gradients were accumulated")
+                        "or non-finite values); no gradients were accumulated"
+                    )
                 share.backward()
                 undo.touched = True
             loss += share.item()
@@ -345,23 +395,23 @@ class TrainerModel:
                 metrics[name] = metrics.get(name, 0.0) + value
             if rows:
                 index = torch.tensor(rows, device=logprobs.device)
-                logprobs[index, :part_logprobs.shape[1]] = part_logprobs.detach()
+                logprobs[index, : part_logprobs.shape[1]] = part_logprobs.detach()
         loss, metrics = self.parallel.sum_values(loss, metrics)
         return loss, metrics, logprobs
 
-    def _logprobs(self, network: torch.nn.Module, batch: Batch, temperature: float = 1.0
-                  ) -> torch.Tensor:
+    def _logprobs(
+        self, network: torch.nn.Module, batch: Batch, temperature: float = 1.0
+    ) -> torch.Tensor:
         """[B, T] logprobs of this rank's rows, from one forward pass per micro-batch of rows
         of similar length (no graph is kept: callers run it without gradients)."""
         logprobs = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
         for group in self._groups(batch):
             rows = self.parallel.share(group)
             part, _ = batch.rows(rows or group[:1])  # a stand-in row: see `_loss`
-            part_logprobs = self._forward(network, part.input_ids, part.attention_mask,
-                                          temperature)
+            part_logprobs = self._forward(network, part.input_ids, part.attention_mask, temperature)
             if rows:
                 index = torch.tensor(rows, device=logprobs.device)
-                logprobs[index, :part.input_ids.shape[1]] = part_logprobs
+                logprobs[index, : part.input_ids.shape[1]] = part_logprobs
         return logprobs
 
     def _groups(self, batch: Batch) -> list[list[int]]:
@@ -372,14 +422,19 @@ class TrainerModel:
         return groups if len(groups) > 1 else [list(range(len(batch.lengths)))]
 
     @staticmethod
-    def _forward(network: torch.nn.Module, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    def _forward(
+        network: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
         output = network(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         logits = output.logits if temperature == 1.0 else output.logits / temperature
         return token_logprobs(logits, input_ids)
 
-    def _reference_logprobs(self, network: torch.nn.Module, batch: Batch,
-                            temperature: float) -> torch.Tensor:
+    def _reference_logprobs(
+        self, network: torch.nn.Module, batch: Batch, temperature: float
+    ) -> torch.Tensor:
         """Logprobs under the base model: LoRA turns its adapter off; full training keeps a
         frozen copy of the base, loaded from disk on first use (the live weights have moved)."""
         with torch.no_grad():
@@ -406,8 +461,11 @@ class _GradientUndo:
 
     def __init__(self, params: list[torch.nn.Parameter], has_gradients: bool) -> None:
         self.params = params
-        self.saved = ([None if p.grad is None else p.grad.clone() for p in params]
-                      if has_gradients else [None] * len(params))
+        self.saved = (
+            [None if p.grad is None else p.grad.clone() for p in params]
+            if has_gradients
+            else [None] * len(params)
+        )
         self.touched = False
 
     def restore(self) -> None:

@@ -73,8 +73,9 @@ class PageReserve:
         if not wanted:
             return
         self._directory = parent / f"{PREFIX}{uuid.uuid4().hex}"
-        self._filling = threading.Thread(target=_fill, args=(self._directory, wanted),
-                                         name="page-reserve", daemon=True)
+        self._filling = threading.Thread(
+            target=_fill, args=(self._directory, wanted), name="page-reserve", daemon=True
+        )
         self._filling.start()
 
     def _wait(self) -> None:

@@ -30,8 +30,9 @@ class SingleProcess:
         """The model as the ranks train it (sharded across them, in their precision)."""
         return model
 
-    def load(self, empty: Callable[[], M], whole: Callable[[torch.device], M],
-             device: torch.device) -> M:
+    def load(
+        self, empty: Callable[[], M], whole: Callable[[torch.device], M], device: torch.device
+    ) -> M:
         """The model as the ranks train it, with the weights `whole` reads (from disk, onto a
         device); `empty` builds the same model without reading any (on the meta device, it
         allocates nothing), for ranks that need only their shards. One process reads it whole

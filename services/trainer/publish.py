@@ -47,8 +47,12 @@ class ThreadPublisher:
 
 
 def save_weights(
-    model: TrainerModel | RemoteModel, request: SaveWeightsRequest, publisher: ThreadPublisher,
-    work_dir: Path, shard_bytes: int, reserve: PageReserve,
+    model: TrainerModel | RemoteModel,
+    request: SaveWeightsRequest,
+    publisher: ThreadPublisher,
+    work_dir: Path,
+    shard_bytes: int,
+    reserve: PageReserve,
 ) -> SaveWeightsResult:
     directory = publisher.staging_dir()
     if directory is None:
@@ -59,9 +63,13 @@ def save_weights(
         weights = {path.name: path.stat().st_size for path in directory.glob("*.safetensors")}
         version = publisher.publish(
             VersionMeta(
-                job_id=model.spec.job_id, kind=VersionKind(model.spec.mode.value),
-                base_model=model.spec.base_model, step=model.step, parent=model.last_version,
-                metrics=request.metrics, aliases=request.aliases,
+                job_id=model.spec.job_id,
+                kind=VersionKind(model.spec.mode.value),
+                base_model=model.spec.base_model,
+                step=model.step,
+                parent=model.last_version,
+                metrics=request.metrics,
+                aliases=request.aliases,
             ),
             directory,
         )
@@ -70,5 +78,6 @@ def save_weights(
         shutil.rmtree(directory, ignore_errors=True)  # a published staging dir is gone already
     reserve.refill(directory.parent, weights)
     model.last_version = version.number
-    return SaveWeightsResult(job_id=version.job_id, number=version.number,
-                             kind=version.kind.value, step=model.step)
+    return SaveWeightsResult(
+        job_id=version.job_id, number=version.number, kind=version.kind.value, step=model.step
+    )

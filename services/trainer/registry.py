@@ -70,9 +70,13 @@ class Models(Generic[M]):
 
 
 class ModelRegistry(Models[TrainerModel]):
-    def __init__(self, data_dir: Path, device: torch.device,
-                 micro_batch_tokens: int | None = None,
-                 parallel: SingleProcess | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        device: torch.device,
+        micro_batch_tokens: int | None = None,
+        parallel: SingleProcess | None = None,
+    ) -> None:
         """`micro_batch_tokens` None: the device's default (`model.micro_batch_budget`);
         `parallel`: the rank this registry's models are on, when they are sharded."""
         super().__init__()
@@ -84,10 +88,10 @@ class ModelRegistry(Models[TrainerModel]):
 
     def _make(self, spec: CreateModelRequest) -> TrainerModel:
         path = resolve_base_model(spec.base_model, self._data_dir)
-        host = self._lora_host(path, spec.base_model) if spec.mode == TrainingMode.lora \
-            else None
-        return TrainerModel(spec, path, self._device, host, self._micro_batch_tokens,
-                            self._parallel)
+        host = self._lora_host(path, spec.base_model) if spec.mode == TrainingMode.lora else None
+        return TrainerModel(
+            spec, path, self._device, host, self._micro_batch_tokens, self._parallel
+        )
 
     def _lora_host(self, path: str, name: str) -> LoraHost:
         """On ranks the shared base is sharded as a full model is (each rank holds 1/N of
@@ -95,7 +99,10 @@ class ModelRegistry(Models[TrainerModel]):
         host = self._lora_hosts.get(path)
         if host is None:
             parallel = self._parallel or SingleProcess()
-            base = parallel.load(lambda: empty_causal_lm(path),
-                                 lambda device: load_causal_lm(path, device), self._device)
+            base = parallel.load(
+                lambda: empty_causal_lm(path),
+                lambda device: load_causal_lm(path, device),
+                self._device,
+            )
             host = self._lora_hosts[path] = LoraHost(base, name)
         return host

@@ -42,55 +42,75 @@ async def get_model(model_id: str, service: ServiceDep) -> ModelInfo:
     return service.model_info(model_id)
 
 
-@router.post("/models/{model_id}/forward_backward", status_code=status.HTTP_202_ACCEPTED,
-             response_model=Operation)
-async def forward_backward(model_id: str, body: ForwardBackwardRequest,
-                           service: ServiceDep, key: IdempotencyKeyDep = None) -> Operation:
+@router.post(
+    "/models/{model_id}/forward_backward",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=Operation,
+)
+async def forward_backward(
+    model_id: str, body: ForwardBackwardRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+) -> Operation:
     return service.forward_backward(model_id, body, key)
 
 
-@router.post("/models/{model_id}/forward", status_code=status.HTTP_202_ACCEPTED,
-             response_model=Operation)
-async def forward(model_id: str, body: ForwardRequest, service: ServiceDep,
-                  key: IdempotencyKeyDep = None) -> Operation:
+@router.post(
+    "/models/{model_id}/forward", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
+)
+async def forward(
+    model_id: str, body: ForwardRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+) -> Operation:
     return service.forward(model_id, body, key)
 
 
-@router.post("/models/{model_id}/optim_step", status_code=status.HTTP_202_ACCEPTED,
-             response_model=Operation)
-async def optim_step(model_id: str, body: OptimStepRequest, service: ServiceDep,
-                     key: IdempotencyKeyDep = None) -> Operation:
+@router.post(
+    "/models/{model_id}/optim_step", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
+)
+async def optim_step(
+    model_id: str, body: OptimStepRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+) -> Operation:
     return service.optim_step(model_id, body, key)
 
 
-@router.post("/models/{model_id}/reset_optimizer", status_code=status.HTTP_202_ACCEPTED,
-             response_model=Operation)
-async def reset_optimizer(model_id: str, service: ServiceDep,
-                          key: IdempotencyKeyDep = None) -> Operation:
+@router.post(
+    "/models/{model_id}/reset_optimizer",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=Operation,
+)
+async def reset_optimizer(
+    model_id: str, service: ServiceDep, key: IdempotencyKeyDep = None
+) -> Operation:
     """Forget AdamW's moments and any gradients not yet applied (queued in order): a new
     phase (RL after SFT) starts without the previous phase's momentum."""
     return service.reset_optimizer(model_id, key)
 
 
-@router.post("/models/{model_id}/save_weights", status_code=status.HTTP_202_ACCEPTED,
-             response_model=Operation)
-async def save_weights(model_id: str, body: SaveWeightsRequest,
-                       service: ServiceDep, key: IdempotencyKeyDep = None) -> Operation:
+@router.post(
+    "/models/{model_id}/save_weights",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=Operation,
+)
+async def save_weights(
+    model_id: str, body: SaveWeightsRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+) -> Operation:
     return service.save_weights(model_id, body, key)
 
 
-@router.post("/models/{model_id}/save_state", status_code=status.HTTP_202_ACCEPTED,
-             response_model=Operation)
-async def save_state(model_id: str, body: SaveStateRequest, service: ServiceDep,
-                     key: IdempotencyKeyDep = None) -> Operation:
+@router.post(
+    "/models/{model_id}/save_state", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
+)
+async def save_state(
+    model_id: str, body: SaveStateRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+) -> Operation:
     """Checkpoint weights, optimizer moments and step (queued behind earlier operations)."""
     return service.save_state(model_id, body, key)
 
 
-@router.post("/models/{model_id}/load_state", status_code=status.HTTP_202_ACCEPTED,
-             response_model=Operation)
-async def load_state(model_id: str, body: LoadStateRequest, service: ServiceDep,
-                     key: IdempotencyKeyDep = None) -> Operation:
+@router.post(
+    "/models/{model_id}/load_state", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
+)
+async def load_state(
+    model_id: str, body: LoadStateRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+) -> Operation:
     """Restore a checkpoint of this job (or of `job_id`, a job of the same configuration);
     `optimizer: false` loads weights and step, and resets the optimizer's moments."""
     return service.load_state(model_id, body, key)
@@ -103,7 +123,8 @@ async def list_checkpoints(model_id: str, service: ServiceDep) -> CheckpointList
 
 @router.delete("/models/{model_id}/checkpoints/{name}", response_model=StateCheckpoint)
 async def delete_checkpoint(
-    model_id: str, service: ServiceDep,
+    model_id: str,
+    service: ServiceDep,
     name: Annotated[str, Path(pattern=RESOURCE_ID_PATTERN)],
 ) -> StateCheckpoint:
     """Deleted at once; a managed run's older checkpoints go by themselves."""
@@ -112,7 +133,8 @@ async def delete_checkpoint(
 
 @router.put("/models/{model_id}/checkpoints/{name}/expiry", response_model=StateCheckpoint)
 async def set_checkpoint_expiry(
-    service: ServiceDep, body: CheckpointExpiry,
+    service: ServiceDep,
+    body: CheckpointExpiry,
     model_id: Annotated[str, Path(pattern=RESOURCE_ID_PATTERN)],
     name: Annotated[str, Path(pattern=RESOURCE_ID_PATTERN)],
 ) -> StateCheckpoint:
@@ -124,7 +146,11 @@ async def set_checkpoint_expiry(
 async def get_operation(
     op_id: str,
     service: ServiceDep,
-    wait: float = Query(default=0.0, ge=0.0, le=MAX_WAIT_S,
-                        description="Seconds to wait for the operation to finish (long-poll)."),
+    wait: float = Query(
+        default=0.0,
+        ge=0.0,
+        le=MAX_WAIT_S,
+        description="Seconds to wait for the operation to finish (long-poll).",
+    ),
 ) -> Operation:
     return await service.operation(op_id, wait)

@@ -18,16 +18,25 @@ from pathlib import Path
 import torch
 
 DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
 }
 MAX_WRITE = 1 << 30  # Linux writes at most ~2 GiB per call
 
 
-def write_file(tensors: dict[str, torch.Tensor], path: Path,
-               metadata: dict[str, str] | None = None) -> None:
+def write_file(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
     """Like `save_file`, but an existing `path` is written over in place and cut to size."""
     ordered = sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0]))
     header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
@@ -36,8 +45,11 @@ def write_file(tensors: dict[str, torch.Tensor], path: Path,
         if tensor.dtype not in DTYPES:
             raise ValueError(f"safetensors has no dtype for {name}'s {tensor.dtype}")
         nbytes = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)

@@ -21,8 +21,15 @@ class LoraConfig(StrictModel):
     rank: int = Field(default=8, ge=1, le=1024)
     alpha: float = Field(default=16.0, gt=0)
     dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj",
-                                 "gate_proj", "up_proj", "down_proj"]
+    target_modules: list[str] = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
 
 
 class CreateModelRequest(StrictModel):
@@ -42,15 +49,20 @@ class Restored(LenientModel):
     at: datetime
     failed_rank: int
     failed_operation: str
-    checkpoint: str | None = Field(description="The checkpoint reloaded (weights, optimizer "
-                                   "moments, step); None: the base weights, step 0.")
+    checkpoint: str | None = Field(
+        description="The checkpoint reloaded (weights, optimizer "
+        "moments, step); None: the base weights, step 0."
+    )
     checkpoint_job_id: str | None = Field(
-        default=None, description="Whose checkpoint it was, when another job's (load_state "
-        "with job_id).")
+        default=None,
+        description="Whose checkpoint it was, when another job's (load_state with job_id).",
+    )
     unreadable_checkpoint: str | None = Field(
-        default=None, description="The last checkpoint, when it could not be read back, and "
+        default=None,
+        description="The last checkpoint, when it could not be read back, and "
         "why: the model came back at its base weights instead (load_state loads it again if "
-        "the cause has passed).")
+        "the cause has passed).",
+    )
     step: int
 
 
@@ -65,7 +77,8 @@ class ModelInfo(LenientModel):
     step: int
     last_version: int
     restored: Restored | None = Field(
-        default=None, description="The last time a rank failure rolled the model back.")
+        default=None, description="The last time a rank failure rolled the model back."
+    )
 
 
 class Datum(StrictModel):
@@ -79,10 +92,12 @@ class Datum(StrictModel):
         default=None, description="Log-probabilities the sampler gave each token (IS/PPO)."
     )
     proximal_logprobs: list[float] | None = Field(
-        default=None, description="With tis_cap: the trainer's logprobs under the weights "
+        default=None,
+        description="With tis_cap: the trainer's logprobs under the weights "
         "before this batch's first update (what the first of several passes on one batch "
         "returns, return_logprobs). The clip is taken against them, the truncated weight is "
-        "min(pi_proximal / pi_sampler, tis_cap). None: the current weights (a first pass).")
+        "min(pi_proximal / pi_sampler, tis_cap). None: the current weights (a first pass).",
+    )
 
     @model_validator(mode="after")
     def _same_lengths(self) -> Self:
@@ -115,8 +130,10 @@ LOSS_INPUTS: dict[LossName, tuple[str, ...]] = {
     LossName.reinforce: ("advantages",),
 }
 # Default ratio bounds (clip_low, clip_high): ratio in [1 - clip_low, 1 + clip_high].
-DEFAULT_CLIPS = {LossName.ppo: (0.2, 0.28),
-                 LossName.cispo: (1.0, 3.0)}  # CISPO: no lower bound, the ratio capped at 4
+DEFAULT_CLIPS = {
+    LossName.ppo: (0.2, 0.28),
+    LossName.cispo: (1.0, 3.0),
+}  # CISPO: no lower bound, the ratio capped at 4
 
 
 class LossAggregation(StrEnum):
@@ -133,71 +150,106 @@ class LossConfig(StrictModel):
 
     name: LossName = LossName.cross_entropy
     clip_low: float | None = Field(
-        default=None, ge=0, le=1, description="ppo, cispo: ratio >= 1 - clip_low (default "
-        "0.2 for ppo; 1.0, no lower bound, for cispo)")
+        default=None,
+        ge=0,
+        le=1,
+        description="ppo, cispo: ratio >= 1 - clip_low (default "
+        "0.2 for ppo; 1.0, no lower bound, for cispo)",
+    )
     clip_high: float | None = Field(
-        default=None, ge=0, le=10, description="ppo, cispo: ratio <= 1 + clip_high (default "
-        "0.28 for ppo; 3.0 for cispo)")
+        default=None,
+        ge=0,
+        le=10,
+        description="ppo, cispo: ratio <= 1 + clip_high (default 0.28 for ppo; 3.0 for cispo)",
+    )
     clip_ratio_c: float | None = Field(
-        default=None, gt=1, description="ppo: dual clip. Where the advantage is negative, a "
+        default=None,
+        gt=1,
+        description="ppo: dual clip. Where the advantage is negative, a "
         "token's term is at least clip_ratio_c * A (3.0 is verl's value), so a stale token "
-        "with a huge ratio cannot blow the loss up. None: no dual clip.")
-    dro_beta: float = Field(default=0.05, gt=0, description="dro: weight of the quadratic "
-                            "penalty 1/2 * dro_beta * log(pi / pi_sampler)^2")
+        "with a huge ratio cannot blow the loss up. None: no dual clip.",
+    )
+    dro_beta: float = Field(
+        default=0.05,
+        gt=0,
+        description="dro: weight of the quadratic penalty 1/2 * dro_beta * log(pi / pi_sampler)^2",
+    )
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of KL to the reference model")
     temperature: float = Field(
-        default=1.0, gt=0, le=10, description="The temperature the data was sampled at: the "
+        default=1.0,
+        gt=0,
+        le=10,
+        description="The temperature the data was sampled at: the "
         "trainer divides the logits by it, so the policy whose ratio to the sampler's "
         "logprobs is taken (those of the distribution really sampled from) is the same "
-        "distribution. Top-p/top-k truncation is not replayed: tis_cap corrects what remains.")
+        "distribution. Top-p/top-k truncation is not replayed: tis_cap corrects what remains.",
+    )
     aggregation: LossAggregation = LossAggregation.token_mean
     normalizer: int | None = Field(
-        default=None, ge=1, description="sum_normalized: the constant, e.g. the generation "
-        "budget in tokens per sequence")
+        default=None,
+        ge=1,
+        description="sum_normalized: the constant, e.g. the generation "
+        "budget in tokens per sequence",
+    )
     tis_cap: float | None = Field(
-        default=None, gt=0, description="Truncated importance sampling for stale samples "
+        default=None,
+        gt=0,
+        description="Truncated importance sampling for stale samples "
         "(decoupled PPO): weight each token by min(pi_proximal / pi_sampler, tis_cap), "
         "pi_proximal being the trainer's policy before this batch's updates (a datum's "
         "proximal_logprobs, else the current weights, without gradient); the policy ratio, "
-        "and its clip, are then taken against pi_proximal")
+        "and its clip, are then taken against pi_proximal",
+    )
 
     @model_validator(mode="after")
     def _normalizer_when_needed(self) -> Self:
         if (self.aggregation == LossAggregation.sum_normalized) != (self.normalizer is not None):
-            raise ValueError("normalizer is required with aggregation 'sum_normalized' and "
-                             "means nothing with any other aggregation")
+            raise ValueError(
+                "normalizer is required with aggregation 'sum_normalized' and "
+                "means nothing with any other aggregation"
+            )
         if self.tis_cap is not None and "logprobs" not in LOSS_INPUTS[self.name]:
-            raise ValueError(f"tis_cap corrects a ratio to the sampler's logprobs, which "
-                             f"{self.name.value} does not use")
+            raise ValueError(
+                f"tis_cap corrects a ratio to the sampler's logprobs, which "
+                f"{self.name.value} does not use"
+            )
         if self.clip_ratio_c is not None and self.name != LossName.ppo:
             raise ValueError(f"clip_ratio_c is ppo's dual clip, not {self.name.value}'s")
         if (self.clip_low, self.clip_high) != (None, None) and self.name not in DEFAULT_CLIPS:
-            raise ValueError(f"clip_low and clip_high apply to {' and '.join(DEFAULT_CLIPS)}, "
-                             f"not {self.name.value}")
+            raise ValueError(
+                f"clip_low and clip_high apply to {' and '.join(DEFAULT_CLIPS)}, "
+                f"not {self.name.value}"
+            )
         return self
 
     @property
     def clips(self) -> tuple[float, float]:
         """(clip_low, clip_high), each the loss's default where not given."""
         low, high = DEFAULT_CLIPS.get(self.name, (0.0, 0.0))
-        return (low if self.clip_low is None else self.clip_low,
-                high if self.clip_high is None else self.clip_high)
+        return (
+            low if self.clip_low is None else self.clip_low,
+            high if self.clip_high is None else self.clip_high,
+        )
 
 
 def check_loss_inputs(data: list[Datum], loss: LossConfig) -> None:
     for i, datum in enumerate(data):
         missing = [name for name in LOSS_INPUTS[loss.name] if getattr(datum, name) is None]
         if missing:
-            raise ValueError(f"data[{i}]: loss {loss.name.value!r} needs "
-                             f"{' and '.join(LOSS_INPUTS[loss.name])}; missing {missing}")
+            raise ValueError(
+                f"data[{i}]: loss {loss.name.value!r} needs "
+                f"{' and '.join(LOSS_INPUTS[loss.name])}; missing {missing}"
+            )
 
 
 class ForwardBackwardRequest(StrictModel):
     data: list[Datum] = Field(min_length=1, max_length=4096)
     loss: LossConfig = LossConfig()
     return_logprobs: bool = Field(
-        default=False, description="Also return each datum's per-token logprobs, as the "
-        "forward of this call computed them (the weights before this call's gradients).")
+        default=False,
+        description="Also return each datum's per-token logprobs, as the "
+        "forward of this call computed them (the weights before this call's gradients).",
+    )
 
     @model_validator(mode="after")
     def _needs_fields(self) -> Self:
@@ -210,7 +262,8 @@ class ForwardBackwardResult(LenientModel):
     num_tokens: int
     metrics: dict[str, float]
     logprobs: list[list[float]] | None = Field(
-        default=None, description="When asked for: as `ForwardResult.logprobs`.")
+        default=None, description="When asked for: as `ForwardResult.logprobs`."
+    )
 
 
 class AdamParams(StrictModel):
@@ -269,8 +322,9 @@ class ForwardResult(LenientModel):
     loss: float | None = Field(default=None, description="When a loss was given.")
 
 
-CheckpointName = Annotated[str, Field(pattern=RESOURCE_ID_PATTERN,
-                                      description="Unique per job; a name is never reused.")]
+CheckpointName = Annotated[
+    str, Field(pattern=RESOURCE_ID_PATTERN, description="Unique per job; a name is never reused.")
+]
 
 
 class SaveStateRequest(StrictModel):
@@ -279,12 +333,16 @@ class SaveStateRequest(StrictModel):
 
     name: CheckpointName
     series: CheckpointName | None = Field(
-        default=None, description="A series of checkpoints this one belongs to (a managed "
+        default=None,
+        description="A series of checkpoints this one belongs to (a managed "
         "run's): the trainer keeps the newest LOOM_TRAINER_KEEP_SERIES_CHECKPOINTS of a series "
-        "and deletes older ones as new ones land. None: kept until deleted.")
+        "and deletes older ones as new ones land. None: kept until deleted.",
+    )
     expires_at: AwareDatetime | None = Field(
-        default=None, description="When the checkpoint expires: from then on it is neither "
-        "listed nor loadable, and its files go. None: it never expires.")
+        default=None,
+        description="When the checkpoint expires: from then on it is neither "
+        "listed nor loadable, and its files go. None: it never expires.",
+    )
 
 
 class CheckpointExpiry(StrictModel):
@@ -294,12 +352,16 @@ class CheckpointExpiry(StrictModel):
 class LoadStateRequest(StrictModel):
     name: CheckpointName
     job_id: JobId | None = Field(
-        default=None, description="The job that saved the checkpoint (default: this model's "
+        default=None,
+        description="The job that saved the checkpoint (default: this model's "
         "own). Another job's checkpoint fits when it was saved from the same base model, "
-        "training mode and LoRA configuration.")
+        "training mode and LoRA configuration.",
+    )
     optimizer: bool = Field(
-        default=True, description="Restore the optimizer's moments too; false: weights and "
-        "step only, and the optimizer starts afresh at the next optim_step.")
+        default=True,
+        description="Restore the optimizer's moments too; false: weights and "
+        "step only, and the optimizer starts afresh at the next optim_step.",
+    )
 
 
 class StateCheckpoint(LenientModel):

@@ -66,22 +66,27 @@ class TrainerService:
     def model_info(self, model_id: str) -> ModelInfo:
         return self.registry.get(model_id).info()
 
-    def forward_backward(self, model_id: str, request: ForwardBackwardRequest,
-                         key: str | None = None) -> Operation:
+    def forward_backward(
+        self, model_id: str, request: ForwardBackwardRequest, key: str | None = None
+    ) -> Operation:
         model = self.registry.get(model_id)
         self._check_size(request.data)
         model.validate(request.data, needs_loss=True)
-        return self._submit(model_id, "forward_backward", request, key,
-                            lambda: model.forward_backward(request.data, request.loss,
-                                                           request.return_logprobs))
+        return self._submit(
+            model_id,
+            "forward_backward",
+            request,
+            key,
+            lambda: model.forward_backward(request.data, request.loss, request.return_logprobs),
+        )
 
-    def forward(self, model_id: str, request: ForwardRequest, key: str | None = None
-                ) -> Operation:
+    def forward(self, model_id: str, request: ForwardRequest, key: str | None = None) -> Operation:
         model = self.registry.get(model_id)
         self._check_size(request.data)
         model.validate(request.data, needs_loss=False)
-        return self._submit(model_id, "forward", request, key,
-                            lambda: model.forward(request.data, request.loss))
+        return self._submit(
+            model_id, "forward", request, key, lambda: model.forward(request.data, request.loss)
+        )
 
     def _check_size(self, data: list[Datum]) -> None:
         padded = len(data) * max((len(d.input_ids) for d in data), default=0)
@@ -91,28 +96,36 @@ class TrainerService:
                 f"over the trainer's limit of {self.max_request_tokens} "
                 "(LOOM_TRAINER_MAX_REQUEST_TOKENS). Send the batch in several forward_backward "
                 "calls: their gradients add up until optim_step.",
-                {"padded_tokens": padded, "limit": self.max_request_tokens})
+                {"padded_tokens": padded, "limit": self.max_request_tokens},
+            )
 
-    def optim_step(self, model_id: str, request: OptimStepRequest, key: str | None = None
-                   ) -> Operation:
+    def optim_step(
+        self, model_id: str, request: OptimStepRequest, key: str | None = None
+    ) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(model_id, "optim_step", request, key,
-                            lambda: model.optim_step(request.adam))
+        return self._submit(
+            model_id, "optim_step", request, key, lambda: model.optim_step(request.adam)
+        )
 
     def reset_optimizer(self, model_id: str, key: str | None = None) -> Operation:
         model = self.registry.get(model_id)
         return self._submit(model_id, "reset_optimizer", None, key, model.reset_optimizer)
 
-    def save_weights(self, model_id: str, request: SaveWeightsRequest, key: str | None = None
-                     ) -> Operation:
+    def save_weights(
+        self, model_id: str, request: SaveWeightsRequest, key: str | None = None
+    ) -> Operation:
         model = self.registry.get(model_id)
         reserve = self._reserves.get(model_id)
         if reserve is None:
             reserve = self._reserves[model_id] = PageReserve(self.page_reserve_bytes)
         return self._submit(
-            model_id, "save_weights", request, key,
-            lambda: save_weights(model, request, self.publisher, self.work_dir,
-                                 self.shard_bytes, reserve),
+            model_id,
+            "save_weights",
+            request,
+            key,
+            lambda: save_weights(
+                model, request, self.publisher, self.work_dir, self.shard_bytes, reserve
+            ),
         )
 
     def release_page_reserves(self) -> None:
@@ -122,29 +135,50 @@ class TrainerService:
             reserve.release()
         remove_leftovers(self.work_dir)
 
-    def save_state(self, model_id: str, request: SaveStateRequest, key: str | None = None
-                   ) -> Operation:
+    def save_state(
+        self, model_id: str, request: SaveStateRequest, key: str | None = None
+    ) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(model_id, "save_state", request, key, lambda: checkpoints.save_state(
-            model, self.checkpoint_dir, request.name, request.series,
-            self.keep_series_checkpoints, request.expires_at))
+        return self._submit(
+            model_id,
+            "save_state",
+            request,
+            key,
+            lambda: checkpoints.save_state(
+                model,
+                self.checkpoint_dir,
+                request.name,
+                request.series,
+                self.keep_series_checkpoints,
+                request.expires_at,
+            ),
+        )
 
     def delete_checkpoint(self, model_id: str, name: str) -> StateCheckpoint:
         """At once, not queued: a checkpoint is immutable, and a load of it already queued
         fails cleanly (404) once it is gone."""
         return checkpoints.delete_state(self.checkpoint_dir, model_id, name)
 
-    def set_checkpoint_expiry(self, model_id: str, name: str, request: CheckpointExpiry
-                              ) -> StateCheckpoint:
+    def set_checkpoint_expiry(
+        self, model_id: str, name: str, request: CheckpointExpiry
+    ) -> StateCheckpoint:
         return checkpoints.set_expiry(self.checkpoint_dir, model_id, name, request.expires_at)
 
-    def load_state(self, model_id: str, request: LoadStateRequest, key: str | None = None
-                   ) -> Operation:
+    def load_state(
+        self, model_id: str, request: LoadStateRequest, key: str | None = None
+    ) -> Operation:
         model = self.registry.get(model_id)
         source = request.job_id or model_id
         checkpoints.describe(self.checkpoint_dir / source / request.name)  # 404 at once
-        return self._submit(model_id, "load_state", request, key, lambda: checkpoints.load_state(
-            model, self.checkpoint_dir, request.name, source, request.optimizer))
+        return self._submit(
+            model_id,
+            "load_state",
+            request,
+            key,
+            lambda: checkpoints.load_state(
+                model, self.checkpoint_dir, request.name, source, request.optimizer
+            ),
+        )
 
     def checkpoints(self, model_id: str) -> list[StateCheckpoint]:
         """Listed from disk, so a restarted trainer still finds a job's checkpoints."""
@@ -153,11 +187,25 @@ class TrainerService:
     async def operation(self, op_id: str, wait: float) -> Operation:
         return await self.queue.wait(op_id, wait) if wait > 0 else self.queue.get(op_id)
 
-    def _submit(self, model_id: str, kind: str, request: BaseModel | None, key: str | None,
-                body: Callable[[], BaseModel]) -> Operation:
+    def _submit(
+        self,
+        model_id: str,
+        kind: str,
+        request: BaseModel | None,
+        key: str | None,
+        body: Callable[[], BaseModel],
+    ) -> Operation:
         """Must run on the event loop (the queue schedules its worker there). A key is
         checked against its first request by the request's hash."""
-        fingerprint = "" if key is None or request is None else hashlib.sha256(
-            request.model_dump_json().encode()).hexdigest()
-        return self.queue.submit(model_id, kind, lambda: body().model_dump(mode="json"),
-                                 idempotency_key=key, fingerprint=fingerprint)
+        fingerprint = (
+            ""
+            if key is None or request is None
+            else hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        )
+        return self.queue.submit(
+            model_id,
+            kind,
+            lambda: body().model_dump(mode="json"),
+            idempotency_key=key,
+            fingerprint=fingerprint,
+        )

@@ -58,7 +58,8 @@ class TrainerSettings(LoomSettings):
         "optim_step).",
     )
     trainer_keep_series_checkpoints: int = Field(
-        default=2, ge=2,
+        default=2,
+        ge=2,
         description="Checkpoints kept per series (a managed run saves one each few steps): "
         "older ones are deleted as new ones land. At least 2, so the one a resume may still "
         "point to is never the one deleted. Checkpoints saved without a series stay until "

@@ -39,9 +39,13 @@ INDEX_NAME = "model.safetensors.index.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 
-def write_full(model: PreTrainedModel, directory: Path,
-               shard_bytes: int = DEFAULT_SHARD_BYTES, reserve: PageReserve | None = None,
-               parallel: SingleProcess | None = None) -> None:
+def write_full(
+    model: PreTrainedModel,
+    directory: Path,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    reserve: PageReserve | None = None,
+    parallel: SingleProcess | None = None,
+) -> None:
     """Weights (in shards of at most `shard_bytes`), config and generation config.
 
     A model sharded across ranks (`parallel`) is written one file at a time: every rank
@@ -50,9 +54,11 @@ def write_full(model: PreTrainedModel, directory: Path,
     parallel = parallel or SingleProcess()
     tensors = _untied_state_dict(model)
     shards = _shards(tensors, shard_bytes)
-    names = ([WEIGHTS_NAME] if len(shards) == 1 else
-             [f"model-{n:05d}-of-{len(shards):05d}.safetensors"
-              for n in range(1, len(shards) + 1)])
+    names = (
+        [WEIGHTS_NAME]
+        if len(shards) == 1
+        else [f"model-{n:05d}-of-{len(shards):05d}.safetensors" for n in range(1, len(shards) + 1)]
+    )
     for number, (name, shard) in enumerate(zip(names, shards, strict=True)):
         whole = parallel.gather(shard)
         if parallel.writes(number):
@@ -61,8 +67,7 @@ def write_full(model: PreTrainedModel, directory: Path,
     if parallel.rank != 0:
         return
     if len(shards) > 1:
-        weight_map = {key: name for name, shard in zip(names, shards, strict=True)
-                      for key in shard}
+        weight_map = {key: name for name, shard in zip(names, shards, strict=True) for key in shard}
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
@@ -71,12 +76,17 @@ def write_full(model: PreTrainedModel, directory: Path,
         model.generation_config.save_pretrained(directory)
 
 
-def write_adapter(model: peft.PeftModel, directory: Path, adapter: str = "default",
-                  reserve: PageReserve | None = None) -> None:
+def write_adapter(
+    model: peft.PeftModel,
+    directory: Path,
+    adapter: str = "default",
+    reserve: PageReserve | None = None,
+) -> None:
     """One adapter of `model` and its config, laid out as a single-adapter PEFT directory
     (embeddings are never targeted: not saved)."""
-    tensors = peft.get_peft_model_state_dict(model, adapter_name=adapter,
-                                             save_embedding_layers=False)
+    tensors = peft.get_peft_model_state_dict(
+        model, adapter_name=adapter, save_embedding_layers=False
+    )
     _write_weights(tensors, directory / ADAPTER_WEIGHTS_NAME, reserve)
     # As peft saves it: an adapter on disk is for inference and names the base it was trained
     # on (the directory the base was loaded from).
@@ -88,8 +98,9 @@ def write_adapter(model: peft.PeftModel, directory: Path, adapter: str = "defaul
     for name, value in vars(config).items():
         if isinstance(value, set):
             setattr(config, name, sorted(value))
-    config.base_model_name_or_path = (config.base_model_name_or_path
-                                      or model.base_model.model.name_or_path)
+    config.base_model_name_or_path = (
+        config.base_model_name_or_path or model.base_model.model.name_or_path
+    )
     config.save_pretrained(str(directory))
 
 
@@ -105,14 +116,18 @@ class TokenizerFiles:
         if self._files is None:
             with tempfile.TemporaryDirectory() as scratch:
                 AutoTokenizer.from_pretrained(self.model_path).save_pretrained(scratch)
-                self._files = {path.name: path.read_bytes()
-                               for path in Path(scratch).iterdir() if path.is_file()}
+                self._files = {
+                    path.name: path.read_bytes()
+                    for path in Path(scratch).iterdir()
+                    if path.is_file()
+                }
         for name, data in self._files.items():
             (directory / name).write_bytes(data)
 
 
-def _write_weights(tensors: dict[str, torch.Tensor], path: Path,
-                   reserve: PageReserve | None) -> None:
+def _write_weights(
+    tensors: dict[str, torch.Tensor], path: Path, reserve: PageReserve | None
+) -> None:
     if reserve is not None:
         reserve.claim(path)
     write_file(tensors, path, metadata=SAFETENSORS_METADATA)

@@ -18,10 +18,16 @@ SCHEMA_WAIT_S = 120.0
 
 
 def worker_argv(settings: WorkerSettings) -> list[str]:
-    argv = ["worker", f"--concurrency={settings.worker_concurrency}", "--pool=prefork",
-            f"--queues={settings.worker_queue}",
-            "--without-mingle", "--without-gossip", f"--loglevel={settings.log_level.upper()}",
-            f"--hostname=loom-{os.getpid()}@%h"]
+    argv = [
+        "worker",
+        f"--concurrency={settings.worker_concurrency}",
+        "--pool=prefork",
+        f"--queues={settings.worker_queue}",
+        "--without-mingle",
+        "--without-gossip",
+        f"--loglevel={settings.log_level.upper()}",
+        f"--hostname=loom-{os.getpid()}@%h",
+    ]
     if settings.worker_gc_interval_s:
         argv.append("--beat")
     return argv

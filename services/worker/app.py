@@ -56,27 +56,40 @@ def create_celery(settings: WorkerSettings) -> LoomCelery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=settings.worker_queue,
-        task_publish_retry_policy={"max_retries": 2, "interval_start": 0.2,
-                                   "interval_step": 0.5, "interval_max": 1.0},
+        task_publish_retry_policy={
+            "max_retries": 2,
+            "interval_start": 0.2,
+            "interval_step": 0.5,
+            "interval_max": 1.0,
+        },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         enable_utc=True,
         beat_schedule_filename=str(settings.celery_dir / "beat-schedule"),
-        beat_schedule={} if not settings.worker_gc_interval_s else {
-            "gc": {"task": tasks.SCHEDULED_GC, "schedule": settings.worker_gc_interval_s}},
+        beat_schedule={}
+        if not settings.worker_gc_interval_s
+        else {"gc": {"task": tasks.SCHEDULED_GC, "schedule": settings.worker_gc_interval_s}},
     )
     tasks.register(app)
     return app
 
 
-def send(app: Celery, task_id: str, kind: TaskKind, job_id: str | None,
-         params: dict[str, Any]) -> None:
+def send(
+    app: Celery, task_id: str, kind: TaskKind, job_id: str | None, params: dict[str, Any]
+) -> None:
     """Hand a task to the broker (the Celery task id is the task's own id), with the trace
     context of the request that submitted it in the message's headers (when traced), which
     its redeliveries keep. Unavailable if the broker cannot be reached."""
     try:
-        app.send_task(tasks.TASK_NAMES[kind], args=[task_id, job_id, params], task_id=task_id,
-                      headers=inject({}))
+        app.send_task(
+            tasks.TASK_NAMES[kind],
+            args=[task_id, job_id, params],
+            task_id=task_id,
+            headers=inject({}),
+        )
     except (KombuError, OSError) as exc:
-        raise Unavailable(f"The task broker is unreachable ({type(exc).__name__}: {exc}); "
-                          f"task {task_id} was not sent.", {"task_id": task_id}) from exc
+        raise Unavailable(
+            f"The task broker is unreachable ({type(exc).__name__}: {exc}); "
+            f"task {task_id} was not sent.",
+            {"task_id": task_id},
+        ) from exc

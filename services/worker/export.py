@@ -17,13 +17,16 @@ from services.common.errors import InvalidInput
 from services.worker.schemas import ExportedFile, ExportParams, ExportResult
 
 
-async def export_merged(modelstate: ModelStateClient, job_id: str, params: ExportParams,
-                        exports_dir: Path) -> ExportResult:
+async def export_merged(
+    modelstate: ModelStateClient, job_id: str, params: ExportParams, exports_dir: Path
+) -> ExportResult:
     version = await modelstate.get_version(job_id, params.version)
     if version.kind != VersionKind.lora:
-        raise InvalidInput(f"Version {version.number} of job {job_id} holds full weights; only "
-                           "LoRA versions are exported merged (download it as it is).",
-                           {"version": version.number, "kind": version.kind.value})
+        raise InvalidInput(
+            f"Version {version.number} of job {job_id} holds full weights; only "
+            "LoRA versions are exported merged (download it as it is).",
+            {"version": version.number, "kind": version.kind.value},
+        )
     target = exports_dir / job_id / str(version.number)
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -34,8 +37,11 @@ async def export_merged(modelstate: ModelStateClient, job_id: str, params: Expor
             await asyncio.to_thread(_unpack_into_place, archive, work, target)
         finally:
             archive.unlink(missing_ok=True)
-    files = [ExportedFile(path=p.relative_to(target).as_posix(), size=p.stat().st_size)
-             for p in sorted(target.rglob("*")) if p.is_file()]
+    files = [
+        ExportedFile(path=p.relative_to(target).as_posix(), size=p.stat().st_size)
+        for p in sorted(target.rglob("*"))
+        if p.is_file()
+    ]
     return ExportResult(version=version.number, path=str(target), files=files)
 
 

@@ -7,13 +7,14 @@ from modelstate.schemas import GcReport, RetentionPolicy
 from services.worker.schemas import GcParams
 
 
-async def collect(modelstate: ModelStateClient, job_id: str | None, params: GcParams
-                  ) -> GcReport:
+async def collect(modelstate: ModelStateClient, job_id: str | None, params: GcParams) -> GcReport:
     """Set the job's retention (when asked), then collect. A job's task reports only the
     job's own deleted versions; a store-wide one (no job) reports them all."""
     if job_id is not None and params.keep_last is not None:
-        await modelstate.set_retention(job_id, RetentionPolicy(
-            keep_last=params.keep_last, keep_ancestors=params.keep_ancestors))
+        await modelstate.set_retention(
+            job_id,
+            RetentionPolicy(keep_last=params.keep_last, keep_ancestors=params.keep_ancestors),
+        )
     report = await modelstate.collect_garbage()
     if job_id is None:
         return report

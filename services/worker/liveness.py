@@ -29,14 +29,33 @@ def forget(session: Session, worker_id: str) -> None:
 def worker_health(session: Session, now: datetime, stale_after_s: float) -> Health:
     """Ready while some worker was seen within `stale_after_s`."""
     cutoff = now - timedelta(seconds=stale_after_s)
-    alive = list(session.scalars(select(WorkerRow).where(WorkerRow.seen_at >= cutoff)
-                                 .order_by(WorkerRow.id)))
+    alive = list(
+        session.scalars(select(WorkerRow).where(WorkerRow.seen_at >= cutoff).order_by(WorkerRow.id))
+    )
     if not alive:
-        return Health(service="worker", status="unreachable", version="unknown", detail={
-            "error": f"No worker reported in the last {stale_after_s:.0f} s: background tasks "
-                     "and managed runs wait in the queue. Start one with `python -m "
-                     "services.worker` (`loom up` does)."})
-    return Health(service="worker", status="ready", version="unknown", detail={
-        "workers": [{"id": row.id, "pid": row.pid, "started_at": row.started_at.isoformat(),
-                     "seen_s_ago": round((now - row.seen_at).total_seconds(), 1)}
-                    for row in alive]})
+        return Health(
+            service="worker",
+            status="unreachable",
+            version="unknown",
+            detail={
+                "error": f"No worker reported in the last {stale_after_s:.0f} s: background tasks "
+                "and managed runs wait in the queue. Start one with `python -m "
+                "services.worker` (`loom up` does)."
+            },
+        )
+    return Health(
+        service="worker",
+        status="ready",
+        version="unknown",
+        detail={
+            "workers": [
+                {
+                    "id": row.id,
+                    "pid": row.pid,
+                    "started_at": row.started_at.isoformat(),
+                    "seen_s_ago": round((now - row.seen_at).total_seconds(), 1),
+                }
+                for row in alive
+            ]
+        },
+    )

@@ -44,8 +44,7 @@ class BackgroundTaskRow(Base):
         UniqueConstraint("job_id", "idempotency_key", name="uq_background_tasks_idempotency"),
     )
 
-    id: Mapped[str] = mapped_column(String(64), primary_key=True,
-                                    default=lambda: new_id("task"))
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("task"))
     job_id: Mapped[str | None] = mapped_column(String(64), index=True)
     kind: Mapped[str] = mapped_column(String(32))
     params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -59,7 +58,8 @@ class BackgroundTaskRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     progress: Mapped[dict[str, Any] | None] = mapped_column(
-        JSON, default=None, doc="A managed run's last checkpoint (`RunProgress`): where it resumes")
+        JSON, default=None, doc="A managed run's last checkpoint (`RunProgress`): where it resumes"
+    )
 
 
 class WorkerRow(Base):

@@ -26,8 +26,9 @@ def stack_readiness(settings: LoomSettings) -> Readiness:
         if unknown:
             raise ValueError(f"unknown services {sorted(unknown)}")
         async with httpx2.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
-            answers = await asyncio.gather(*(
-                _probe(client, settings.url_of(name)) for name in names))
+            answers = await asyncio.gather(
+                *(_probe(client, settings.url_of(name)) for name in names)
+            )
         return {name: why for name, why in zip(names, answers, strict=True) if why}
 
     return unready

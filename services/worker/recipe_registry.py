@@ -79,10 +79,14 @@ def registered() -> dict[str, EntryPoint]:
 def load_recipe(name: str) -> HostedRecipe:
     point = registered().get(name)
     if point is None:
-        raise InvalidInput(f"No recipe {name!r}; registered: {sorted(registered()) or 'none'}.",
-                           {"recipe": name})
+        raise InvalidInput(
+            f"No recipe {name!r}; registered: {sorted(registered()) or 'none'}.", {"recipe": name}
+        )
     recipe = point.load()
     if not isinstance(recipe, HostedRecipe) or recipe.name != name:
-        raise InvalidInput(f"Entry point {point.value!r} ({ENTRY_POINT_GROUP}: {name}) is not "
-                           f"a Recipe named {name!r}.", {"recipe": name})
+        raise InvalidInput(
+            f"Entry point {point.value!r} ({ENTRY_POINT_GROUP}: {name}) is not "
+            f"a Recipe named {name!r}.",
+            {"recipe": name},
+        )
     return recipe

@@ -51,8 +51,9 @@ async def run_managed(attempt: Attempt, params: RecipeParams) -> RecipeResult:
         await gateway.aclose()
 
 
-def run_attempt(attempt: Attempt, secret: str, params: RecipeParams,
-                stop: threading.Event) -> RecipeResult:
+def run_attempt(
+    attempt: Attempt, secret: str, params: RecipeParams, stop: threading.Event
+) -> RecipeResult:
     """Run (or resume) the recipe to its end with the run's key; blocking, for a thread."""
     recipe = load_recipe(params.recipe)
     config = recipe.parse_config(params.config)
@@ -60,20 +61,32 @@ def run_attempt(attempt: Attempt, secret: str, params: RecipeParams,
         progress = progress_of(session, attempt.task_id)
     resumed = RunProgress.model_validate(progress) if progress else None
     if resumed is not None:
-        log.info("task %s: resuming after step %d (checkpoint %s)", attempt.task_id,
-                 resumed.step, resumed.checkpoint)
-    summary, steps = recipe.execute(RecipeAttempt(
-        task_id=attempt.task_id, attempt=attempt.attempt, job_id=attempt.job_id,
-        gateway_url=attempt.settings.url_of("gateway"), secret=secret, resumed=resumed,
-        record=lambda progress: _record(attempt, progress), stop=stop), config)
-    return RecipeResult(recipe=recipe.name, steps=steps, attempts=attempt.attempt,
-                        summary=summary)
+        log.info(
+            "task %s: resuming after step %d (checkpoint %s)",
+            attempt.task_id,
+            resumed.step,
+            resumed.checkpoint,
+        )
+    summary, steps = recipe.execute(
+        RecipeAttempt(
+            task_id=attempt.task_id,
+            attempt=attempt.attempt,
+            job_id=attempt.job_id,
+            gateway_url=attempt.settings.url_of("gateway"),
+            secret=secret,
+            resumed=resumed,
+            record=lambda progress: _record(attempt, progress),
+            stop=stop,
+        ),
+        config,
+    )
+    return RecipeResult(recipe=recipe.name, steps=steps, attempts=attempt.attempt, summary=summary)
 
 
 def _record(attempt: Attempt, progress: RunProgress) -> None:
     with transaction(attempt.sessions) as session:
-        owned = record_progress(session, attempt.task_id, attempt.attempt,
-                                progress.model_dump(mode="json"))
+        owned = record_progress(
+            session, attempt.task_id, attempt.attempt, progress.model_dump(mode="json")
+        )
     if not owned:
-        raise RunStopped(f"Task {attempt.task_id} was cancelled or taken over.",
-                         cancel_task=False)
+        raise RunStopped(f"Task {attempt.task_id} was cancelled or taken over.", cancel_task=False)

@@ -98,8 +98,7 @@ def local_ending(sessions: sessionmaker[Session]) -> Ending:
     async def end(task_id: str, task_end: TaskEnd) -> bool:
         if task_end.metrics:
             raise ValueError("metrics are the gateway's rows: end this task with gateway_ending")
-        return await in_transaction(sessions, lambda s: record_end(s, task_id, task_end,
-                                                                    utcnow()))
+        return await in_transaction(sessions, lambda s: record_end(s, task_id, task_end, utcnow()))
 
     return end
 
@@ -158,10 +157,16 @@ async def open_services(settings: WorkerSettings) -> AsyncIterator[Services]:
             await client.aclose()
 
 
-async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session],
-                       task_id: str, outage: Outage, work: Work, needs: tuple[str, ...],
-                       readiness: Readiness | None = None,
-                       ending: Ending | None = None) -> Redeliver | None:
+async def run_delivery(
+    settings: WorkerSettings,
+    sessions: sessionmaker[Session],
+    task_id: str,
+    outage: Outage,
+    work: Work,
+    needs: tuple[str, ...],
+    readiness: Readiness | None = None,
+    ending: Ending | None = None,
+) -> Redeliver | None:
     """Handle one delivery, `outage` being what the message carried; `needs`: the services
     the work calls (the ones an outage waits for); `ending` records the task's final end
     (default: `local_ending`). Returns when (if ever) the message must come again."""
@@ -172,14 +177,21 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
     still = await readiness(outage.waiting_for or needs)
     if still:
         return await _wait(settings, sessions, ending, task_id, outage, still)
-    claim = await in_transaction(sessions, lambda s: claim_task(
-        s, task_id, utcnow(), settings.stale_after_s, resumes_wait=bool(outage.waiting_for)))
+    claim = await in_transaction(
+        sessions,
+        lambda s: claim_task(
+            s, task_id, utcnow(), settings.stale_after_s, resumes_wait=bool(outage.waiting_for)
+        ),
+    )
     if claim.action is ClaimAction.skip:
         log.info("task %s is %s: nothing to do", task_id, claim.status)
         return None
     if claim.action is ClaimAction.duplicate:
-        log.info("task %s is %s under another delivery's live lease: duplicate message "
-                 "dropped", task_id, claim.status)
+        log.info(
+            "task %s is %s under another delivery's live lease: duplicate message dropped",
+            task_id,
+            claim.status,
+        )
         return None
     attempt = claim.attempt
     progress = await in_transaction(sessions, lambda s: progress_of(s, task_id))
@@ -187,14 +199,17 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
 
     def end(status: TaskStatus, error: ErrorBody) -> Awaitable[bool]:
         if status is TaskStatus.queued:  # tried again: nothing but the task moves
-            return in_transaction(sessions, lambda s: finish_attempt(
-                s, task_id, attempt, status, utcnow(), error=error))
+            return in_transaction(
+                sessions,
+                lambda s: finish_attempt(s, task_id, attempt, status, utcnow(), error=error),
+            )
         return ending(task_id, TaskEnd(attempt=attempt, status=status, error=error))
 
     try:
         async with open_services(settings) as services:
-            done = await _with_heartbeat(sessions, task_id, attempt,
-                                         settings.worker_heartbeat_s, work(services, attempt))
+            done = await _with_heartbeat(
+                sessions, task_id, attempt, settings.worker_heartbeat_s, work(services, attempt)
+            )
     except _Lost:
         log.info("task %s: attempt %d stopped (cancelled or taken over)", task_id, attempt)
         return None
@@ -204,8 +219,11 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
             await end(TaskStatus.cancelled, ErrorBody(code="cancelled", message=str(exc)))
         return None
     except (*RETRYABLE, *DATABASE_DOWN) as caught:
-        exc = caught if isinstance(caught, LoomError) else Unavailable(
-            f"The database is unavailable: {str(caught).splitlines()[0][:300]}")
+        exc = (
+            caught
+            if isinstance(caught, LoomError)
+            else Unavailable(f"The database is unavailable: {str(caught).splitlines()[0][:300]}")
+        )
         progressed = await in_transaction(sessions, lambda s: progress_of(s, task_id)) != progress
         strikes = 0 if progressed else outage.strikes
         unready = await readiness(needs)
@@ -214,18 +232,21 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
             waiting = _waiting_error(exc, unready)
 
             def queue_and_note(session: Session) -> bool:  # one transaction for both
-                return finish_attempt(session, task_id, attempt, TaskStatus.queued, utcnow(),
-                                      error=waiting) and note_waiting(
-                    session, task_id, utcnow(), waiting, give_up=False)
+                return finish_attempt(
+                    session, task_id, attempt, TaskStatus.queued, utcnow(), error=waiting
+                ) and note_waiting(session, task_id, utcnow(), waiting, give_up=False)
 
             await in_transaction(sessions, queue_and_note)
-            return Redeliver(WAIT_POLL_S, Outage(strikes=strikes,
-                                                      waiting_for=tuple(unready),
-                                                      since=time.time()))
+            return Redeliver(
+                WAIT_POLL_S, Outage(strikes=strikes, waiting_for=tuple(unready), since=time.time())
+            )
         if strikes >= settings.worker_max_retries:
-            await end(TaskStatus.failed, _error(
-                exc, f"gave up after {strikes} retries without progress, every service "
-                "ready: "))
+            await end(
+                TaskStatus.failed,
+                _error(
+                    exc, f"gave up after {strikes} retries without progress, every service ready: "
+                ),
+            )
             return None
         delay = min(MAX_BACKOFF_S, settings.worker_retry_backoff_s * 2**strikes)
         log.warning("task %s: %s; trying again in %.1f s", task_id, exc.message, delay)
@@ -235,43 +256,69 @@ async def run_delivery(settings: WorkerSettings, sessions: sessionmaker[Session]
         await end(TaskStatus.failed, _error(exc))
     except Exception as exc:
         log.exception("task %s failed", task_id)
-        await end(TaskStatus.failed, ErrorBody(
-            code="internal_error", message=f"Internal error: {type(exc).__name__}: {exc}"))
+        await end(
+            TaskStatus.failed,
+            ErrorBody(
+                code="internal_error", message=f"Internal error: {type(exc).__name__}: {exc}"
+            ),
+        )
     else:
-        if not await ending(task_id, TaskEnd(
-                attempt=attempt, status=TaskStatus.succeeded,
-                result=done.result.model_dump(mode="json"), metrics=done.metrics)):
+        if not await ending(
+            task_id,
+            TaskEnd(
+                attempt=attempt,
+                status=TaskStatus.succeeded,
+                result=done.result.model_dump(mode="json"),
+                metrics=done.metrics,
+            ),
+        ):
             log.info("task %s: finished, but cancelled meanwhile: result dropped", task_id)
     return None
 
 
-async def _wait(settings: WorkerSettings, sessions: sessionmaker[Session], ending: Ending,
-                task_id: str, outage: Outage, unready: dict[str, str]) -> Redeliver | None:
+async def _wait(
+    settings: WorkerSettings,
+    sessions: sessionmaker[Session],
+    ending: Ending,
+    task_id: str,
+    outage: Outage,
+    unready: dict[str, str],
+) -> Redeliver | None:
     """Services the task waits for are still not ready: say so on its row and look again
     soon, or fail it once they have been gone for the whole outage window."""
     since = outage.since if outage.since is not None else time.time()
     waited = time.time() - since
     give_up = waited > settings.worker_outage_window_s
     what = _listed(unready)
-    error = ErrorBody(code=Unavailable.code, detail={"waiting_for": unready,
-                                                     "waited_s": round(waited, 1)},
-                      message=(f"Gave up: services not ready for {waited:.0f} s "
-                               f"(LOOM_WORKER_OUTAGE_WINDOW_S={settings.worker_outage_window_s:g})"
-                               f": {what}" if give_up else f"Waiting for services: {what}"))
+    error = ErrorBody(
+        code=Unavailable.code,
+        detail={"waiting_for": unready, "waited_s": round(waited, 1)},
+        message=(
+            f"Gave up: services not ready for {waited:.0f} s "
+            f"(LOOM_WORKER_OUTAGE_WINDOW_S={settings.worker_outage_window_s:g})"
+            f": {what}"
+            if give_up
+            else f"Waiting for services: {what}"
+        ),
+    )
     if give_up:
         await ending(task_id, TaskEnd(attempt=None, status=TaskStatus.failed, error=error))
         return None
     # A message that starts a wait respects the lease of a delivery holding the task already.
     lease_s = None if outage.waiting_for else settings.stale_after_s
-    if not await in_transaction(sessions, lambda s: note_waiting(
-            s, task_id, utcnow(), error, give_up=False, lease_s=lease_s)):
+    if not await in_transaction(
+        sessions,
+        lambda s: note_waiting(s, task_id, utcnow(), error, give_up=False, lease_s=lease_s),
+    ):
         return None  # cancelled, taken up, or held by another delivery: nothing left to do
-    return Redeliver(WAIT_POLL_S, Outage(strikes=outage.strikes, waiting_for=tuple(unready),
-                                         since=since))
+    return Redeliver(
+        WAIT_POLL_S, Outage(strikes=outage.strikes, waiting_for=tuple(unready), since=since)
+    )
 
 
-async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt: int,
-                          every_s: float, work: Awaitable[T]) -> T:
+async def _with_heartbeat(
+    sessions: sessionmaker[Session], task_id: str, attempt: int, every_s: float, work: Awaitable[T]
+) -> T:
     """Await `work`, refreshing the claim every `every_s`; cancel it once the claim is lost,
     or when the heartbeat itself fails (the database dropped it): the attempt ends there, so
     its work must not go on calling services while the failure is handled."""
@@ -282,7 +329,8 @@ async def _with_heartbeat(sessions: sessionmaker[Session], task_id: str, attempt
             return running.result()
         try:
             owned = await in_transaction(
-                sessions, lambda s: heartbeat(s, task_id, attempt, utcnow()))
+                sessions, lambda s: heartbeat(s, task_id, attempt, utcnow())
+            )
         except BaseException:
             await _cancel(running)
             raise
@@ -302,11 +350,12 @@ def _listed(unready: dict[str, str]) -> str:
 
 
 def _waiting_error(exc: LoomError, unready: dict[str, str]) -> ErrorBody:
-    return ErrorBody(code=exc.code,
-                     message=f"{exc.message} (waiting for services: {_listed(unready)})",
-                     detail={"waiting_for": unready, "error": exc.detail})
+    return ErrorBody(
+        code=exc.code,
+        message=f"{exc.message} (waiting for services: {_listed(unready)})",
+        detail={"waiting_for": unready, "error": exc.detail},
+    )
 
 
 def _error(exc: LoomError, prefix: str = "") -> ErrorBody:
     return ErrorBody(code=exc.code, message=prefix + exc.message, detail=exc.detail)
-

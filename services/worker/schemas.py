@@ -37,10 +37,14 @@ class GcParams(StrictModel):
     is given, then collect (retention of every job, unreferenced blobs, crash leftovers)."""
 
     keep_last: int | None = Field(
-        default=None, ge=0, description="New retention of the job: keep its newest N versions "
-        "(0: keep all); aliased and pinned versions are always kept. None: leave it as is.")
+        default=None,
+        ge=0,
+        description="New retention of the job: keep its newest N versions "
+        "(0: keep all); aliased and pinned versions are always kept. None: leave it as is.",
+    )
     keep_ancestors: bool = Field(
-        default=False, description="With keep_last: also keep ancestors of aliased versions.")
+        default=False, description="With keep_last: also keep ancestors of aliased versions."
+    )
 
 
 class EvalItem(StrictModel):
@@ -56,17 +60,25 @@ class EvaluateParams(StrictModel):
     """Sample one completion per item from a version, score them with a verifier, and record
     `eval/<name>/accuracy` and `eval/<name>/mean_reward` at the version's step."""
 
-    name: str = Field(default="heldout", pattern=EVAL_NAME_PATTERN,
-                      description="Names the metrics: eval/<name>/accuracy, .../mean_reward.")
+    name: str = Field(
+        default="heldout",
+        pattern=EVAL_NAME_PATTERN,
+        description="Names the metrics: eval/<name>/accuracy, .../mean_reward.",
+    )
     version: TaskVersionRef = "latest"
     items: list[EvalItem] = Field(min_length=1, max_length=MAX_EVAL_ITEMS)
-    verifier: str = Field(min_length=1, max_length=64,
-                          description="A reward verifier: exact_match, math, regex, code, ...")
+    verifier: str = Field(
+        min_length=1,
+        max_length=64,
+        description="A reward verifier: exact_match, math, regex, code, ...",
+    )
     verifier_params: dict[str, Any] = Field(default={}, description="The verifier's options.")
-    sampling: SamplingParams = Field(default_factory=greedy,
-                                     description="Default: greedy, at most 64 tokens.")
+    sampling: SamplingParams = Field(
+        default_factory=greedy, description="Default: greedy, at most 64 tokens."
+    )
     pass_threshold: float = Field(
-        default=1.0, description="An item counts as correct when its reward is at least this.")
+        default=1.0, description="An item counts as correct when its reward is at least this."
+    )
 
 
 class ExportParams(StrictModel):
@@ -81,19 +93,25 @@ class RecipeParams(StrictModel):
     the SDK, `agents.recipes`) on the job, checkpointing as it goes, and resumes it from its
     last checkpoint after a worker or trainer crash."""
 
-    recipe: str = Field(pattern=RECIPE_NAME_PATTERN,
-                        description="A registered recipe's name: `loom recipes` lists them.")
+    recipe: str = Field(
+        pattern=RECIPE_NAME_PATTERN,
+        description="A registered recipe's name: `loom recipes` lists them.",
+    )
     config: dict[str, Any] = Field(
-        default={}, description="The recipe's config, checked against its schema at submit "
-        f"(at most {MAX_RECIPE_CONFIG_BYTES >> 20} MiB as JSON).")
+        default={},
+        description="The recipe's config, checked against its schema at submit "
+        f"(at most {MAX_RECIPE_CONFIG_BYTES >> 20} MiB as JSON).",
+    )
 
     @field_validator("config")
     @classmethod
     def _bounded(cls, config: dict[str, Any]) -> dict[str, Any]:
         size = len(json.dumps(config, separators=(",", ":")))
         if size > MAX_RECIPE_CONFIG_BYTES:
-            raise ValueError(f"the config is {size} bytes as JSON; at most "
-                             f"{MAX_RECIPE_CONFIG_BYTES} are accepted")
+            raise ValueError(
+                f"the config is {size} bytes as JSON; at most "
+                f"{MAX_RECIPE_CONFIG_BYTES} are accepted"
+            )
         return config
 
 
@@ -146,6 +164,8 @@ class ExportResult(LenientModel):
 
 
 TASK_RESULTS: dict[TaskKind, type[LenientModel]] = {
-    TaskKind.gc: GcReport, TaskKind.evaluate: EvaluateResult, TaskKind.export: ExportResult,
+    TaskKind.gc: GcReport,
+    TaskKind.evaluate: EvaluateResult,
+    TaskKind.export: ExportResult,
     TaskKind.recipe: RecipeResult,
 }

@@ -38,8 +38,9 @@ def migrate_when_ready(url: str, timeout_s: float) -> None:
             return
         except (GatewayNotMigrated, SQLAlchemyError) as exc:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"The worker's tables could not be migrated in "
-                                   f"{timeout_s:.0f} s: {exc}") from exc
+                raise RuntimeError(
+                    f"The worker's tables could not be migrated in {timeout_s:.0f} s: {exc}"
+                ) from exc
             log.info("worker tables not migrated yet: %s", str(exc).splitlines()[0])
         time.sleep(0.5)
 

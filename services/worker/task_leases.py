@@ -37,8 +37,14 @@ class Claim:
     status: str = ""
 
 
-def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: float, *,
-               resumes_wait: bool = False) -> Claim:
+def claim_task(
+    session: Session,
+    task_id: str,
+    now: datetime,
+    stale_after_s: float,
+    *,
+    resumes_wait: bool = False,
+) -> Claim:
     """Decide what one delivery of the task's message does (idempotent on the task id).
 
     The lease is `heartbeat_at`, fresh for `stale_after_s`: refreshed by the attempt running
@@ -54,8 +60,9 @@ def claim_task(session: Session, task_id: str, now: datetime, stale_after_s: flo
         return Claim(ClaimAction.skip, status="missing")
     status = TaskStatus(row.status)
     live = _live(row, now, stale_after_s)
-    if live and (status is TaskStatus.running
-                 or (status is TaskStatus.queued and not resumes_wait)):
+    if live and (
+        status is TaskStatus.running or (status is TaskStatus.queued and not resumes_wait)
+    ):
         return Claim(ClaimAction.duplicate, status=status.value)
     if status not in (TaskStatus.queued, TaskStatus.running):
         return Claim(ClaimAction.skip, status=status.value)
@@ -87,8 +94,7 @@ def heartbeat(session: Session, task_id: str, attempt: int, now: datetime) -> bo
     return True
 
 
-def record_progress(session: Session, task_id: str, attempt: int,
-                    progress: dict[str, Any]) -> bool:
+def record_progress(session: Session, task_id: str, attempt: int, progress: dict[str, Any]) -> bool:
     """A managed run's newest checkpoint; False, and nothing written, if it lost the task."""
     row = _owned(session, task_id, attempt)
     if row is None:
@@ -98,9 +104,16 @@ def record_progress(session: Session, task_id: str, attempt: int,
     return True
 
 
-def finish_attempt(session: Session, task_id: str, attempt: int, status: TaskStatus,
-                   now: datetime, *, result: dict[str, Any] | None = None,
-                   error: ErrorBody | None = None) -> bool:
+def finish_attempt(
+    session: Session,
+    task_id: str,
+    attempt: int,
+    status: TaskStatus,
+    now: datetime,
+    *,
+    result: dict[str, Any] | None = None,
+    error: ErrorBody | None = None,
+) -> bool:
     """Record how the attempt ended: succeeded (result), failed or cancelled (error), or
     queued again after an upstream outage (error: why). False, and nothing written, if it lost
     the task; True, and nothing written again, if this very end is recorded already (a
@@ -126,12 +139,20 @@ def record_end(session: Session, task_id: str, end: TaskEnd, now: datetime) -> b
     if end.attempt is None:
         assert end.error is not None  # a wait's end always says why
         return note_waiting(session, task_id, now, end.error, give_up=True)
-    return finish_attempt(session, task_id, end.attempt, end.status, now, result=end.result,
-                          error=end.error)
+    return finish_attempt(
+        session, task_id, end.attempt, end.status, now, result=end.result, error=end.error
+    )
 
 
-def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody, *,
-                 give_up: bool, lease_s: float | None = None) -> bool:
+def note_waiting(
+    session: Session,
+    task_id: str,
+    now: datetime,
+    error: ErrorBody,
+    *,
+    give_up: bool,
+    lease_s: float | None = None,
+) -> bool:
     """A queued task waiting for services to come back: say why (`error`), or, `give_up`,
     fail it with that. False, and nothing written, unless the task is still queued (a cancel
     meanwhile ends the wait) and, for a message that starts a wait (`lease_s`, the lease's
@@ -150,15 +171,21 @@ def note_waiting(session: Session, task_id: str, now: datetime, error: ErrorBody
     return True
 
 
-def lost_waits(session: Session, now: datetime, stale_after_s: float
-               ) -> list[BackgroundTaskRow]:
+def lost_waits(session: Session, now: datetime, stale_after_s: float) -> list[BackgroundTaskRow]:
     """Tasks waiting for services whose wait stopped being noted `stale_after_s` ago: the
     worker holding their next message died (a broker without redelivery, such as the
     filesystem one, loses it). The caller sends them again once this commits."""
     cutoff = now - timedelta(seconds=stale_after_s)
-    rows = list(session.scalars(select(BackgroundTaskRow).where(
-        BackgroundTaskRow.status == TaskStatus.queued.value,
-        BackgroundTaskRow.heartbeat_at < cutoff).with_for_update(skip_locked=True)))
+    rows = list(
+        session.scalars(
+            select(BackgroundTaskRow)
+            .where(
+                BackgroundTaskRow.status == TaskStatus.queued.value,
+                BackgroundTaskRow.heartbeat_at < cutoff,
+            )
+            .with_for_update(skip_locked=True)
+        )
+    )
     for row in rows:
         row.heartbeat_at = None
     session.flush()
@@ -170,41 +197,66 @@ def progress_of(session: Session, task_id: str) -> dict[str, Any] | None:
     return None if row is None else row.progress
 
 
-def requeue_abandoned(session: Session, now: datetime, stale_after_s: float
-                      ) -> list[BackgroundTaskRow]:
+def requeue_abandoned(
+    session: Session, now: datetime, stale_after_s: float
+) -> list[BackgroundTaskRow]:
     """Running tasks whose worker stopped heartbeating `stale_after_s` ago (killed, host
     lost): queued again, for the caller to send once this commits."""
     cutoff = now - timedelta(seconds=stale_after_s)
-    rows = list(session.scalars(select(BackgroundTaskRow).where(
-        BackgroundTaskRow.status == TaskStatus.running.value,
-        BackgroundTaskRow.heartbeat_at < cutoff).with_for_update(skip_locked=True)))
+    rows = list(
+        session.scalars(
+            select(BackgroundTaskRow)
+            .where(
+                BackgroundTaskRow.status == TaskStatus.running.value,
+                BackgroundTaskRow.heartbeat_at < cutoff,
+            )
+            .with_for_update(skip_locked=True)
+        )
+    )
     for row in rows:
         move_task(row, TaskStatus.queued, now)
-        row.error = ErrorBody(code="worker_lost", message=(
-            f"The worker running attempt {row.attempts} stopped (killed, or its host lost); "
-            "queued again.")).model_dump()
+        row.error = ErrorBody(
+            code="worker_lost",
+            message=(
+                f"The worker running attempt {row.attempts} stopped (killed, or its host lost); "
+                "queued again."
+            ),
+        ).model_dump()
     session.flush()
     return rows
 
 
-def unsent_tasks(session: Session, now: datetime, older_than_s: float
-                 ) -> list[BackgroundTaskRow]:
+def unsent_tasks(session: Session, now: datetime, older_than_s: float) -> list[BackgroundTaskRow]:
     """Tasks queued for `older_than_s`: their message may never have reached the broker (the
     gateway died between commit and send) or may be waiting behind others. Sending them
     again is safe, deliveries being idempotent, but it duplicates messages: a worker does it
     when it starts, not periodically."""
     cutoff = now - timedelta(seconds=older_than_s)
-    return list(session.scalars(select(BackgroundTaskRow).where(
-        BackgroundTaskRow.status == TaskStatus.queued.value,
-        BackgroundTaskRow.created_at < cutoff)))
+    return list(
+        session.scalars(
+            select(BackgroundTaskRow).where(
+                BackgroundTaskRow.status == TaskStatus.queued.value,
+                BackgroundTaskRow.created_at < cutoff,
+            )
+        )
+    )
 
 
-def ensure_task(session: Session, task_id: str, kind: TaskKind, job_id: str | None,
-                params: dict[str, Any]) -> None:
+def ensure_task(
+    session: Session, task_id: str, kind: TaskKind, job_id: str | None, params: dict[str, Any]
+) -> None:
     """A queued task with this id unless one exists (for work whose message names its id,
     such as a scheduled collection)."""
     if session.get(BackgroundTaskRow, task_id) is None:
-        session.add(BackgroundTaskRow(id=task_id, job_id=job_id, kind=kind.value, params=params,
-                                      status=TaskStatus.queued.value, attempts=0,
-                                      created_at=utcnow()))
+        session.add(
+            BackgroundTaskRow(
+                id=task_id,
+                job_id=job_id,
+                kind=kind.value,
+                params=params,
+                status=TaskStatus.queued.value,
+                attempts=0,
+                created_at=utcnow(),
+            )
+        )
         session.flush()

@@ -20,10 +20,16 @@ from services.worker.schemas import (
     TaskKind,
 )
 
-IdempotencyKey = Annotated[str | None, Field(
-    default=None, min_length=1, max_length=128,
-    description="Submitting again with the same key (for the same job) returns the task the "
-    "first submit created instead of a new one.")]
+IdempotencyKey = Annotated[
+    str | None,
+    Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Submitting again with the same key (for the same job) returns the task the "
+        "first submit created instead of a new one.",
+    ),
+]
 
 
 class TaskStatus(StrEnum):
@@ -58,8 +64,10 @@ class RecipeTaskCreate(StrictModel):
     idempotency_key: IdempotencyKey = None
 
 
-TaskCreate = Annotated[GcTaskCreate | EvaluateTaskCreate | ExportTaskCreate | RecipeTaskCreate,
-                       Field(discriminator="kind")]
+TaskCreate = Annotated[
+    GcTaskCreate | EvaluateTaskCreate | ExportTaskCreate | RecipeTaskCreate,
+    Field(discriminator="kind"),
+]
 
 
 class BackgroundTask(LenientModel):
@@ -70,11 +78,14 @@ class BackgroundTask(LenientModel):
     status: TaskStatus
     result: dict[str, Any] | None = None
     error: ErrorBody | None = Field(
-        default=None, description="Why it failed; on a queued task, the upstream outage it "
-        "waits out before its next attempt.")
+        default=None,
+        description="Why it failed; on a queued task, the upstream outage it "
+        "waits out before its next attempt.",
+    )
     attempts: int = Field(description="Times a worker started it.")
     progress: RunProgress | None = Field(
-        default=None, description="A recipe run: its newest checkpoint, where it resumes.")
+        default=None, description="A recipe run: its newest checkpoint, where it resumes."
+    )
     idempotency_key: str | None = None
     created_at: datetime
     started_at: datetime | None = None
@@ -96,13 +107,16 @@ class TaskEnd(StrictModel):
     transaction; sent again after a lost answer, it records nothing twice."""
 
     attempt: int | None = Field(
-        ge=1, description="The attempt that ended; None: the task was queued, waiting for "
-        "services, and the wait gave up (it fails with `error`).")
+        ge=1,
+        description="The attempt that ended; None: the task was queued, waiting for "
+        "services, and the wait gave up (it fails with `error`).",
+    )
     status: TaskStatus
     result: dict[str, Any] | None = None
     error: ErrorBody | None = None
     metrics: list[MetricPoint] = Field(
-        default=[], description="Recorded on the task's job with the end (an evaluation's).")
+        default=[], description="Recorded on the task's job with the end (an evaluation's)."
+    )
 
     @model_validator(mode="after")
     def _gave_up_fails(self) -> TaskEnd:
@@ -112,8 +126,10 @@ class TaskEnd(StrictModel):
 
 
 class TaskEnded(LenientModel):
-    ended: bool = Field(description="False: the attempt had lost its task (cancelled, or "
-                        "taken over), so nothing was recorded.")
+    ended: bool = Field(
+        description="False: the attempt had lost its task (cancelled, or "
+        "taken over), so nothing was recorded."
+    )
 
 
 class RunKey(LenientModel):

@@ -29,8 +29,9 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
 
 
 def move_task(task: BackgroundTaskRow, target: TaskStatus, now: datetime) -> None:
-    require_transition(TRANSITIONS, TaskStatus(task.status), target, f"Task {task.id}",
-                       {"task_id": task.id})
+    require_transition(
+        TRANSITIONS, TaskStatus(task.status), target, f"Task {task.id}", {"task_id": task.id}
+    )
     task.status = target.value
     if target is S.running:
         task.started_at = task.heartbeat_at = now

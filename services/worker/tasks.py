@@ -48,8 +48,12 @@ SCHEDULED_GC = "loom.scheduled_gc"
 def register(app: LoomCelery) -> None:
     # max_retries=None: Celery does not count; the runner bounds retries after outages and
     # carries its count in the message (`outage`).
-    options: dict[str, Any] = {"bind": True, "acks_late": True, "reject_on_worker_lost": True,
-                               "max_retries": None}
+    options: dict[str, Any] = {
+        "bind": True,
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+        "max_retries": None,
+    }
     app.task(name=TASK_NAMES[TaskKind.gc], **options)(gc)
     app.task(name=TASK_NAMES[TaskKind.evaluate], **options)(evaluate)
     app.task(name=TASK_NAMES[TaskKind.export], **options)(export)
@@ -57,52 +61,96 @@ def register(app: LoomCelery) -> None:
     app.task(name=SCHEDULED_GC, **options)(scheduled_gc)
 
 
-def gc(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
-       outage: dict[str, Any] | None = None) -> None:
+def gc(
+    task: CeleryTask,
+    task_id: str,
+    job_id: str | None,
+    params: dict[str, Any],
+    outage: dict[str, Any] | None = None,
+) -> None:
     async def work(services: Services, _attempt: int) -> Done:
         return Done(await collect(services.modelstate, job_id, GcParams.model_validate(params)))
 
     _deliver(task, task_id, job_id, work, outage, needs=("modelstate",))
 
 
-def evaluate(task: CeleryTask, task_id: str, job_id: str | None,
-             params: dict[str, Any], outage: dict[str, Any] | None = None) -> None:
+def evaluate(
+    task: CeleryTask,
+    task_id: str,
+    job_id: str | None,
+    params: dict[str, Any],
+    outage: dict[str, Any] | None = None,
+) -> None:
     async def work(services: Services, _attempt: int) -> Done:
         job = _job(job_id)
-        result = await run_evaluation(services.modelstate, services.rollout, services.reward,
-                                      job, EvaluateParams.model_validate(params))
+        result = await run_evaluation(
+            services.modelstate,
+            services.rollout,
+            services.reward,
+            job,
+            EvaluateParams.model_validate(params),
+        )
         return Done(result, metrics=metric_points(result))
 
     # Its metrics are the job's: the gateway records them with the task's end.
-    _deliver(task, task_id, job_id, work, outage,
-             needs=("modelstate", "rollout", "reward", "gateway"),
-             ending=gateway_ending(_app(task).loom_settings))
+    _deliver(
+        task,
+        task_id,
+        job_id,
+        work,
+        outage,
+        needs=("modelstate", "rollout", "reward", "gateway"),
+        ending=gateway_ending(_app(task).loom_settings),
+    )
 
 
-def export(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
-           outage: dict[str, Any] | None = None) -> None:
+def export(
+    task: CeleryTask,
+    task_id: str,
+    job_id: str | None,
+    params: dict[str, Any],
+    outage: dict[str, Any] | None = None,
+) -> None:
     exports_dir = _app(task).loom_settings.data_dir / "exports"
 
     async def work(services: Services, _attempt: int) -> Done:
-        return Done(await export_merged(services.modelstate, _job(job_id),
-                                        ExportParams.model_validate(params), exports_dir))
+        return Done(
+            await export_merged(
+                services.modelstate, _job(job_id), ExportParams.model_validate(params), exports_dir
+            )
+        )
 
     _deliver(task, task_id, job_id, work, outage, needs=("modelstate",))
 
 
-def recipe(task: CeleryTask, task_id: str, job_id: str | None, params: dict[str, Any],
-           outage: dict[str, Any] | None = None) -> None:
+def recipe(
+    task: CeleryTask,
+    task_id: str,
+    job_id: str | None,
+    params: dict[str, Any],
+    outage: dict[str, Any] | None = None,
+) -> None:
     """A managed run (`recipes.run_managed`); its job ends with it, which the gateway records
     with the task's end (`gateway.jobs.jobs.end_with_run`)."""
     app = _app(task)
     run_params = RecipeParams.model_validate(params)
 
     async def work(_services: Services, attempt: int) -> Done:
-        return Done(await run_managed(Attempt(task_id, attempt, _job(job_id), app.loom_settings,
-                                              app.sessions), run_params))
+        return Done(
+            await run_managed(
+                Attempt(task_id, attempt, _job(job_id), app.loom_settings, app.sessions), run_params
+            )
+        )
 
-    _deliver(task, task_id, job_id, work, outage, needs=("gateway", *_recipe_services(run_params)),
-             ending=gateway_ending(app.loom_settings))
+    _deliver(
+        task,
+        task_id,
+        job_id,
+        work,
+        outage,
+        needs=("gateway", *_recipe_services(run_params)),
+        ending=gateway_ending(app.loom_settings),
+    )
 
 
 def scheduled_gc(task: CeleryTask, outage: dict[str, Any] | None = None) -> None:
@@ -114,9 +162,16 @@ def scheduled_gc(task: CeleryTask, outage: dict[str, Any] | None = None) -> None
     gc(task, task_id, None, {}, outage)
 
 
-def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work,
-             outage: dict[str, Any] | None, *, needs: tuple[str, ...],
-             ending: Ending | None = None) -> None:
+def _deliver(
+    task: CeleryTask,
+    task_id: str,
+    job_id: str | None,
+    work: Work,
+    outage: dict[str, Any] | None,
+    *,
+    needs: tuple[str, ...],
+    ending: Ending | None = None,
+) -> None:
     app = _app(task)
     request_id_var.set(task_id)  # the delivery's log lines name the task and its job
     job_id_var.set(job_id or "-")
@@ -124,13 +179,24 @@ def _deliver(task: CeleryTask, task_id: str, job_id: str | None, work: Work,
     # Traced: the delivery is a trace of its own, linked to the request that submitted it.
     submitted = extract(task.request.headers)
     try:
-        with span_in(submitted, f"task {task.name}", link=True,
-                     attributes={"loom.task_id": task_id, "loom.job_id": job_id or ""}):
-            again = asyncio.run(run_delivery(app.loom_settings, app.sessions, task_id, carried,
-                                             work, needs, ending=ending))
+        with span_in(
+            submitted,
+            f"task {task.name}",
+            link=True,
+            attributes={"loom.task_id": task_id, "loom.job_id": job_id or ""},
+        ):
+            again = asyncio.run(
+                run_delivery(
+                    app.loom_settings, app.sessions, task_id, carried, work, needs, ending=ending
+                )
+            )
     except DATABASE_DOWN as exc:  # the task's row could not even be read or written
-        log.warning("task %s: database unavailable (%s); trying again in %.0f s", task_id,
-                    str(exc).splitlines()[0][:200], WAIT_POLL_S)
+        log.warning(
+            "task %s: database unavailable (%s); trying again in %.0f s",
+            task_id,
+            str(exc).splitlines()[0][:200],
+            WAIT_POLL_S,
+        )
         again = Redeliver(WAIT_POLL_S, carried)
     if again is None:
         return

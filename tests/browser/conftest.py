@@ -28,9 +28,16 @@ from tests.support.servers import serve_in_thread
 from tests.support.trainer import trainer_stand_in
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
 
@@ -41,8 +48,11 @@ class AdminStack:
     modelstate_url: str
 
     def api(self, key: str | None = None) -> httpx2.Client:
-        return httpx2.Client(base_url=self.url, timeout=30,
-                             headers={"Authorization": f"Bearer {key or self.admin_key}"})
+        return httpx2.Client(
+            base_url=self.url,
+            timeout=30,
+            headers={"Authorization": f"Bearer {key or self.admin_key}"},
+        )
 
 
 # Module scope, not session: while sync Playwright runs, its event loop counts as running in
@@ -55,8 +65,9 @@ def browser() -> Iterator[Any]:
     except ImportError:
         require(False, "the playwright package (the dev extra)")
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
-                                              headless=True)
+        launched = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
         try:
             yield launched
         finally:
@@ -74,19 +85,33 @@ def artifacts() -> Path:
 
 @pytest.fixture
 def admin_stack(tmp_path: Path) -> Iterator[AdminStack]:
-    modelstate = create_modelstate_app(ModelStateSettings(
-        data_dir=tmp_path / "modelstate", database_url=f"sqlite:///{tmp_path / 'ms.db'}",
-        modelstate_gc_interval_s=0))
-    with serve_in_thread(modelstate) as modelstate_url, \
-            serve_in_thread(trainer_stand_in()) as trainer_url:
+    modelstate = create_modelstate_app(
+        ModelStateSettings(
+            data_dir=tmp_path / "modelstate",
+            database_url=f"sqlite:///{tmp_path / 'ms.db'}",
+            modelstate_gc_interval_s=0,
+        )
+    )
+    with (
+        serve_in_thread(modelstate) as modelstate_url,
+        serve_in_thread(trainer_stand_in()) as trainer_url,
+    ):
         unreachable = f"http://127.0.0.1:{free_port()}"
         settings = GatewaySettings(
-            data_dir=tmp_path / "gateway", database_url=f"sqlite:///{tmp_path / 'gw.db'}",
-            modelstate_url=modelstate_url, trainer_url=trainer_url, rollout_url=unreachable,
-            reward_url=unreachable, sandbox_url=unreachable)
+            data_dir=tmp_path / "gateway",
+            database_url=f"sqlite:///{tmp_path / 'gw.db'}",
+            modelstate_url=modelstate_url,
+            trainer_url=trainer_url,
+            rollout_url=unreachable,
+            reward_url=unreachable,
+            sandbox_url=unreachable,
+        )
         with serve_in_thread(create_app(settings)) as url:
-            yield AdminStack(url=url, admin_key=settings.admin_key_file.read_text().strip(),
-                             modelstate_url=modelstate_url)
+            yield AdminStack(
+                url=url,
+                admin_key=settings.admin_key_file.read_text().strip(),
+                modelstate_url=modelstate_url,
+            )
 
 
 @pytest.fixture
@@ -98,8 +123,14 @@ def page(browser: Any) -> Iterator[Any]:
     opened.set_default_timeout(15_000)
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-    opened.on("console", lambda message: errors.append(f"console: {message.text}")
-              if message.type == "error" and not _expected(message.text) else None)
+    opened.on(
+        "console",
+        lambda message: (
+            errors.append(f"console: {message.text}")
+            if message.type == "error" and not _expected(message.text)
+            else None
+        ),
+    )
     try:
         yield opened
     finally:

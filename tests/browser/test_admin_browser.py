@@ -32,28 +32,45 @@ pytestmark = pytest.mark.integration
 
 STEPS = 12
 # name -> the chart it must land in
-METRICS = {"reward": "chart-reward", "eval/reward": "chart-eval-reward", "loss": "chart-loss",
-           "kl": "chart-kl", "throughput/samples_per_s": "chart-throughput",
-           "grad_norm": "chart-grad-norm"}
+METRICS = {
+    "reward": "chart-reward",
+    "eval/reward": "chart-eval-reward",
+    "loss": "chart-loss",
+    "kl": "chart-kl",
+    "throughput/samples_per_s": "chart-throughput",
+    "grad_norm": "chart-grad-norm",
+}
 
 
-def publish_version(stack: AdminStack, job_id: str, step: int,
-                    aliases: tuple[str, ...] = ()) -> int:
+def publish_version(
+    stack: AdminStack, job_id: str, step: int, aliases: tuple[str, ...] = ()
+) -> int:
     """Publish a two-file version through modelstate's HTTP API (upload blobs, then commit)."""
-    files = {"adapter_config.json": json.dumps({"r": 8, "step": step}).encode(),
-             "adapter_model.safetensors": bytes([step]) * 4096}
+    files = {
+        "adapter_config.json": json.dumps({"r": 8, "step": step}).encode(),
+        "adapter_model.safetensors": bytes([step]) * 4096,
+    }
     refs = []
-    with httpx2.Client(base_url=stack.modelstate_url, timeout=30,
-                       headers=service_headers(LoomSettings())) as modelstate:
+    with httpx2.Client(
+        base_url=stack.modelstate_url, timeout=30, headers=service_headers(LoomSettings())
+    ) as modelstate:
         for name, data in files.items():
             digest = hashlib.sha256(data).hexdigest()
-            modelstate.put(f"/v1/blobs/{digest}", content=data,
-                           headers={"Content-Type": "application/octet-stream"}
-                           ).raise_for_status()
+            modelstate.put(
+                f"/v1/blobs/{digest}",
+                content=data,
+                headers={"Content-Type": "application/octet-stream"},
+            ).raise_for_status()
             refs.append(FileRef(path=name, sha256=digest, size=len(data)))
-        request = PublishRequest(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny",
-                                 step=step, metrics={"reward": step / 10}, files=refs,
-                                 aliases=list(aliases))
+        request = PublishRequest(
+            job_id=job_id,
+            kind=VersionKind.lora,
+            base_model="loom/tiny",
+            step=step,
+            metrics={"reward": step / 10},
+            files=refs,
+            aliases=list(aliases),
+        )
         response = modelstate.post("/v1/versions", json=request.model_dump(mode="json"))
         response.raise_for_status()
         return int(response.json()["number"])
@@ -65,19 +82,33 @@ def seed_job(stack: AdminStack, key: str | None = None, name: str = "arith-grpo"
         job = api.post("/v1/jobs", json={"base_model": "loom/tiny", "name": name})
         assert job.status_code == 201, job.text
         job_id = str(job.json()["id"])
-        points = [{"step": step, "name": name, "value": value_of(name, step)}
-                  for name in METRICS for step in range(STEPS)]
+        points = [
+            {"step": step, "name": name, "value": value_of(name, step)}
+            for name in METRICS
+            for step in range(STEPS)
+        ]
         api.post(f"/v1/jobs/{job_id}/metrics", json={"points": points}).raise_for_status()
-        samples = [{"step": step, "version": step // 4, "prompt": f"{step}+7=",
-                    "completion": str(step + 7), "reward": 1.0 if step % 2 else 0.0}
-                   for step in range(STEPS)]
+        samples = [
+            {
+                "step": step,
+                "version": step // 4,
+                "prompt": f"{step}+7=",
+                "completion": str(step + 7),
+                "reward": 1.0 if step % 2 else 0.0,
+            }
+            for step in range(STEPS)
+        ]
         api.post(f"/v1/jobs/{job_id}/samples", json={"samples": samples}).raise_for_status()
     return job_id
 
 
 def value_of(name: str, step: int) -> float:
-    curves = {"loss": 2.0 / (step + 1), "kl": 0.01 * step, "eval/reward": 0.04 * step,
-              "grad_norm": 1.0 / (1 + step % 4)}
+    curves = {
+        "loss": 2.0 / (step + 1),
+        "kl": 0.01 * step,
+        "eval/reward": 0.04 * step,
+        "grad_norm": 1.0 / (1 + step % 4),
+    }
     return curves.get(name, 0.05 * step + 0.1)
 
 
@@ -98,7 +129,8 @@ def shoot(page: Any, artifacts: Path, name: str) -> None:
 
 
 def test_an_admin_watches_a_job_and_manages_its_versions(
-        page: Any, admin_stack: AdminStack, artifacts: Path) -> None:
+    page: Any, admin_stack: AdminStack, artifacts: Path
+) -> None:
     stack = admin_stack
     job_id = seed_job(stack)
     for step in (4, 8, 11):
@@ -129,10 +161,11 @@ def test_an_admin_watches_a_job_and_manages_its_versions(
 
     # Live charts: a point logged now is drawn by the next refresh, without a reload.
     with stack.api() as api:
-        api.post(f"/v1/jobs/{job_id}/metrics", json={"points": [
-            {"step": STEPS, "name": "loss", "value": 0.1}]}).raise_for_status()
-    page.locator(f"figure#chart-loss[data-rendered-points='{STEPS + 1}']").wait_for(
-        timeout=20_000)
+        api.post(
+            f"/v1/jobs/{job_id}/metrics",
+            json={"points": [{"step": STEPS, "name": "loss", "value": 0.1}]},
+        ).raise_for_status()
+    page.locator(f"figure#chart-loss[data-rendered-points='{STEPS + 1}']").wait_for(timeout=20_000)
 
     # Promote v1 to `best`: the alias shows up on its row once the form is submitted.
     page.fill("#alias", "best")
@@ -171,8 +204,7 @@ def test_an_admin_watches_a_job_and_manages_its_versions(
     shoot(page, artifacts, "05-health")
 
 
-def test_forbidden_actions_are_refused(page: Any, admin_stack: AdminStack,
-                                       artifacts: Path) -> None:
+def test_forbidden_actions_are_refused(page: Any, admin_stack: AdminStack, artifacts: Path) -> None:
     stack = admin_stack
     admins_job = seed_job(stack, name="admins-job")
     with stack.api() as api:
@@ -211,8 +243,10 @@ SFT_STEPS, RL_STEPS, VERSIONS = 30, 8, 25
 def run_like_the_demo(stack: AdminStack) -> str:
     """What `loom demo` does, through the SDK: SFT steps (`sft/...`), then RL steps counted
     from 1 again (`rl/...`), a version per checkpoint, aliases, and a job ended by its block."""
-    with LoomClient(stack.url, stack.admin_key) as loom, \
-            loom.create_job("loom/tiny", name="demo-run") as job:
+    with (
+        LoomClient(stack.url, stack.admin_key) as loom,
+        loom.create_job("loom/tiny", name="demo-run") as job,
+    ):
         for step in range(1, SFT_STEPS + 1):
             job.log_metrics(step, {"sft/loss": 2.0 / step})
         for step in range(1, RL_STEPS + 1):
@@ -224,7 +258,8 @@ def run_like_the_demo(stack: AdminStack) -> str:
 
 
 def test_a_finished_run_shows_completed_with_a_step_axis_per_phase_and_paged_versions(
-        page: Any, admin_stack: AdminStack, artifacts: Path) -> None:
+    page: Any, admin_stack: AdminStack, artifacts: Path
+) -> None:
     stack = admin_stack
     job_id = run_like_the_demo(stack)
 
@@ -235,10 +270,12 @@ def test_a_finished_run_shows_completed_with_a_step_axis_per_phase_and_paged_ver
     page.click(f"tr[data-job='{job_id}'] a")
     page.wait_for_url(re.compile(f"/admin/jobs/{job_id}$"))
     assert "completed" in page.locator("#summary").inner_text()
-    assert [h.get_attribute("data-phase") for h in page.locator("h3.phase").all()] == [
-        "sft", "rl"]
-    for slug, points in (("chart-sft-loss", SFT_STEPS), ("chart-rl-loss", RL_STEPS),
-                         ("chart-rl-reward", RL_STEPS)):
+    assert [h.get_attribute("data-phase") for h in page.locator("h3.phase").all()] == ["sft", "rl"]
+    for slug, points in (
+        ("chart-sft-loss", SFT_STEPS),
+        ("chart-rl-loss", RL_STEPS),
+        ("chart-rl-reward", RL_STEPS),
+    ):
         page.locator(f"figure#{slug}[data-rendered-points='{points}']").wait_for()
     assert page.locator("figure#chart-loss").count() == 0  # no chart mixes the two phases
     charts = json.loads(page.locator("#chart-data").inner_text())
@@ -255,7 +292,8 @@ def test_a_finished_run_shows_completed_with_a_step_axis_per_phase_and_paged_ver
     page.click("#versions-next")
     page.wait_for_url(re.compile(r"versions_page=2"))
     assert [r.get_attribute("data-version") for r in numbers.all()] == [
-        str(n) for n in range(VERSIONS - 20, 0, -1)]
+        str(n) for n in range(VERSIONS - 20, 0, -1)
+    ]
     page.click("#versions-filter")  # aliased only: latest (v25), best (v20), sft (v3)
     page.wait_for_url(re.compile(r"aliased=true"))
     assert [r.get_attribute("data-version") for r in numbers.all()] == ["25", "20", "3"]
@@ -263,29 +301,37 @@ def test_a_finished_run_shows_completed_with_a_step_axis_per_phase_and_paged_ver
     shoot(page, artifacts, "09-aliased-versions")
 
 
-def test_the_services_page_shows_each_rollout_replica(page: Any, admin_stack: AdminStack,
-                                                      artifacts: Path) -> None:
+def test_the_services_page_shows_each_rollout_replica(
+    page: Any, admin_stack: AdminStack, artifacts: Path
+) -> None:
     """A replica registered by heartbeat (nothing listens at its URL: routing to it fails)
     shows on the services page with what it reported, and the page follows the routing table
     without a reload; the job page lists it; another key sees no table."""
     stack = admin_stack
     job_id = seed_job(stack, name="replicated")
     nowhere = f"http://127.0.0.1:{free_port()}"
-    beat = {"url": nowhere, "ready": True, "heartbeat_s": 60, "requests_in_flight": 3,
-            "tokens_in_flight": 120, "versions": [
-                {"job_id": None, "number": 0, "kind": "base"},
-                {"job_id": job_id, "number": 2, "kind": "lora"}]}
+    beat = {
+        "url": nowhere,
+        "ready": True,
+        "heartbeat_s": 60,
+        "requests_in_flight": 3,
+        "tokens_in_flight": 120,
+        "versions": [
+            {"job_id": None, "number": 0, "kind": "base"},
+            {"job_id": job_id, "number": 2, "kind": "lora"},
+        ],
+    }
     with stack.api() as api:
-        api.put("/v1/internal/replicas/replica-a", json=beat,
-                headers=service_headers(LoomSettings())).raise_for_status()
+        api.put(
+            "/v1/internal/replicas/replica-a", json=beat, headers=service_headers(LoomSettings())
+        ).raise_for_status()
         user_key = api.post("/v1/keys", json={"name": "researcher"}).json()["key"]
 
     log_in(page, stack, stack.admin_key)
     page.goto(f"{stack.url}/admin/health")
     row = page.locator("tr[data-replica='replica-a']")
     text = " ".join(row.inner_text().split())
-    for shown in (nowhere, "ready", "base", f"{job_id} v2", "3 requests, 120 tokens",
-                  "every 60 s"):
+    for shown in (nowhere, "ready", "base", f"{job_id} v2", "3 requests, 120 tokens", "every 60 s"):
         assert shown in text, (shown, text)
     assert row.locator("td.routed").inner_text().strip() == "0"
     assert re.search(r"\d+\.\d s ago", text), text

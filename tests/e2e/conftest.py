@@ -63,5 +63,13 @@ def tool_model(stack: tuple[str, str, Path]) -> ToolModel:
             job.forward_backward([datum])
             job.optim_step(AdamParams(lr=3e-3))
         version = job.save_weights().result().number
-    return ToolModel(job.id, version, question, code, answer, conversation,
-                     rendered.token_ids, rendered.loss_mask)
+    return ToolModel(
+        job.id,
+        version,
+        question,
+        code,
+        answer,
+        conversation,
+        rendered.token_ids,
+        rendered.loss_mask,
+    )

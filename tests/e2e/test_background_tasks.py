@@ -26,10 +26,16 @@ def test_evaluate_then_export_a_lora_version(stack: tuple[str, str, Path]) -> No
         version = job.save_weights().result().number
 
         items = [{"prompt": "12+7=", "reference": "19"}, {"prompt": "3+4=", "reference": "7"}]
-        evaluation = job.submit_task("evaluate", {
-            "name": "e2e", "version": version, "verifier": "exact_match", "items": items,
-            "sampling": {"max_tokens": 4, "temperature": 0},
-        }).result(timeout=300)
+        evaluation = job.submit_task(
+            "evaluate",
+            {
+                "name": "e2e",
+                "version": version,
+                "verifier": "exact_match",
+                "items": items,
+                "sampling": {"max_tokens": 4, "temperature": 0},
+            },
+        ).result(timeout=300)
         assert (evaluation.version, evaluation.count, evaluation.errors) == (version, 2, 0)
         assert evaluation.accuracy in (0.0, 0.5, 1.0)
         accuracy = job.metrics(["eval/e2e/accuracy"])["eval/e2e/accuracy"]

@@ -18,8 +18,9 @@ from tests.e2e.conftest import ToolModel
 pytestmark = pytest.mark.e2e
 
 
-def run_agent(agent: openai.OpenAI, loom: LoomClient, question: str,
-              stream: bool = False) -> tuple[list[dict[str, Any]], list[str | None]]:
+def run_agent(
+    agent: openai.OpenAI, loom: LoomClient, question: str, stream: bool = False
+) -> tuple[list[dict[str, Any]], list[str | None]]:
     """A plain OpenAI tool-use loop, as an agent framework would write it: the messages, and
     each response's finish reason."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
@@ -29,8 +30,12 @@ def run_agent(agent: openai.OpenAI, loom: LoomClient, question: str,
             message, finish = streamed_reply(agent, messages)
         else:
             response = agent.chat.completions.create(
-                model="any-model-name", messages=messages, tools=[PYTHON_TOOL],
-                temperature=0, max_tokens=96)
+                model="any-model-name",
+                messages=messages,
+                tools=[PYTHON_TOOL],
+                temperature=0,
+                max_tokens=96,
+            )
             message = response.choices[0].message.model_dump(exclude_none=True)
             finish = response.choices[0].finish_reason
         messages.append(message)
@@ -40,17 +45,22 @@ def run_agent(agent: openai.OpenAI, loom: LoomClient, question: str,
         for call in message["tool_calls"]:
             code = json.loads(call["function"]["arguments"])["code"]
             output = loom.execute(code)
-            messages.append({"role": "tool", "tool_call_id": call["id"],
-                             "content": output.stdout})
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": output.stdout})
     return messages, finishes
 
 
-def streamed_reply(agent: openai.OpenAI,
-                   messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str | None]:
+def streamed_reply(
+    agent: openai.OpenAI, messages: list[dict[str, Any]]
+) -> tuple[dict[str, Any], str | None]:
     content, calls, finish = "", {}, None
     for chunk in agent.chat.completions.create(
-            model="any-model-name", messages=messages, tools=[PYTHON_TOOL], temperature=0,
-            max_tokens=96, stream=True):
+        model="any-model-name",
+        messages=messages,
+        tools=[PYTHON_TOOL],
+        temperature=0,
+        max_tokens=96,
+        stream=True,
+    ):
         for choice in chunk.choices:
             content += choice.delta.content or ""
             for call in choice.delta.tool_calls or []:
@@ -63,8 +73,9 @@ def streamed_reply(agent: openai.OpenAI,
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_openai_agent_is_captured_token_for_token(stack, tool_model: ToolModel,
-                                                      stream: bool) -> None:
+def test_an_openai_agent_is_captured_token_for_token(
+    stack, tool_model: ToolModel, stream: bool
+) -> None:
     url, key, _ = stack
     with LoomClient(url, key) as loom:
         job = loom.get_job(tool_model.job_id)
@@ -87,7 +98,7 @@ def test_an_openai_agent_is_captured_token_for_token(stack, tool_model: ToolMode
         # Exactly the conversation the model was taught: the model's tokens as sampled, the
         # tool's turn rendered by the template, and the loss on the model's tokens only.
         assert segment.prompt_token_ids + segment.token_ids == tool_model.token_ids
-        assert segment.loss_mask == tool_model.loss_mask[len(segment.prompt_token_ids):]
+        assert segment.loss_mask == tool_model.loss_mask[len(segment.prompt_token_ids) :]
         assert [t.kind for t in segment.turns] == ["model", "env", "model"]
         assert all(lp <= 0 for lp in segment.logprobs)
         datum = trajectory_datum(segment, advantage=1.0)
@@ -99,8 +110,7 @@ def test_an_openai_agent_is_captured_token_for_token(stack, tool_model: ToolMode
             capture.fetch()
 
 
-def test_unknown_trajectories_and_versions_are_clear_errors(stack,
-                                                            tool_model: ToolModel) -> None:
+def test_unknown_trajectories_and_versions_are_clear_errors(stack, tool_model: ToolModel) -> None:
     url, key, _ = stack
     with LoomClient(url, key) as loom:
         capture = loom.capture(job_id=tool_model.job_id)
@@ -114,6 +124,9 @@ def test_unknown_trajectories_and_versions_are_clear_errors(stack,
         agent = openai.OpenAI(base_url=live.openai_base_url, api_key=key)
         with pytest.raises(openai.UnprocessableEntityError, match="cannot force a tool call"):
             agent.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "x"}], tools=[PYTHON_TOOL],
-                tool_choice="required")
+                model="m",
+                messages=[{"role": "user", "content": "x"}],
+                tools=[PYTHON_TOOL],
+                tool_choice="required",
+            )
         assert live.fetch().calls == []  # a refused call records nothing

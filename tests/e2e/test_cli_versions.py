@@ -29,16 +29,16 @@ def published(stack) -> str:
             job.forward_backward([sft_datum(prompt, answer)])
             job.optim_step(AdamParams(lr=1e-2))
             first = step == 0
-            job.save_weights(aliases=["best"] if first else [],
-                             metrics={"reward": 0.5} if first else {}).result()
+            job.save_weights(
+                aliases=["best"] if first else [], metrics={"reward": 0.5} if first else {}
+            ).result()
     return job.id
 
 
 def loom_cli(stack, *args: str) -> Result:
     url, key, _ = stack
     # Wide enough that tables keep each cell on one line.
-    return CliRunner().invoke(app, [*args, "--url", url, "--api-key", key],
-                              env={"COLUMNS": "250"})
+    return CliRunner().invoke(app, [*args, "--url", url, "--api-key", key], env={"COLUMNS": "250"})
 
 
 def test_list_show_and_compare(stack, published: str) -> None:
@@ -84,8 +84,9 @@ def test_alias_retention_and_a_refused_delete(stack, published: str) -> None:
     before = loom_cli(stack, "versions", "retention", published)
     assert before.exit_code == 0, before.output
     assert "(the store's default)" in before.output
-    kept = loom_cli(stack, "versions", "retention", published, "--keep-last", "1",
-                    "--keep-ancestors")
+    kept = loom_cli(
+        stack, "versions", "retention", published, "--keep-last", "1", "--keep-ancestors"
+    )
     assert kept.exit_code == 0, kept.output
     assert "keeps the newest 1 version and the ancestors of aliased versions;" in kept.output
     shown = loom_cli(stack, "versions", "retention", published)
@@ -96,8 +97,9 @@ def test_alias_retention_and_a_refused_delete(stack, published: str) -> None:
 
 def test_download_writes_the_version_as_stored(stack, published: str, tmp_path: Path) -> None:
     # `best` is kept whatever the retention test set (aliased versions always are).
-    result = loom_cli(stack, "versions", "download", published, str(tmp_path / "best"),
-                      "--ref", "best")
+    result = loom_cli(
+        stack, "versions", "download", published, str(tmp_path / "best"), "--ref", "best"
+    )
     assert result.exit_code == 0, result.output
     url, key, _ = stack
     with LoomClient(url, key) as loom:
@@ -106,13 +108,22 @@ def test_download_writes_the_version_as_stored(stack, published: str, tmp_path: 
     assert "adapter_model.safetensors" in result.output
 
 
-def test_unknown_job_ref_and_missing_gateway_exit_1_with_the_reason(stack,
-                                                                     published: str) -> None:
+def test_unknown_job_ref_and_missing_gateway_exit_1_with_the_reason(stack, published: str) -> None:
     unknown = loom_cli(stack, "versions", "list", "job_does_not_exist")
     assert unknown.exit_code == 1 and "job_does_not_exist" in unknown.output
     no_version = loom_cli(stack, "versions", "show", published, "9")
     assert no_version.exit_code == 1 and "no version 9" in no_version.output
 
-    nowhere = CliRunner().invoke(app, ["versions", "list", published, "--url",
-                                       f"http://127.0.0.1:{free_port()}", "--api-key", "k"])
+    nowhere = CliRunner().invoke(
+        app,
+        [
+            "versions",
+            "list",
+            published,
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+            "--api-key",
+            "k",
+        ],
+    )
     assert nowhere.exit_code == 1 and "No gateway answers" in nowhere.output

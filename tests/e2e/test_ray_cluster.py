@@ -20,14 +20,24 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_stack_on_a_two_node_ray_cluster_scales_rollout_without_losing_a_call(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
-    require(shutil.which("unshare") is not None and shutil.which("ip") is not None,
-            "unshare and ip (util-linux, iproute2): the scenario's private loopback network")
-    scenario = (f"ip link set lo up && exec {sys.executable} -m tests.support.ray_scenario "
-                f"{tmp_path} {tiny_model_dir}")
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    require(
+        shutil.which("unshare") is not None and shutil.which("ip") is not None,
+        "unshare and ip (util-linux, iproute2): the scenario's private loopback network",
+    )
+    scenario = (
+        f"ip link set lo up && exec {sys.executable} -m tests.support.ray_scenario "
+        f"{tmp_path} {tiny_model_dir}"
+    )
     try:
-        result = subprocess.run(["unshare", "--net", "sh", "-c", scenario], cwd=REPO,
-                                capture_output=True, text=True, timeout=1500)
+        result = subprocess.run(
+            ["unshare", "--net", "sh", "-c", scenario],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
     finally:
         # A scenario that failed half-way can leave services (and vLLM engines) behind, which
         # would slow every later test: whatever still runs on this test's data dir goes.
@@ -43,8 +53,10 @@ def test_the_stack_on_a_two_node_ray_cluster_scales_rollout_without_losing_a_cal
 def _failure(seen: dict, stderr: str) -> str:
     """The scenario's error first, then what it saw, then each log's tail."""
     logs = seen.pop("logs", {})
-    parts = [seen.pop("error", "(no error recorded: the scenario's stderr follows)"),
-             json.dumps(seen)]
+    parts = [
+        seen.pop("error", "(no error recorded: the scenario's stderr follows)"),
+        json.dumps(seen),
+    ]
     parts += [f"--- {name}\n{tail}" for name, tail in logs.items()]
     return "\n".join([*parts, "--- stderr", stderr[-3000:]])
 

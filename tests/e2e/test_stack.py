@@ -53,7 +53,7 @@ def test_samples_after_publish_carry_the_new_version(stack, mode: str) -> None:
         # (this catches a reload that leaves any layer, e.g. a tied LM head, on old weights).
         sampled = job.sample(prompt, params=SamplingParams(max_tokens=6, temperature=1.0))
         tokens = sampled.samples[0].token_ids
-        trained = job.forward([sft_datum(prompt, tokens)]).result().logprobs[0][len(prompt):]
+        trained = job.forward([sft_datum(prompt, tokens)]).result().logprobs[0][len(prompt) :]
         assert trained == pytest.approx(sampled.samples[0].logprobs, abs=2e-3)
 
         pinned = job.sample("12+7=", params=SamplingParams(max_tokens=4), version=0)
@@ -102,8 +102,8 @@ def test_version_lifecycle_through_the_sdk(stack, tmp_path: Path) -> None:
         ids = torch.tensor([prompt + answer])
         with torch.no_grad():
             logits = model(ids).logits[0, :-1].log_softmax(-1)
-        local = logits.gather(-1, ids[0, 1:, None])[len(prompt) - 1:, 0].tolist()
-        trained = job.forward([sft_datum(prompt, answer)]).result().logprobs[0][len(prompt):]
+        local = logits.gather(-1, ids[0, 1:, None])[len(prompt) - 1 :, 0].tolist()
+        trained = job.forward([sft_datum(prompt, answer)]).result().logprobs[0][len(prompt) :]
         assert local == pytest.approx(trained, abs=1e-3)
         with pytest.raises(NotFound, match="no version 9"):
             job.download(tmp_path / "nothing", 9)
@@ -129,19 +129,29 @@ def test_sandbox_sessions_and_registered_rewards_through_the_gateway(stack) -> N
         with loom.open_sandbox(job_id="e2e-tools") as sandbox:
             sandbox.write_files({"state.json": "[]", "raw.bin": b"\x00\x01"})
             for _ in range(3):
-                turn = sandbox.execute("import json\nstate = json.load(open('state.json'))\n"
-                                       "state.append(len(state))\n"
-                                       "json.dump(state, open('state.json', 'w'))\nprint(state)")
+                turn = sandbox.execute(
+                    "import json\nstate = json.load(open('state.json'))\n"
+                    "state.append(len(state))\n"
+                    "json.dump(state, open('state.json', 'w'))\nprint(state)"
+                )
             assert turn.stdout == "[0, 1, 2]\n", turn
             assert sandbox.read_files(["state.json", "raw.bin"]) == {
-                "state.json": b"[0, 1, 2]", "raw.bin": b"\x00\x01"}
+                "state.json": b"[0, 1, 2]",
+                "raw.bin": b"\x00\x01",
+            }
         with pytest.raises(NotFound):
             sandbox.execute("pass")  # closed with the block
 
-        loom.register_reward("short", "def reward(response, reference):\n"
-                                      "    return float(len(response) < 5)\n", job_id="e2e-tools")
-        scores = loom.score("python", [ScoreItem(response="abc"), ScoreItem(response="abcdefg")],
-                            {"function": "short", "job_id": "e2e-tools"}).scores
+        loom.register_reward(
+            "short",
+            "def reward(response, reference):\n    return float(len(response) < 5)\n",
+            job_id="e2e-tools",
+        )
+        scores = loom.score(
+            "python",
+            [ScoreItem(response="abc"), ScoreItem(response="abcdefg")],
+            {"function": "short", "job_id": "e2e-tools"},
+        ).scores
         assert [s.reward for s in scores] == [1.0, 0.0]
 
 
@@ -160,7 +170,9 @@ def test_grpo_improves_held_out_accuracy(stack, tmp_path: Path) -> None:
         # The admin's progress names the phase, on its own steps; the demo ended its job.
         progress = job.info.progress
         assert progress is not None and (progress.phase, progress.step) == (
-            "rl", DemoConfig().rl_steps)
+            "rl",
+            DemoConfig().rl_steps,
+        )
         assert job.info.status.value == "completed"
         assert {s.version for s in job.samples(limit=1000)} >= {result.curve[-1]["version"] - 1}
     versions = [point["version"] for point in result.curve]

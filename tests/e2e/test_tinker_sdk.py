@@ -32,8 +32,12 @@ def tinker_python() -> Path:
 
 def sdk_env(stack: tuple[str, str, Path]) -> dict[str, str]:
     url, key, _ = stack
-    return {"TINKER_BASE_URL": url, "TINKER_API_KEY": f"tml-{key}", "TINKER_TELEMETRY": "0",
-            "HF_HUB_OFFLINE": "1"}
+    return {
+        "TINKER_BASE_URL": url,
+        "TINKER_API_KEY": f"tml-{key}",
+        "TINKER_TELEMETRY": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def run(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
@@ -42,15 +46,20 @@ def run(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str,
 
 def tinker_cli(python: Path, stack: tuple[str, str, Path], *args: str) -> Any:
     """The `tinker` CLI of the SDK's virtualenv, its JSON output read back."""
-    done = subprocess.run([str(python.parent / "tinker"), "-f", "json", *args],
-                          env={**os.environ, **sdk_env(stack)}, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [str(python.parent / "tinker"), "-f", "json", *args],
+        env={**os.environ, **sdk_env(stack)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
     return json.loads(done.stdout) if done.stdout.strip() else None
 
 
 def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
-        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    tinker_python: Path, stack: tuple[str, str, Path]
+) -> None:
     *steps, final = run(tinker_python, "supervised.py", stack)
     losses = [step["loss"] for step in steps]
     assert len(losses) == 25 and all(math.isfinite(x) for x in losses)
@@ -72,35 +81,38 @@ def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
 
 
 def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
-        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    tinker_python: Path, stack: tuple[str, str, Path]
+) -> None:
     *iterations, final = run(tinker_python, "rl.py", stack)
     assert len(iterations) == 4
     first = iterations[0]
     # The trainer's logprobs of the sampled tokens, before any step, are the sampler's: the
     # tokens line up and both run the same weights.
-    for sampled, trained in zip(first["sampler_logprobs"], first["trainer_logprobs"],
-                                strict=True):
+    for sampled, trained in zip(first["sampler_logprobs"], first["trainer_logprobs"], strict=True):
         assert trained == pytest.approx(sampled, abs=2e-3)
     assert all(math.isfinite(i["loss"]) for i in iterations)
     url, key, _ = stack
     jobs = httpx2.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
-    (job_id,) = [j["id"] for j in jobs["jobs"]
-                 if j["config"].get("tinker_model_id") == final["model_id"]]
+    (job_id,) = [
+        j["id"] for j in jobs["jobs"] if j["config"].get("tinker_model_id") == final["model_id"]
+    ]
     with LoomClient(url, key) as loom:
         # the first sampler, then one version per iteration, each sampled by the next round
         assert loom.get_job(job_id).version("latest").number == 5
 
 
 def test_tokenizer_top_k_logprobs_cispo_dro_and_custom_losses(
-        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    tinker_python: Path, stack: tuple[str, str, Path]
+) -> None:
     tokenizer, sampled, forwards, trained, custom = run(tinker_python, "losses.py", stack)
     # get_tokenizer loads the base model's directory on this host: nothing from a hub
     assert (Path(tokenizer["tokenizer"]) / "config.json").exists()
     assert tokenizer["round_trip"] == "12+34="
     # Greedy: each sampled token is its position's most likely one, with the same logprob;
     # every row holds k = 3 tokens, most likely first.
-    for token, logprob, row in zip(sampled["tokens"], sampled["logprobs"], sampled["top"],
-                                   strict=True):
+    for token, logprob, row in zip(
+        sampled["tokens"], sampled["logprobs"], sampled["top"], strict=True
+    ):
         assert len(row) == 3 and row[0][0] == token
         assert row[0][1] == pytest.approx(logprob, abs=1e-4)
         assert row[0][1] >= row[1][1] >= row[2][1]
@@ -113,18 +125,23 @@ def test_tokenizer_top_k_logprobs_cispo_dro_and_custom_losses(
     old, advantages = forwards["old"], forwards["advantages"]
 
     def cispo(low: float, high: float, logprobs: list[float]) -> float:
-        return -sum(min(max(math.exp(lp - o), low), high) * lp * a
-                    for lp, o, a in zip(logprobs, old, advantages, strict=True))
+        return -sum(
+            min(max(math.exp(lp - o), low), high) * lp * a
+            for lp, o, a in zip(logprobs, old, advantages, strict=True)
+        )
 
     def dro(beta: float, logprobs: list[float]) -> float:
-        return -sum(lp * a - 0.5 * beta * (lp - o) ** 2
-                    for lp, o, a in zip(logprobs, old, advantages, strict=True))
+        return -sum(
+            lp * a - 0.5 * beta * (lp - o) ** 2
+            for lp, o, a in zip(logprobs, old, advantages, strict=True)
+        )
 
     tolerance = {"rel": 1e-4, "abs": 1e-4}
     at = {name: forwards[name]["logprobs"] for name in ("cispo", "cispo_clipped", "dro")}
     assert forwards["cispo"]["loss"] == pytest.approx(cispo(0.0, 4.0, at["cispo"]), **tolerance)
     assert forwards["cispo_clipped"]["loss"] == pytest.approx(
-        cispo(0.5, 1.5, at["cispo_clipped"]), **tolerance)
+        cispo(0.5, 1.5, at["cispo_clipped"]), **tolerance
+    )
     assert forwards["cispo"]["loss"] != pytest.approx(forwards["cispo_clipped"]["loss"])
     assert forwards["dro"]["loss"] == pytest.approx(dro(0.1, at["dro"]), **tolerance)
     # forward_backward computes the same loss (dro at the SDK's default beta, 0.05) and trains
@@ -138,7 +155,8 @@ def test_tokenizer_top_k_logprobs_cispo_dro_and_custom_losses(
 
 
 def test_saved_state_loads_back_with_and_without_the_optimizer_and_seeds_new_clients(
-        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    tinker_python: Path, stack: tuple[str, str, Path]
+) -> None:
     (seen,) = run(tinker_python, "checkpoints.py", stack)
     model_id, path = seen["model_id"], seen["path"]
     assert path == f"tinker://{model_id}/weights/after-3"
@@ -156,8 +174,10 @@ def test_saved_state_loads_back_with_and_without_the_optimizer_and_seeds_new_cli
     assert seen["resumed_stepped"] == pytest.approx(seen["one_step_on"], **same)
     assert seen["fresh_stepped"] == pytest.approx(seen["stepped_weights_only"], **same)
     assert "never reused" in seen["reused"]
-    assert seen["listed"] == [["weights/after-3", "training", path],
-                              ["sampler_weights/final", "sampler", seen["sampler_path"]]]
+    assert seen["listed"] == [
+        ["weights/after-3", "training", path],
+        ["sampler_weights/final", "sampler", seen["sampler_path"]],
+    ]
     assert seen["info"] == {"base_model": "loom/tiny", "lora_rank": 8}
     assert seen["after_delete"] == ["weights/after-3", "sampler_weights/final"]
     url, key, _ = stack
@@ -171,23 +191,48 @@ def test_bad_tinker_requests_get_clear_client_errors(stack: tuple[str, str, Path
     api = f"{url}/api/v1"
     auth = {"X-API-Key": f"tml-{key}"}
     assert httpx2.post(f"{api}/create_session", json={}).status_code == 401
-    assert httpx2.post(f"{api}/create_session", json={},
-                       headers={"X-API-Key": "tml-not-a-key"}).status_code == 401
+    assert (
+        httpx2.post(
+            f"{api}/create_session", json={}, headers={"X-API-Key": "tml-not-a-key"}
+        ).status_code
+        == 401
+    )
     session = httpx2.post(f"{api}/create_session", json={}, headers=auth).json()["session_id"]
-    created = httpx2.post(f"{api}/create_model", headers=auth, json={
-        "session_id": session, "model_seq_id": 0, "base_model": "loom/tiny"}).json()
-    retrieved = httpx2.post(f"{api}/retrieve_future", headers=auth, timeout=60,
-                            json={"request_id": created["request_id"]}).json()
+    created = httpx2.post(
+        f"{api}/create_model",
+        headers=auth,
+        json={"session_id": session, "model_seq_id": 0, "base_model": "loom/tiny"},
+    ).json()
+    retrieved = httpx2.post(
+        f"{api}/retrieve_future",
+        headers=auth,
+        timeout=60,
+        json={"request_id": created["request_id"]},
+    ).json()
     assert retrieved["model_id"] == created["model_id"]
     cases = [
         ("forward_backward", {"content": b"\xff\x00 not protobuf"}, 422, "ForwardBackward"),
         ("forward_backward", {"content": b"\0" * (65 << 20)}, 413, "MiB"),
-        ("optim_step", {"json": {"model_id": created["model_id"], "seq_id": 1,
-                                 "adam_params": {"learning_rate": 5.0}}}, 422, "lr"),
+        (
+            "optim_step",
+            {
+                "json": {
+                    "model_id": created["model_id"],
+                    "seq_id": 1,
+                    "adam_params": {"learning_rate": 5.0},
+                }
+            },
+            422,
+            "lr",
+        ),
         ("optim_step", {"json": {"model_id": "nope:train:0", "seq_id": 1}}, 404, "nope"),
         ("create_model", {"json": {"session_id": session}}, 422, "model_seq_id"),
-        ("asample", {"json": {"sampling_session_id": "nope:sample:0",
-                              "prompt": {"chunks": []}}}, 404, "nope"),
+        (
+            "asample",
+            {"json": {"sampling_session_id": "nope:sample:0", "prompt": {"chunks": []}}},
+            404,
+            "nope",
+        ),
         ("retrieve_future", {"json": {"request_id": "req-unknown"}}, 404, "req-unknown"),
     ]
     for call, body, status, words in cases:
@@ -197,7 +242,8 @@ def test_bad_tinker_requests_get_clear_client_errors(stack: tuple[str, str, Path
 
 
 def test_a_refused_call_leaves_the_clients_next_calls_free(
-        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    tinker_python: Path, stack: tuple[str, str, Path]
+) -> None:
     """Before, the refused call's seq_id was never used, and every later call on the model
     failed after waiting 60 s for it: here they succeed (an lr=0 warm-up step included)."""
     (seen,) = run(tinker_python, "refused.py", stack)
@@ -206,15 +252,24 @@ def test_a_refused_call_leaves_the_clients_next_calls_free(
 
 
 def test_rest_calls_ttls_base_model_checks_and_the_tinker_cli(
-        tinker_python: Path, stack: tuple[str, str, Path]) -> None:
+    tinker_python: Path, stack: tuple[str, str, Path]
+) -> None:
     (seen,) = run(tinker_python, "rest.py", stack)
     model_id, kept, short, sampler = (seen[k] for k in ("model_id", "kept", "short", "sampler"))
     assert ["loom/tiny", True, True] in seen["models"]
     for refused in ("unserved_training", "unserved_sampling"):
         assert "'Qwen/Qwen3-8B'" in (seen[refused] or "") and "loom/tiny" in seen[refused], (
-            refused, seen)
-    assert seen["run"] == {"id": model_id, "base_model": "loom/tiny", "is_lora": True,
-                           "lora_rank": 4, "corrupted": False, "last_sampler": sampler}
+            refused,
+            seen,
+        )
+    assert seen["run"] == {
+        "id": model_id,
+        "base_model": "loom/tiny",
+        "is_lora": True,
+        "lora_rank": 4,
+        "corrupted": False,
+        "last_sampler": sampler,
+    }
     assert seen["run_by_path"] == model_id
     assert model_id in seen["runs"]["ids"] and seen["runs"]["total"] >= 1
     # every checkpoint with a TTL says when it expires
@@ -228,8 +283,12 @@ def test_rest_calls_ttls_base_model_checks_and_the_tinker_cli(
     assert "No checkpoint 'short'" in seen["load_expired"] and seen["next_call_ran"]
 
     cli = functools.partial(tinker_cli, tinker_python, stack)
-    assert {"model_name": "loom/tiny", "max_context_length": None, "trainable": True,
-            "sampleable": True} in cli("model", "list")["models"]
+    assert {
+        "model_name": "loom/tiny",
+        "max_context_length": None,
+        "trainable": True,
+        "sampleable": True,
+    } in cli("model", "list")["models"]
     assert model_id in [r["training_run_id"] for r in cli("run", "list")["runs"]]
     assert cli("run", "info", model_id)["lora_rank"] == 4
     by_run = cli("checkpoint", "list", "--run-id", model_id)["checkpoints"]
@@ -237,8 +296,11 @@ def test_rest_calls_ttls_base_model_checks_and_the_tinker_cli(
     assert {kept, sampler} <= {c["tinker_path"] for c in cli("checkpoint", "list")["checkpoints"]}
     assert cli("checkpoint", "info", kept)["checkpoint_id"] == "weights/kept"
     cli("checkpoint", "set-ttl", kept, "--remove")
-    (info,) = [c for c in cli("checkpoint", "list", "--run-id", model_id)["checkpoints"]
-               if c["tinker_path"] == kept]
+    (info,) = [
+        c
+        for c in cli("checkpoint", "list", "--run-id", model_id)["checkpoints"]
+        if c["tinker_path"] == kept
+    ]
     assert info["expires_at"] is None
     assert cli("checkpoint", "delete", kept, "-y") == {"deleted_count": 1, "failed": []}
     after = cli("checkpoint", "list", "--run-id", model_id)["checkpoints"]

@@ -28,13 +28,21 @@ def weaver_python() -> Path:
 
 def run(python: Path, name: str, stack: tuple[str, str, Path]) -> list[dict[str, Any]]:
     url, key, _ = stack
-    return run_script(python, SCRIPTS / name, {
-        "WEAVER_BASE_URL": f"{url}/weaver", "WEAVER_API_KEY": key, "HF_HUB_OFFLINE": "1",
-        "WEAVER_OPERATION_POLL_INTERVAL": "0.05"})
+    return run_script(
+        python,
+        SCRIPTS / name,
+        {
+            "WEAVER_BASE_URL": f"{url}/weaver",
+            "WEAVER_API_KEY": key,
+            "HF_HUB_OFFLINE": "1",
+            "WEAVER_OPERATION_POLL_INTERVAL": "0.05",
+        },
+    )
 
 
 def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
-        weaver_python: Path, stack: tuple[str, str, Path]) -> None:
+    weaver_python: Path, stack: tuple[str, str, Path]
+) -> None:
     *steps, final = run(weaver_python, "supervised.py", stack)
     losses = [step["loss"] for step in steps]
     assert len(losses) == 25 and all(math.isfinite(x) for x in losses)
@@ -64,7 +72,8 @@ def test_supervised_loop_lowers_the_loss_and_the_sampler_serves_the_new_weights(
 
 
 def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
-        weaver_python: Path, stack: tuple[str, str, Path]) -> None:
+    weaver_python: Path, stack: tuple[str, str, Path]
+) -> None:
     *iterations, final = run(weaver_python, "rl.py", stack)
     assert len(iterations) == 4
     # The first sampler is version 1 (the untrained adapter), then one version per iteration.
@@ -72,8 +81,7 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
     first = iterations[0]
     # The trainer's logprobs of the sampled tokens, before any step, are the sampler's: the
     # tokens line up and both run the same weights.
-    for sampled, trained in zip(first["sampler_logprobs"], first["trainer_logprobs"],
-                                strict=True):
+    for sampled, trained in zip(first["sampler_logprobs"], first["trainer_logprobs"], strict=True):
         assert trained == pytest.approx(sampled, abs=2e-3)
     assert all(math.isfinite(i["loss"]) for i in iterations)
     model_id = final["model_id"]
@@ -85,7 +93,8 @@ def test_rl_loop_trains_on_its_samples_and_samples_each_new_version(
 
 
 def test_full_fine_tuning_trains_every_weight_and_the_sampler_serves_them(
-        weaver_python: Path, stack: tuple[str, str, Path]) -> None:
+    weaver_python: Path, stack: tuple[str, str, Path]
+) -> None:
     (seen,) = run(weaver_python, "full_ft.py", stack)
     losses = seen["losses"]
     assert losses[-1] < 0.85 * losses[0], losses
@@ -101,7 +110,8 @@ def test_full_fine_tuning_trains_every_weight_and_the_sampler_serves_them(
 
 
 def test_custom_losses_cispo_dro_and_top_k_prompt_logprobs(
-        weaver_python: Path, stack: tuple[str, str, Path]) -> None:
+    weaver_python: Path, stack: tuple[str, str, Path]
+) -> None:
     custom, prompt, policy = run(weaver_python, "custom.py", stack)
     # forward_backward_custom: the client's loss falls as the surrogate carries its gradient
     losses = custom["custom_losses"]
@@ -122,7 +132,8 @@ def test_custom_losses_cispo_dro_and_top_k_prompt_logprobs(
 
 
 def test_saved_state_loads_back_with_and_without_the_optimizer_and_into_another_model(
-        weaver_python: Path, stack: tuple[str, str, Path]) -> None:
+    weaver_python: Path, stack: tuple[str, str, Path]
+) -> None:
     (seen,) = run(weaver_python, "checkpoints.py", stack)
     path = seen["path"]
     assert path == f"weaver://{seen['model_id']}/checkpoints/after-3"
@@ -143,55 +154,122 @@ def test_saved_state_loads_back_with_and_without_the_optimizer_and_into_another_
 
 
 def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
-        stack: tuple[str, str, Path]) -> None:
+    stack: tuple[str, str, Path],
+) -> None:
     url, key, _ = stack
     api = f"{url}/weaver/api/v1"
     auth = {"X-WEAVER-API-KEY": key}
     missing = httpx2.post(f"{api}/sessions", json={})
     assert missing.status_code == 401 and missing.json()["error"] == "unauthorized"
-    assert httpx2.post(f"{api}/sessions", json={},
-                       headers={"X-WEAVER-API-KEY": "sk-not-a-key"}).status_code == 401
+    assert (
+        httpx2.post(
+            f"{api}/sessions", json={}, headers={"X-WEAVER-API-KEY": "sk-not-a-key"}
+        ).status_code
+        == 401
+    )
     session = httpx2.post(f"{api}/sessions", json={}, headers=auth).json()["id"]
-    model = httpx2.post(f"{api}/sessions/{session}/models", headers=auth, timeout=60, json={
-        "model_seq_id": 1, "base_model": "loom/tiny", "lora_config": {"rank": 4}}).json()["id"]
-    datum = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
-             "loss_fn_inputs": {"target_tokens": {"data": [6, 7, 8], "dtype": "int64"}}}
+    model = httpx2.post(
+        f"{api}/sessions/{session}/models",
+        headers=auth,
+        timeout=60,
+        json={"model_seq_id": 1, "base_model": "loom/tiny", "lora_config": {"rank": 4}},
+    ).json()["id"]
+    datum = {
+        "model_input": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
+        "loss_fn_inputs": {"target_tokens": {"data": [6, 7, 8], "dtype": "int64"}},
+    }
 
     def passes(**fields: Any) -> dict[str, Any]:
-        payload = {"model_id": model, "seq_id": 1, "forward_backward_input": {
-            "loss_fn": "cross_entropy", "data": [datum]}} | fields
+        payload = {
+            "model_id": model,
+            "seq_id": 1,
+            "forward_backward_input": {"loss_fn": "cross_entropy", "data": [datum]},
+        } | fields
         return {"json": {"payload": payload}}
 
     wrong_targets = {**datum, "loss_fn_inputs": {"target_tokens": [9, 9, 9]}}
     cases = [
-        ("post", f"models/{model}/forward-backward-passes",
-         passes(forward_backward_input={"loss_fn": "dpo", "data": [datum]}), 422,
-         "'dpo' is not served"),
-        ("post", f"models/{model}/forward-backward-passes",
-         passes(forward_backward_input={"loss_fn": "cross_entropy", "data": [wrong_targets]}),
-         422, "shifted by one"),
-        ("post", f"models/{model}/forward-backward-passes", passes(model_id="other"), 422,
-         "payload.model_id"),
-        ("post", "models/job-nope/optimizer-steps",
-         {"json": {"payload": {"model_id": "job-nope", "seq_id": 1}}}, 404, "job-nope"),
-        ("post", f"models/{model}/optimizer-steps",
-         {"json": {"payload": {"model_id": model, "seq_id": 1,
-                               "adam_params": {"learning_rate": 5.0}}}}, 422, "lr"),
-        ("post", f"sessions/{session}/models", {"json": {"base_model": "loom/tiny"}}, 422,
-         "model_seq_id"),
-        ("post", f"models/{model}/load", {"json": {"path": "s3://elsewhere"}}, 422,
-         "weaver://"),
-        ("post", "sampling-sessions/nope/samples", {"json": {"prompt": {"chunks": []}}}, 404,
-         "nope"),
-        ("post", "sampling-sessions/nope/logprobs", {"json": {"prompt": {"chunks": []}}}, 404,
-         "nope"),
+        (
+            "post",
+            f"models/{model}/forward-backward-passes",
+            passes(forward_backward_input={"loss_fn": "dpo", "data": [datum]}),
+            422,
+            "'dpo' is not served",
+        ),
+        (
+            "post",
+            f"models/{model}/forward-backward-passes",
+            passes(forward_backward_input={"loss_fn": "cross_entropy", "data": [wrong_targets]}),
+            422,
+            "shifted by one",
+        ),
+        (
+            "post",
+            f"models/{model}/forward-backward-passes",
+            passes(model_id="other"),
+            422,
+            "payload.model_id",
+        ),
+        (
+            "post",
+            "models/job-nope/optimizer-steps",
+            {"json": {"payload": {"model_id": "job-nope", "seq_id": 1}}},
+            404,
+            "job-nope",
+        ),
+        (
+            "post",
+            f"models/{model}/optimizer-steps",
+            {
+                "json": {
+                    "payload": {
+                        "model_id": model,
+                        "seq_id": 1,
+                        "adam_params": {"learning_rate": 5.0},
+                    }
+                }
+            },
+            422,
+            "lr",
+        ),
+        (
+            "post",
+            f"sessions/{session}/models",
+            {"json": {"base_model": "loom/tiny"}},
+            422,
+            "model_seq_id",
+        ),
+        ("post", f"models/{model}/load", {"json": {"path": "s3://elsewhere"}}, 422, "weaver://"),
+        (
+            "post",
+            "sampling-sessions/nope/samples",
+            {"json": {"prompt": {"chunks": []}}},
+            404,
+            "nope",
+        ),
+        (
+            "post",
+            "sampling-sessions/nope/logprobs",
+            {"json": {"prompt": {"chunks": []}}},
+            404,
+            "nope",
+        ),
         ("post", f"models/{model}/deployments", {"json": {}}, 404, "does not serve"),
         ("get", "operations/op-unknown", {}, 404, "op-unknown"),
-        ("post", f"models/{model}/forward-backward-passes", {"content": b"\0" * (65 << 20)},
-         413, "MiB"),
-        ("post", f"models/{model}/forward-backward-passes",
-         {"content": b"--x\r\n", "headers": {**auth, "Content-Type": "multipart/mixed"}},
-         422, "http-binary"),
+        (
+            "post",
+            f"models/{model}/forward-backward-passes",
+            {"content": b"\0" * (65 << 20)},
+            413,
+            "MiB",
+        ),
+        (
+            "post",
+            f"models/{model}/forward-backward-passes",
+            {"content": b"--x\r\n", "headers": {**auth, "Content-Type": "multipart/mixed"}},
+            422,
+            "http-binary",
+        ),
     ]
     for method, path, body, status, words in cases:
         body = {"headers": auth, **body}
@@ -201,22 +279,26 @@ def test_bad_weaver_requests_get_clear_errors_in_the_sdks_shape(
         assert words in error["message"], (path, response.text[:300])
         assert error["retryable"] is False and isinstance(error["error"], str)
     # Nothing half-made: the model still takes its first call.
-    fine = httpx2.post(f"{api}/models/{model}/forward-backward-passes", headers=auth,
-                       timeout=60, **passes())
+    fine = httpx2.post(
+        f"{api}/models/{model}/forward-backward-passes", headers=auth, timeout=60, **passes()
+    )
     assert fine.status_code == 200 and fine.json()["status"] in {"pending", "done"}
     done = httpx2.get(f"{api}/operations/{fine.json()['id']}", headers=auth, timeout=60).json()
     assert done["status"] == "done" and done["response"]["metrics"]["loss:sum"] > 0
 
 
-def test_listing_calls_ttls_and_base_model_checks(weaver_python: Path,
-                                                  stack: tuple[str, str, Path]) -> None:
+def test_listing_calls_ttls_and_base_model_checks(
+    weaver_python: Path, stack: tuple[str, str, Path]
+) -> None:
     (seen,) = run(weaver_python, "listing.py", stack)
     model_id = seen["model_id"]
     assert "loom/tiny" in seen["names"]
     assert ["loom/tiny", ["lora", "full_ft"], "0"] in seen["detailed"]  # priced at 0
     for refused in ("unserved_training", "unserved_sampling"):
         assert "'Qwen/Qwen3-8B'" in (seen[refused] or "") and "loom/tiny" in seen[refused], (
-            refused, seen)
+            refused,
+            seen,
+        )
     assert seen["short"]["ttl"] in (1, 2) and seen["short"]["expires"]
     assert model_id in seen["models"]["ids"] and seen["models"]["total"] >= 1
     assert [model_id, "loom/tiny", "lora", {"rank": 4}] in seen["runs"]

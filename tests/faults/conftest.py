@@ -41,8 +41,11 @@ class Deployment:
 
     def client(self) -> httpx2.Client:
         key = (self.settings.data_dir / "admin_key").read_text().strip()
-        return httpx2.Client(base_url=self.settings.gateway_url, timeout=30,
-                             headers={"Authorization": f"Bearer {key}"})
+        return httpx2.Client(
+            base_url=self.settings.gateway_url,
+            timeout=30,
+            headers={"Authorization": f"Bearer {key}"},
+        )
 
 
 def crash(stack: SupervisionThread) -> None:
@@ -82,9 +85,14 @@ def deployment(tmp_path: Path, postgres_template: str) -> Iterator[Deployment]:
         urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES}
         settings = LoomSettings(data_dir=tmp_path / "data", database_url=database_url, **urls)
         queue = f"loom-faults-{os.getpid()}-{free_port()}"
-        env = {"LOOM_WORKER_BROKER_URL": WORKER_REDIS_URL, "LOOM_WORKER_QUEUE": queue,
-               "LOOM_WORKER_REDIS_PREFIX": f"{queue}:", "LOOM_WORKER_VISIBILITY_TIMEOUT_S": "5",
-               "LOOM_WORKER_HEARTBEAT_S": "1", "LOOM_WORKER_RETRY_BACKOFF_S": "0.5"}
+        env = {
+            "LOOM_WORKER_BROKER_URL": WORKER_REDIS_URL,
+            "LOOM_WORKER_QUEUE": queue,
+            "LOOM_WORKER_REDIS_PREFIX": f"{queue}:",
+            "LOOM_WORKER_VISIBILITY_TIMEOUT_S": "5",
+            "LOOM_WORKER_HEARTBEAT_S": "1",
+            "LOOM_WORKER_RETRY_BACKOFF_S": "0.5",
+        }
         try:
             yield Deployment(settings, env)
         finally:

@@ -21,16 +21,24 @@ USED = ("modelstate", "trainer", "gateway", "worker")
 STEPS, EVERY = 240, 10
 KILLS = {60: "trainer", 120: "modelstate", 180: "worker"}  # at progress step -> service
 DATA = [{"input_ids": list(range(3, 3 + 24)), "loss_mask": [0] * 4 + [1] * 20}] * 4
-SFT = {"recipe": "sft", "config": {"data": DATA, "steps": STEPS, "checkpoint_every": EVERY,
-                                   "batch_size": 4, "adam": {"lr": 0.01}}}
+SFT = {
+    "recipe": "sft",
+    "config": {
+        "data": DATA,
+        "steps": STEPS,
+        "checkpoint_every": EVERY,
+        "batch_size": 4,
+        "adam": {"lr": 0.01},
+    },
+}
 
 
-def test_a_managed_run_finishes_through_a_kill_of_each_service(
-        deployment: Deployment) -> None:
+def test_a_managed_run_finishes_through_a_kill_of_each_service(deployment: Deployment) -> None:
     with deployment.supervise(USED) as stack, deployment.client() as http:
         job = http.post("/v1/jobs", json={"base_model": "loom/tiny", "mode": "lora"}).json()
-        task = http.post(f"/v1/jobs/{job['id']}/tasks",
-                         json={"kind": "recipe", "params": SFT}).json()
+        task = http.post(
+            f"/v1/jobs/{job['id']}/tasks", json={"kind": "recipe", "params": SFT}
+        ).json()
         pending, killed_at = dict(KILLS), {}
         deadline = time.monotonic() + 600
         seen: dict[str, Any] = {}
@@ -49,8 +57,12 @@ def test_a_managed_run_finishes_through_a_kill_of_each_service(
                     os.killpg(stack.service(name).pid, signal.SIGKILL)
                     killed_at[name] = time.monotonic()
             time.sleep(0.2)
-        assert seen.get("status") == "succeeded", (str(seen.get("error")), seen.get("attempts"),
-                                                   seen.get("progress"), killed_at)
+        assert seen.get("status") == "succeeded", (
+            str(seen.get("error")),
+            seen.get("attempts"),
+            seen.get("progress"),
+            killed_at,
+        )
         assert not pending, f"the run ended before {pending} could be killed"
         assert published_steps(http, job["id"]) == list(range(EVERY, STEPS + 1, EVERY))
         assert http.get(f"/v1/jobs/{job['id']}").json()["status"] == "completed"

@@ -28,14 +28,26 @@ from tests.faults.test_managed_run_survives_kills import DATA, USED
 from tests.support.tcp_proxy import tcp_proxy
 
 STEPS, EVERY = 120, 5
-SFT = {"recipe": "sft", "config": {"data": DATA, "steps": STEPS, "checkpoint_every": EVERY,
-                                   "batch_size": 4, "adam": {"lr": 0.01}}}
+SFT = {
+    "recipe": "sft",
+    "config": {
+        "data": DATA,
+        "steps": STEPS,
+        "checkpoint_every": EVERY,
+        "batch_size": 4,
+        "adam": {"lr": 0.01},
+    },
+}
 DROPS, DROP_EVERY_S = 30, 0.33  # 30 dropped connections over ~10 s
 OUTAGES = (15, 30, 45, 60, 75, 90)  # progress steps at which modelstate is killed
 
 
-def _finished(deployment: Deployment, task_id: str, stack: SupervisionThread,
-              on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+def _finished(
+    deployment: Deployment,
+    task_id: str,
+    stack: SupervisionThread,
+    on_step: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Poll the task until it ends, calling `on_step(step)` on each progress seen."""
     deadline = time.monotonic() + 600
     with deployment.client() as http:
@@ -50,8 +62,9 @@ def _finished(deployment: Deployment, task_id: str, stack: SupervisionThread,
 def _start(deployment: Deployment) -> tuple[str, str]:
     with deployment.client() as http:
         job = http.post("/v1/jobs", json={"base_model": "loom/tiny", "mode": "lora"}).json()
-        task = http.post(f"/v1/jobs/{job['id']}/tasks",
-                         json={"kind": "recipe", "params": SFT}).json()
+        task = http.post(
+            f"/v1/jobs/{job['id']}/tasks", json={"kind": "recipe", "params": SFT}
+        ).json()
     return job["id"], task["id"]
 
 
@@ -64,12 +77,17 @@ def _check_done(deployment: Deployment, job_id: str, seen: dict[str, Any]) -> No
 
 
 def test_a_managed_run_finishes_through_dropped_database_connections(
-        deployment: Deployment) -> None:
+    deployment: Deployment,
+) -> None:
     url = deployment.settings.database_url
     assert url is not None and ":5432/" in url, url
     with tcp_proxy("127.0.0.1", 5432) as proxy:
-        proxied = Deployment(deployment.settings.model_copy(
-            update={"database_url": url.replace(":5432/", f":{proxy.port}/")}), deployment.env)
+        proxied = Deployment(
+            deployment.settings.model_copy(
+                update={"database_url": url.replace(":5432/", f":{proxy.port}/")}
+            ),
+            deployment.env,
+        )
         with proxied.supervise(USED) as stack:
             job_id, task_id = _start(proxied)
             dropped: list[float] = []
@@ -94,7 +112,8 @@ def test_a_managed_run_finishes_through_dropped_database_connections(
 
 
 def test_a_managed_run_finishes_through_six_short_outages_of_one_service(
-        deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The supervisor stops the stack at its 5th death in 10 minutes (a crash loop) and doubles
     # its backoff per death: here, six deaths are the point, each a short outage.
     monkeypatch.setattr(supervisor, "MAX_DEATHS", len(OUTAGES) + 1)
@@ -112,8 +131,12 @@ def test_a_managed_run_finishes_through_six_short_outages_of_one_service(
                 killed_at = 0.0
             # Another kill only once the run has made progress since the last one (a
             # checkpoint starts the retry count again) and the whole stack is ready.
-            if pending and step >= pending[0] and not killed_at and all(
-                    stack.service(name).state == "ready" for name in USED):
+            if (
+                pending
+                and step >= pending[0]
+                and not killed_at
+                and all(stack.service(name).state == "ready" for name in USED)
+            ):
                 pending.pop(0)
                 os.killpg(service.pid, signal.SIGKILL)
                 killed_at = time.monotonic()

@@ -18,17 +18,29 @@ from tests.faults.conftest import (
 
 USED = ("modelstate", "trainer", "rollout", "reward", "gateway", "worker")
 RL_STEPS, KILL_AT = 8, 4  # steps 1 (the SFT check) .. 1 + RL_STEPS, each a version
-GRPO = {"recipe": "arith_grpo", "config": {
-    "held_out": 4, "validation": 4, "sft_min_steps": 1, "sft_check_every": 1,
-    "sft_max_steps": 1, "sft_batch": 4, "rl_steps": RL_STEPS, "prompts_per_step": 2,
-    "group_size": 2, "eval_every": RL_STEPS}}
+GRPO = {
+    "recipe": "arith_grpo",
+    "config": {
+        "held_out": 4,
+        "validation": 4,
+        "sft_min_steps": 1,
+        "sft_check_every": 1,
+        "sft_max_steps": 1,
+        "sft_batch": 4,
+        "rl_steps": RL_STEPS,
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "eval_every": RL_STEPS,
+    },
+}
 
 
 def test_a_managed_run_waits_through_a_rollout_restart(deployment: Deployment) -> None:
     with deployment.supervise(USED) as stack, deployment.client() as http:
         job = http.post("/v1/jobs", json={"base_model": "loom/tiny", "mode": "lora"}).json()
-        task = http.post(f"/v1/jobs/{job['id']}/tasks",
-                         json={"kind": "recipe", "params": GRPO}).json()
+        task = http.post(
+            f"/v1/jobs/{job['id']}/tasks", json={"kind": "recipe", "params": GRPO}
+        ).json()
         killed = False
         deadline = time.monotonic() + 600
         while (seen := task_of(http, task["id"]) or {}).get("status") not in DONE:

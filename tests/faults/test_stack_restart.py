@@ -18,15 +18,24 @@ from tests.faults.conftest import (
 from tests.faults.test_managed_run_survives_kills import DATA, USED
 
 STEPS, EVERY, KILL_AT = 60, 10, 20
-SFT = {"recipe": "sft", "config": {"data": DATA, "steps": STEPS, "checkpoint_every": EVERY,
-                                   "batch_size": 4, "adam": {"lr": 0.01}}}
+SFT = {
+    "recipe": "sft",
+    "config": {
+        "data": DATA,
+        "steps": STEPS,
+        "checkpoint_every": EVERY,
+        "batch_size": 4,
+        "adam": {"lr": 0.01},
+    },
+}
 
 
 def test_a_managed_run_resumes_after_the_whole_stack_restarts(deployment: Deployment) -> None:
     with deployment.supervise(USED) as stack, deployment.client() as http:
         job = http.post("/v1/jobs", json={"base_model": "loom/tiny", "mode": "lora"}).json()
-        task = http.post(f"/v1/jobs/{job['id']}/tasks",
-                         json={"kind": "recipe", "params": SFT}).json()
+        task = http.post(
+            f"/v1/jobs/{job['id']}/tasks", json={"kind": "recipe", "params": SFT}
+        ).json()
         deadline = time.monotonic() + 300
         while ((task_of(http, task["id"]) or {}).get("progress") or {}).get("step", 0) < KILL_AT:
             assert time.monotonic() < deadline and stack.error is None, stack.error

@@ -66,11 +66,16 @@ class Bait:
 
     def fill(self, code: str) -> str:
         """A hostile program's code with the bait's whereabouts filled in."""
-        for name, value in {"SECRET_FILE": self.secret_file, "TCP_PORT": self.tcp_port,
-                            "UDP_PORT": self.udp_port, "UNIX_SOCKET": self.unix_path,
-                            "POSTGRES_SOCKET": POSTGRES_SOCKET,
-                            "WORLD_READABLE": [str(p) for p in self.world_readable],
-                            "HOST_PID": self.host_process.pid, "MARKER": self.marker}.items():
+        for name, value in {
+            "SECRET_FILE": self.secret_file,
+            "TCP_PORT": self.tcp_port,
+            "UDP_PORT": self.udp_port,
+            "UNIX_SOCKET": self.unix_path,
+            "POSTGRES_SOCKET": POSTGRES_SOCKET,
+            "WORLD_READABLE": [str(p) for p in self.world_readable],
+            "HOST_PID": self.host_process.pid,
+            "MARKER": self.marker,
+        }.items():
             code = code.replace(f"@{name}@", str(value))
         return code
 
@@ -105,14 +110,15 @@ def bait() -> Iterator[Bait]:
     for sock in (tcp, udp, unix):
         sock.setblocking(False)
     # World-readable, outside anything a sandbox is given: the project, /var, the host's /tmp.
-    world_readable = [directory / "world-readable.txt"
-                      for directory in (CACHE / "security", Path("/var/tmp"), host_dir)]
+    world_readable = [
+        directory / "world-readable.txt"
+        for directory in (CACHE / "security", Path("/var/tmp"), host_dir)
+    ]
     for path in world_readable:
         path.write_text(secret)
         path.chmod(0o644)
     marker = f"loom-bait-{secrets.token_hex(8)}"
-    host_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",
-                                     marker])
+    host_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker])
     previous = os.environ.get(SECRET_ENV)
     os.environ[SECRET_ENV] = secret
     try:
@@ -140,12 +146,18 @@ async def sandbox(request: pytest.FixtureRequest, bait: Bait) -> AsyncIterator[S
 
 
 @contextlib.asynccontextmanager
-async def running_sandbox(settings: SandboxSettings
-                          ) -> AsyncIterator[tuple[httpx2.AsyncClient, object]]:
+async def running_sandbox(
+    settings: SandboxSettings,
+) -> AsyncIterator[tuple[httpx2.AsyncClient, object]]:
     """A sandbox service app and a client of it that sends the service token."""
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox", timeout=60,
-        headers=service_headers(settings),
-    ) as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://sandbox",
+            timeout=60,
+            headers=service_headers(settings),
+        ) as client,
+    ):
         yield client, app.state

@@ -32,20 +32,36 @@ SPIN = 2.0
 
 PROGRAMS = [
     # -- processes ---------------------------------------------------------------------------
-    hostile("fork_bomb", """
+    hostile(
+        "fork_bomb",
+        """
 import os
 while True:
     try:
         os.fork()
     except OSError:
         pass
-""", S.timeout, S.killed, S.error, timeout_s=SPIN),
-    hostile("shell_fork_bomb", """
+""",
+        S.timeout,
+        S.killed,
+        S.error,
+        timeout_s=SPIN,
+    ),
+    hostile(
+        "shell_fork_bomb",
+        """
 import subprocess
 subprocess.run(["bash", "-c", ":(){ :|:& };:"])
 import time; time.sleep(30)
-""", S.timeout, S.killed, S.error, timeout_s=SPIN),
-    hostile("thread_bomb", """
+""",
+        S.timeout,
+        S.killed,
+        S.error,
+        timeout_s=SPIN,
+    ),
+    hostile(
+        "thread_bomb",
+        """
 import threading, time
 n = 0
 try:
@@ -54,13 +70,25 @@ try:
 except Exception:
     print("threads", n)
 time.sleep(30)
-""", S.timeout, S.error, S.oom, S.killed, timeout_s=SPIN),
-    hostile("background_process_left_behind", """
+""",
+        S.timeout,
+        S.error,
+        S.oom,
+        S.killed,
+        timeout_s=SPIN,
+    ),
+    hostile(
+        "background_process_left_behind",
+        """
 import subprocess
 subprocess.Popen(["sleep", "600"], start_new_session=True)
 print("started")
-""", stdout_has="started"),
-    hostile("double_fork_daemon", """
+""",
+        stdout_has="started",
+    ),
+    hostile(
+        "double_fork_daemon",
+        """
 import os, time
 if os.fork() == 0:
     os.setsid()
@@ -68,22 +96,35 @@ if os.fork() == 0:
         time.sleep(600)
     os._exit(0)
 print("daemonized")
-""", stdout_has="daemonized"),
-    hostile("zombies", """
+""",
+        stdout_has="daemonized",
+    ),
+    hostile(
+        "zombies",
+        """
 import os, time
 for _ in range(20):
     if os.fork() == 0:
         os._exit(0)
 time.sleep(0.2)
 print("zombies made")
-""", stdout_has="zombies made"),
-    hostile("ignores_sigterm_and_spins", """
+""",
+        stdout_has="zombies made",
+    ),
+    hostile(
+        "ignores_sigterm_and_spins",
+        """
 import signal
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 while True:
     pass
-""", S.timeout, timeout_s=SPIN),
-    hostile("signal_every_process", """
+""",
+        S.timeout,
+        timeout_s=SPIN,
+    ),
+    hostile(
+        "signal_every_process",
+        """
 import os, signal
 killed = 0
 for name in os.listdir("/proc"):
@@ -98,16 +139,24 @@ for target in (1, os.getppid(), -1):
     except OSError:
         pass
 print("signalled", killed)
-""", *ANY_END),
-    hostile("ptrace_the_parent", """
+""",
+        *ANY_END,
+    ),
+    hostile(
+        "ptrace_the_parent",
+        """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 PTRACE_ATTACH = 16
 if libc.ptrace(PTRACE_ATTACH, os.getppid(), 0, 0) == 0:
     print("ESCAPED: attached to the parent")
 print("done")
-""", stdout_has="done"),
-    hostile("setuid_root", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "setuid_root",
+        """
 import os
 for call in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.setgroups([0])):
     try:
@@ -115,21 +164,37 @@ for call in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.setgroups([0
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
+""",
+        stdout_has="done",
+    ),
     # -- resources ---------------------------------------------------------------------------
-    hostile("memory_bomb", """
+    hostile(
+        "memory_bomb",
+        """
 chunks = []
 while True:
     chunks.append(bytearray(16 * 2**20))
-""", S.oom, S.killed),
+""",
+        S.oom,
+        S.killed,
+    ),
     hostile("one_huge_allocation", "x = bytearray(8 * 2**30)", S.oom, S.killed),
-    hostile("memory_bomb_in_a_child", """
+    hostile(
+        "memory_bomb_in_a_child",
+        """
 import subprocess, sys
 r = subprocess.run([sys.executable, "-c", "x = [bytearray(2**24) for _ in range(10**4)]"])
 print("child ended", r.returncode)
-""", S.ok, S.oom, S.killed, S.error),
+""",
+        S.ok,
+        S.oom,
+        S.killed,
+        S.error,
+    ),
     hostile("cpu_spin_past_timeout", "while True:\n    pass", S.timeout, timeout_s=SPIN),
-    hostile("cpu_spin_in_threads", """
+    hostile(
+        "cpu_spin_in_threads",
+        """
 import threading
 def spin():
     while True:
@@ -137,17 +202,27 @@ def spin():
 for _ in range(4):
     threading.Thread(target=spin, daemon=True).start()
 spin()
-""", S.timeout, timeout_s=SPIN),
+""",
+        S.timeout,
+        timeout_s=SPIN,
+    ),
     hostile("sleeps_past_timeout", "import time\ntime.sleep(600)", S.timeout, timeout_s=SPIN),
     hostile("stdout_flood", "while True:\n    print('x' * 4096)", S.killed, S.ok),
-    hostile("stderr_flood", "import sys\nwhile True:\n    sys.stderr.write('y' * 65536)",
-            S.killed, S.ok),
-    hostile("flood_from_a_background_child", """
+    hostile(
+        "stderr_flood", "import sys\nwhile True:\n    sys.stderr.write('y' * 65536)", S.killed, S.ok
+    ),
+    hostile(
+        "flood_from_a_background_child",
+        """
 import subprocess, sys
 subprocess.Popen([sys.executable, "-c", "while True: print('z' * 4096)"])
 print("parent done")
-""", *ANY_END),
-    hostile("disk_fill_workdir", """
+""",
+        *ANY_END,
+    ),
+    hostile(
+        "disk_fill_workdir",
+        """
 n = 0
 try:
     with open("fill", "wb") as f:
@@ -155,8 +230,14 @@ try:
             f.write(b"x" * 2**20); f.flush(); n += 1
 except OSError as exc:
     print("stopped after", n, "MiB:", exc)
-""", S.ok, S.error, S.killed),
-    hostile("disk_fill_tmp", """
+""",
+        S.ok,
+        S.error,
+        S.killed,
+    ),
+    hostile(
+        "disk_fill_tmp",
+        """
 import os
 n = 0
 try:
@@ -166,25 +247,39 @@ try:
         n += 1
 except OSError as exc:
     print("stopped after", n, "MiB:", exc)
-""", S.ok, S.error, S.killed),
-    hostile("open_files_until_it_fails", """
+""",
+        S.ok,
+        S.error,
+        S.killed,
+    ),
+    hostile(
+        "open_files_until_it_fails",
+        """
 files = []
 try:
     while True:
         files.append(open("/dev/null"))
 except OSError as exc:
     print("stopped at", len(files), exc)
-""", stdout_has="stopped at"),
+""",
+        stdout_has="stopped at",
+    ),
     # -- network -----------------------------------------------------------------------------
-    hostile("tcp_to_the_host_loopback", """
+    hostile(
+        "tcp_to_the_host_loopback",
+        """
 import socket
 try:
     socket.create_connection(("127.0.0.1", @TCP_PORT@), timeout=1)
     print("ESCAPED: reached the host over TCP")
 except OSError as exc:
     print("blocked", exc)
-""", stdout_has="blocked"),
-    hostile("udp_to_the_host_loopback", """
+""",
+        stdout_has="blocked",
+    ),
+    hostile(
+        "udp_to_the_host_loopback",
+        """
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 try:
@@ -192,8 +287,12 @@ try:
     print("sent (must not arrive)")
 except OSError as exc:
     print("blocked", exc)
-""", *ANY_END),
-    hostile("tcp_egress", """
+""",
+        *ANY_END,
+    ),
+    hostile(
+        "tcp_egress",
+        """
 import socket
 for host in ("1.1.1.1", "8.8.8.8", "172.17.0.1"):
     try:
@@ -201,8 +300,12 @@ for host in ("1.1.1.1", "8.8.8.8", "172.17.0.1"):
         print("ESCAPED: connected to", host)
     except OSError as exc:
         print("blocked", host, exc)
-""", stdout_has="blocked 172.17.0.1"),
-    hostile("udp_egress", """
+""",
+        stdout_has="blocked 172.17.0.1",
+    ),
+    hostile(
+        "udp_egress",
+        """
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.settimeout(1)
@@ -213,30 +316,46 @@ try:
     print("ESCAPED: got a UDP answer")
 except OSError as exc:
     print("blocked", exc)
-""", stdout_has="blocked"),
-    hostile("dns_lookup", """
+""",
+        stdout_has="blocked",
+    ),
+    hostile(
+        "dns_lookup",
+        """
 import socket
 try:
     print("ESCAPED: resolved", socket.getaddrinfo("deb.debian.org", 80))
 except OSError as exc:
     print("blocked", exc)
-""", stdout_has="blocked"),
+""",
+        stdout_has="blocked",
+    ),
     # -- files -------------------------------------------------------------------------------
-    hostile("read_the_service_secret_file", """
+    hostile(
+        "read_the_service_secret_file",
+        """
 try:
     print("ESCAPED:", open("@SECRET_FILE@").read())
 except OSError as exc:
     print("blocked", type(exc).__name__)
-""", stdout_has="blocked"),
-    hostile("read_system_secrets", """
+""",
+        stdout_has="blocked",
+    ),
+    hostile(
+        "read_system_secrets",
+        """
 for path in ("/etc/shadow", "/root/.bash_history", "/root/.ssh/id_rsa", "/etc/sudoers"):
     try:
         open(path).read(); print("ESCAPED: read", path)
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
-    hostile("environment_secrets", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "environment_secrets",
+        """
 import os
 found = [k for k, v in os.environ.items() if "SECRET" in k or "KEY" in k or "TOKEN" in k]
 print("own environment:", found)
@@ -249,8 +368,12 @@ for name in os.listdir("/proc"):
         if b"LOOM_TEST_SECRET_TOKEN" in data:
             print("ESCAPED: secret in the environment of pid", name)
 print("done")
-""", stdout_has="done"),
-    hostile("write_outside_the_workdir", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "write_outside_the_workdir",
+        """
 import os
 for path in ("/etc/loom-escape", "/usr/loom-escape", "/loom-escape", "/root/loom-escape",
              "/var/loom-escape", "/opt/loom-escape"):
@@ -261,8 +384,12 @@ for path in ("/etc/loom-escape", "/usr/loom-escape", "/loom-escape", "/root/loom
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
-    hostile("leave_files_in_shared_temp_dirs", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "leave_files_in_shared_temp_dirs",
+        """
 for path in ("/tmp/loom-escape", "/var/tmp/loom-escape", "/dev/shm/loom-escape",
              "/run/lock/loom-escape"):
     try:
@@ -271,8 +398,12 @@ for path in ("/tmp/loom-escape", "/var/tmp/loom-escape", "/dev/shm/loom-escape",
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
-    hostile("lock_the_workdir", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "lock_the_workdir",
+        """
 import os
 os.makedirs("deep/er/est")
 open("deep/er/est/file", "w").write("x")
@@ -280,9 +411,13 @@ os.chmod("deep/er/est", 0)
 os.chmod("deep/er", 0)
 os.chmod("deep", 0)
 print("locked")
-""", stdout_has="locked"),
+""",
+        stdout_has="locked",
+    ),
     # -- /proc and devices -------------------------------------------------------------------
-    hostile("proc_root_escape", """
+    hostile(
+        "proc_root_escape",
+        """
 import os
 for path in ("/proc/1/root/etc/shadow", "/proc/1/root@SECRET_FILE@",
              f"/proc/{os.getppid()}/root@SECRET_FILE@", f"/proc/{os.getppid()}/cwd/x"):
@@ -291,8 +426,12 @@ for path in ("/proc/1/root/etc/shadow", "/proc/1/root@SECRET_FILE@",
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
-    hostile("read_the_parent_memory", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "read_the_parent_memory",
+        """
 import os
 for pid in (1, os.getppid()):
     try:
@@ -302,8 +441,12 @@ for pid in (1, os.getppid()):
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
-    hostile("kernel_knobs_and_devices", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "kernel_knobs_and_devices",
+        """
 import os
 for path in ("/proc/sysrq-trigger", "/proc/sys/kernel/hostname", "/sys/kernel/mm/ksm/run"):
     try:
@@ -322,8 +465,12 @@ try:
 except OSError:
     pass
 print("done")
-""", stdout_has="done"),
-    hostile("host_unix_sockets", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "host_unix_sockets",
+        """
 import socket
 for path in ("@UNIX_SOCKET@", "@POSTGRES_SOCKET@", "/var/run/docker.sock", "/run/docker.sock",
              "/run/mysqld/mysqld.sock", "/var/run/postgresql/.s.PGSQL.5432"):
@@ -333,8 +480,12 @@ for path in ("@UNIX_SOCKET@", "@POSTGRES_SOCKET@", "/var/run/docker.sock", "/run
     except OSError as exc:
         print("blocked", path, type(exc).__name__)
 print("done")
-""", stdout_has="done"),
-    hostile("other_processes_in_proc", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "other_processes_in_proc",
+        """
 import os
 try:
     print("ESCAPED: a host process:", open("/proc/@HOST_PID@/cmdline", "rb").read())
@@ -347,16 +498,24 @@ for name in os.listdir("/proc"):
     except OSError:
         pass
 print("sees", sum(name.isdigit() for name in os.listdir("/proc")), "processes; done")
-""", stdout_has="done"),
-    hostile("world_readable_host_files", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "world_readable_host_files",
+        """
 for path in @WORLD_READABLE@:  # in the project, /var/tmp and the host's /tmp
     try:
         print("ESCAPED: read", path, open(path).read()[:40])
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
-    hostile("create_a_user_namespace", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "create_a_user_namespace",
+        """
 import ctypes, subprocess
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWUSER = 0x10000000
@@ -369,8 +528,12 @@ for command in (["unshare", "-U", "true"], ["unshare", "-Ur", "true"]):
     except OSError:
         pass
 print("done")
-""", stdout_has="done"),
-    hostile("user_namespace_then_mount", """
+""",
+        stdout_has="done",
+    ),
+    hostile(
+        "user_namespace_then_mount",
+        """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
@@ -381,5 +544,7 @@ try:
 except OSError:
     pass
 print("done")
-""", stdout_has="done"),
+""",
+        stdout_has="done",
+    ),
 ]

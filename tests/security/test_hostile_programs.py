@@ -17,8 +17,21 @@ from services.sandbox.schemas import ExecuteResponse
 from tests.security.conftest import Bait, Sandbox
 from tests.security.hostile import PROGRAMS, Hostile
 
-ESCAPE_FILES = [Path(d) / "loom-escape" for d in (
-    "/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/etc", "/usr", "/", "/root", "/var", "/opt")]
+ESCAPE_FILES = [
+    Path(d) / "loom-escape"
+    for d in (
+        "/tmp",
+        "/var/tmp",
+        "/dev/shm",
+        "/run/lock",
+        "/etc",
+        "/usr",
+        "/",
+        "/root",
+        "/var",
+        "/opt",
+    )
+]
 SETTLE_S = 15.0
 
 
@@ -29,11 +42,15 @@ async def _execute(sandbox: Sandbox, code: str, **options: object) -> ExecuteRes
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
-async def test_hostile_program_is_contained(sandbox: Sandbox, bait: Bait,
-                                            program: Hostile) -> None:
+async def test_hostile_program_is_contained(sandbox: Sandbox, bait: Bait, program: Hostile) -> None:
     started = time.monotonic()
-    result = await _execute(sandbox, bait.fill(program.code), timeout_s=program.timeout_s,
-                            memory_mb=program.memory_mb, max_output_bytes=65536)
+    result = await _execute(
+        sandbox,
+        bait.fill(program.code),
+        timeout_s=program.timeout_s,
+        memory_mb=program.memory_mb,
+        max_output_bytes=65536,
+    )
     elapsed = time.monotonic() - started
 
     output = result.stdout + result.stderr
@@ -60,8 +77,11 @@ def processes_of(uids: range) -> list[str]:
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit():
-                fields = dict(line.split(":", 1) for line in
-                              (entry / "status").read_text().splitlines() if ":" in line)
+                fields = dict(
+                    line.split(":", 1)
+                    for line in (entry / "status").read_text().splitlines()
+                    if ":" in line
+                )
                 uid = int(fields["Uid"].split()[0])
                 if uid in uids:
                     found.append(f"uid {uid}: pid {entry.name} ({fields['State'].strip()})")
@@ -75,8 +95,11 @@ async def assert_nothing_left(sandbox: Sandbox) -> None:
     or control group."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        leftovers = (_process_leftovers(sandbox) if sandbox.backend == "process"
-                     else await asyncio.to_thread(_docker_leftovers, sandbox))
+        leftovers = (
+            _process_leftovers(sandbox)
+            if sandbox.backend == "process"
+            else await asyncio.to_thread(_docker_leftovers, sandbox)
+        )
         if not leftovers:
             return
         assert time.monotonic() < deadline, leftovers
@@ -89,8 +112,7 @@ def _process_leftovers(sandbox: Sandbox) -> list[str]:
     found = processes_of(range(uids[0], uids[1] + 1)) if uids else []
     slots = backend.cgroups.slot_names() if backend.cgroups else []
     if backend.cgroups and len(slots) != sandbox.settings.sandbox_max_concurrency:
-        found.append(f"control groups {slots} for {sandbox.settings.sandbox_max_concurrency} "
-                     "slots")
+        found.append(f"control groups {slots} for {sandbox.settings.sandbox_max_concurrency} slots")
     return found
 
 
@@ -115,7 +137,8 @@ def _docker_leftovers(sandbox: Sandbox) -> list[str]:
 
 
 async def test_collected_files_never_reveal_what_the_program_could_not_read(
-        sandbox: Sandbox, bait: Bait) -> None:
+    sandbox: Sandbox, bait: Bait
+) -> None:
     code = bait.fill("""
 import os
 for name, target in [("to_secret", "@SECRET_FILE@"), ("to_shadow", "/etc/shadow"),
@@ -169,7 +192,8 @@ async def test_a_program_inherits_nothing_from_an_earlier_one(sandbox: Sandbox) 
         "token = sys.stdin.read(); kept = [token * 3]\n"
         "json.poisoned = builtins.poisoned = token; os.environ['POISONED'] = token\n"
         "sys.path.append('/poisoned')\n"
-        "print(len(token))\n")
+        "print(len(token))\n"
+    )
     # Twice: both of the pool's agents have run it before the scans below.
     for _ in range(2):
         result = await _execute(sandbox, leaves_state, stdin=earlier)
@@ -177,7 +201,8 @@ async def test_a_program_inherits_nothing_from_an_earlier_one(sandbox: Sandbox) 
     checks = (
         "import sys, os, builtins, json\n"
         "print(hasattr(json, 'poisoned'), hasattr(builtins, 'poisoned'),\n"
-        "      'POISONED' in os.environ, 'fractions' in sys.modules, '/poisoned' in sys.path)\n")
+        "      'POISONED' in os.environ, 'fractions' in sys.modules, '/poisoned' in sys.path)\n"
+    )
     for _ in range(2):
         result = await _execute(sandbox, checks)
         assert result.stdout == "False False False False False\n", result.stderr
@@ -201,8 +226,7 @@ async def test_a_program_cannot_pass_itself_off_as_a_failed_start(sandbox: Sandb
     assert result.stderr == "loom-sandbox: the sandbox is broken\n"
 
 
-async def test_files_that_cannot_be_written_are_refused_with_the_reason(
-        sandbox: Sandbox) -> None:
+async def test_files_that_cannot_be_written_are_refused_with_the_reason(sandbox: Sandbox) -> None:
     files = [{"path": "data", "content": "a file"}, {"path": "data/inner.txt", "content": "x"}]
     response = await sandbox.client.post("/v1/execute", json={"code": "pass", "files": files})
     assert response.status_code == 422, response.text

@@ -65,8 +65,9 @@ while True:
 LIVENESS_BOUND_S = 2.0
 
 
-async def _execute(sandbox: Sandbox, code: str, path: str = "/v1/execute",
-                   **options: object) -> ExecuteResponse:
+async def _execute(
+    sandbox: Sandbox, code: str, path: str = "/v1/execute", **options: object
+) -> ExecuteResponse:
     response = await sandbox.client.post(path, json={"code": code, **options})
     assert response.status_code == 200, response.text
     return ExecuteResponse.model_validate(response.json())
@@ -98,10 +99,8 @@ async def test_memory_is_limited_across_children(sandbox: Sandbox) -> None:
     await _assert_healthy(sandbox)
 
 
-async def test_asking_for_more_memory_than_the_service_allows_is_refused(
-        sandbox: Sandbox) -> None:
-    response = await sandbox.client.post("/v1/execute", json={"code": "pass",
-                                                               "memory_mb": 16384})
+async def test_asking_for_more_memory_than_the_service_allows_is_refused(sandbox: Sandbox) -> None:
+    response = await sandbox.client.post("/v1/execute", json={"code": "pass", "memory_mb": 16384})
     assert response.status_code == 422, response.text
     assert "memory_mb=16384 is above this sandbox's limit" in response.text
     await _assert_healthy(sandbox)
@@ -178,8 +177,7 @@ print("planted")
         assert (result.status, result.stdout) == (S.ok, "planted\n"), result
         await _assert_healthy(sandbox)
         assert victim.read_text() == "precious"
-        assert (victim.stat().st_mode & 0o777, victim_dir.stat().st_mode & 0o777) == (0o600,
-                                                                                     0o700)
+        assert (victim.stat().st_mode & 0o777, victim_dir.stat().st_mode & 0o777) == (0o600, 0o700)
         assert os.path.exists("/usr/lib") and os.access("/usr/bin/python3", os.X_OK)
     finally:
         victim.unlink()

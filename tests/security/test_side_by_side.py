@@ -59,14 +59,17 @@ async def test_two_services_side_by_side_do_not_disturb_each_other() -> None:
             client_b, state_b = await stack_b.enter_async_context(running_sandbox(settings[1]))
             uids_a, uids_b = _uids(state_a), _uids(state_b)
             assert not set(uids_a) & set(uids_b)
-            groups = [s.backend.cgroups.instances  # type: ignore[attr-defined]
-                      for s in (state_a, state_b)]
+            groups = [
+                s.backend.cgroups.instances  # type: ignore[attr-defined]
+                for s in (state_a, state_b)
+            ]
             assert not set(groups[0]) & set(groups[1])
 
             # A's programs attack while B's run, on every slot of both.
             results = await asyncio.gather(
                 *(_execute(client_a, KILL_EVERYTHING) for _ in range(2)),
-                *(_execute(client_b, SLOW) for _ in range(2)))
+                *(_execute(client_b, SLOW) for _ in range(2)),
+            )
             assert [r.stdout for r in results] == ["done\n"] * 2 + ["survived\n"] * 2, results
 
             # A stops (its agents die, its groups and uids are swept) while B is mid-program.

@@ -12,9 +12,10 @@ def lora_adapter(model_dir: Path, dest: Path, seed: int = 0, rank: int = 4) -> P
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
-                           LoraConfig(r=rank, lora_alpha=2 * rank,
-                                      target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"]),
+    )
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from modelstate.blobstore import BlobStore, ReceivedBlob
 
 
-def receive(blobs: BlobStore, data: bytes, *, expected_sha256: str | None = None
-            ) -> ReceivedBlob:
+def receive(blobs: BlobStore, data: bytes, *, expected_sha256: str | None = None) -> ReceivedBlob:
     writer = blobs.writer("test")
     try:
         writer.write(data)

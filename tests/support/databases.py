@@ -32,15 +32,20 @@ BUILD_LOCK = "build"
 def migration_histories() -> list[Path]:
     """Every service's Alembic directory, in path order (each env.py names its own version
     table; a history whose tables refer to another's must sort after it)."""
-    return sorted(path.parent for pattern in ("*/alembic/env.py", "services/*/alembic/env.py")
-                  for path in ROOT.glob(pattern))
+    return sorted(
+        path.parent
+        for pattern in ("*/alembic/env.py", "services/*/alembic/env.py")
+        for path in ROOT.glob(pattern)
+    )
 
 
 def template_name(histories: list[Path]) -> str:
     """`loom_template_<hash>` of the histories' files and the shared migration environment."""
     digest = hashlib.sha256()
-    files = [ROOT / "services/common/alembic_env.py",
-             *(path for history in histories for path in sorted(history.rglob("*.py")))]
+    files = [
+        ROOT / "services/common/alembic_env.py",
+        *(path for history in histories for path in sorted(history.rglob("*.py"))),
+    ]
     for path in files:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return PREFIX + digest.hexdigest()[:16]
@@ -48,8 +53,9 @@ def template_name(histories: list[Path]) -> str:
 
 def _lock_key(name: str) -> int:
     """A signed 64-bit advisory lock key of one name."""
-    return int.from_bytes(hashlib.sha256(f"loom-test-template:{name}".encode()).digest()[:8],
-                          "big", signed=True)
+    return int.from_bytes(
+        hashlib.sha256(f"loom-test-template:{name}".encode()).digest()[:8], "big", signed=True
+    )
 
 
 def _lock(held: Connection, name: str, how: str) -> bool:
@@ -86,8 +92,12 @@ def migrated_template(admin_url: str) -> Iterator[str]:
 
 
 def _templates(held: Connection) -> list[str]:
-    return list(held.execute(text("SELECT datname FROM pg_database WHERE datname LIKE :like"),
-                             {"like": PREFIX.replace("_", r"\_") + "%"}).scalars())
+    return list(
+        held.execute(
+            text("SELECT datname FROM pg_database WHERE datname LIKE :like"),
+            {"like": PREFIX.replace("_", r"\_") + "%"},
+        ).scalars()
+    )
 
 
 def _build(held: Connection, admin_url: str, name: str, histories: list[Path]) -> None:

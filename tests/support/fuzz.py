@@ -43,8 +43,14 @@ class FuzzReport:
         assert not self.server_errors, "\n".join(self.server_errors)
 
 
-async def fuzz(client: httpx2.AsyncClient, openapi: dict[str, Any], *, examples: int = 200,
-               skip: frozenset[str] = frozenset(), allow_upstream: bool = False) -> FuzzReport:
+async def fuzz(
+    client: httpx2.AsyncClient,
+    openapi: dict[str, Any],
+    *,
+    examples: int = 200,
+    skip: frozenset[str] = frozenset(),
+    allow_upstream: bool = False,
+) -> FuzzReport:
     """Send `examples` generated requests or more, spread over every operation of `openapi`
     but those whose label (e.g. "GET /v1/events") is in `skip`."""
     schema = schemathesis.openapi.from_dict(openapi)
@@ -61,8 +67,9 @@ async def fuzz(client: httpx2.AsyncClient, openapi: dict[str, Any], *, examples:
         kwargs.pop("cookies", None)
         label = f"{case.operation.label}: {kwargs}"[:400]
         try:
-            response = asyncio.run_coroutine_threadsafe(
-                client.request(**kwargs), loop).result(REQUEST_TIMEOUT_S)
+            response = asyncio.run_coroutine_threadsafe(client.request(**kwargs), loop).result(
+                REQUEST_TIMEOUT_S
+            )
         except (httpx2.InvalidURL, UnicodeEncodeError):  # the client would not send it
             return
         except Exception as exc:  # a crash of the app (ASGI) or of the server
@@ -71,12 +78,15 @@ async def fuzz(client: httpx2.AsyncClient, openapi: dict[str, Any], *, examples:
             return
         report.sent += 1
         report.statuses[response.status_code] += 1
-        probe_says_not_ready = (response.status_code == 503
-                                and case.operation.path.endswith("/readyz"))
-        if response.status_code >= 500 and not probe_says_not_ready and not (
-                allow_upstream and _upstream_error(response)):
-            report.server_errors.append(f"{label} -> {response.status_code} "
-                                        f"{response.text[:300]}")
+        probe_says_not_ready = response.status_code == 503 and case.operation.path.endswith(
+            "/readyz"
+        )
+        if (
+            response.status_code >= 500
+            and not probe_says_not_ready
+            and not (allow_upstream and _upstream_error(response))
+        ):
+            report.server_errors.append(f"{label} -> {response.status_code} {response.text[:300]}")
 
     def run_all() -> None:
         # Every operation once, then more rounds (other fixed seeds: the same requests every
@@ -89,10 +99,14 @@ async def fuzz(client: httpx2.AsyncClient, openapi: dict[str, Any], *, examples:
                     return
                 per_mode = max(2, math.ceil(left / (2 * (len(operations) - done))))
                 for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-                    test = seed(round_)(settings(
-                        max_examples=per_mode, database=None, deadline=None,
-                        suppress_health_check=list(HealthCheck))(
-                        given(operation.as_strategy(generation_mode=mode))(send)))
+                    test = seed(round_)(
+                        settings(
+                            max_examples=per_mode,
+                            database=None,
+                            deadline=None,
+                            suppress_health_check=list(HealthCheck),
+                        )(given(operation.as_strategy(generation_mode=mode))(send))
+                    )
                     try:
                         test()
                     except Unsatisfiable:  # nothing in the schema to break (no parameters)

@@ -18,14 +18,23 @@ class StoreProcess:
 
     def __init__(self, data_dir: Path, database_url: str) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
-        self.env = {**os.environ, "LOOM_DATA_DIR": str(data_dir), "LOOM_MODELSTATE_URL": self.url,
-                    "LOOM_DATABASE_URL": database_url, "LOOM_MODELSTATE_GC_INTERVAL_S": "0"}
+        self.env = {
+            **os.environ,
+            "LOOM_DATA_DIR": str(data_dir),
+            "LOOM_MODELSTATE_URL": self.url,
+            "LOOM_DATABASE_URL": database_url,
+            "LOOM_MODELSTATE_GC_INTERVAL_S": "0",
+        }
         self.blob_dir = data_dir / "blobs"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "modelstate"], env=self.env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "modelstate"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, "modelstate exited during start-up"

@@ -22,7 +22,6 @@ SERVERS: dict[str, tuple[str, str, str]] = {
 
 def openapi_of(service: str, data_dir: Path) -> dict[str, Any]:
     app_module, settings_module, settings_class = SERVERS[service]
-    settings = getattr(importlib.import_module(settings_module), settings_class)(
-        data_dir=data_dir)
+    settings = getattr(importlib.import_module(settings_module), settings_class)(data_dir=data_dir)
     app: FastAPI = importlib.import_module(app_module).create_app(settings)
     return app.openapi()

@@ -40,9 +40,17 @@ class RayNode:
         self.log = log
         with log.open("ab") as out:
             self.process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "ray"), "start", "--block",
-                 "--disable-usage-stats", *args],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    str(Path(sys.executable).parent / "ray"),
+                    "start",
+                    "--block",
+                    "--disable-usage-stats",
+                    *args,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def stop(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -65,8 +73,9 @@ class Sampler(threading.Thread):
 
     def __init__(self, url: str, key: str) -> None:
         super().__init__(daemon=True)
-        self.client = httpx2.Client(base_url=url, timeout=120,
-                                    headers={"Authorization": f"Bearer {key}"})
+        self.client = httpx2.Client(
+            base_url=url, timeout=120, headers={"Authorization": f"Bearer {key}"}
+        )
         self.stopping = threading.Event()
         self.ok = 0
         self.failures: list[str] = []
@@ -74,8 +83,10 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                response = self.client.post("/v1/rollout/sample", json={
-                    "prompt_token_ids": [5, 6, 7, 8], "params": {"max_tokens": 8}})
+                response = self.client.post(
+                    "/v1/rollout/sample",
+                    json={"prompt_token_ids": [5, 6, 7, 8], "params": {"max_tokens": 8}},
+                )
             except httpx2.HTTPError as exc:
                 self.failures.append(repr(exc))
                 continue
@@ -100,8 +111,9 @@ def wait_for(check, what: str, timeout_s: float) -> None:  # noqa: ANN001
 
 
 def replicas(url: str, key: str) -> list[dict]:
-    response = httpx2.get(f"{url}/v1/rollout/replicas", timeout=10,
-                          headers={"Authorization": f"Bearer {key}"})
+    response = httpx2.get(
+        f"{url}/v1/rollout/replicas", timeout=10, headers={"Authorization": f"Bearer {key}"}
+    )
     response.raise_for_status()
     return [r for r in response.json()["replicas"] if not r["static"]]
 
@@ -112,40 +124,64 @@ def main(work: Path, model_dir: Path) -> None:
     # Ray's unix sockets live under its temp dir, and a socket path has at most 107 bytes.
     ray_dir = tempfile.mkdtemp(prefix="loom-ray-", dir="/tmp")
     slot = '--resources={"rollout_slot": 1}'  # one replica per node
-    nodes = [RayNode(["--head", f"--port={port}", "--num-cpus=2", slot,
-                      "--include-dashboard=false", f"--temp-dir={ray_dir}"],
-                     work / "ray-head.log")]
+    nodes = [
+        RayNode(
+            [
+                "--head",
+                f"--port={port}",
+                "--num-cpus=2",
+                slot,
+                "--include-dashboard=false",
+                f"--temp-dir={ray_dir}",
+            ],
+            work / "ray-head.log",
+        )
+    ]
     seen: dict[str, object] = {}
     try:
         wait_for(lambda: port_open(port), "the Ray head", NODE_START_TIMEOUT_S)
-        nodes.append(RayNode([f"--address={address}", "--num-cpus=2", slot],
-                             work / "ray-node.log"))
+        nodes.append(RayNode([f"--address={address}", "--num-cpus=2", slot], work / "ray-node.log"))
         placement.connect(address)
         import ray
 
-        wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2, "the second node",
-                 NODE_START_TIMEOUT_S)
+        wait_for(
+            lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2,
+            "the second node",
+            NODE_START_TIMEOUT_S,
+        )
         seen["node_addresses"] = sorted({n["NodeManagerAddress"] for n in ray.nodes()})
         settings = LoomSettings(data_dir=work / "data")
-        spec = ClusterSpec(settings, rollout_resources={"rollout_slot": 1}, env={
-            "LOOM_ROLLOUT_MODEL": str(model_dir), "LOOM_ROLLOUT_HEARTBEAT_S": "0.5",
-            "LOOM_ROLLOUT_KV_CACHE_GIB": "1",
-            # A heartbeat every 0.5 s keeps the test short; a busy 2-core machine delays some by
-            # seconds, and a replica that flaps out of the table is not what is tested here.
-            "LOOM_GATEWAY_REPLICA_MISSED_HEARTBEATS": "20"})
+        spec = ClusterSpec(
+            settings,
+            rollout_resources={"rollout_slot": 1},
+            env={
+                "LOOM_ROLLOUT_MODEL": str(model_dir),
+                "LOOM_ROLLOUT_HEARTBEAT_S": "0.5",
+                "LOOM_ROLLOUT_KV_CACHE_GIB": "1",
+                # A heartbeat every 0.5 s keeps the test short; a busy 2-core machine delays some by
+                # seconds, and a replica that flaps out of the table is not what is tested here.
+                "LOOM_GATEWAY_REPLICA_MISSED_HEARTBEATS": "20",
+            },
+        )
         started = time.monotonic()
         urls = placement.up(spec, 1)
         seen["up_s"] = round(time.monotonic() - started, 1)
         gateway, key = urls["gateway"], (settings.data_dir / "admin_key").read_text().strip()
-        wait_for(lambda: [r["ready"] for r in replicas(gateway, key)] == [True],
-                 "one registered replica", 60)
+        wait_for(
+            lambda: [r["ready"] for r in replicas(gateway, key)] == [True],
+            "one registered replica",
+            60,
+        )
 
         sampler = Sampler(gateway, key)
         sampler.start()
         started = time.monotonic()
         placement.scale(spec, 2)
-        wait_for(lambda: [r["ready"] for r in replicas(gateway, key)] == [True, True],
-                 "two registered replicas", 300)
+        wait_for(
+            lambda: [r["ready"] for r in replicas(gateway, key)] == [True, True],
+            "two registered replicas",
+            300,
+        )
         seen["scale_up_s"] = round(time.monotonic() - started, 1)
         rows = {row["name"]: row for row in placement.status()}
         seen["replica_nodes"] = [rows[n]["node_id"][:8] for n in placement.rollout_names()]
@@ -169,8 +205,10 @@ def main(work: Path, model_dir: Path) -> None:
         # What went wrong comes first in the test's failure message: the error, then the tail
         # of every node's and service's log.
         seen["error"] = traceback.format_exc()[-3000:]
-        seen["logs"] = {path.name: path.read_text(errors="replace")[-1200:]
-                        for path in sorted(work.rglob("*.log"))}
+        seen["logs"] = {
+            path.name: path.read_text(errors="replace")[-1200:]
+            for path in sorted(work.rglob("*.log"))
+        }
         raise
     finally:
         print(json.dumps(seen), flush=True)

@@ -23,10 +23,15 @@ async def reward_app(settings: RewardSettings) -> AsyncIterator[FastAPI]:
 
 @asynccontextmanager
 async def reward_client(settings: RewardSettings) -> AsyncIterator[httpx2.AsyncClient]:
-    async with reward_app(settings) as app, httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://reward", timeout=60,
-        headers=service_headers(settings),
-    ) as client:
+    async with (
+        reward_app(settings) as app,
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://reward",
+            timeout=60,
+            headers=service_headers(settings),
+        ) as client,
+    ):
         yield client
 
 

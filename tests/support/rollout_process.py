@@ -17,12 +17,25 @@ class RolloutProcess:
     """One rollout replica in its own session, so a kill takes its vLLM engine processes with
     it (a crashed host's replica)."""
 
-    def __init__(self, *, data_dir: Path, model_dir: Path, gateway_url: str,
-                 env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        model_dir: Path,
+        gateway_url: str,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
-        self.env = {**os.environ, "LOOM_DATA_DIR": str(data_dir), "LOOM_ROLLOUT_URL": self.url,
-                    "LOOM_GATEWAY_URL": gateway_url, "LOOM_ROLLOUT_MODEL": str(model_dir),
-                    "LOOM_ROLLOUT_HEARTBEAT_S": "0.5", **(env or {})}
+        self.env = {
+            **os.environ,
+            "LOOM_DATA_DIR": str(data_dir),
+            "LOOM_ROLLOUT_URL": self.url,
+            "LOOM_GATEWAY_URL": gateway_url,
+            "LOOM_ROLLOUT_MODEL": str(model_dir),
+            "LOOM_ROLLOUT_HEARTBEAT_S": "0.5",
+            **(env or {}),
+        }
         self.log_path = log_path or data_dir / f"rollout-{self.url.rsplit(':', 1)[1]}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -33,9 +46,13 @@ class RolloutProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "services.rollout"],
-                                            env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "services.rollout"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def kill(self) -> None:
         """SIGKILL the replica and its engine processes: no goodbye to the gateway."""

@@ -18,8 +18,9 @@ class RecordingEngine:
     """Records the weight operations vLLM would perform."""
 
     # Python-only (no Rust backend): vLLM detokenizes; spans decode with `decode`.
-    tokenizer = SimpleNamespace(decode=lambda token_ids, skip_special_tokens: "".join(
-        map(str, token_ids)))
+    tokenizer = SimpleNamespace(
+        decode=lambda token_ids, skip_special_tokens: "".join(map(str, token_ids))
+    )
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
@@ -50,9 +51,18 @@ class FakeStore:
     def publish(self, job_id: str, kind: VersionKind) -> Version:
         jobs = self.versions.setdefault(job_id, [])
         version = Version(
-            id=sum(map(len, self.versions.values())) + 1, job_id=job_id, number=len(jobs) + 1,
-            parent=None, step=None, kind=kind, base_model="loom/tiny", files=[], metrics={},
-            aliases=["latest"], created_at=datetime.now(UTC), local_path=f"/v/{job_id}",
+            id=sum(map(len, self.versions.values())) + 1,
+            job_id=job_id,
+            number=len(jobs) + 1,
+            parent=None,
+            step=None,
+            kind=kind,
+            base_model="loom/tiny",
+            files=[],
+            metrics={},
+            aliases=["latest"],
+            created_at=datetime.now(UTC),
+            local_path=f"/v/{job_id}",
         )
         jobs.append(version)
         return version
@@ -75,19 +85,24 @@ class FakeStore:
         yield  # pragma: no cover -- makes this an async generator
 
 
-def live_stream(events: Sequence[Version | PendingVersion]
-                ) -> Callable[..., AsyncIterator[Version | PendingVersion]]:
+def live_stream(
+    events: Sequence[Version | PendingVersion],
+) -> Callable[..., AsyncIterator[Version | PendingVersion]]:
     """A `subscribe_events` that yields `events`, then stays silent, as a live stream."""
-    async def subscribe_events(job_id: str | None = None, after: int = 0
-                               ) -> AsyncIterator[Version | PendingVersion]:
+
+    async def subscribe_events(
+        job_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[Version | PendingVersion]:
         for event in events:
             yield event
         await asyncio.Event().wait()
+
     return subscribe_events
 
 
-async def follow_until(versions: Versions, engine: RecordingEngine,
-                       call: tuple[str, object]) -> None:
+async def follow_until(
+    versions: Versions, engine: RecordingEngine, call: tuple[str, object]
+) -> None:
     """Run the publication follower until the engine has been asked for `call`."""
     task = asyncio.create_task(versions.follow_publications())
     for _ in range(100):
@@ -103,6 +118,7 @@ async def materialize(version: Version) -> Path:
 
 def make_versions(max_loras: int = 2) -> tuple[Versions, RecordingEngine, FakeStore]:
     engine, store = RecordingEngine(), FakeStore()
-    versions = Versions(engine, store, materialize, base_model="loom/tiny", base_path="/base",
-                        max_loras=max_loras)
+    versions = Versions(
+        engine, store, materialize, base_model="loom/tiny", base_path="/base", max_loras=max_loras
+    )
     return versions, engine, store

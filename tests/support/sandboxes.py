@@ -18,9 +18,11 @@ BACKENDS = ("process", "docker")
 def sandbox_settings(backend: str, **overrides: Any) -> SandboxSettings:
     """Settings for `backend`; skips (fails in CI) when docker cannot run here. Each docker
     backend gets a pool label of its own, so tests never touch each other's containers."""
-    settings = SandboxSettings(sandbox_backend=backend,
-                               sandbox_docker_pool=f"loom-test-{uuid.uuid4().hex[:8]}",
-                               **overrides)
+    settings = SandboxSettings(
+        sandbox_backend=backend,
+        sandbox_docker_pool=f"loom-test-{uuid.uuid4().hex[:8]}",
+        **overrides,
+    )
     if backend == "docker":
         why_not = docker_available(settings)
         require(why_not is None, f"the docker sandbox backend ({why_not})")

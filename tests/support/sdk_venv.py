@@ -21,15 +21,19 @@ def sdk_python(name: str, requirements: list[str]) -> Path:
     wanted = " ".join(requirements)
     if not stamp.exists() or stamp.read_text() != wanted:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements],
-                       check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements], check=True)
         stamp.write_text(wanted)
     return python
 
 
 def run_script(python: Path, script: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """The JSON lines the script printed; the script must succeed."""
-    done = subprocess.run([str(python), str(script)], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(python), str(script)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

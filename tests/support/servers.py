@@ -25,9 +25,16 @@ def serve_in_thread(app: FastAPI, port: int | None = None) -> Iterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port or 0))
     bound = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
-                                           lifespan="on", timeout_graceful_shutdown=1,
-                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=1,
+            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+        )
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

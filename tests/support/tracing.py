@@ -43,14 +43,23 @@ def in_memory_tracing() -> Iterator[Callable[[], list[SpanSeen]]]:
         for span in exporter.get_finished_spans():
             context, parent = span.get_span_context(), span.parent
             attributes = dict(span.attributes or {})
-            seen.append(SpanSeen(
-                name=span.name, service=str(attributes.get("loom.service", "")),
-                trace_id=format(context.trace_id, "032x"),
-                span_id=format(context.span_id, "016x"),
-                parent_id=format(parent.span_id, "016x") if parent else None,
-                attributes=attributes, links=tuple(
-                    (format(link.context.trace_id, "032x"), format(link.context.span_id, "016x"))
-                    for link in span.links)))
+            seen.append(
+                SpanSeen(
+                    name=span.name,
+                    service=str(attributes.get("loom.service", "")),
+                    trace_id=format(context.trace_id, "032x"),
+                    span_id=format(context.span_id, "016x"),
+                    parent_id=format(parent.span_id, "016x") if parent else None,
+                    attributes=attributes,
+                    links=tuple(
+                        (
+                            format(link.context.trace_id, "032x"),
+                            format(link.context.span_id, "016x"),
+                        )
+                        for link in span.links
+                    ),
+                )
+            )
         return seen
 
     try:
@@ -75,18 +84,25 @@ def otlp_receiver(spans: list[SpanSeen]) -> FastAPI:
         exported = ExportTraceServiceRequest()
         exported.ParseFromString(await request.body())
         for resource_spans in exported.resource_spans:
-            resource = {a.key: a.value.string_value
-                        for a in resource_spans.resource.attributes}
+            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     attributes = {a.key: a.value.string_value for a in span.attributes}
-                    spans.append(SpanSeen(
-                        name=span.name, service=resource.get("service.name", ""),
-                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                        parent_id=span.parent_span_id.hex() or None, attributes=attributes,
-                        links=tuple((link.trace_id.hex(), link.span_id.hex())
-                                    for link in span.links)))
-        return Response(ExportTraceServiceResponse().SerializeToString(),
-                        media_type="application/x-protobuf")
+                    spans.append(
+                        SpanSeen(
+                            name=span.name,
+                            service=resource.get("service.name", ""),
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_id=span.parent_span_id.hex() or None,
+                            attributes=attributes,
+                            links=tuple(
+                                (link.trace_id.hex(), link.span_id.hex()) for link in span.links
+                            ),
+                        )
+                    )
+        return Response(
+            ExportTraceServiceResponse().SerializeToString(), media_type="application/x-protobuf"
+        )
 
     return app

@@ -23,8 +23,9 @@ def tensorboard_series(logdir: Path) -> Series:
 
     events = EventAccumulator(str(logdir))
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]}
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
 
 
 def tensorboard_texts(logdir: Path, tag: str) -> list[tuple[int, str]]:
@@ -46,11 +47,11 @@ def mlflow_tables(tracking_uri: str, job_id: str, directory: str, into: Path) ->
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name("loom")
     assert experiment is not None
-    [run] = client.search_runs([experiment.experiment_id],
-                               filter_string=f"tags.loom_job_id = '{job_id}'")
+    [run] = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.loom_job_id = '{job_id}'"
+    )
     rows: Table = []
-    for artifact in sorted(client.list_artifacts(run.info.run_id, directory),
-                           key=lambda a: a.path):
+    for artifact in sorted(client.list_artifacts(run.info.run_id, directory), key=lambda a: a.path):
         local = client.download_artifacts(run.info.run_id, artifact.path, str(into))
         table = json.loads(Path(local).read_text())
         rows += [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
@@ -73,10 +74,13 @@ def mlflow_series(tracking_uri: str, job_id: str) -> Series:
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name("loom")
     assert experiment is not None
-    [run] = client.search_runs([experiment.experiment_id],
-                               filter_string=f"tags.loom_job_id = '{job_id}'")
-    return {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
-            for key in run.data.metrics}
+    [run] = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.loom_job_id = '{job_id}'"
+    )
+    return {
+        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        for key in run.data.metrics
+    }
 
 
 def wandb_series(wandb_dir: Path, job_id: str) -> Series:
@@ -86,8 +90,7 @@ def wandb_series(wandb_dir: Path, job_id: str) -> Series:
         steps = {k: v for k, v in row.items() if k == "step" or k.endswith("/step")}
         objects = {k.removesuffix("/_type") for k in row if k.endswith("/_type")}
         for name, value in row.items():
-            if (name.startswith("_") or name in steps
-                    or name.rpartition("/")[0] in objects):
+            if name.startswith("_") or name in steps or name.rpartition("/")[0] in objects:
                 continue  # W&B's own fields, step metrics, a table's fields
             phase = name.partition("/")[0] if "/" in name else ""
             step = steps[f"{phase}/step" if f"{phase}/step" in steps else "step"]
@@ -105,9 +108,15 @@ def _history(wandb_dir: Path, job_id: str) -> list[tuple[Path, dict[str, object]
             record = wandb_internal_pb2.Record()
             record.ParseFromString(data)
             if record.WhichOneof("record_type") == "history":
-                rows.append((path.parent, {item.key or "/".join(item.nested_key):
-                                           json.loads(item.value_json)
-                                           for item in record.history.item}))
+                rows.append(
+                    (
+                        path.parent,
+                        {
+                            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item
+                        },
+                    )
+                )
     return rows
 
 
@@ -118,11 +127,11 @@ def _records(raw: bytes) -> list[bytes]:
         if left < _CHUNK:  # a block's tail too short for a chunk header is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + _CHUNK])
+        _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + _CHUNK])
         if kind == 0:
             pos += left
             continue
-        pending += raw[pos + _CHUNK:pos + _CHUNK + length]
+        pending += raw[pos + _CHUNK : pos + _CHUNK + length]
         pos += _CHUNK + length
         if kind in (_FULL, _LAST):
             records.append(pending)

@@ -48,9 +48,17 @@ def trainer_stand_in(service_token: str | None = None) -> FastAPI:
 def model_info(body: CreateModelRequest) -> ModelInfo:
     """The trainer's answer to creating `body`'s model (an empty one)."""
     lora = body.lora if body.mode == TrainingMode.lora else None
-    return ModelInfo(model_id=body.job_id, job_id=body.job_id, base_model=body.base_model,
-                     mode=body.mode, lora=lora, num_params=0, trainable_params=0, step=0,
-                     last_version=0)
+    return ModelInfo(
+        model_id=body.job_id,
+        job_id=body.job_id,
+        base_model=body.base_model,
+        mode=body.mode,
+        lora=lora,
+        num_params=0,
+        trainable_params=0,
+        step=0,
+        last_version=0,
+    )
 
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -69,11 +77,17 @@ class FakeTrainer:
         self.ops: dict[str, dict[str, Any]] = {}
         self.app = self._app()
 
-    def _op(self, kind: str, result: Any = None, error: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
-        op = {"id": f"op_{uuid.uuid4().hex[:8]}", "kind": kind,
-              "status": "failed" if error else "succeeded", "created_at": NOW.isoformat(),
-              "result": result, "error": error}
+    def _op(
+        self, kind: str, result: Any = None, error: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        op = {
+            "id": f"op_{uuid.uuid4().hex[:8]}",
+            "kind": kind,
+            "status": "failed" if error else "succeeded",
+            "created_at": NOW.isoformat(),
+            "result": result,
+            "error": error,
+        }
         self.ops[op["id"]] = op
         return op
 
@@ -90,22 +104,42 @@ class FakeTrainer:
             self.calls.append((job, action, body))
             if action == "save_state":
                 if body["name"] in self.saved.setdefault(job, []):
-                    return self._op(action, error={"code": "conflict", "message":
-                                                   f"{body['name']!r} is taken", "detail": {}})
+                    return self._op(
+                        action,
+                        error={
+                            "code": "conflict",
+                            "message": f"{body['name']!r} is taken",
+                            "detail": {},
+                        },
+                    )
                 self.saved[job].append(body["name"])
                 self.expiry[job, body["name"]] = body.get("expires_at")
             if action == "save_weights":
-                return self._op(action, result={"job_id": job, "number": 1, "kind": "lora",
-                                                "step": 3})
-            state = {"job_id": body.get("job_id") or job, "name": body.get("name", ""),
-                     "step": 3, "last_version": 0, "has_optimizer": True, "bytes": 10,
-                     "created_at": NOW.isoformat()}
+                return self._op(
+                    action, result={"job_id": job, "number": 1, "kind": "lora", "step": 3}
+                )
+            state = {
+                "job_id": body.get("job_id") or job,
+                "name": body.get("name", ""),
+                "step": 3,
+                "last_version": 0,
+                "has_optimizer": True,
+                "bytes": 10,
+                "created_at": NOW.isoformat(),
+            }
             return self._op(action, result=state)
 
         def checkpoint(job: str, name: str) -> dict[str, Any]:
-            return {"job_id": job, "name": name, "step": 3, "last_version": 0,
-                    "has_optimizer": True, "bytes": 10, "created_at": NOW.isoformat(),
-                    "expires_at": self.expiry.get((job, name))}
+            return {
+                "job_id": job,
+                "name": name,
+                "step": 3,
+                "last_version": 0,
+                "has_optimizer": True,
+                "bytes": 10,
+                "created_at": NOW.isoformat(),
+                "expires_at": self.expiry.get((job, name)),
+            }
 
         @router.get("/models/{job}/checkpoints")
         async def listed(job: str) -> dict[str, Any]:
@@ -154,9 +188,14 @@ async def adapter_parts(tmp_path: Path) -> AsyncIterator[AdapterParts]:
     client = TrainerClient("http://trainer", transport=httpx2.ASGITransport(fake.app))
     rollout = RolloutClient("http://rollout", transport=httpx2.ASGITransport(fake.app))
     try:
-        yield AdapterParts(sessions, fake, client, rollout,
-                           KeyIdentity(id=owner.id, name="owner", admin=False),
-                           KeyIdentity(id=other.id, name="other", admin=False))
+        yield AdapterParts(
+            sessions,
+            fake,
+            client,
+            rollout,
+            KeyIdentity(id=owner.id, name="owner", admin=False),
+            KeyIdentity(id=other.id, name="other", admin=False),
+        )
     finally:
         await client.aclose()
         await rollout.aclose()

@@ -89,9 +89,13 @@ class Worker:
     def start(self, timeout_s: float = 60.0) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "services.worker"], env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [sys.executable, "-m", "services.worker"],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout_s
         while not is_ready(self.ready_file, self.process.pid):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -145,8 +149,11 @@ class TaskStack:
     worker_env: dict[str, str] = field(default_factory=dict)
 
     def client(self, key: str | None = None) -> httpx2.AsyncClient:
-        return httpx2.AsyncClient(base_url=self.url, timeout=60,
-                                  headers={"Authorization": f"Bearer {key or self.admin_key}"})
+        return httpx2.AsyncClient(
+            base_url=self.url,
+            timeout=60,
+            headers={"Authorization": f"Bearer {key or self.admin_key}"},
+        )
 
     def modelstate(self) -> ModelStateClient:
         return ModelStateClient.from_settings(LoomSettings(modelstate_url=self.modelstate_url))
@@ -154,8 +161,11 @@ class TaskStack:
     def worker(self, **env: str) -> Worker:
         """A worker (not started yet); `env`: extra LOOM_* variables."""
         index = len(self.workers)
-        worker = Worker({**self.worker_env, **env}, self.data_dir / f"worker-{index}.log",
-                        WorkerSettings(data_dir=self.data_dir).ready_file)
+        worker = Worker(
+            {**self.worker_env, **env},
+            self.data_dir / f"worker-{index}.log",
+            WorkerSettings(data_dir=self.data_dir).ready_file,
+        )
         self.workers.append(worker)
         return worker
 
@@ -163,8 +173,11 @@ class TaskStack:
     def modelstate_at(self, port: int) -> Iterator[str]:
         """Another modelstate over the same database and blobs, served at `port`: the store
         coming back where a worker expects it."""
-        app = create_modelstate(ModelStateSettings(
-            data_dir=self.data_dir, database_url=self.database_url, modelstate_gc_interval_s=0))
+        app = create_modelstate(
+            ModelStateSettings(
+                data_dir=self.data_dir, database_url=self.database_url, modelstate_gc_interval_s=0
+            )
+        )
         with serve_in_thread(app, port=port) as url:
             yield url
 
@@ -173,19 +186,25 @@ class TaskStack:
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
 
-    async def publish(self, job_id: str, directory: Path, step: int,
-                      kind: VersionKind = VersionKind.lora) -> Version:
+    async def publish(
+        self, job_id: str, directory: Path, step: int, kind: VersionKind = VersionKind.lora
+    ) -> Version:
         client = self.modelstate()
         try:
-            return await client.publish(VersionMeta(
-                job_id=job_id, kind=kind, base_model=str(self.base_model), step=step), directory)
+            return await client.publish(
+                VersionMeta(job_id=job_id, kind=kind, base_model=str(self.base_model), step=step),
+                directory,
+            )
         finally:
             await client.aclose()
 
 
-async def wait_for_task(http: httpx2.AsyncClient, task_id: str,
-                        until: set[str] | Callable[[dict[str, Any]], bool],
-                        timeout_s: float = 60.0) -> dict[str, Any]:
+async def wait_for_task(
+    http: httpx2.AsyncClient,
+    task_id: str,
+    until: set[str] | Callable[[dict[str, Any]], bool],
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
     """The task once its status is one of `until`, or once `until(task)` holds."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -199,45 +218,84 @@ async def wait_for_task(http: httpx2.AsyncClient, task_id: str,
         await asyncio.sleep(0.1)
 
 
-def build_stack(tmp_path: Path, database_url: str, tiny_model_dir: Path,
-                broker: dict[str, str], *, real_trainer: bool = False) -> Iterator[TaskStack]:
+def build_stack(
+    tmp_path: Path,
+    database_url: str,
+    tiny_model_dir: Path,
+    broker: dict[str, str],
+    *,
+    real_trainer: bool = False,
+) -> Iterator[TaskStack]:
     """The stack over `broker` (LOOM_WORKER_* values); workers are started by the tests.
     The trainer is a stand-in unless `real_trainer`; either way the test can restart it and
     hold requests to it (`trainer_gate`)."""
     data_dir = tmp_path / "data"
     gate, trainer_gate = Gate("/v1/gc"), Gate("")
-    modelstate = create_modelstate(ModelStateSettings(
-        data_dir=data_dir, database_url=database_url, modelstate_gc_interval_s=0))
+    modelstate = create_modelstate(
+        ModelStateSettings(data_dir=data_dir, database_url=database_url, modelstate_gc_interval_s=0)
+    )
     modelstate.add_middleware(GateMiddleware, gate=gate)
-    worker_vars = {"LOOM_WORKER_HEARTBEAT_S": str(HEARTBEAT_S), "LOOM_WORKER_CONCURRENCY": "1",
-                   "LOOM_WORKER_RETRY_BACKOFF_S": "0.2", **broker}
+    worker_vars = {
+        "LOOM_WORKER_HEARTBEAT_S": str(HEARTBEAT_S),
+        "LOOM_WORKER_CONCURRENCY": "1",
+        "LOOM_WORKER_RETRY_BACKOFF_S": "0.2",
+        **broker,
+    }
     with contextlib.ExitStack() as running:
         modelstate_url = running.enter_context(serve_in_thread(modelstate))
 
         def trainer_app() -> FastAPI:
-            app = create_trainer(TrainerSettings(
-                data_dir=data_dir, modelstate_url=modelstate_url, trainer_device="cpu",
-            )) if real_trainer else trainer_stand_in()
+            app = (
+                create_trainer(
+                    TrainerSettings(
+                        data_dir=data_dir,
+                        modelstate_url=modelstate_url,
+                        trainer_device="cpu",
+                    )
+                )
+                if real_trainer
+                else trainer_stand_in()
+            )
             app.add_middleware(GateMiddleware, gate=trainer_gate)
             return app
 
         trainer = RestartableServer(trainer_app)
         trainer_url = trainer.start()
         running.callback(trainer.stop)
-        shared = {"data_dir": data_dir, "database_url": database_url,
-                  "modelstate_url": modelstate_url, "trainer_url": trainer_url}
-        worker_settings = WorkerSettings(**shared, **{
-            key.removeprefix("LOOM_").lower(): value for key, value in worker_vars.items()})
-        url = running.enter_context(serve_in_thread(
-            create_app(GatewaySettings(**shared), worker_settings)))
+        shared = {
+            "data_dir": data_dir,
+            "database_url": database_url,
+            "modelstate_url": modelstate_url,
+            "trainer_url": trainer_url,
+        }
+        worker_settings = WorkerSettings(
+            **shared,
+            **{key.removeprefix("LOOM_").lower(): value for key, value in worker_vars.items()},
+        )
+        url = running.enter_context(
+            serve_in_thread(create_app(GatewaySettings(**shared), worker_settings))
+        )
         stack = TaskStack(
-            url=url, admin_key=(data_dir / "admin_key").read_text().strip(),
-            database_url=database_url, modelstate_url=modelstate_url, data_dir=data_dir,
-            base_model=tiny_model_dir, gate=gate, trainer=trainer, trainer_gate=trainer_gate,
+            url=url,
+            admin_key=(data_dir / "admin_key").read_text().strip(),
+            database_url=database_url,
+            modelstate_url=modelstate_url,
+            data_dir=data_dir,
+            base_model=tiny_model_dir,
+            gate=gate,
+            trainer=trainer,
+            trainer_gate=trainer_gate,
             worker_env={
-                **os.environ, "LOOM_DATA_DIR": str(data_dir), "LOOM_DATABASE_URL": database_url,
-                "LOOM_MODELSTATE_URL": modelstate_url, "LOOM_TRAINER_URL": trainer_url,
-                "LOOM_GATEWAY_URL": url, "PYTHONUNBUFFERED": "1", **worker_vars})
+                **os.environ,
+                "LOOM_DATA_DIR": str(data_dir),
+                "LOOM_DATABASE_URL": database_url,
+                "LOOM_MODELSTATE_URL": modelstate_url,
+                "LOOM_TRAINER_URL": trainer_url,
+                "LOOM_GATEWAY_URL": url,
+                "PYTHONUNBUFFERED": "1",
+                **worker_vars,
+            },
+        )
         try:
             yield stack
         finally:

@@ -63,7 +63,8 @@ def test_every_loom_service_reads_the_service_token_the_one_shot_makes() -> None
 
 @pytest.mark.parametrize("service", sorted(LOOM_SERVICES))
 def test_each_service_image_adds_a_healthcheck_and_command_to_the_shared_image(
-        service: str) -> None:
+    service: str,
+) -> None:
     directory, port = LOOM_SERVICES[service]
     dockerfile = (ROOT / "docker" / directory / "Dockerfile").read_text()
     assert re.search(r"^FROM \$\{LOOM_IMAGE\}$", dockerfile, re.M)
@@ -108,7 +109,8 @@ class _Ready(BaseHTTPRequestHandler):
 
 
 def test_healthcheck_asks_the_service_url_and_the_worker_ready_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = HTTPServer(("127.0.0.1", 0), _Ready)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

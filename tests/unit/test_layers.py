@@ -17,8 +17,14 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     """`lint-imports` on the source tree at `tree` (it imports the packages from its cwd)."""
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tree, capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +32,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     copy = tmp_path_factory.mktemp("tree")
     shutil.copy(ROOT / ".importlinter", copy)
     for package in PACKAGES:
-        shutil.copytree(ROOT / package, copy / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "static", "templates"))
+        shutil.copytree(
+            ROOT / package,
+            copy / package,
+            ignore=shutil.ignore_patterns("__pycache__", "static", "templates"),
+        )
     return copy
 
 
@@ -37,18 +46,22 @@ def test_the_source_tree_keeps_every_contract(tree: Path) -> None:
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize(("module", "planted", "contract"), [
-    # the gateway reaching up into the CLI
-    ("gateway/formatting.py", "import cli.common", "One way down"),
-    # the service kit reaching up into the gateway
-    ("services/common/errors.py", "import gateway.app", "One way down"),
-    # a service reaching into a sibling it may not know
-    ("services/trainer/losses.py", "import services.rollout.sampling", "One way down"),
-    # the SDK loading the server stack
-    ("agents/sdk/_http.py", "import fastapi", "The SDK and the wire protocol"),
-])
-def test_a_planted_import_breaks_its_contract(tree: Path, module: str, planted: str,
-                                              contract: str) -> None:
+@pytest.mark.parametrize(
+    ("module", "planted", "contract"),
+    [
+        # the gateway reaching up into the CLI
+        ("gateway/formatting.py", "import cli.common", "One way down"),
+        # the service kit reaching up into the gateway
+        ("services/common/errors.py", "import gateway.app", "One way down"),
+        # a service reaching into a sibling it may not know
+        ("services/trainer/losses.py", "import services.rollout.sampling", "One way down"),
+        # the SDK loading the server stack
+        ("agents/sdk/_http.py", "import fastapi", "The SDK and the wire protocol"),
+    ],
+)
+def test_a_planted_import_breaks_its_contract(
+    tree: Path, module: str, planted: str, contract: str
+) -> None:
     path = tree / module
     original = path.read_text()
     path.write_text(f"{original}\n{planted}  # planted\n")

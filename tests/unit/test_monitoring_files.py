@@ -42,11 +42,18 @@ def test_the_dashboard_asks_only_for_exported_metrics() -> None:
 
 def test_prometheus_scrapes_every_loom_service_where_compose_runs_it() -> None:
     env = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["x-loom-env"]
-    urls = {v.removeprefix("http://") for k, v in env.items()
-            if re.fullmatch(r"LOOM_[A-Z]+_URL", k) and k != "LOOM_DATABASE_URL"}
+    urls = {
+        v.removeprefix("http://")
+        for k, v in env.items()
+        if re.fullmatch(r"LOOM_[A-Z]+_URL", k) and k != "LOOM_DATABASE_URL"
+    }
     config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
-    targets = {t for job in config["scrape_configs"] for group in job["static_configs"]
-               for t in group["targets"]}
+    targets = {
+        t
+        for job in config["scrape_configs"]
+        for group in job["static_configs"]
+        for t in group["targets"]
+    }
     assert targets == urls
 
 

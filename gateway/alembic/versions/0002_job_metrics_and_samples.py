@@ -22,8 +22,9 @@ def upgrade() -> None:
     op.create_table(
         "job_metrics",
         sa.Column("id", ROW_ID, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column(
+            "job_id", sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("name", sa.String(128), nullable=False),
         sa.Column("step", sa.BigInteger(), nullable=False),
         sa.Column("value", sa.Float(), nullable=False),
@@ -34,8 +35,9 @@ def upgrade() -> None:
     op.create_table(
         "job_samples",
         sa.Column("id", ROW_ID, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column(
+            "job_id", sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("step", sa.BigInteger(), nullable=False),
         sa.Column("version", sa.Integer(), nullable=True),
         sa.Column("prompt", sa.Text(), nullable=False),

@@ -22,8 +22,9 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("api_keys") as batch:
         batch.add_column(sa.Column("job_id", sa.String(64), nullable=True))
-        batch.create_foreign_key("fk_api_keys_job_id", "jobs", ["job_id"], ["id"],
-                                 ondelete="CASCADE")
+        batch.create_foreign_key(
+            "fk_api_keys_job_id", "jobs", ["job_id"], ["id"], ondelete="CASCADE"
+        )
         batch.create_index("ix_api_keys_job_id", ["job_id"])
 
 

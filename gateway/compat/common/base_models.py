@@ -46,8 +46,10 @@ class ServedModels:
         """Every base model name Loom knows, served ones first, then by name."""
         base = await self.rollout_base()
         names = {base, *self.aliases}
-        found = [BaseModelInfo(name, self.loom_name(name), same_model(self.loom_name(name), base))
-                 for name in names]
+        found = [
+            BaseModelInfo(name, self.loom_name(name), same_model(self.loom_name(name), base))
+            for name in names
+        ]
         return sorted(found, key=lambda m: (not m.served, m.name))
 
     async def check(self, name: str, what: str) -> str:
@@ -58,9 +60,12 @@ class ServedModels:
             return loom
         served = [m.name for m in await self.catalog() if m.served]
         shown = repr(name) if loom == name else f"{name!r} (Loom's {loom!r})"
-        raise InvalidInput(f"{what} on base model {shown}: Loom serves {served} (rollout "
-                           "runs one base model; LOOM_GATEWAY_SDK_BASE_MODELS maps SDK names "
-                           "onto it).", {"base_model": name, "served": served})
+        raise InvalidInput(
+            f"{what} on base model {shown}: Loom serves {served} (rollout "
+            "runs one base model; LOOM_GATEWAY_SDK_BASE_MODELS maps SDK names "
+            "onto it).",
+            {"base_model": name, "served": served},
+        )
 
 
 def same_model(a: str, b: str) -> bool:

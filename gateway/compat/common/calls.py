@@ -76,8 +76,9 @@ class Owned(Protocol):
 OwnedT = TypeVar("OwnedT", bound=Owned)
 
 
-def owned(item: OwnedT | None, item_id: str, viewer: KeyIdentity, what: str,
-          missing: str = "") -> OwnedT:
+def owned(
+    item: OwnedT | None, item_id: str, viewer: KeyIdentity, what: str, missing: str = ""
+) -> OwnedT:
     """A session, model or sampler (None: not found) that `viewer` may use."""
     if item is None:
         raise NotFound(f"No {what.lower()} {item_id!r}{missing}.")
@@ -119,9 +120,13 @@ class CallOrder:
     skipped: set[int] = field(default_factory=set)  # refused, not yet reached
     turn: asyncio.Condition = field(default_factory=asyncio.Condition)
 
-    async def place(self, futures: Futures, seq_id: int | None,
-                    submit: Callable[[], Awaitable[Any]],
-                    result: Callable[[Any], Awaitable[Payload]]) -> str:
+    async def place(
+        self,
+        futures: Futures,
+        seq_id: int | None,
+        submit: Callable[[], Awaitable[Any]],
+        result: Callable[[Any], Awaitable[Payload]],
+    ) -> str:
         """Submit to the trainer when it is `seq_id`'s turn (None: at once, in arrival order)
         and return the call id whose result `result(submitted)` gives. A resent seq_id gets
         the first submission's call id. `submit` raising (a refused call) uses the number up
@@ -153,14 +158,17 @@ class CallOrder:
         deadline = time.monotonic() + SEQ_GAP_TIMEOUT_S
         while self.next_seq < seq_id:
             with suppress(TimeoutError):
-                await asyncio.wait_for(self.turn.wait_for(lambda: self.next_seq >= seq_id),
-                                       TURN_POLL_S)
+                await asyncio.wait_for(
+                    self.turn.wait_for(lambda: self.next_seq >= seq_id), TURN_POLL_S
+                )
             if self.next_seq < seq_id:  # the calls before it may have reached other replicas
                 self.skipped |= await futures.used(self.model_id, self.next_seq, seq_id)
                 self._advance()
             if self.next_seq < seq_id and time.monotonic() >= deadline:
-                raise InvalidInput(f"seq_id {seq_id} waited {SEQ_GAP_TIMEOUT_S:g} s for "
-                                   f"seq_id {self.next_seq}, which never came.")
+                raise InvalidInput(
+                    f"seq_id {seq_id} waited {SEQ_GAP_TIMEOUT_S:g} s for "
+                    f"seq_id {self.next_seq}, which never came."
+                )
 
     async def skip(self, futures: Futures, seq_id: int | None) -> None:
         """`seq_id`'s call was refused before it could take its turn: its number is used up
@@ -215,8 +223,9 @@ def numbered(numbering: Numbering) -> Callable[[CallT], CallT]:
     return wrap
 
 
-def check_shifted_targets(tokens: np.ndarray, targets: np.ndarray, carries_loss: np.ndarray,
-                          index: int) -> None:
+def check_shifted_targets(
+    tokens: np.ndarray, targets: np.ndarray, carries_loss: np.ndarray, index: int
+) -> None:
     """Loom trains a sequence on its input shifted by one: both SDKs' `target_tokens` must be
     `tokens[1:]` (then the next token) wherever a target carries loss; elsewhere (padding:
     weight 0, advantage 0, -100) any target is taken. A 4xx names the first that is not."""
@@ -227,7 +236,8 @@ def check_shifted_targets(tokens: np.ndarray, targets: np.ndarray, carries_loss:
             f"data[{index}]: target_tokens[{at}] is {int(targets[at])}, not the next input "
             f"token {int(tokens[at + 1])}: Loom trains on the input shifted by one, and takes "
             "another target only where it carries no loss (weight or advantage 0, or -100).",
-            {"index": index, "position": at})
+            {"index": index, "position": at},
+        )
 
 
 @contextmanager
@@ -253,44 +263,61 @@ class AdamSpec(Protocol):
 def optim_step_request(spec: AdamSpec) -> OptimStepRequest:
     """An SDK's optimizer step as Loom's; a grad_clip_norm of 0 means no clipping."""
     with user_input("optim_step", "adam_params"):
-        return OptimStepRequest(adam=AdamParams(
-            lr=spec.learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.eps,
-            weight_decay=spec.weight_decay, grad_clip=spec.grad_clip_norm or None))
+        return OptimStepRequest(
+            adam=AdamParams(
+                lr=spec.learning_rate,
+                beta1=spec.beta1,
+                beta2=spec.beta2,
+                eps=spec.eps,
+                weight_decay=spec.weight_decay,
+                grad_clip=spec.grad_clip_norm or None,
+            )
+        )
 
 
 def builtin_loss(loss_fn: str, config: dict[str, Any]) -> LossConfig:
     """An SDK's loss name and `loss_fn_config` as Loom's loss, or a 4xx saying what is
     served."""
     if loss_fn not in BUILTIN_LOSSES:
-        raise InvalidInput(f"Loss {loss_fn!r} is not served by Loom; supported: "
-                           f"{', '.join(BUILTIN_LOSSES)}.")
+        raise InvalidInput(
+            f"Loss {loss_fn!r} is not served by Loom; supported: {', '.join(BUILTIN_LOSSES)}."
+        )
     name, defaults = BUILTIN_LOSSES[loss_fn]
     unknown = set(config) - set(defaults)
     if unknown:
-        raise InvalidInput(f"loss_fn_config keys {sorted(unknown)} are not served for "
-                           f"{loss_fn!r}" + (f"; it reads {sorted(defaults)}." if defaults
-                                              else "."))
+        raise InvalidInput(
+            f"loss_fn_config keys {sorted(unknown)} are not served for "
+            f"{loss_fn!r}" + (f"; it reads {sorted(defaults)}." if defaults else ".")
+        )
     values = {**defaults, **config}
     options: dict[str, float] = {}
     try:
         if "beta" in values:
             options["dro_beta"] = float(values["beta"])
         if "clip_low_threshold" in values:
-            options.update(clip_low=1 - float(values["clip_low_threshold"]),
-                           clip_high=float(values["clip_high_threshold"]) - 1)
+            options.update(
+                clip_low=1 - float(values["clip_low_threshold"]),
+                clip_high=float(values["clip_high_threshold"]) - 1,
+            )
         return LossConfig(name=name, aggregation=LossAggregation.sum, **options)
     except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"loss_fn_config {values} is out of range for {loss_fn!r}: "
-                           "clip_low_threshold must be in [0, 1], clip_high_threshold in "
-                           "[1, 11] and beta above 0.") from exc
+        raise InvalidInput(
+            f"loss_fn_config {values} is out of range for {loss_fn!r}: "
+            "clip_low_threshold must be in [0, 1], clip_high_threshold in "
+            "[1, 11] and beta above 0."
+        ) from exc
 
 
-def client_loss_datum(ids: list[int], gradient: list[float], mask: list[float] | None = None
-                      ) -> Datum:
+def client_loss_datum(
+    ids: list[int], gradient: list[float], mask: list[float] | None = None
+) -> Datum:
     """Loom's datum for `CLIENT_LOSS`: `gradient[i]` is the client loss's derivative by the
     logprob of ids[i + 1]; `mask` (default all 1) drops positions that have no target."""
-    return Datum(input_ids=ids, loss_mask=[0.0, *(mask or [1.0] * len(gradient))],
-                 advantages=[0.0, *(-g for g in gradient)])
+    return Datum(
+        input_ids=ids,
+        loss_mask=[0.0, *(mask or [1.0] * len(gradient))],
+        advantages=[0.0, *(-g for g in gradient)],
+    )
 
 
 @dataclass(frozen=True)
@@ -302,14 +329,17 @@ class TrainingPass:
     body: ForwardRequest | ForwardBackwardRequest
 
     @classmethod
-    def of(cls, call: str, data: list[Datum], loss: LossConfig | None, *, backward: bool
-           ) -> TrainingPass:
+    def of(
+        cls, call: str, data: list[Datum], loss: LossConfig | None, *, backward: bool
+    ) -> TrainingPass:
         with user_input(call, "data"):
             if backward:
                 if loss is None:
                     raise InvalidInput(f"{call} needs a loss.")
-                return cls("forward_backward", ForwardBackwardRequest(
-                    data=data, loss=loss, return_logprobs=True))
+                return cls(
+                    "forward_backward",
+                    ForwardBackwardRequest(data=data, loss=loss, return_logprobs=True),
+                )
             return cls("forward", ForwardRequest(data=data, loss=loss))
 
     async def submit(self, calls: TrainerCalls, job_id: str) -> str:
@@ -336,19 +366,30 @@ class Scoring:
     prompt_top_logprobs: int = 0  # ... and at each prompt position
 
 
-async def sample(rollout: RolloutClient, job_id: str | None, version: int,
-                 prompt_token_ids: list[int], n: int, params: SamplingParams,
-                 scoring: Scoring = Scoring()) -> SampleResponse:
+async def sample(
+    rollout: RolloutClient,
+    job_id: str | None,
+    version: int,
+    prompt_token_ids: list[int],
+    n: int,
+    params: SamplingParams,
+    scoring: Scoring = Scoring(),
+) -> SampleResponse:
     """`n` samples of `prompt_token_ids` from one version of a job (None: the base model),
     and the prompt's own logprobs if asked."""
     # vLLM refuses n > 1 when greedy; greedy samples are all the same one anyway.
     copies = n if params.temperature == 0 else 1
     with user_input("sample", "sampling_params"):
-        request = SampleRequest(job_id=job_id, version=version, n=n // copies,
-                                prompt_token_ids=prompt_token_ids, params=params,
-                                prompt_logprobs=scoring.prompt_logprobs,
-                                top_logprobs=scoring.top_logprobs,
-                                prompt_top_logprobs=scoring.prompt_top_logprobs)
+        request = SampleRequest(
+            job_id=job_id,
+            version=version,
+            n=n // copies,
+            prompt_token_ids=prompt_token_ids,
+            params=params,
+            prompt_logprobs=scoring.prompt_logprobs,
+            top_logprobs=scoring.top_logprobs,
+            prompt_top_logprobs=scoring.prompt_top_logprobs,
+        )
     response = await rollout.sample(request)
     response.samples *= copies
     return response

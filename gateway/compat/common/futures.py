@@ -60,16 +60,17 @@ class Futures:
         numbered = (CompatCallRow.model_id == model_id, CompatCallRow.seq_id == seq_id)
 
         def take(session: Session) -> tuple[str, bool]:
-            row = session.scalars(select(CompatCallRow).where(*numbered)
-                                  .with_for_update()).one()
+            row = session.scalars(select(CompatCallRow).where(*numbered).with_for_update()).one()
             if not row.released:
                 return row.id, False
             row.released, row.created_at = False, utcnow()
             return row.id, True
 
         try:
-            await in_transaction(self.db, lambda s: s.add(
-                CompatCallRow(id=call_id, model_id=model_id, seq_id=seq_id)))
+            await in_transaction(
+                self.db,
+                lambda s: s.add(CompatCallRow(id=call_id, model_id=model_id, seq_id=seq_id)),
+            )
             return call_id, True
         except IntegrityError:
             return await in_transaction(self.db, take)
@@ -77,20 +78,30 @@ class Futures:
     async def release(self, call_id: str) -> None:
         """A claimed number whose call was refused before it ran: still used up, and a
         resent call is judged again, wherever it arrives."""
-        await in_transaction(self.db, lambda s: s.execute(
-            update(CompatCallRow).where(CompatCallRow.id == call_id).values(released=True)))
+        await in_transaction(
+            self.db,
+            lambda s: s.execute(
+                update(CompatCallRow).where(CompatCallRow.id == call_id).values(released=True)
+            ),
+        )
 
     async def mark_used(self, model_id: str, seq_id: int) -> None:
         """A number used up by a call refused before its turn (unless a call took it)."""
         with suppress(IntegrityError):
-            await in_transaction(self.db, lambda s: s.add(CompatCallRow(
-                id=self.new_id(), model_id=model_id, seq_id=seq_id, released=True)))
+            await in_transaction(
+                self.db,
+                lambda s: s.add(
+                    CompatCallRow(id=self.new_id(), model_id=model_id, seq_id=seq_id, released=True)
+                ),
+            )
 
     async def used(self, model_id: str, start: int, stop: int) -> set[int]:
         """The numbers of [start, stop) used up for `model_id`, on any replica."""
         query = select(CompatCallRow.seq_id).where(
-            CompatCallRow.model_id == model_id, CompatCallRow.seq_id >= start,
-            CompatCallRow.seq_id < stop)
+            CompatCallRow.model_id == model_id,
+            CompatCallRow.seq_id >= start,
+            CompatCallRow.seq_id < stop,
+        )
         found = await in_transaction(self.db, lambda s: s.scalars(query).all())
         return {n for n in found if n is not None}
 
@@ -102,8 +113,12 @@ class Futures:
         self._running[call_id] = asyncio.ensure_future(self._run(call_id, work))
         self._submitted += 1
         if self._submitted % PRUNE_EVERY == 0:
-            await in_transaction(self.db, lambda s: s.execute(delete(CompatCallRow).where(
-                CompatCallRow.created_at < utcnow() - KEEP)))
+            await in_transaction(
+                self.db,
+                lambda s: s.execute(
+                    delete(CompatCallRow).where(CompatCallRow.created_at < utcnow() - KEEP)
+                ),
+            )
         return call_id
 
     async def _run(self, call_id: str, work: Awaitable[Payload]) -> Outcome:
@@ -124,9 +139,14 @@ class Futures:
             else:
                 row.result_json = outcome.result
             if outcome.error is not None:
-                row.error = {"status": outcome.error.status_code, "error": {
-                    "code": outcome.error.code, "message": outcome.error.message,
-                    "detail": outcome.error.detail}}
+                row.error = {
+                    "status": outcome.error.status_code,
+                    "error": {
+                        "code": outcome.error.code,
+                        "message": outcome.error.message,
+                        "detail": outcome.error.detail,
+                    },
+                }
 
         try:
             await in_transaction(self.db, record)
@@ -145,8 +165,10 @@ class Futures:
         while True:
             row = await in_transaction(self.db, lambda s: s.get(CompatCallRow, call_id))
             if row is None:
-                raise NotFound(f"No request {call_id!r} (unknown, or its result was dropped: "
-                               f"the gateway keeps results for {KEEP.days} day).")
+                raise NotFound(
+                    f"No request {call_id!r} (unknown, or its result was dropped: "
+                    f"the gateway keeps results for {KEEP.days} day)."
+                )
             if row.done:
                 return stored_outcome(row)
             if time.monotonic() >= deadline:
@@ -157,5 +179,4 @@ class Futures:
 def stored_outcome(row: CompatCallRow) -> Outcome:
     if row.error is not None:
         return Outcome(error=error_from_envelope(row.error["status"], row.error))
-    return Outcome(result=row.result_bytes if row.result_bytes is not None
-                   else row.result_json)
+    return Outcome(result=row.result_bytes if row.result_bytes is not None else row.result_json)

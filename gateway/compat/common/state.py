@@ -48,10 +48,17 @@ class SdkState:
 
     # --- sessions -------------------------------------------------------------------------
 
-    async def add_session(self, session_id: str, owner: KeyIdentity, name: str | None = None
-                          ) -> SdkSession:
-        row = CompatSessionRow(id=session_id, protocol=self.protocol, owner_key_id=owner.id,
-                               name=name, models={}, created_at=datetime.now(UTC))
+    async def add_session(
+        self, session_id: str, owner: KeyIdentity, name: str | None = None
+    ) -> SdkSession:
+        row = CompatSessionRow(
+            id=session_id,
+            protocol=self.protocol,
+            owner_key_id=owner.id,
+            name=name,
+            models={},
+            created_at=datetime.now(UTC),
+        )
         await in_transaction(self.db, lambda s: s.add(row))
         return SdkSession(owner.id, name, row.created_at, {})
 
@@ -59,11 +66,14 @@ class SdkState:
         row = await in_transaction(self.db, lambda s: s.get(CompatSessionRow, session_id))
         if row is None or row.protocol != self.protocol:
             return None
-        return SdkSession(row.owner_key_id, row.name, row.created_at,
-                          {int(seq): model for seq, model in row.models.items()})
+        return SdkSession(
+            row.owner_key_id,
+            row.name,
+            row.created_at,
+            {int(seq): model for seq, model in row.models.items()},
+        )
 
-    async def add_session_model(self, session_id: str, model_seq_id: int, model_id: str
-                                ) -> None:
+    async def add_session_model(self, session_id: str, model_seq_id: int, model_id: str) -> None:
         def add(session: Session) -> None:
             row = session.get(CompatSessionRow, session_id, with_for_update=True)
             if row is not None:
@@ -73,8 +83,11 @@ class SdkState:
 
     async def session_ids(self, viewer: KeyIdentity) -> list[str]:
         """The sessions `viewer` sees (an admin: all), newest first."""
-        query = (select(CompatSessionRow.id).where(CompatSessionRow.protocol == self.protocol)
-                 .order_by(CompatSessionRow.created_at.desc()))
+        query = (
+            select(CompatSessionRow.id)
+            .where(CompatSessionRow.protocol == self.protocol)
+            .order_by(CompatSessionRow.created_at.desc())
+        )
         if not viewer.admin:
             query = query.where(CompatSessionRow.owner_key_id == viewer.id)
         return list(await in_transaction(self.db, lambda s: s.scalars(query).all()))
@@ -83,36 +96,57 @@ class SdkState:
 
     async def add_sampler(self, sampler_id: str, ref: SamplerRef) -> None:
         assert ref.owner is not None  # a sampling session is its maker's
-        row = CompatSamplerRow(id=sampler_id, protocol=self.protocol, owner_key_id=ref.owner,
-                               base_model=ref.base_model, job_id=ref.job_id,
-                               version=ref.version, model_path=ref.model_path,
-                               tokenizer_path=ref.tokenizer_path)
+        row = CompatSamplerRow(
+            id=sampler_id,
+            protocol=self.protocol,
+            owner_key_id=ref.owner,
+            base_model=ref.base_model,
+            job_id=ref.job_id,
+            version=ref.version,
+            model_path=ref.model_path,
+            tokenizer_path=ref.tokenizer_path,
+        )
         await in_transaction(self.db, lambda s: s.merge(row))  # a resent create replaces it
 
     async def sampler(self, sampler_id: str) -> SamplerRef | None:
         row = await in_transaction(self.db, lambda s: s.get(CompatSamplerRow, sampler_id))
         if row is None or row.protocol != self.protocol:
             return None
-        return SamplerRef(row.owner_key_id, row.base_model, row.job_id, row.version,
-                          row.model_path, row.tokenizer_path, row.created_at)
+        return SamplerRef(
+            row.owner_key_id,
+            row.base_model,
+            row.job_id,
+            row.version,
+            row.model_path,
+            row.tokenizer_path,
+            row.created_at,
+        )
 
     async def drop_sampler(self, sampler_id: str) -> None:
-        await in_transaction(self.db, lambda s: s.execute(
-            delete(CompatSamplerRow).where(CompatSamplerRow.id == sampler_id)))
+        await in_transaction(
+            self.db,
+            lambda s: s.execute(delete(CompatSamplerRow).where(CompatSamplerRow.id == sampler_id)),
+        )
 
     async def sampler_ids(self, prefix: str) -> list[str]:
         query = select(CompatSamplerRow.id).where(
-            CompatSamplerRow.protocol == self.protocol, CompatSamplerRow.id.startswith(prefix))
+            CompatSamplerRow.protocol == self.protocol, CompatSamplerRow.id.startswith(prefix)
+        )
         return list(await in_transaction(self.db, lambda s: s.scalars(query).all()))
 
     # --- named sampler weights ------------------------------------------------------------
 
     async def add_weights(self, path: str, ref: SamplerRef) -> None:
         assert ref.job_id is not None  # weights are a job's version
-        row = CompatSamplerWeightsRow(path=path, owner_key_id=ref.owner,
-                                      base_model=ref.base_model, job_id=ref.job_id,
-                                      version=ref.version, saved_at=ref.saved_at,
-                                      expires_at=ref.expires_at)
+        row = CompatSamplerWeightsRow(
+            path=path,
+            owner_key_id=ref.owner,
+            base_model=ref.base_model,
+            job_id=ref.job_id,
+            version=ref.version,
+            saved_at=ref.saved_at,
+            expires_at=ref.expires_at,
+        )
         await in_transaction(self.db, lambda s: s.merge(row))
 
     async def live_weights(self, path_prefix: str) -> dict[str, SamplerRef]:
@@ -121,14 +155,28 @@ class SdkState:
 
         def read(session: Session) -> dict[str, SamplerRef]:
             now = datetime.now(UTC)
-            session.execute(delete(CompatSamplerWeightsRow).where(
-                CompatSamplerWeightsRow.path.startswith(path_prefix),
-                CompatSamplerWeightsRow.expires_at <= now))
-            rows = session.scalars(select(CompatSamplerWeightsRow).where(
-                CompatSamplerWeightsRow.path.startswith(path_prefix)))
-            return {row.path: SamplerRef(row.owner_key_id, row.base_model, row.job_id,
-                                         row.version, saved_at=row.saved_at,
-                                         expires_at=row.expires_at) for row in rows}
+            session.execute(
+                delete(CompatSamplerWeightsRow).where(
+                    CompatSamplerWeightsRow.path.startswith(path_prefix),
+                    CompatSamplerWeightsRow.expires_at <= now,
+                )
+            )
+            rows = session.scalars(
+                select(CompatSamplerWeightsRow).where(
+                    CompatSamplerWeightsRow.path.startswith(path_prefix)
+                )
+            )
+            return {
+                row.path: SamplerRef(
+                    row.owner_key_id,
+                    row.base_model,
+                    row.job_id,
+                    row.version,
+                    saved_at=row.saved_at,
+                    expires_at=row.expires_at,
+                )
+                for row in rows
+            }
 
         return await in_transaction(self.db, read)
 

@@ -56,9 +56,11 @@ class TrainingRun:
 def parse_path(path: str) -> TinkerPath:
     parts = path.removeprefix(SCHEME).split("/") if path.startswith(SCHEME) else []
     if len(parts) != 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
-        raise InvalidInput(f"{path!r} is not a Tinker checkpoint path: "
-                           f"{SCHEME}<model_id>/weights/<name> (save_state) or "
-                           f"{SCHEME}<model_id>/sampler_weights/<name> (save_weights_for_sampler).")
+        raise InvalidInput(
+            f"{path!r} is not a Tinker checkpoint path: "
+            f"{SCHEME}<model_id>/weights/<name> (save_state) or "
+            f"{SCHEME}<model_id>/sampler_weights/<name> (save_weights_for_sampler)."
+        )
     return TinkerPath(*parts)
 
 
@@ -66,9 +68,11 @@ def training_path(path: str) -> TinkerPath:
     """A path that load_state can take: training state, not sampler weights."""
     parsed = parse_path(path)
     if parsed.kind != WEIGHTS:
-        raise InvalidInput(f"{path!r} holds sampler weights (save_weights_for_sampler), not "
-                           f"training state: load one saved with save_state "
-                           f"({SCHEME}<model_id>/weights/<name>).")
+        raise InvalidInput(
+            f"{path!r} holds sampler weights (save_weights_for_sampler), not "
+            f"training state: load one saved with save_state "
+            f"({SCHEME}<model_id>/weights/<name>)."
+        )
     return parsed
 
 
@@ -79,8 +83,10 @@ def checkpoint_name(name: str | None) -> str:
     try:
         return SaveStateRequest(name=name).name
     except ValidationError:
-        raise InvalidInput(f"Checkpoint name {name!r}: Loom takes 1 to 128 letters, digits, "
-                           "'.', '_' or '-', starting with a letter or digit.") from None
+        raise InvalidInput(
+            f"Checkpoint name {name!r}: Loom takes 1 to 128 letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit."
+        ) from None
 
 
 def lora_for_rank(rank: int) -> LoraConfig:
@@ -98,26 +104,37 @@ class RunRecord:
     failed: bool  # its job failed
 
 
-def run_records(session: Session, viewer: KeyIdentity, model_id: str | None = None
-                ) -> list[RunRecord]:
+def run_records(
+    session: Session, viewer: KeyIdentity, model_id: str | None = None
+) -> list[RunRecord]:
     """The runs `viewer` sees (only `model_id`'s when given), newest first, from the jobs made
     for them: found when the gateway's memory is gone."""
-    named = (JobRow.name == job_name(model_id) if model_id is not None
-             else JobRow.name.like(f"{job_name('')}%"))
+    named = (
+        JobRow.name == job_name(model_id)
+        if model_id is not None
+        else JobRow.name.like(f"{job_name('')}%")
+    )
     rows = session.execute(
         select(JobRow, ApiKeyRow.name)
         .outerjoin(ApiKeyRow, ApiKeyRow.id == JobRow.owner_key_id)
         .where(named, visible_to(viewer))
-        .order_by(JobRow.created_at.desc()))
+        .order_by(JobRow.created_at.desc())
+    )
     found = []
     for row, owner_name in rows:
         run_id = row.config.get("tinker_model_id")
         if isinstance(run_id, str) and row.lora is not None and run_id == (model_id or run_id):
-            run = TrainingRun(run_id, row.id,
-                              str(row.config.get("tinker_base_model", row.base_model)),
-                              LoraConfig(**row.lora))
-            found.append(RunRecord(run, owner_name or "", row.created_at,
-                                   row.status == JobStatus.failed.value))
+            run = TrainingRun(
+                run_id,
+                row.id,
+                str(row.config.get("tinker_base_model", row.base_model)),
+                LoraConfig(**row.lora),
+            )
+            found.append(
+                RunRecord(
+                    run, owner_name or "", row.created_at, row.status == JobStatus.failed.value
+                )
+            )
     return found
 
 
@@ -135,10 +152,15 @@ def training_checkpoint(model_id: str, state: StateCheckpoint) -> schemas.Checkp
     return checkpoint(path, state.created_at, state.bytes, state.expires_at)
 
 
-def checkpoint(path: TinkerPath, time: datetime, size: int | None = None,
-               expires_at: datetime | None = None) -> schemas.Checkpoint:
+def checkpoint(
+    path: TinkerPath, time: datetime, size: int | None = None, expires_at: datetime | None = None
+) -> schemas.Checkpoint:
     """One entry of Tinker's checkpoint list."""
-    return schemas.Checkpoint(checkpoint_id=path.checkpoint_id,
-                              checkpoint_type=KINDS[path.kind],  # type: ignore[arg-type]
-                              time=time, tinker_path=str(path), size_bytes=size,
-                              expires_at=expires_at)
+    return schemas.Checkpoint(
+        checkpoint_id=path.checkpoint_id,
+        checkpoint_type=KINDS[path.kind],  # type: ignore[arg-type]
+        time=time,
+        tinker_path=str(path),
+        size_bytes=size,
+        expires_at=expires_at,
+    )

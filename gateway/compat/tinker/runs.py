@@ -19,9 +19,12 @@ from services.trainer.schemas import CheckpointExpiry
 
 
 async def capabilities(tinker: TinkerService) -> schemas.ServerCapabilities:
-    return schemas.ServerCapabilities(supported_models=[
-        schemas.SupportedModel(model_name=m.name, trainable=m.served, sampleable=m.served)
-        for m in await tinker.served.catalog()])
+    return schemas.ServerCapabilities(
+        supported_models=[
+            schemas.SupportedModel(model_name=m.name, trainable=m.served, sampleable=m.served)
+            for m in await tinker.served.catalog()
+        ]
+    )
 
 
 def page(limit: int, offset: int, total: int) -> schemas.Cursor:
@@ -31,38 +34,46 @@ def page(limit: int, offset: int, total: int) -> schemas.Cursor:
 # --- checkpoints ----------------------------------------------------------------------------
 
 
-async def run_checkpoints(tinker: TinkerService, run: checkpoints.TrainingRun
-                          ) -> list[schemas.Checkpoint]:
+async def run_checkpoints(
+    tinker: TinkerService, run: checkpoints.TrainingRun
+) -> list[schemas.Checkpoint]:
     """A run's training checkpoints and live named sampler weights, oldest first."""
     listed = await tinker.trainer.list_checkpoints(run.job_id)
     found = [checkpoints.training_checkpoint(run.model_id, c) for c in listed.checkpoints]
     prefix = f"{checkpoints.SCHEME}{run.model_id}/"
     for path, ref in (await tinker.state.live_weights(prefix)).items():
-        found.append(checkpoints.checkpoint(checkpoints.parse_path(path), ref.saved_at,
-                                            expires_at=ref.expires_at))
+        found.append(
+            checkpoints.checkpoint(
+                checkpoints.parse_path(path), ref.saved_at, expires_at=ref.expires_at
+            )
+        )
     return sorted(found, key=lambda c: c.time)
 
 
-async def list_checkpoints(tinker: TinkerService, model_id: str, owner: KeyIdentity
-                           ) -> schemas.CheckpointsList:
+async def list_checkpoints(
+    tinker: TinkerService, model_id: str, owner: KeyIdentity
+) -> schemas.CheckpointsList:
     run = await tinker.training_run(model_id, owner)
     return schemas.CheckpointsList(checkpoints=await run_checkpoints(tinker, run))
 
 
-async def user_checkpoints(tinker: TinkerService, owner: KeyIdentity, limit: int, offset: int
-                           ) -> schemas.CheckpointsList:
+async def user_checkpoints(
+    tinker: TinkerService, owner: KeyIdentity, limit: int, offset: int
+) -> schemas.CheckpointsList:
     """Every checkpoint of every run the key sees, newest first."""
     records = await run_records(tinker, owner)
-    per_run = await asyncio.gather(*(run_checkpoints(tinker, r.run) for r in records
-                                     if not r.failed))
-    found = sorted((c for listed in per_run for c in listed), key=lambda c: c.time,
-                   reverse=True)
-    return schemas.CheckpointsList(checkpoints=found[offset:offset + limit],
-                                   cursor=page(limit, offset, len(found)))
+    per_run = await asyncio.gather(
+        *(run_checkpoints(tinker, r.run) for r in records if not r.failed)
+    )
+    found = sorted((c for listed in per_run for c in listed), key=lambda c: c.time, reverse=True)
+    return schemas.CheckpointsList(
+        checkpoints=found[offset : offset + limit], cursor=page(limit, offset, len(found))
+    )
 
 
-async def delete_checkpoint(tinker: TinkerService, model_id: str, checkpoint_id: str,
-                            owner: KeyIdentity) -> None:
+async def delete_checkpoint(
+    tinker: TinkerService, model_id: str, checkpoint_id: str, owner: KeyIdentity
+) -> None:
     """A training checkpoint goes from the trainer's disk; sampler weights saved by name are
     forgotten (their version stays in the store, under its retention)."""
     run = await tinker.training_run(model_id, owner)
@@ -75,8 +86,13 @@ async def delete_checkpoint(tinker: TinkerService, model_id: str, checkpoint_id:
     await tinker.trainer.delete_checkpoint(run.job_id, name)
 
 
-async def set_ttl(tinker: TinkerService, model_id: str, checkpoint_id: str,
-                  body: schemas.CheckpointTtl, owner: KeyIdentity) -> None:
+async def set_ttl(
+    tinker: TinkerService,
+    model_id: str,
+    checkpoint_id: str,
+    body: schemas.CheckpointTtl,
+    owner: KeyIdentity,
+) -> None:
     """`ttl_seconds` from now (None: never expires): a training checkpoint's expiry on the
     trainer; named sampler weights are forgotten when theirs comes."""
     run = await tinker.training_run(model_id, owner)
@@ -87,12 +103,14 @@ async def set_ttl(tinker: TinkerService, model_id: str, checkpoint_id: str,
             raise NotFound(f"No sampler weights {str(path)!r}.")
         return
     name = checkpoints.checkpoint_name(path.name)
-    await tinker.trainer.set_checkpoint_expiry(run.job_id, name,
-                                               CheckpointExpiry(expires_at=expires_at))
+    await tinker.trainer.set_checkpoint_expiry(
+        run.job_id, name, CheckpointExpiry(expires_at=expires_at)
+    )
 
 
-async def weights_info(tinker: TinkerService, tinker_path: str, owner: KeyIdentity
-                       ) -> schemas.WeightsInfoResponse:
+async def weights_info(
+    tinker: TinkerService, tinker_path: str, owner: KeyIdentity
+) -> schemas.WeightsInfoResponse:
     path = checkpoints.parse_path(tinker_path)
     run = await tinker.training_run(path.model_id, owner)
     if all(c.tinker_path != str(path) for c in await run_checkpoints(tinker, run)):
@@ -103,8 +121,9 @@ async def weights_info(tinker: TinkerService, tinker_path: str, owner: KeyIdenti
 # --- training runs --------------------------------------------------------------------------
 
 
-async def run_records(tinker: TinkerService, viewer: KeyIdentity,
-                      model_id: str | None = None) -> list[checkpoints.RunRecord]:
+async def run_records(
+    tinker: TinkerService, viewer: KeyIdentity, model_id: str | None = None
+) -> list[checkpoints.RunRecord]:
     """The runs `viewer` sees (only `model_id`'s when given), newest first, a run whose job
     failed included."""
 
@@ -115,30 +134,34 @@ async def run_records(tinker: TinkerService, viewer: KeyIdentity,
     return await run_in_threadpool(query)
 
 
-async def describe_run(tinker: TinkerService, record: checkpoints.RunRecord
-                       ) -> schemas.TrainingRun:
+async def describe_run(tinker: TinkerService, record: checkpoints.RunRecord) -> schemas.TrainingRun:
     listed = [] if record.failed else await run_checkpoints(tinker, record.run)
     training = [c for c in listed if c.checkpoint_type == "training"]
     sampler = [c for c in listed if c.checkpoint_type == "sampler"]
     latest = max([record.created_at, *(c.time for c in listed)])
     return schemas.TrainingRun(
-        training_run_id=record.run.model_id, base_model=record.run.base_model,
-        model_owner=record.owner_name, corrupted=record.failed,
-        lora_rank=record.run.lora.rank, last_request_time=latest,
+        training_run_id=record.run.model_id,
+        base_model=record.run.base_model,
+        model_owner=record.owner_name,
+        corrupted=record.failed,
+        lora_rank=record.run.lora.rank,
+        last_request_time=latest,
         last_checkpoint=training[-1] if training else None,
-        last_sampler_checkpoint=sampler[-1] if sampler else None)
+        last_sampler_checkpoint=sampler[-1] if sampler else None,
+    )
 
 
-async def training_runs(tinker: TinkerService, viewer: KeyIdentity, limit: int, offset: int
-                        ) -> schemas.TrainingRuns:
+async def training_runs(
+    tinker: TinkerService, viewer: KeyIdentity, limit: int, offset: int
+) -> schemas.TrainingRuns:
     found = await run_records(tinker, viewer)
-    shown = await asyncio.gather(*(describe_run(tinker, r) for r in found[offset:offset + limit]))
-    return schemas.TrainingRuns(training_runs=list(shown),
-                                cursor=page(limit, offset, len(found)))
+    shown = await asyncio.gather(*(describe_run(tinker, r) for r in found[offset : offset + limit]))
+    return schemas.TrainingRuns(training_runs=list(shown), cursor=page(limit, offset, len(found)))
 
 
-async def training_run(tinker: TinkerService, model_id: str, viewer: KeyIdentity
-                       ) -> schemas.TrainingRun:
+async def training_run(
+    tinker: TinkerService, model_id: str, viewer: KeyIdentity
+) -> schemas.TrainingRun:
     found = await run_records(tinker, viewer, model_id)
     if found:
         return await describe_run(tinker, found[0])
@@ -148,21 +171,27 @@ async def training_run(tinker: TinkerService, model_id: str, viewer: KeyIdentity
 # --- sessions -------------------------------------------------------------------------------
 
 
-async def session_info(tinker: TinkerService, session_id: str, owner: KeyIdentity
-                       ) -> schemas.SessionInfo:
+async def session_info(
+    tinker: TinkerService, session_id: str, owner: KeyIdentity
+) -> schemas.SessionInfo:
     await tinker.check_session(session_id, owner)
     prefix = f"{session_id}:"
     return schemas.SessionInfo(
-        training_run_ids=[r.run.model_id for r in reversed(await run_records(tinker, owner))
-                          if r.run.model_id.startswith(prefix)],
-        sampler_ids=await tinker.state.sampler_ids(prefix))
+        training_run_ids=[
+            r.run.model_id
+            for r in reversed(await run_records(tinker, owner))
+            if r.run.model_id.startswith(prefix)
+        ],
+        sampler_ids=await tinker.state.sampler_ids(prefix),
+    )
 
 
-async def sessions(tinker: TinkerService, owner: KeyIdentity, limit: int, offset: int
-                   ) -> schemas.Sessions:
+async def sessions(
+    tinker: TinkerService, owner: KeyIdentity, limit: int, offset: int
+) -> schemas.Sessions:
     """The key's sessions, newest first."""
     mine = await tinker.state.session_ids(owner)
-    return schemas.Sessions(sessions=mine[offset:offset + limit])
+    return schemas.Sessions(sessions=mine[offset : offset + limit])
 
 
 def check_scope(project_id: str | None) -> None:

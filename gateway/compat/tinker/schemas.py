@@ -51,8 +51,14 @@ class OptimStep(LenientModel):
 
 
 # Tinker's own server takes 1 hour to 10 years; Loom takes any positive TTL.
-TtlSeconds = Annotated[int | None, Field(default=None, ge=1, description="Seconds from now "
-                                         "until the checkpoint expires; None: never.")]
+TtlSeconds = Annotated[
+    int | None,
+    Field(
+        default=None,
+        ge=1,
+        description="Seconds from now until the checkpoint expires; None: never.",
+    ),
+]
 
 
 class SaveForSampler(LenientModel):

@@ -70,8 +70,14 @@ class TrainingModel:
 
 
 class TinkerService:
-    def __init__(self, db: sessionmaker[Session], trainer: TrainerClient,
-                 rollout: RolloutClient, base_models: dict[str, str], data_dir: Path) -> None:
+    def __init__(
+        self,
+        db: sessionmaker[Session],
+        trainer: TrainerClient,
+        rollout: RolloutClient,
+        base_models: dict[str, str],
+        data_dir: Path,
+    ) -> None:
         self.db = db
         self.data_dir = data_dir
         self.trainer = trainer
@@ -90,26 +96,39 @@ class TinkerService:
         return session_id
 
     async def check_session(self, session_id: str, owner: KeyIdentity) -> None:
-        owned(await self.state.session(session_id), session_id, owner, "Session",
-              ": create one with create_session")
+        owned(
+            await self.state.session(session_id),
+            session_id,
+            owner,
+            "Session",
+            ": create one with create_session",
+        )
 
     # --- training ---------------------------------------------------------------------
 
-    async def create_model(self, body: schemas.CreateModel, owner: KeyIdentity
-                           ) -> schemas.Future:
+    async def create_model(self, body: schemas.CreateModel, owner: KeyIdentity) -> schemas.Future:
         await self.check_session(body.session_id, owner)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
         rank = (body.lora_config or schemas.LoraSpec()).rank
         base = await self.served.check(body.base_model, "A LoRA training client")
-        job = JobCreate(name=checkpoints.job_name(model_id), base_model=base,
-                        mode=TrainingMode.lora, lora=checkpoints.lora_for_rank(rank),
-                        config={"tinker_model_id": model_id, "tinker_base_model": body.base_model})
+        job = JobCreate(
+            name=checkpoints.job_name(model_id),
+            base_model=base,
+            mode=TrainingMode.lora,
+            lora=checkpoints.lora_for_rank(rank),
+            config={"tinker_model_id": model_id, "tinker_base_model": body.base_model},
+        )
 
         async def create() -> Payload:
             created = await jobs.create_job(self.db, self.trainer, job, owner)
-            self.models[model_id] = TrainingModel(owner.id, created.id, body.base_model, rank,
-                                                  await self.tokenizer_id(base),
-                                                  CallOrder(model_id))
+            self.models[model_id] = TrainingModel(
+                owner.id,
+                created.id,
+                body.base_model,
+                rank,
+                await self.tokenizer_id(base),
+                CallOrder(model_id),
+            )
             return {"model_id": model_id, "type": "create_model"}
 
         return schemas.Future(request_id=await self.futures.submit(create()), model_id=model_id)
@@ -125,24 +144,37 @@ class TinkerService:
             def lookup() -> tuple[checkpoints.TrainingRun, JobRow] | None:
                 with self.db() as session:
                     run = checkpoints.run_of_job(session, model_id, owner)
-                    return None if run is None else (
-                        run, jobs.get_job_row(session, run.job_id, owner))
+                    return (
+                        None if run is None else (run, jobs.get_job_row(session, run.job_id, owner))
+                    )
 
             found = await run_in_threadpool(lookup)
             if found is None:
                 raise NotFound(f"No model {model_id!r} (or it belongs to another API key).")
             run, job = found
-            self.models.setdefault(model_id, TrainingModel(
-                job.owner_key_id, run.job_id, run.base_model, run.lora.rank,
-                await self.tokenizer_id(job.base_model), CallOrder(model_id, next_seq=0)))
+            self.models.setdefault(
+                model_id,
+                TrainingModel(
+                    job.owner_key_id,
+                    run.job_id,
+                    run.base_model,
+                    run.lora.rank,
+                    await self.tokenizer_id(job.base_model),
+                    CallOrder(model_id, next_seq=0),
+                ),
+            )
         return owned(self.models.get(model_id), model_id, owner, "Model")
 
     async def get_info(self, model_id: str, owner: KeyIdentity) -> schemas.ModelInfo:
         model = await self.model(model_id, owner)
         return schemas.ModelInfo(
-            model_id=model_id, lora_rank=model.lora_rank, model_name=model.base_model,
-            model_data=schemas.ModelData(model_name=model.base_model,
-                                         tokenizer_id=model.tokenizer_id))
+            model_id=model_id,
+            lora_rank=model.lora_rank,
+            model_name=model.base_model,
+            model_data=schemas.ModelData(
+                model_name=model.base_model, tokenizer_id=model.tokenizer_id
+            ),
+        )
 
     @numbered(lambda body, _owner: wire.numbering(body))
     async def forward_backward(self, body: bytes, owner: KeyIdentity) -> schemas.Future:
@@ -150,16 +182,19 @@ class TinkerService:
         try:
             request.ParseFromString(body)
         except Exception as exc:  # protobuf's DecodeError and friends
-            raise InvalidInput(f"forward_backward body is not a ForwardBackwardRequest: {exc}"
-                               ) from exc
+            raise InvalidInput(
+                f"forward_backward body is not a ForwardBackwardRequest: {exc}"
+            ) from exc
         model = await self.model(request.model_id, owner)
         config = {name: value.number for name, value in request.loss_fn_config_v2.items()}
         data = [tinker_datum(d, i) for i, d in enumerate(request.data)]
         with user_input("forward_backward", "data"):
-            loom_data, loss = loom_batch(data, request.loss_fn,
-                                         {**request.loss_fn_config, **config})
-        training = TrainingPass.of("forward_backward", loom_data, loss,
-                                   backward=not request.forward_only)
+            loom_data, loss = loom_batch(
+                data, request.loss_fn, {**request.loss_fn_config, **config}
+            )
+        training = TrainingPass.of(
+            "forward_backward", loom_data, loss, backward=not request.forward_only
+        )
         job = model.job_id
 
         async def submit() -> str:
@@ -187,20 +222,27 @@ class TinkerService:
         return await self._in_order(model, body.seq_id, submit, result)
 
     @numbered(lambda body, _owner: (body.model_id, body.seq_id))
-    async def save_for_sampler(self, body: schemas.SaveForSampler, owner: KeyIdentity
-                               ) -> schemas.Future:
+    async def save_for_sampler(
+        self, body: schemas.SaveForSampler, owner: KeyIdentity
+    ) -> schemas.Future:
         model = await self.model(body.model_id, owner)
         if body.path is None and body.sampling_session_seq_id is None:
-            raise InvalidInput("save_weights_for_sampler needs a path or a "
-                               "sampling_session_seq_id.")
+            raise InvalidInput(
+                "save_weights_for_sampler needs a path or a sampling_session_seq_id."
+            )
 
         async def submit() -> str:
             return await self.calls.submit(model.job_id, "save_weights", SaveWeightsRequest())
 
         async def result(op: str) -> Payload:
             saved = SaveWeightsResult.model_validate(await self.calls.result(op))
-            ref = SamplerRef(model.owner, model.base_model, model.job_id, saved.number,
-                             expires_at=expiry(body.ttl_seconds))
+            ref = SamplerRef(
+                model.owner,
+                model.base_model,
+                model.job_id,
+                saved.number,
+                expires_at=expiry(body.ttl_seconds),
+            )
             if body.path is not None:
                 path = f"tinker://{body.model_id}/sampler_weights/{body.path}"
                 await self.state.add_weights(path, ref)
@@ -208,8 +250,11 @@ class TinkerService:
             session = body.model_id.split(":", 1)[0]
             sampler_id = f"{session}:sample:{body.sampling_session_seq_id}"
             await self.state.add_sampler(sampler_id, ref)
-            return {"path": None, "sampling_session_id": sampler_id,
-                    "type": "save_weights_for_sampler"}
+            return {
+                "path": None,
+                "sampling_session_id": sampler_id,
+                "type": "save_weights_for_sampler",
+            }
 
         return await self._in_order(model, body.seq_id, submit, result)
 
@@ -220,8 +265,9 @@ class TinkerService:
         model = await self.model(body.model_id, owner)
 
         async def submit() -> str:
-            request = SaveStateRequest(name=checkpoints.checkpoint_name(body.path),
-                                       expires_at=expiry(body.ttl_seconds))
+            request = SaveStateRequest(
+                name=checkpoints.checkpoint_name(body.path), expires_at=expiry(body.ttl_seconds)
+            )
             return await self.calls.submit(model.job_id, "save_state", request)
 
         async def result(op: str) -> Payload:
@@ -229,8 +275,10 @@ class TinkerService:
                 saved = StateCheckpoint.model_validate(await self.calls.result(op))
             except Conflict as exc:
                 if body.overwrite:
-                    raise Conflict(f"{exc.message} (overwrite=True is not served: Loom keeps "
-                                   "every checkpoint; save under a new name.)") from exc
+                    raise Conflict(
+                        f"{exc.message} (overwrite=True is not served: Loom keeps "
+                        "every checkpoint; save under a new name.)"
+                    ) from exc
                 raise
             path = checkpoints.TinkerPath(body.model_id, checkpoints.WEIGHTS, saved.name)
             return {"path": str(path), "type": "save_weights"}
@@ -242,13 +290,15 @@ class TinkerService:
         if body.model_id is not None and body.seq_id is not None:
             return await self._load_into(body, body.model_id, body.seq_id, owner)
         if body.session_id is not None and body.model_seq_id is not None:
-            return await self._create_from_state(body, body.session_id, body.model_seq_id,
-                                                 owner)
-        raise InvalidInput("load_weights needs a model_id and a seq_id (load_state) or a "
-                           "session_id and a model_seq_id (create_training_client_from_state).")
+            return await self._create_from_state(body, body.session_id, body.model_seq_id, owner)
+        raise InvalidInput(
+            "load_weights needs a model_id and a seq_id (load_state) or a "
+            "session_id and a model_seq_id (create_training_client_from_state)."
+        )
 
-    async def _load_into(self, body: schemas.LoadState, model_id: str, seq_id: int,
-                         owner: KeyIdentity) -> schemas.Future:
+    async def _load_into(
+        self, body: schemas.LoadState, model_id: str, seq_id: int, owner: KeyIdentity
+    ) -> schemas.Future:
         """load_state / load_state_with_optimizer, in the model's order of calls."""
         model = await self.model(model_id, owner)
 
@@ -256,9 +306,15 @@ class TinkerService:
             path = checkpoints.training_path(body.path)
             name = checkpoints.checkpoint_name(path.name)
             source = await self.training_run(path.model_id, owner)
-            return await self.calls.submit(model.job_id, "load_state", LoadStateRequest(
-                name=name, job_id=None if source.job_id == model.job_id else source.job_id,
-                optimizer=body.optimizer))
+            return await self.calls.submit(
+                model.job_id,
+                "load_state",
+                LoadStateRequest(
+                    name=name,
+                    job_id=None if source.job_id == model.job_id else source.job_id,
+                    optimizer=body.optimizer,
+                ),
+            )
 
         async def result(op: str) -> Payload:
             await self.calls.result(op)
@@ -266,8 +322,9 @@ class TinkerService:
 
         return await self._in_order(model, seq_id, submit, result)
 
-    async def _create_from_state(self, body: schemas.LoadState, session_id: str,
-                                 model_seq_id: int, owner: KeyIdentity) -> schemas.Future:
+    async def _create_from_state(
+        self, body: schemas.LoadState, session_id: str, model_seq_id: int, owner: KeyIdentity
+    ) -> schemas.Future:
         """create_training_client_from_state(_with_optimizer): a new job with the source's
         LoRA, its model loaded with the source job's checkpoint before any call reaches it."""
         await self.check_session(session_id, owner)
@@ -280,24 +337,40 @@ class TinkerService:
             base = body.base_model or source.base_model
             loom_base = self.served.loom_name(base)
             if loom_base != self.served.loom_name(source.base_model):
-                raise InvalidInput(f"{body.path} was trained on {source.base_model!r}, not on "
-                                   f"base_model {base!r}.")
-            job = JobCreate(name=checkpoints.job_name(model_id),
-                            base_model=loom_base, mode=TrainingMode.lora,
-                            lora=source.lora, config={"tinker_model_id": model_id,
-                                                      "tinker_base_model": base,
-                                                      "tinker_loaded_from": body.path})
+                raise InvalidInput(
+                    f"{body.path} was trained on {source.base_model!r}, not on base_model {base!r}."
+                )
+            job = JobCreate(
+                name=checkpoints.job_name(model_id),
+                base_model=loom_base,
+                mode=TrainingMode.lora,
+                lora=source.lora,
+                config={
+                    "tinker_model_id": model_id,
+                    "tinker_base_model": base,
+                    "tinker_loaded_from": body.path,
+                },
+            )
             created = await jobs.create_job(self.db, self.trainer, job, owner)
             try:
-                await self.calls.run(created.id, "load_state", LoadStateRequest(
-                    name=name, job_id=source.job_id, optimizer=body.optimizer))
+                await self.calls.run(
+                    created.id,
+                    "load_state",
+                    LoadStateRequest(name=name, job_id=source.job_id, optimizer=body.optimizer),
+                )
             except LoomError:
-                await in_transaction(self.db, lambda s: jobs.set_status(
-                    s, created.id, JobStatus.failed, owner))
+                await in_transaction(
+                    self.db, lambda s: jobs.set_status(s, created.id, JobStatus.failed, owner)
+                )
                 raise
-            self.models[model_id] = TrainingModel(owner.id, created.id, base, source.lora.rank,
-                                                  await self.tokenizer_id(job.base_model),
-                                                  CallOrder(model_id))
+            self.models[model_id] = TrainingModel(
+                owner.id,
+                created.id,
+                base,
+                source.lora.rank,
+                await self.tokenizer_id(job.base_model),
+                CallOrder(model_id),
+            )
             return {"path": body.path, "model_id": model_id, "type": "load_weights"}
 
         return schemas.Future(request_id=await self.futures.submit(create()), model_id=model_id)
@@ -307,8 +380,9 @@ class TinkerService:
         made for it (its checkpoints outlive the gateway)."""
         if model_id in self.models:
             model = await self.model(model_id, owner)
-            return checkpoints.TrainingRun(model_id, model.job_id, model.base_model,
-                                           checkpoints.lora_for_rank(model.lora_rank))
+            return checkpoints.TrainingRun(
+                model_id, model.job_id, model.base_model, checkpoints.lora_for_rank(model.lora_rank)
+            )
 
         def lookup() -> checkpoints.TrainingRun | None:
             with self.db() as session:
@@ -321,22 +395,27 @@ class TinkerService:
 
     # --- sampling ---------------------------------------------------------------------
 
-    async def create_sampling_session(self, body: schemas.CreateSamplingSession,
-                                      owner: KeyIdentity) -> schemas.SamplingSessionCreated:
+    async def create_sampling_session(
+        self, body: schemas.CreateSamplingSession, owner: KeyIdentity
+    ) -> schemas.SamplingSessionCreated:
         await self.check_session(body.session_id, owner)
         if body.model_path is not None:
             ref = await self.state.weights(body.model_path)
             if ref is None:
-                raise NotFound(f"No sampler weights at {body.model_path!r}: save them with "
-                               "save_weights_for_sampler(name) first.")
+                raise NotFound(
+                    f"No sampler weights at {body.model_path!r}: save them with "
+                    "save_weights_for_sampler(name) first."
+                )
         elif body.base_model is not None:
             await self.served.check(body.base_model, "A sampling client")
             ref = SamplerRef(owner.id, body.base_model, None, 0)
         else:
             raise InvalidInput("create_sampling_session needs a base_model or a model_path.")
         sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
-        await self.state.add_sampler(sampler_id, SamplerRef(
-            owner.id, ref.base_model, ref.job_id, ref.version, body.model_path))
+        await self.state.add_sampler(
+            sampler_id,
+            SamplerRef(owner.id, ref.base_model, ref.job_id, ref.version, body.model_path),
+        )
         return schemas.SamplingSessionCreated(sampling_session_id=sampler_id)
 
     async def sampler(self, sampler_id: str, owner: KeyIdentity) -> SamplerRef:
@@ -344,12 +423,16 @@ class TinkerService:
 
     async def sample(self, body: schemas.Sample, owner: KeyIdentity) -> schemas.SampleFuture:
         ref = await self.sampler(body.sampling_session_id, owner)
-        check_top_k(topk_prompt_logprobs=body.topk_prompt_logprobs,
-                    topk_sample_logprobs=body.topk_sample_logprobs)
-        if body.prompt_logprobs_last_n is not None and not (body.prompt_logprobs or
-                                                            body.topk_prompt_logprobs):
-            raise InvalidInput("prompt_logprobs_last_n needs prompt_logprobs or "
-                               "topk_prompt_logprobs.")
+        check_top_k(
+            topk_prompt_logprobs=body.topk_prompt_logprobs,
+            topk_sample_logprobs=body.topk_sample_logprobs,
+        )
+        if body.prompt_logprobs_last_n is not None and not (
+            body.prompt_logprobs or body.topk_prompt_logprobs
+        ):
+            raise InvalidInput(
+                "prompt_logprobs_last_n needs prompt_logprobs or topk_prompt_logprobs."
+            )
         if any(chunk.type != "encoded_text" for chunk in body.prompt.chunks):
             raise InvalidInput("Only text prompts (encoded_text chunks) are supported.")
         if not any(chunk.tokens for chunk in body.prompt.chunks):
@@ -357,24 +440,31 @@ class TinkerService:
         with user_input("asample", "sampling_params"):
             params = sampling_params(body.sampling_params)
         tokens = [t for chunk in body.prompt.chunks for t in chunk.tokens]
-        scoring = Scoring(prompt_logprobs=bool(body.prompt_logprobs),
-                          top_logprobs=body.topk_sample_logprobs,
-                          prompt_top_logprobs=body.topk_prompt_logprobs)
+        scoring = Scoring(
+            prompt_logprobs=bool(body.prompt_logprobs),
+            top_logprobs=body.topk_sample_logprobs,
+            prompt_top_logprobs=body.topk_prompt_logprobs,
+        )
 
         async def run() -> Payload:
-            sampled = await sample(self.rollout, ref.job_id, ref.version, tokens,
-                                   body.num_samples, params, scoring)
+            sampled = await sample(
+                self.rollout, ref.job_id, ref.version, tokens, body.num_samples, params, scoring
+            )
             scored = sampled.prompt_logprobs if body.prompt_logprobs else None
             top = sampled.prompt_top_logprobs
             if body.prompt_logprobs_last_n is not None:
-                scored, top = (last_n(scored, body.prompt_logprobs_last_n),
-                               last_n(top, body.prompt_logprobs_last_n))
-            return wire.sample_response(sampled.samples, scored, top,
-                                        body.topk_sample_logprobs, body.topk_prompt_logprobs)
+                scored, top = (
+                    last_n(scored, body.prompt_logprobs_last_n),
+                    last_n(top, body.prompt_logprobs_last_n),
+                )
+            return wire.sample_response(
+                sampled.samples, scored, top, body.topk_sample_logprobs, body.topk_prompt_logprobs
+            )
 
         ids = [f"{body.sampling_session_id}:{body.seq_id}:{i}" for i in range(body.num_samples)]
-        return schemas.SampleFuture(request_id=await self.futures.submit(run()),
-                                    sample_sequence_ids=ids)
+        return schemas.SampleFuture(
+            request_id=await self.futures.submit(run()), sample_sequence_ids=ids
+        )
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -392,10 +482,12 @@ class TinkerService:
         if model is not None and isinstance(seq_id, int):
             await model.calls.skip(self.futures, seq_id)
 
-    async def _in_order(self, model: TrainingModel, seq_id: int, submit: Any, result: Any
-                        ) -> schemas.Future:
+    async def _in_order(
+        self, model: TrainingModel, seq_id: int, submit: Any, result: Any
+    ) -> schemas.Future:
         return schemas.Future(
-            request_id=await model.calls.place(self.futures, seq_id, submit, result))
+            request_id=await model.calls.place(self.futures, seq_id, submit, result)
+        )
 
 
 def last_n(per_position: list[T] | None, n: int) -> list[T | None] | None:

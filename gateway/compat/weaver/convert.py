@@ -60,19 +60,21 @@ def loss_config(loss_fn: str, config: dict[str, Any]) -> LossConfig | None:
     return builtin_loss(loss_fn, config)
 
 
-def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int
-               ) -> tuple[Datum, np.ndarray]:
+def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int) -> tuple[Datum, np.ndarray]:
     if raw.model_input is None:
-        raise InvalidInput(f"data[{index}]: managed-dataset samples (sample_ref) are not "
-                           "served by Loom; send model_input tokens.")
+        raise InvalidInput(
+            f"data[{index}]: managed-dataset samples (sample_ref) are not "
+            "served by Loom; send model_input tokens."
+        )
     if any(chunk.type != "encoded_text" for chunk in raw.model_input.chunks):
         raise InvalidInput(f"data[{index}]: only text model inputs (encoded_text) are served.")
     tokens = np.asarray(raw.model_input.tokens(), dtype=np.int64)
     n = len(tokens)
     targets = per_target(raw, "target_tokens", index, n)
     if targets is None:
-        raise InvalidInput(f"data[{index}]: loss_fn_inputs needs target_tokens, one per input "
-                           f"token ({n}).")
+        raise InvalidInput(
+            f"data[{index}]: loss_fn_inputs needs target_tokens, one per input token ({n})."
+        )
     targets = targets.astype(np.int64)
     scored = targets != IGNORED
     weighed = scored.copy()  # a target with weight (or loss_mask) 0 carries no loss either
@@ -89,8 +91,9 @@ def loom_datum(raw: schemas.Datum, loss: LossConfig | None, index: int
     last = len(ids) - 1  # targets past the sequence's end (-100 at the end) are dropped
     if loss is CLIENT_LOSS:
         gradient = required(raw, "surrogate_weights", index, n, SURROGATE)
-        return client_loss_datum(ids, gradient[:last].tolist(),
-                                 scored[:last].astype(np.float64).tolist()), targets
+        return client_loss_datum(
+            ids, gradient[:last].tolist(), scored[:last].astype(np.float64).tolist()
+        ), targets
     weight = scored.astype(np.float64)
     for name in ("weights", "loss_mask"):
         given = per_target(raw, name, index, n)
@@ -122,13 +125,16 @@ def per_target(raw: schemas.Datum, name: str, index: int, n: int) -> np.ndarray 
     except (TypeError, ValueError):
         array = np.zeros((0, 0))
     if array.ndim != 1 or len(array) != n:
-        raise InvalidInput(f"data[{index}].loss_fn_inputs[{name!r}] must be a flat list of "
-                           f"{n} numbers, one per input token.")
+        raise InvalidInput(
+            f"data[{index}].loss_fn_inputs[{name!r}] must be a flat list of "
+            f"{n} numbers, one per input token."
+        )
     return array
 
 
-def outputs(batch: TrainingBatch, logprobs: list[list[float]], loss: float | None
-            ) -> dict[str, Any]:
+def outputs(
+    batch: TrainingBatch, logprobs: list[list[float]], loss: float | None
+) -> dict[str, Any]:
     """One logprob per target (0.0 where -100), as the SDK's loss_fn_outputs: at the top
     level, as the SDK's own parser reads them, and under `result`, where the official
     examples read them (`result["result"]["loss_fn_outputs"]`)."""
@@ -136,23 +142,27 @@ def outputs(batch: TrainingBatch, logprobs: list[list[float]], loss: float | Non
     for row, targets, datum_id in zip(logprobs, batch.targets, batch.datum_ids, strict=True):
         values = np.zeros(len(targets))
         scored = row[1:]
-        values[:len(scored)] = scored
+        values[: len(scored)] = scored
         values[targets == IGNORED] = 0.0
         output: dict[str, Any] = {"logprobs": {"data": values.tolist(), "dtype": "float32"}}
         if datum_id is not None:
             output["datum_id"] = datum_id
         per_datum.append(output)
     metrics = {} if loss is None else {"loss:sum": loss}
-    body = {"loss_fn_output_type": "TensorData", "loss_fn_outputs": per_datum,
-            "metrics": metrics}
+    body = {"loss_fn_output_type": "TensorData", "loss_fn_outputs": per_datum, "metrics": metrics}
     return {**body, "result": body}
 
 
 def sampling_params(spec: schemas.SamplingSpec) -> SamplingParams:
-    return SamplingParams(max_tokens=spec.max_tokens or DEFAULT_MAX_TOKENS,
-                          temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                          stop=spec.stop, stop_token_ids=spec.stop_token_ids,
-                          seed=spec.sampling_seed if spec.seed is None else spec.seed)
+    return SamplingParams(
+        max_tokens=spec.max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=spec.top_k,
+        stop=spec.stop,
+        stop_token_ids=spec.stop_token_ids,
+        seed=spec.sampling_seed if spec.seed is None else spec.seed,
+    )
 
 
 def sequences(response: SampleResponse, prompt_logprobs: bool) -> dict[str, Any]:
@@ -160,13 +170,22 @@ def sequences(response: SampleResponse, prompt_logprobs: bool) -> dict[str, Any]
     (`[[token id, logprob], ...]`, None for the first) if asked."""
     version = response.version
     result: dict[str, Any] = {
-        "sequences": [{"tokens": s.token_ids, "logprobs": s.logprobs, "text": s.text,
-                       "stop_reason": s.stop_reason, "weight_version": version}
-                      for s in response.samples],
-        "weight_version": version}
+        "sequences": [
+            {
+                "tokens": s.token_ids,
+                "logprobs": s.logprobs,
+                "text": s.text,
+                "stop_reason": s.stop_reason,
+                "weight_version": version,
+            }
+            for s in response.samples
+        ],
+        "weight_version": version,
+    }
     if prompt_logprobs:
         result["prompt_logprobs"] = response.prompt_logprobs
     if response.prompt_top_logprobs is not None:
-        result["topk_prompt_logprobs"] = [None if row is None else [list(p) for p in row]
-                                          for row in response.prompt_top_logprobs]
+        result["topk_prompt_logprobs"] = [
+            None if row is None else [list(p) for p in row] for row in response.prompt_top_logprobs
+        ]
     return result

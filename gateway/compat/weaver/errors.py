@@ -29,17 +29,19 @@ def retryable(exc: LoomError) -> bool:
 
 
 def error_response(exc: LoomError) -> JSONResponse:
-    body: dict[str, Any] = {"error": exc.code, "message": exc.message,
-                            "retryable": retryable(exc)}
+    body: dict[str, Any] = {"error": exc.code, "message": exc.message, "retryable": retryable(exc)}
     if exc.detail is not None:
         body["details"] = {"detail": exc.detail}
     return JSONResponse(body, status_code=exc.status_code)
 
 
 # How the SDK presents its key (`WEAVER_API_KEY`, sent as X-Weaver-Api-Key) and reads a 401.
-DIALECT = ClientDialect(key_header=b"x-weaver-api-key", path_prefix=PREFIX + "/",
-                        error_response=error_response,
-                        key_hint="Weaver SDK: WEAVER_API_KEY=<key>")
+DIALECT = ClientDialect(
+    key_header=b"x-weaver-api-key",
+    path_prefix=PREFIX + "/",
+    error_response=error_response,
+    key_hint="Weaver SDK: WEAVER_API_KEY=<key>",
+)
 
 
 class WeaverRoute(APIRoute):

@@ -19,22 +19,34 @@ from gateway.models import JobRow
 from services.common.errors import NotFound
 
 JOB_PREFIX = "weaver "  # every Weaver model's job name starts so
-USAGE_KINDS = ("training_tokens", "sampling_prefill_tokens", "sampling_cached_prefill_tokens",
-               "sampling_output_tokens")
+USAGE_KINDS = (
+    "training_tokens",
+    "sampling_prefill_tokens",
+    "sampling_cached_prefill_tokens",
+    "sampling_output_tokens",
+)
 
 
 async def catalog(weaver: WeaverService, limit: int, offset: int) -> schemas.Catalog:
     """Served models are `available` in both modes; names mapped onto another base are
     listed `unavailable` (the SDK leaves them out)."""
     found = await weaver.served.catalog()
-    items = [schemas.CatalogModel(
-        id=m.name, name=m.name, status="available" if m.served else "unavailable",
-        training_modes=list(MODES),
-        prices={f"{kind}:{mode}": schemas.Price() for kind in USAGE_KINDS for mode in MODES},
-        config={"resource": {"tokenizer": {"path": None}}},
-        metadata={"loom_base_model": m.loom_name}) for m in found]
-    return schemas.Catalog(items=items[offset:offset + limit], pagination=schemas.Pagination(
-        total_count=len(items), limit=limit, offset=offset))
+    items = [
+        schemas.CatalogModel(
+            id=m.name,
+            name=m.name,
+            status="available" if m.served else "unavailable",
+            training_modes=list(MODES),
+            prices={f"{kind}:{mode}": schemas.Price() for kind in USAGE_KINDS for mode in MODES},
+            config={"resource": {"tokenizer": {"path": None}}},
+            metadata={"loom_base_model": m.loom_name},
+        )
+        for m in found
+    ]
+    return schemas.Catalog(
+        items=items[offset : offset + limit],
+        pagination=schemas.Pagination(total_count=len(items), limit=limit, offset=offset),
+    )
 
 
 def summary(row: JobRow) -> schemas.ModelSummary | None:
@@ -45,15 +57,21 @@ def summary(row: JobRow) -> schemas.ModelSummary | None:
         return None
     lora = row.lora if row.mode == "lora" else None
     return schemas.ModelSummary(
-        id=row.id, session_id=config.get("weaver_session"),
-        model_seq_id=config.get("weaver_model_seq_id"), base_model=name,
+        id=row.id,
+        session_id=config.get("weaver_session"),
+        model_seq_id=config.get("weaver_model_seq_id"),
+        base_model=name,
         training_mode="lora" if row.mode == "lora" else "full_ft",
         lora_config=None if lora is None else schemas.LoraSummary(rank=lora["rank"]),
-        status=row.status, created_at=row.created_at, last_request_at=row.created_at)
+        status=row.status,
+        created_at=row.created_at,
+        last_request_at=row.created_at,
+    )
 
 
-def summaries(session: Session, viewer: KeyIdentity, model_id: str | None
-              ) -> list[schemas.ModelSummary]:
+def summaries(
+    session: Session, viewer: KeyIdentity, model_id: str | None
+) -> list[schemas.ModelSummary]:
     query = select(JobRow).where(JobRow.name.like(f"{JOB_PREFIX}%"), visible_to(viewer))
     if model_id is not None:
         query = query.where(JobRow.id == model_id)
@@ -61,8 +79,9 @@ def summaries(session: Session, viewer: KeyIdentity, model_id: str | None
     return [s for s in found if s is not None]
 
 
-async def model_page(weaver: WeaverService, viewer: KeyIdentity, limit: int, offset: int
-                     ) -> schemas.ModelPage:
+async def model_page(
+    weaver: WeaverService, viewer: KeyIdentity, limit: int, offset: int
+) -> schemas.ModelPage:
     """The key's Weaver models, newest first (`list_models` and `list_training_runs`)."""
 
     def query() -> list[schemas.ModelSummary]:
@@ -70,12 +89,15 @@ async def model_page(weaver: WeaverService, viewer: KeyIdentity, limit: int, off
             return summaries(session, viewer, None)
 
     found = await run_in_threadpool(query)
-    return schemas.ModelPage(items=found[offset:offset + limit], pagination=schemas.Pagination(
-        total_count=len(found), limit=limit, offset=offset))
+    return schemas.ModelPage(
+        items=found[offset : offset + limit],
+        pagination=schemas.Pagination(total_count=len(found), limit=limit, offset=offset),
+    )
 
 
-async def training_run(weaver: WeaverService, model_id: str, viewer: KeyIdentity
-                       ) -> schemas.TrainingRunDetail:
+async def training_run(
+    weaver: WeaverService, model_id: str, viewer: KeyIdentity
+) -> schemas.TrainingRunDetail:
     def query() -> list[schemas.ModelSummary]:
         with weaver.db() as session:
             return summaries(session, viewer, model_id)
@@ -85,5 +107,6 @@ async def training_run(weaver: WeaverService, model_id: str, viewer: KeyIdentity
         raise NotFound(f"No training run {model_id!r} (or it belongs to another API key).")
     checkpoints = (await weaver.list_checkpoints(model_id, viewer)).items
     times = [found[0].created_at, *(datetime.fromisoformat(c.created_at) for c in checkpoints)]
-    return schemas.TrainingRunDetail(**{**found[0].model_dump(), "last_request_at": max(times)},
-                                     checkpoints=checkpoints)
+    return schemas.TrainingRunDetail(
+        **{**found[0].model_dump(), "last_request_at": max(times)}, checkpoints=checkpoints
+    )

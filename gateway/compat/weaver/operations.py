@@ -24,8 +24,14 @@ def envelope(op_id: str, outcome: Outcome | None) -> Operation:
 
 
 def failed(op_id: str, exc: LoomError) -> Operation:
-    return Operation(id=op_id, status="error", response=None, error_code=exc.code,
-                     error_message=exc.message, retryable=retryable(exc))
+    return Operation(
+        id=op_id,
+        status="error",
+        response=None,
+        error_code=exc.code,
+        error_message=exc.message,
+        retryable=retryable(exc),
+    )
 
 
 async def submitted(futures: Futures, op_id: str) -> Operation:

@@ -35,21 +35,27 @@ class WeaverPath:
 def parse(path: str, kind: str) -> WeaverPath:
     parts = path.removeprefix(SCHEME).split("/") if path.startswith(SCHEME) else []
     if len(parts) != 3 or parts[1] != kind or not parts[0] or not parts[2]:
-        what = ("save_state" if kind == CHECKPOINTS else "save_weights_for_sampler")
-        raise InvalidInput(f"{path!r} is not a path {what} returned: "
-                           f"{SCHEME}<model_id>/{kind}/<name>.")
+        what = "save_state" if kind == CHECKPOINTS else "save_weights_for_sampler"
+        raise InvalidInput(
+            f"{path!r} is not a path {what} returned: {SCHEME}<model_id>/{kind}/<name>."
+        )
     return WeaverPath(*parts)
 
 
-def checkpoint(model_id: str, saved: StateCheckpoint, kind: str | None = None
-               ) -> dict[str, Any]:
+def checkpoint(model_id: str, saved: StateCheckpoint, kind: str | None = None) -> dict[str, Any]:
     """One checkpoint as the SDK's `Checkpoint` reads it."""
     path = WeaverPath(model_id, CHECKPOINTS, saved.name)
-    return {"id": str(path), "path": str(path), "name": saved.name,
-            "checkpoint_type": kind or ("weight_and_optimizer" if saved.has_optimizer
-                                        else "weight"),
-            "status": "completed", "size_bytes": saved.bytes, "step": saved.step,
-            "ttl_seconds": None if saved.expires_at is None else round(
-                (saved.expires_at - saved.created_at).total_seconds()),
-            "created_at": saved.created_at.isoformat(),
-            "expires_at": None if saved.expires_at is None else saved.expires_at.isoformat()}
+    return {
+        "id": str(path),
+        "path": str(path),
+        "name": saved.name,
+        "checkpoint_type": kind or ("weight_and_optimizer" if saved.has_optimizer else "weight"),
+        "status": "completed",
+        "size_bytes": saved.bytes,
+        "step": saved.step,
+        "ttl_seconds": None
+        if saved.expires_at is None
+        else round((saved.expires_at - saved.created_at).total_seconds()),
+        "created_at": saved.created_at.isoformat(),
+        "expires_at": None if saved.expires_at is None else saved.expires_at.isoformat(),
+    }

@@ -22,81 +22,92 @@ async def json_body(request: Request) -> None:
     """The SDK's opt-in binary tensor transport sends multipart bodies, which Loom does not
     read: say so instead of failing to parse them."""
     if request.headers.get("content-type", "").startswith("multipart/"):
-        raise InvalidInput("The http-binary tensor transport is not served by Loom: leave "
-                           "WEAVER_TENSOR_TRANSPORT unset (the default sends JSON).")
+        raise InvalidInput(
+            "The http-binary tensor transport is not served by Loom: leave "
+            "WEAVER_TENSOR_TRANSPORT unset (the default sends JSON)."
+        )
 
 
 # Every route is async: the service's state and operations live on the event loop.
-router = APIRouter(prefix=f"{PREFIX}/api/v1", tags=["weaver"], route_class=WeaverRoute,
-                   dependencies=[Depends(json_body)])
+router = APIRouter(
+    prefix=f"{PREFIX}/api/v1",
+    tags=["weaver"],
+    route_class=WeaverRoute,
+    dependencies=[Depends(json_body)],
+)
 
 
 @router.post("/sessions", status_code=status.HTTP_201_CREATED)
-async def create_session(body: schemas.CreateSession, weaver: WeaverDep, key: CurrentKey
-                         ) -> schemas.SessionInfo:
+async def create_session(
+    body: schemas.CreateSession, weaver: WeaverDep, key: CurrentKey
+) -> schemas.SessionInfo:
     return await weaver.create_session(body, key)
 
 
 @router.get("/sessions/{session_id}")
-async def get_session(session_id: str, weaver: WeaverDep, key: CurrentKey
-                      ) -> schemas.SessionInfo:
+async def get_session(session_id: str, weaver: WeaverDep, key: CurrentKey) -> schemas.SessionInfo:
     return public_session(session_id, await weaver.session(session_id, key))
 
 
 @router.post("/sessions/{session_id}/heartbeat")
-async def heartbeat(session_id: str, weaver: WeaverDep, key: CurrentKey
-                    ) -> schemas.SessionAlive:
+async def heartbeat(session_id: str, weaver: WeaverDep, key: CurrentKey) -> schemas.SessionAlive:
     await weaver.session(session_id, key)
     return schemas.SessionAlive(id=session_id)
 
 
 @router.post("/sessions/{session_id}/metrics")
-async def log_metrics(session_id: str, body: schemas.LogMetrics, weaver: WeaverDep,
-                      key: CurrentKey) -> schemas.MetricsAccepted:
+async def log_metrics(
+    session_id: str, body: schemas.LogMetrics, weaver: WeaverDep, key: CurrentKey
+) -> schemas.MetricsAccepted:
     return await weaver.log_metrics(session_id, body, key)
 
 
 @router.get("/supported-models")
-async def supported_models(weaver: WeaverDep, _key: CurrentKey, limit: Limit = 100,
-                           offset: Offset = 0) -> schemas.Catalog:
+async def supported_models(
+    weaver: WeaverDep, _key: CurrentKey, limit: Limit = 100, offset: Offset = 0
+) -> schemas.Catalog:
     return await listing.catalog(weaver, limit, offset)
 
 
 @router.get("/model-catalog")
-async def model_catalog(weaver: WeaverDep, _key: CurrentKey, limit: Limit = 100,
-                        offset: Offset = 0) -> schemas.Catalog:
+async def model_catalog(
+    weaver: WeaverDep, _key: CurrentKey, limit: Limit = 100, offset: Offset = 0
+) -> schemas.Catalog:
     """The detailed list (`list_supported_models(detailed=True)`): each mode priced at 0."""
     return await listing.catalog(weaver, limit, offset)
 
 
 @router.get("/models")
-async def list_models(weaver: WeaverDep, key: CurrentKey, limit: Limit = 25,
-                      offset: Offset = 0) -> schemas.ModelPage:
+async def list_models(
+    weaver: WeaverDep, key: CurrentKey, limit: Limit = 25, offset: Offset = 0
+) -> schemas.ModelPage:
     return await listing.model_page(weaver, key, limit, offset)
 
 
 @router.get("/training-runs")
-async def list_training_runs(weaver: WeaverDep, key: CurrentKey, limit: Limit = 25,
-                             offset: Offset = 0) -> schemas.ModelPage:
+async def list_training_runs(
+    weaver: WeaverDep, key: CurrentKey, limit: Limit = 25, offset: Offset = 0
+) -> schemas.ModelPage:
     """A training run is a training model: the same items as GET /models."""
     return await listing.model_page(weaver, key, limit, offset)
 
 
 @router.get("/training-runs/{model_id}")
-async def get_training_run(model_id: str, weaver: WeaverDep, key: CurrentKey
-                           ) -> schemas.TrainingRunDetail:
+async def get_training_run(
+    model_id: str, weaver: WeaverDep, key: CurrentKey
+) -> schemas.TrainingRunDetail:
     return await listing.training_run(weaver, model_id, key)
 
 
 @router.post("/sessions/{session_id}/models", status_code=status.HTTP_201_CREATED)
-async def create_model(session_id: str, body: schemas.CreateModel, weaver: WeaverDep,
-                       key: CurrentKey) -> schemas.TrainingModel:
+async def create_model(
+    session_id: str, body: schemas.CreateModel, weaver: WeaverDep, key: CurrentKey
+) -> schemas.TrainingModel:
     return await weaver.create_model(session_id, body, key)
 
 
 @router.get("/models/{model_id}")
-async def get_model(model_id: str, weaver: WeaverDep, key: CurrentKey
-                    ) -> schemas.TrainingModel:
+async def get_model(model_id: str, weaver: WeaverDep, key: CurrentKey) -> schemas.TrainingModel:
     return (await weaver.model(model_id, key)).public()
 
 
@@ -106,63 +117,71 @@ async def terminate(model_id: str, weaver: WeaverDep, key: CurrentKey) -> schema
 
 
 @router.post("/models/{model_id}/forward-passes", response_model_exclude_unset=True)
-async def forward(model_id: str, body: schemas.PassBody, weaver: WeaverDep, key: CurrentKey
-                  ) -> schemas.Operation:
+async def forward(
+    model_id: str, body: schemas.PassBody, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.forward(model_id, body, key, backward=False)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/models/{model_id}/forward-backward-passes", response_model_exclude_unset=True)
-async def forward_backward(model_id: str, body: schemas.PassBody, weaver: WeaverDep,
-                           key: CurrentKey) -> schemas.Operation:
+async def forward_backward(
+    model_id: str, body: schemas.PassBody, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.forward(model_id, body, key, backward=True)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/models/{model_id}/optimizer-steps", response_model_exclude_unset=True)
-async def optim_step(model_id: str, body: schemas.OptimBody, weaver: WeaverDep,
-                     key: CurrentKey) -> schemas.Operation:
+async def optim_step(
+    model_id: str, body: schemas.OptimBody, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.optim_step(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/models/{model_id}/export-sampler", response_model_exclude_unset=True)
-async def export_sampler(model_id: str, body: schemas.ExportSampler, weaver: WeaverDep,
-                         key: CurrentKey) -> schemas.Operation:
+async def export_sampler(
+    model_id: str, body: schemas.ExportSampler, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.export_sampler(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/models/{model_id}/checkpoints", response_model_exclude_unset=True)
-async def save_checkpoint(model_id: str, body: schemas.SaveCheckpoint, weaver: WeaverDep,
-                          key: CurrentKey) -> schemas.Operation:
+async def save_checkpoint(
+    model_id: str, body: schemas.SaveCheckpoint, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.save_checkpoint(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.get("/models/{model_id}/checkpoints")
-async def list_checkpoints(model_id: str, weaver: WeaverDep, key: CurrentKey
-                           ) -> schemas.Checkpoints:
+async def list_checkpoints(
+    model_id: str, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Checkpoints:
     return await weaver.list_checkpoints(model_id, key)
 
 
 @router.post("/models/{model_id}/load", response_model_exclude_unset=True)
-async def load_checkpoint(model_id: str, body: schemas.LoadCheckpoint, weaver: WeaverDep,
-                          key: CurrentKey) -> schemas.Operation:
+async def load_checkpoint(
+    model_id: str, body: schemas.LoadCheckpoint, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.load_checkpoint(model_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/sessions/{session_id}/sampling-sessions", status_code=status.HTTP_201_CREATED)
-async def create_sampling_session(session_id: str, body: schemas.CreateSamplingSession,
-                                  weaver: WeaverDep, key: CurrentKey
-                                  ) -> schemas.SamplingSession:
+async def create_sampling_session(
+    session_id: str, body: schemas.CreateSamplingSession, weaver: WeaverDep, key: CurrentKey
+) -> schemas.SamplingSession:
     return await weaver.create_sampling_session(session_id, body, key)
 
 
 @router.get("/sampling-sessions/{sampling_id}")
-async def get_sampling_session(sampling_id: str, weaver: WeaverDep, key: CurrentKey
-                               ) -> schemas.SamplingSession:
+async def get_sampling_session(
+    sampling_id: str, weaver: WeaverDep, key: CurrentKey
+) -> schemas.SamplingSession:
     return public_sampling(sampling_id, await weaver.sampling_session(sampling_id, key))
 
 
@@ -172,15 +191,17 @@ async def close_sampling_session(sampling_id: str, weaver: WeaverDep, key: Curre
 
 
 @router.post("/sampling-sessions/{sampling_id}/samples", response_model_exclude_unset=True)
-async def sample(sampling_id: str, body: schemas.SampleBody, weaver: WeaverDep,
-                 key: CurrentKey) -> schemas.Operation:
+async def sample(
+    sampling_id: str, body: schemas.SampleBody, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.sample(sampling_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
 
 @router.post("/sampling-sessions/{sampling_id}/logprobs", response_model_exclude_unset=True)
-async def compute_logprobs(sampling_id: str, body: schemas.LogprobsBody, weaver: WeaverDep,
-                           key: CurrentKey) -> schemas.Operation:
+async def compute_logprobs(
+    sampling_id: str, body: schemas.LogprobsBody, weaver: WeaverDep, key: CurrentKey
+) -> schemas.Operation:
     op_id = await weaver.compute_logprobs(sampling_id, body, key)
     return await operations.submitted(weaver.futures, op_id)
 
@@ -191,9 +212,12 @@ async def get_operation(op_id: str, weaver: WeaverDep, _key: CurrentKey) -> sche
 
 
 # Not an operation of the API, so not in its OpenAPI description (one route, five methods).
-@router.api_route("/{call:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-                  include_in_schema=False)
+@router.api_route(
+    "/{call:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
+)
 async def unsupported(call: str, request: Request, _key: CurrentKey) -> None:
     """Calls Loom does not serve fail at once in the SDK's own error shape, never hang."""
-    raise NotFound(f"Loom does not serve the Weaver call {request.method} /api/v1/{call} "
-                   "(see the README: Using Loom with the Weaver or Tinker SDK).")
+    raise NotFound(
+        f"Loom does not serve the Weaver call {request.method} /api/v1/{call} "
+        "(see the README: Using Loom with the Weaver or Tinker SDK)."
+    )

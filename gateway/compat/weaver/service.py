@@ -57,8 +57,9 @@ MODES = {"lora": TrainingMode.lora, "full_ft": TrainingMode.full}
 
 
 def public_session(session_id: str, session: SdkSession) -> schemas.SessionInfo:
-    return schemas.SessionInfo(id=session_id, name=session.name,
-                               created_at=session.created_at.isoformat())
+    return schemas.SessionInfo(
+        id=session_id, name=session.name, created_at=session.created_at.isoformat()
+    )
 
 
 @dataclass
@@ -77,24 +78,37 @@ class TrainingModel:
     def public(self) -> schemas.TrainingModel:
         lora = self.job.lora
         return schemas.TrainingModel(
-            id=self.id, base_model=self.base_model,
+            id=self.id,
+            base_model=self.base_model,
             training_mode="lora" if self.job.mode == TrainingMode.lora else "full_ft",
             lora_config=None if lora is None else schemas.LoraSummary(rank=lora.rank),
             tokenizer_path=self.tokenizer_path,
             status="terminated" if self.terminated else "active",
-            created_at=self.job.created_at.isoformat())
+            created_at=self.job.created_at.isoformat(),
+        )
 
 
 def public_sampling(sampling_id: str, bound: SamplerRef) -> schemas.SamplingSession:
     assert bound.tokenizer_path is not None  # Weaver's sampling sessions name theirs
     return schemas.SamplingSession(
-        id=sampling_id, base_model=bound.base_model, model_path=bound.model_path,
-        model_id=bound.job_id, weight_version=bound.version, tokenizer_path=bound.tokenizer_path)
+        id=sampling_id,
+        base_model=bound.base_model,
+        model_path=bound.model_path,
+        model_id=bound.job_id,
+        weight_version=bound.version,
+        tokenizer_path=bound.tokenizer_path,
+    )
 
 
 class WeaverService:
-    def __init__(self, db: sessionmaker[Session], trainer: TrainerClient,
-                 rollout: RolloutClient, base_models: dict[str, str], data_dir: Path) -> None:
+    def __init__(
+        self,
+        db: sessionmaker[Session],
+        trainer: TrainerClient,
+        rollout: RolloutClient,
+        base_models: dict[str, str],
+        data_dir: Path,
+    ) -> None:
         self.db = db
         self.trainer = trainer
         self.rollout = rollout
@@ -108,11 +122,13 @@ class WeaverService:
 
     # --- sessions and base models -----------------------------------------------------
 
-    async def create_session(self, body: schemas.CreateSession, owner: KeyIdentity
-                             ) -> schemas.SessionInfo:
+    async def create_session(
+        self, body: schemas.CreateSession, owner: KeyIdentity
+    ) -> schemas.SessionInfo:
         session_id = f"ws-{uuid.uuid4().hex[:16]}"
-        return public_session(session_id,
-                              await self.state.add_session(session_id, owner, body.name))
+        return public_session(
+            session_id, await self.state.add_session(session_id, owner, body.name)
+        )
 
     async def session(self, session_id: str, owner: KeyIdentity) -> SdkSession:
         return owned(await self.state.session(session_id), session_id, owner, "Session")
@@ -121,8 +137,9 @@ class WeaverService:
         """Where the SDK loads the tokenizer from: the model's directory on this host."""
         return resolve_base_model(loom_base_model, self.data_dir)
 
-    async def log_metrics(self, session_id: str, body: schemas.LogMetrics, owner: KeyIdentity
-                          ) -> schemas.MetricsAccepted:
+    async def log_metrics(
+        self, session_id: str, body: schemas.LogMetrics, owner: KeyIdentity
+    ) -> schemas.MetricsAccepted:
         """The script's own metrics (rewards, evals) as its job's metrics: charted by the web
         admin like any job's."""
         await self.session(session_id, owner)
@@ -134,15 +151,17 @@ class WeaverService:
         models = [await self.model(model_id, owner) for model_id in by_model]
 
         def record(session: Session) -> int:
-            return sum(job_logs.log_metrics(session, model.id, by_model[model.id])
-                       for model in models)
+            return sum(
+                job_logs.log_metrics(session, model.id, by_model[model.id]) for model in models
+            )
 
         return schemas.MetricsAccepted(accepted=await in_transaction(self.db, record))
 
     # --- training models --------------------------------------------------------------
 
-    async def create_model(self, session_id: str, body: schemas.CreateModel,
-                           owner: KeyIdentity) -> schemas.TrainingModel:
+    async def create_model(
+        self, session_id: str, body: schemas.CreateModel, owner: KeyIdentity
+    ) -> schemas.TrainingModel:
         session = await self.session(session_id, owner)
         if body.model_seq_id in session.models:  # the SDK resent it: one model
             return (await self.model(session.models[body.model_seq_id], owner)).public()
@@ -151,21 +170,28 @@ class WeaverService:
         spec = body.lora_config
         targets = (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else [])
         if body.training_mode == "lora" and not targets:
-            raise InvalidInput("lora_config trains nothing: train_attn or train_mlp must be "
-                               "true (train_unembed alone is not served).")
+            raise InvalidInput(
+                "lora_config trains nothing: train_attn or train_mlp must be "
+                "true (train_unembed alone is not served)."
+            )
         with user_input("create_model", "lora_config"):
-            job = JobCreate(name=f"weaver {session.name or session_id} #{body.model_seq_id}",
-                            base_model=base, mode=MODES[body.training_mode],
-                            lora=LoraConfig(rank=spec.rank, alpha=float(spec.rank),
-                                            target_modules=targets or ATTENTION),
-                            config={"weaver_base_model": body.base_model,
-                                    "weaver_session": session_id,
-                                    "weaver_model_seq_id": body.model_seq_id,
-                                    "weaver_user_metadata": body.user_metadata or {}})
+            job = JobCreate(
+                name=f"weaver {session.name or session_id} #{body.model_seq_id}",
+                base_model=base,
+                mode=MODES[body.training_mode],
+                lora=LoraConfig(
+                    rank=spec.rank, alpha=float(spec.rank), target_modules=targets or ATTENTION
+                ),
+                config={
+                    "weaver_base_model": body.base_model,
+                    "weaver_session": session_id,
+                    "weaver_model_seq_id": body.model_seq_id,
+                    "weaver_user_metadata": body.user_metadata or {},
+                },
+            )
         tokenizer = await run_in_threadpool(self.tokenizer_path, base)
         created = await jobs.create_job(self.db, self.trainer, job, owner)
-        model = TrainingModel(created, owner.id, body.base_model, tokenizer,
-                              CallOrder(created.id))
+        model = TrainingModel(created, owner.id, body.base_model, tokenizer, CallOrder(created.id))
         self.models[model.id] = model
         await self.state.add_session_model(session_id, body.model_seq_id, model.id)
         return model.public()
@@ -190,18 +216,29 @@ class WeaverService:
             raise NotFound(f"Job {model_id!r} was not made by the Weaver SDK.")
         tokenizer = await run_in_threadpool(self.tokenizer_path, job.base_model)
         # The SDK goes on numbering where it was: the first call seen sets the order.
-        model = TrainingModel(job, job_owner, name, tokenizer, CallOrder(model_id, next_seq=0),
-                              terminated=ended(job.status))
+        model = TrainingModel(
+            job,
+            job_owner,
+            name,
+            tokenizer,
+            CallOrder(model_id, next_seq=0),
+            terminated=ended(job.status),
+        )
         return self.models.setdefault(model_id, model)
 
     async def live_model(self, model_id: str, owner: KeyIdentity) -> TrainingModel:
         model = await self.model(model_id, owner)
         if not model.terminated:  # through another replica, since this one last looked
-            model.terminated = ended(await in_transaction(self.db, lambda s: JobStatus(
-                jobs.get_job_row(s, model.id, owner).status)))
+            model.terminated = ended(
+                await in_transaction(
+                    self.db, lambda s: JobStatus(jobs.get_job_row(s, model.id, owner).status)
+                )
+            )
         if model.terminated:
-            raise Conflict(f"Model {model_id!r} was terminated; create a new one (its "
-                           "checkpoints load into it).")
+            raise Conflict(
+                f"Model {model_id!r} was terminated; create a new one (its "
+                "checkpoints load into it)."
+            )
         return model
 
     async def terminate(self, model_id: str, owner: KeyIdentity) -> schemas.Terminated:
@@ -209,13 +246,15 @@ class WeaverService:
         if not model.terminated:
             model.terminated = True
             with suppress(Conflict):  # already finished through Loom's own API
-                await in_transaction(self.db, lambda s: jobs.set_status(
-                    s, model.id, JobStatus.completed, owner))
+                await in_transaction(
+                    self.db, lambda s: jobs.set_status(s, model.id, JobStatus.completed, owner)
+                )
         return schemas.Terminated(model_id=model_id)
 
     @numbered(lambda model_id, body, *_, **__: (model_id, body.payload.seq_id))
-    async def forward(self, model_id: str, body: schemas.PassBody, owner: KeyIdentity,
-                      backward: bool) -> str:
+    async def forward(
+        self, model_id: str, body: schemas.PassBody, owner: KeyIdentity, backward: bool
+    ) -> str:
         payload = body.payload
         model = await self.ordered_model(model_id, payload.model_id, owner)
         request = payload.forward_backward_input if backward else payload.forward_input
@@ -223,14 +262,17 @@ class WeaverService:
             field_name = "forward_backward_input" if backward else "forward_input"
             raise InvalidInput(f"payload.{field_name} is missing.")
         if payload.tensor_transport != "default":
-            raise InvalidInput(f"tensor_transport {payload.tensor_transport!r} is not served; "
-                               "use the default JSON transport.")
+            raise InvalidInput(
+                f"tensor_transport {payload.tensor_transport!r} is not served; "
+                "use the default JSON transport."
+            )
         call = "forward_backward" if backward else "forward"
         with user_input(call, "data"):
             batch = convert.training_batch(request)
         if backward and batch.loss is None:
-            raise InvalidInput("forward_logprob computes no loss: call forward, not "
-                               "forward_backward, with it.")
+            raise InvalidInput(
+                "forward_logprob computes no loss: call forward, not forward_backward, with it."
+            )
         training = TrainingPass.of(call, batch.data, batch.loss, backward=backward)
 
         async def submit() -> str:
@@ -243,8 +285,7 @@ class WeaverService:
         return await model.calls.place(self.futures, payload.seq_id, submit, result)
 
     @numbered(lambda model_id, body, _owner: (model_id, body.payload.seq_id))
-    async def optim_step(self, model_id: str, body: schemas.OptimBody, owner: KeyIdentity
-                         ) -> str:
+    async def optim_step(self, model_id: str, body: schemas.OptimBody, owner: KeyIdentity) -> str:
         payload = body.payload
         model = await self.ordered_model(model_id, payload.model_id, owner)
         step = optim_step_request(payload.adam_params)
@@ -254,55 +295,74 @@ class WeaverService:
 
         async def result(op: str) -> Payload:
             done = await self.calls.result(op)
-            return {"metrics": {"grad_norm:mean": float(done["grad_norm"])},
-                    "step": done.get("step")}
+            return {
+                "metrics": {"grad_norm:mean": float(done["grad_norm"])},
+                "step": done.get("step"),
+            }
 
         return await model.calls.place(self.futures, payload.seq_id, submit, result)
 
     @numbered(lambda model_id, body, _owner: (model_id, body.seq_id))
-    async def export_sampler(self, model_id: str, body: schemas.ExportSampler,
-                             owner: KeyIdentity) -> str:
+    async def export_sampler(
+        self, model_id: str, body: schemas.ExportSampler, owner: KeyIdentity
+    ) -> str:
         model = await self.live_model(model_id, owner)
         if body.path is not None:
             with user_input("save_weights_for_sampler", "path"):
                 SaveStateRequest(name=body.path)  # the same rule as checkpoint names
             if paths.VERSION_NAME.match(body.path):
-                raise InvalidInput(f"Sampler weights name {body.path!r} is reserved for "
-                                   "unnamed exports (v<version>); pick another name.")
+                raise InvalidInput(
+                    f"Sampler weights name {body.path!r} is reserved for "
+                    "unnamed exports (v<version>); pick another name."
+                )
 
         async def submit() -> str:
             return await self.calls.submit(model.id, "save_weights", SaveWeightsRequest())
 
         async def result(op: str) -> Payload:
             saved = SaveWeightsResult.model_validate(await self.calls.result(op))
-            path = paths.WeaverPath(model.id, paths.SAMPLER_WEIGHTS,
-                                    body.path or f"v{saved.number}")
+            path = paths.WeaverPath(
+                model.id, paths.SAMPLER_WEIGHTS, body.path or f"v{saved.number}"
+            )
             if body.path is not None:
-                await self.state.add_weights(str(path), SamplerRef(
-                    model.owner, model.base_model, model.id, saved.number,
-                    expires_at=expiry(body.ttl_seconds)))
+                await self.state.add_weights(
+                    str(path),
+                    SamplerRef(
+                        model.owner,
+                        model.base_model,
+                        model.id,
+                        saved.number,
+                        expires_at=expiry(body.ttl_seconds),
+                    ),
+                )
             return {"model_path": str(path), "path": str(path), "weight_version": saved.number}
 
         return await model.calls.place(self.futures, body.seq_id, submit, result)
 
-    async def ordered_model(self, model_id: str, payload_model_id: str, owner: KeyIdentity
-                            ) -> TrainingModel:
+    async def ordered_model(
+        self, model_id: str, payload_model_id: str, owner: KeyIdentity
+    ) -> TrainingModel:
         if payload_model_id != model_id:
-            raise InvalidInput(f"payload.model_id {payload_model_id!r} is not the model of the "
-                               f"URL ({model_id!r}).")
+            raise InvalidInput(
+                f"payload.model_id {payload_model_id!r} is not the model of the URL ({model_id!r})."
+            )
         return await self.live_model(model_id, owner)
 
     # --- checkpoints ------------------------------------------------------------------
 
-    async def save_checkpoint(self, model_id: str, body: schemas.SaveCheckpoint,
-                              owner: KeyIdentity) -> str:
+    async def save_checkpoint(
+        self, model_id: str, body: schemas.SaveCheckpoint, owner: KeyIdentity
+    ) -> str:
         model = await self.live_model(model_id, owner)
         if body.type == "sampling":
-            raise InvalidInput("Sampling checkpoints are sampler exports: call "
-                               "save_weights_for_sampler.")
+            raise InvalidInput(
+                "Sampling checkpoints are sampler exports: call save_weights_for_sampler."
+            )
         with user_input("save_state", "name"):
-            request = SaveStateRequest(name=body.name or f"checkpoint-{uuid.uuid4().hex[:8]}",
-                                       expires_at=expiry(body.ttl_seconds))
+            request = SaveStateRequest(
+                name=body.name or f"checkpoint-{uuid.uuid4().hex[:8]}",
+                expires_at=expiry(body.ttl_seconds),
+            )
 
         async def submit() -> str:
             return await self.calls.submit(model.id, "save_state", request)
@@ -313,21 +373,28 @@ class WeaverService:
 
         return await model.calls.place(self.futures, None, submit, result)
 
-    async def load_checkpoint(self, model_id: str, body: schemas.LoadCheckpoint,
-                              owner: KeyIdentity) -> str:
+    async def load_checkpoint(
+        self, model_id: str, body: schemas.LoadCheckpoint, owner: KeyIdentity
+    ) -> str:
         model = await self.live_model(model_id, owner)
         path = paths.parse(body.path, paths.CHECKPOINTS)
         source = await self.model(path.model_id, owner)
-        request = LoadStateRequest(name=path.name, optimizer=body.include_optimizer,
-                                   job_id=None if source.id == model.id else source.id)
+        request = LoadStateRequest(
+            name=path.name,
+            optimizer=body.include_optimizer,
+            job_id=None if source.id == model.id else source.id,
+        )
 
         async def submit() -> str:
             return await self.calls.submit(model.id, "load_state", request)
 
         async def result(op: str) -> Payload:
             await self.calls.result(op)
-            return {"path": body.path, "model_id": model.id,
-                    "include_optimizer": body.include_optimizer}
+            return {
+                "path": body.path,
+                "model_id": model.id,
+                "include_optimizer": body.include_optimizer,
+            }
 
         return await model.calls.place(self.futures, None, submit, result)
 
@@ -335,23 +402,27 @@ class WeaverService:
         model = await self.model(model_id, owner)
         listed = await self.trainer.list_checkpoints(model.id)
         return schemas.Checkpoints.model_validate(
-            {"items": [paths.checkpoint(model.id, c) for c in listed.checkpoints]})
+            {"items": [paths.checkpoint(model.id, c) for c in listed.checkpoints]}
+        )
 
     # --- sampling ---------------------------------------------------------------------
 
-    async def create_sampling_session(self, session_id: str,
-                                      body: schemas.CreateSamplingSession,
-                                      owner: KeyIdentity) -> schemas.SamplingSession:
+    async def create_sampling_session(
+        self, session_id: str, body: schemas.CreateSamplingSession, owner: KeyIdentity
+    ) -> schemas.SamplingSession:
         await self.session(session_id, owner)
         if body.model_path is not None:
             path = paths.parse(body.model_path, paths.SAMPLER_WEIGHTS)
             model = await self.model(path.model_id, owner)
             version = path.version or await self.named_sampler_version(body.model_path)
             if version is None:
-                raise NotFound(f"No sampler weights at {body.model_path!r} (unnamed ones, "
-                               "v<version>, always resolve).")
-            bound = SamplerRef(owner.id, model.base_model, model.id, version, body.model_path,
-                               model.tokenizer_path)
+                raise NotFound(
+                    f"No sampler weights at {body.model_path!r} (unnamed ones, "
+                    "v<version>, always resolve)."
+                )
+            bound = SamplerRef(
+                owner.id, model.base_model, model.id, version, body.model_path, model.tokenizer_path
+            )
         elif body.base_model is not None:
             base = await self.served.check(body.base_model, "A sampling client")
             tokenizer = await run_in_threadpool(self.tokenizer_path, base)
@@ -369,50 +440,75 @@ class WeaverService:
         return None if ref is None else ref.version
 
     async def sampling_session(self, sampling_id: str, owner: KeyIdentity) -> SamplerRef:
-        return owned(await self.state.sampler(sampling_id), sampling_id, owner,
-                     "Sampling session")
+        return owned(await self.state.sampler(sampling_id), sampling_id, owner, "Sampling session")
 
     async def close_sampling_session(self, sampling_id: str, owner: KeyIdentity) -> None:
         await self.sampling_session(sampling_id, owner)
         await self.state.drop_sampler(sampling_id)
 
-    async def sample(self, sampling_id: str, body: schemas.SampleBody, owner: KeyIdentity
-                     ) -> str:
+    async def sample(self, sampling_id: str, body: schemas.SampleBody, owner: KeyIdentity) -> str:
         bound = await self.sampling_session(sampling_id, owner)
-        asked = [name for name in ("return_sampling_mask", "return_old_logprob",
-                                   "return_moe_topk_indices", "score_centering")
-                 if getattr(body, name)]
+        asked = [
+            name
+            for name in (
+                "return_sampling_mask",
+                "return_old_logprob",
+                "return_moe_topk_indices",
+                "score_centering",
+            )
+            if getattr(body, name)
+        ]
         if asked:
             raise InvalidInput(f"Not served by Loom yet: {', '.join(asked)}.")
         check_top_k(topk_prompt_logprobs=body.topk_prompt_logprobs)
         tokens = prompt_tokens(body.prompt)
         with user_input("sample", "sampling_params"):
             params = convert.sampling_params(body.sampling_params)
-        scoring = Scoring(prompt_logprobs=body.prompt_logprobs,
-                          prompt_top_logprobs=body.topk_prompt_logprobs)
+        scoring = Scoring(
+            prompt_logprobs=body.prompt_logprobs, prompt_top_logprobs=body.topk_prompt_logprobs
+        )
 
         async def run() -> Payload:
-            return convert.sequences(await sample(
-                self.rollout, bound.job_id, bound.version, tokens, body.num_samples, params,
-                scoring), body.prompt_logprobs)
+            return convert.sequences(
+                await sample(
+                    self.rollout,
+                    bound.job_id,
+                    bound.version,
+                    tokens,
+                    body.num_samples,
+                    params,
+                    scoring,
+                ),
+                body.prompt_logprobs,
+            )
 
         return await self.futures.submit(run())
 
-    async def compute_logprobs(self, sampling_id: str, body: schemas.LogprobsBody,
-                               owner: KeyIdentity) -> str:
+    async def compute_logprobs(
+        self, sampling_id: str, body: schemas.LogprobsBody, owner: KeyIdentity
+    ) -> str:
         """Each prompt token's logprob under the session's weights (None for the first)."""
         bound = await self.sampling_session(sampling_id, owner)
         if body.return_rollout_token_expert:
-            raise InvalidInput("return_rollout_token_expert (MoE router replay) is not "
-                               "served by Loom.")
+            raise InvalidInput(
+                "return_rollout_token_expert (MoE router replay) is not served by Loom."
+            )
         tokens = prompt_tokens(body.prompt)
 
         async def run() -> Payload:
-            scored = await sample(self.rollout, bound.job_id, bound.version, tokens, 1,
-                                  SamplingParams(max_tokens=1, temperature=0.0),
-                                  Scoring(prompt_logprobs=True))
-            return {"result": {"prompt_logprobs": scored.prompt_logprobs},
-                    "weight_version": scored.version}
+            scored = await sample(
+                self.rollout,
+                bound.job_id,
+                bound.version,
+                tokens,
+                1,
+                SamplingParams(max_tokens=1, temperature=0.0),
+                Scoring(prompt_logprobs=True),
+            )
+            return {
+                "result": {"prompt_logprobs": scored.prompt_logprobs},
+                "weight_version": scored.version,
+            }
 
         return await self.futures.submit(run())
 

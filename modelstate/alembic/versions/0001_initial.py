@@ -31,8 +31,12 @@ def upgrade() -> None:
     )
     op.create_table(
         "version_files",
-        sa.Column("version_id", sa.Integer(),
-                  sa.ForeignKey("versions.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "version_id",
+            sa.Integer(),
+            sa.ForeignKey("versions.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
         sa.Column("path", sa.String(1024), primary_key=True),
         sa.Column("size", sa.BigInteger(), nullable=False),
         sa.Column("sha256", sa.String(64), nullable=False),
@@ -43,8 +47,10 @@ def upgrade() -> None:
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("number", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(
-            ["job_id", "number"], ["versions.job_id", "versions.number"],
-            name="fk_aliases_version", ondelete="CASCADE",
+            ["job_id", "number"],
+            ["versions.job_id", "versions.number"],
+            name="fk_aliases_version",
+            ondelete="CASCADE",
         ),
     )
 

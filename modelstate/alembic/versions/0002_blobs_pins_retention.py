@@ -31,8 +31,9 @@ def upgrade() -> None:
     ).all()
     now = datetime.now(UTC)
     if existing:
-        op.bulk_insert(blobs, [{"sha256": sha, "size": size, "touched_at": now}
-                               for sha, size in existing])
+        op.bulk_insert(
+            blobs, [{"sha256": sha, "size": size, "touched_at": now} for sha, size in existing]
+        )
     with op.batch_alter_table("version_files") as batch:
         batch.create_foreign_key("fk_files_blob", "blobs", ["sha256"], ["sha256"])
         batch.create_index("ix_version_files_sha256", ["sha256"])
@@ -45,8 +46,10 @@ def upgrade() -> None:
         sa.Column("number", sa.Integer(), primary_key=True),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
-            ["job_id", "number"], ["versions.job_id", "versions.number"],
-            name="fk_pins_version", ondelete="CASCADE",
+            ["job_id", "number"],
+            ["versions.job_id", "versions.number"],
+            name="fk_pins_version",
+            ondelete="CASCADE",
         ),
     )
     op.create_table(

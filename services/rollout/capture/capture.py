@@ -30,12 +30,14 @@ class Capture:
         await self.versions.resolve(request.job_id, request.version)  # a bad version fails now
         return await run_in_threadpool(self.store.create, request)
 
-    async def get(self, trajectory_id: str,
-                  decode: Callable[[list[int]], str]) -> CapturedTrajectory:
+    async def get(
+        self, trajectory_id: str, decode: Callable[[list[int]], str]
+    ) -> CapturedTrajectory:
         info = await run_in_threadpool(self.store.info, trajectory_id)
         calls = await run_in_threadpool(self.store.calls, trajectory_id)
-        return CapturedTrajectory(trajectory=info, calls=[c.public() for c in calls],
-                                  segments=segments(calls, decode))
+        return CapturedTrajectory(
+            trajectory=info, calls=[c.public() for c in calls], segments=segments(calls, decode)
+        )
 
     async def delete(self, trajectory_id: str) -> None:
         await run_in_threadpool(self.store.delete, trajectory_id)
@@ -49,8 +51,9 @@ class Capture:
 class Recording:
     """One OpenAI call inside a trajectory."""
 
-    def __init__(self, store: TrajectoryStore, info: TrajectoryInfo,
-                 calls: list[StoredCall]) -> None:
+    def __init__(
+        self, store: TrajectoryStore, info: TrajectoryInfo, calls: list[StoredCall]
+    ) -> None:
         self.store = store
         self.info = info
         self.calls = calls
@@ -60,8 +63,9 @@ class Recording:
         """The trajectory decides the version: an agent keeps whatever model name it has."""
         return self.info.job_id, self.info.version
 
-    def chat_prompt(self, chat: ChatFormat, messages: list[Message],
-                    tools: list[dict[str, Any]] | None) -> tuple[list[int], int | None]:
+    def chat_prompt(
+        self, chat: ChatFormat, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[int], int | None]:
         """The prompt's tokens and the call it continues (None: rendered afresh)."""
         parent = chat_parent(self.calls, messages, tools)
         if parent is None:

@@ -35,7 +35,8 @@ class CallRow(Base):
     __tablename__ = "trajectory_calls"
 
     trajectory_id: Mapped[str] = mapped_column(
-        String(64), ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True)
+        String(64), ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True
+    )
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
     parent: Mapped[int | None] = mapped_column(Integer)
     endpoint: Mapped[str] = mapped_column(String(16))

@@ -18,28 +18,37 @@ from services.rollout.chat_format import ChatFormat, Message
 from services.rollout.schemas import CapturedSegment, TurnInfo
 
 
-def chat_parent(calls: Sequence[StoredCall], messages: list[Message],
-                tools: list[dict[str, Any]] | None) -> StoredCall | None:
+def chat_parent(
+    calls: Sequence[StoredCall], messages: list[Message], tools: list[dict[str, Any]] | None
+) -> StoredCall | None:
     """The latest chat call that `messages` continue, if any."""
     for call in reversed(calls):
         if call.messages is None or call.reply is None or call.tools != tools:
             continue
         n = len(call.messages)
-        if (len(messages) > n and messages[:n] == call.messages
-                and messages[n] == call.reply
-                and all(m["role"] != "assistant" for m in messages[n + 1:])):
+        if (
+            len(messages) > n
+            and messages[:n] == call.messages
+            and messages[n] == call.reply
+            and all(m["role"] != "assistant" for m in messages[n + 1 :])
+        ):
             return call
     return None
 
 
-def continued_prompt(chat: ChatFormat, parent: StoredCall, messages: list[Message],
-                     tools: list[dict[str, Any]] | None) -> list[int]:
+def continued_prompt(
+    chat: ChatFormat,
+    parent: StoredCall,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None,
+) -> list[int]:
     """The prompt of a call that continues `parent`: its tokens, then the new messages."""
     assert parent.messages is not None and parent.reply is not None
     n = len(parent.messages)
     ended = bool(parent.token_ids) and parent.token_ids[-1] == chat.turn_end_id
-    between = chat.feedback_ids([*parent.messages, parent.reply], messages[n + 1:], tools,
-                                ended_with_turn_end=ended)
+    between = chat.feedback_ids(
+        [*parent.messages, parent.reply], messages[n + 1 :], tools, ended_with_turn_end=ended
+    )
     return [*parent.sequence, *between]
 
 
@@ -48,19 +57,24 @@ def token_parent(calls: Sequence[StoredCall], prompt: list[int]) -> StoredCall |
     best: StoredCall | None = None
     for call in calls:
         sequence = call.sequence
-        if (len(sequence) <= len(prompt) and prompt[:len(sequence)] == sequence
-                and (best is None or len(sequence) > len(best.sequence))):
+        if (
+            len(sequence) <= len(prompt)
+            and prompt[: len(sequence)] == sequence
+            and (best is None or len(sequence) > len(best.sequence))
+        ):
             best = call
     return best
 
 
-def segments(calls: Sequence[StoredCall],
-             decode: Callable[[list[int]], str]) -> list[CapturedSegment]:
+def segments(
+    calls: Sequence[StoredCall], decode: Callable[[list[int]], str]
+) -> list[CapturedSegment]:
     """One training sequence per chain of calls, ending at each call nothing continues."""
     by_index = {call.index: call for call in calls}
     continued = {call.parent for call in calls if call.parent is not None}
-    return [_segment(_chain(leaf, by_index), decode)
-            for leaf in calls if leaf.index not in continued]
+    return [
+        _segment(_chain(leaf, by_index), decode) for leaf in calls if leaf.index not in continued
+    ]
 
 
 def _chain(leaf: StoredCall, by_index: dict[int, StoredCall]) -> list[StoredCall]:
@@ -85,18 +99,29 @@ def _segment(chain: list[StoredCall], decode: Callable[[list[int]], str]) -> Cap
         tokens.extend(ids)
         logprobs.extend(lps)
         mask.extend([1 if call else 0] * len(ids))
-        turns.append(TurnInfo(
-            kind="model" if call else "env", start=start, end=len(tokens),
-            text=call.text if call else decode(ids), version=call.version if call else None,
-            stop_reason=call.finish_reason if call else None))  # type: ignore[arg-type]
+        turns.append(
+            TurnInfo(
+                kind="model" if call else "env",
+                start=start,
+                end=len(tokens),
+                text=call.text if call else decode(ids),
+                version=call.version if call else None,
+                stop_reason=call.finish_reason if call else None,
+            )
+        )  # type: ignore[arg-type]
 
     previous: StoredCall | None = None
     for call in chain:
         if previous is not None:
-            added = call.prompt_token_ids[len(previous.sequence):]
+            added = call.prompt_token_ids[len(previous.sequence) :]
             add(added, [0.0] * len(added), None)
         add(call.token_ids, call.logprobs, call)
         previous = call
-    return CapturedSegment(prompt_token_ids=root.prompt_token_ids, token_ids=tokens,
-                           logprobs=logprobs, loss_mask=mask, turns=turns,
-                           calls=[call.index for call in chain])
+    return CapturedSegment(
+        prompt_token_ids=root.prompt_token_ids,
+        token_ids=tokens,
+        logprobs=logprobs,
+        loss_mask=mask,
+        turns=turns,
+        calls=[call.index for call in chain],
+    )

@@ -44,10 +44,17 @@ class StoredCall(NewCall):
         return [*self.prompt_token_ids, *self.token_ids]
 
     def public(self) -> CapturedCall:
-        return CapturedCall(index=self.index, parent=self.parent, endpoint=self.endpoint,
-                            version=self.version, prompt_token_ids=self.prompt_token_ids,
-                            token_ids=self.token_ids, logprobs=self.logprobs,
-                            finish_reason=self.finish_reason, text=self.text)
+        return CapturedCall(
+            index=self.index,
+            parent=self.parent,
+            endpoint=self.endpoint,
+            version=self.version,
+            prompt_token_ids=self.prompt_token_ids,
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            text=self.text,
+        )
 
 
 class TrajectoryStore:
@@ -58,9 +65,13 @@ class TrajectoryStore:
         self._append = threading.Lock()
 
     def create(self, request: TrajectoryCreate) -> TrajectoryInfo:
-        row = TrajectoryRow(id=f"traj_{uuid.uuid4().hex}", job_id=request.job_id,
-                            version=str(request.version), meta=request.metadata,
-                            created_at=datetime.now(UTC))
+        row = TrajectoryRow(
+            id=f"traj_{uuid.uuid4().hex}",
+            job_id=request.job_id,
+            version=str(request.version),
+            meta=request.metadata,
+            created_at=datetime.now(UTC),
+        )
         with transaction(self.sessions) as session:
             session.add(row)
         return _info(row, 0)
@@ -68,15 +79,20 @@ class TrajectoryStore:
     def info(self, trajectory_id: str) -> TrajectoryInfo:
         with self.sessions() as session:
             row = _get(session, trajectory_id)
-            count = session.scalar(select(func.count()).where(
-                CallRow.trajectory_id == trajectory_id)) or 0
+            count = (
+                session.scalar(select(func.count()).where(CallRow.trajectory_id == trajectory_id))
+                or 0
+            )
             return _info(row, count)
 
     def calls(self, trajectory_id: str) -> list[StoredCall]:
         with self.sessions() as session:
             _get(session, trajectory_id)
-            rows = session.scalars(select(CallRow).where(CallRow.trajectory_id == trajectory_id)
-                                   .order_by(CallRow.index)).all()
+            rows = session.scalars(
+                select(CallRow)
+                .where(CallRow.trajectory_id == trajectory_id)
+                .order_by(CallRow.index)
+            ).all()
             return [_stored(row) for row in rows]
 
     def add(self, trajectory_id: str, calls: list[NewCall]) -> list[int]:
@@ -84,13 +100,15 @@ class TrajectoryStore:
         turns: a row lock across processes (PostgreSQL), this lock within one (SQLite)."""
         with self._append, transaction(self.sessions) as session:
             _get(session, trajectory_id, lock=True)
-            last = session.scalar(select(func.max(CallRow.index)).where(
-                CallRow.trajectory_id == trajectory_id))
+            last = session.scalar(
+                select(func.max(CallRow.index)).where(CallRow.trajectory_id == trajectory_id)
+            )
             first = 0 if last is None else last + 1
             now = datetime.now(UTC)
-            session.add_all(CallRow(trajectory_id=trajectory_id, index=first + i,
-                                    created_at=now, **vars(call))
-                            for i, call in enumerate(calls))
+            session.add_all(
+                CallRow(trajectory_id=trajectory_id, index=first + i, created_at=now, **vars(call))
+                for i, call in enumerate(calls)
+            )
         return list(range(first, first + len(calls)))
 
     def delete(self, trajectory_id: str) -> None:
@@ -101,21 +119,39 @@ class TrajectoryStore:
 def _get(session: Session, trajectory_id: str, lock: bool = False) -> TrajectoryRow:
     row = session.get(TrajectoryRow, trajectory_id, with_for_update=lock)
     if row is None:
-        raise NotFound(f"Trajectory {trajectory_id!r} does not exist (or was deleted): "
-                       "create one with POST /v1/trajectories and use the id it returns.",
-                       {"trajectory_id": trajectory_id})
+        raise NotFound(
+            f"Trajectory {trajectory_id!r} does not exist (or was deleted): "
+            "create one with POST /v1/trajectories and use the id it returns.",
+            {"trajectory_id": trajectory_id},
+        )
     return row
 
 
 def _info(row: TrajectoryRow, calls: int) -> TrajectoryInfo:
     version: VersionRef = int(row.version) if row.version.isdigit() else row.version
-    return TrajectoryInfo(id=row.id, job_id=row.job_id, version=version, metadata=row.meta,
-                          created_at=row.created_at, calls=calls)
+    return TrajectoryInfo(
+        id=row.id,
+        job_id=row.job_id,
+        version=version,
+        metadata=row.meta,
+        created_at=row.created_at,
+        calls=calls,
+    )
 
 
 def _stored(row: CallRow) -> StoredCall:
     return StoredCall(
-        index=row.index, parent=row.parent, endpoint=row.endpoint, version=row.version,
-        prompt_token_ids=list(row.prompt_token_ids), token_ids=list(row.token_ids),
-        logprobs=list(row.logprobs), finish_reason=row.finish_reason, text=row.text,
-        messages=row.messages, tools=row.tools, reply=row.reply, created_at=row.created_at)
+        index=row.index,
+        parent=row.parent,
+        endpoint=row.endpoint,
+        version=row.version,
+        prompt_token_ids=list(row.prompt_token_ids),
+        token_ids=list(row.token_ids),
+        logprobs=list(row.logprobs),
+        finish_reason=row.finish_reason,
+        text=row.text,
+        messages=row.messages,
+        tools=row.tools,
+        reply=row.reply,
+        created_at=row.created_at,
+    )

@@ -26,19 +26,20 @@ Body = TypeVar("Body")
 
 def _respond(result: Body | AsyncIterator[str]) -> Body | StreamingResponse:
     if isinstance(result, AsyncIterator):
-        return StreamingResponse(result, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
     return result
 
 
 @router.post("/completions", response_model=CompletionResponse, responses=STREAM_RESPONSES)
-async def completions(serving: CompletionsDep,
-                      body: CompletionRequest) -> CompletionResponse | StreamingResponse:
+async def completions(
+    serving: CompletionsDep, body: CompletionRequest
+) -> CompletionResponse | StreamingResponse:
     return _respond(await serving.create(body))
 
 
-@router.post("/chat/completions", response_model=ChatCompletionResponse,
-             responses=STREAM_RESPONSES)
+@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=STREAM_RESPONSES)
 async def chat_completions(
     serving: ChatDep, body: ChatCompletionRequest
 ) -> ChatCompletionResponse | StreamingResponse:
@@ -47,16 +48,22 @@ async def chat_completions(
 
 # Inside a trajectory: an agent's OpenAI base URL is `.../v1/trajectories/<id>`, so every call
 # it makes is recorded there, whatever `model` it names.
-@router.post("/trajectories/{trajectory_id}/completions", response_model=CompletionResponse,
-             responses=STREAM_RESPONSES)
+@router.post(
+    "/trajectories/{trajectory_id}/completions",
+    response_model=CompletionResponse,
+    responses=STREAM_RESPONSES,
+)
 async def trajectory_completions(
     serving: CompletionsDep, trajectory_id: TrajectoryId, body: CompletionRequest
 ) -> CompletionResponse | StreamingResponse:
     return _respond(await serving.create(body, trajectory_id))
 
 
-@router.post("/trajectories/{trajectory_id}/chat/completions",
-             response_model=ChatCompletionResponse, responses=STREAM_RESPONSES)
+@router.post(
+    "/trajectories/{trajectory_id}/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses=STREAM_RESPONSES,
+)
 async def trajectory_chat_completions(
     serving: ChatDep, trajectory_id: TrajectoryId, body: ChatCompletionRequest
 ) -> ChatCompletionResponse | StreamingResponse:

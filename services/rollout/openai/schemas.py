@@ -143,8 +143,10 @@ class ChatCompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _tool_choice(self) -> Self:
         if self.tool_choice not in (None, "auto", "none"):
-            raise ValueError("tool_choice may be 'auto' or 'none': Loom samples exactly what "
-                             "the model writes, so it cannot force a tool call")
+            raise ValueError(
+                "tool_choice may be 'auto' or 'none': Loom samples exactly what "
+                "the model writes, so it cannot force a tool call"
+            )
         return self
 
     @property

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from vllm.outputs import CompletionOutput, RequestOutput
 
 
-
 @dataclass
 class Prepared:
     """An OpenAI request checked and resolved, ready to run."""
@@ -54,9 +53,12 @@ class Prepared:
     trajectory_id: str | None = None
 
     def loom(self, with_prompts: bool = True) -> LoomInfo:
-        return LoomInfo(job_id=self.target.job_id, version=self.target.number,
-                        prompt_token_ids=self.prompts if with_prompts else None,
-                        trajectory_id=self.trajectory_id)
+        return LoomInfo(
+            job_id=self.target.job_id,
+            version=self.target.number,
+            prompt_token_ids=self.prompts if with_prompts else None,
+            trajectory_id=self.trajectory_id,
+        )
 
     def choice_index(self, prompt_index: int, completion_index: int) -> int:
         return prompt_index * self.params.n + completion_index
@@ -88,20 +90,23 @@ def accumulated(prompt: list[int], completion: CompletionOutput) -> Accumulated:
 
 
 def loom_choice(completion: CompletionOutput) -> LoomChoice:
-    return LoomChoice(token_ids=list(completion.token_ids),
-                      logprobs=sampled_logprobs(completion))
+    return LoomChoice(token_ids=list(completion.token_ids), logprobs=sampled_logprobs(completion))
 
 
 def usage(prompts: list[list[int]], completions: list[CompletionOutput]) -> Usage:
     prompt_tokens = sum(len(p) for p in prompts)
     completion_tokens = sum(len(c.token_ids) for c in completions)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
 
 
 class OpenAIServing:
-    def __init__(self, sampler: Sampler, versions: Versions, base_model: str,
-                 capture: Capture) -> None:
+    def __init__(
+        self, sampler: Sampler, versions: Versions, base_model: str, capture: Capture
+    ) -> None:
         self.sampler = sampler
         self.versions = versions
         self.base_model = base_model
@@ -130,25 +135,38 @@ class OpenAIServing:
             )
         return parsed[0], parsed[1] or LATEST
 
-    async def prepare(self, model: str, prompts: list[list[int]], params: vllm.SamplingParams,
-                      kind: str, recording: Recording | None = None) -> Prepared:
+    async def prepare(
+        self,
+        model: str,
+        prompts: list[list[int]],
+        params: vllm.SamplingParams,
+        kind: str,
+        recording: Recording | None = None,
+    ) -> Prepared:
         """Inside a trajectory, the trajectory's version answers whatever `model` says."""
         for prompt in prompts:
             self.sampler.check_prompt(prompt, params.max_tokens or 1)
         ref = recording.ref if recording else self.parse_model(model)
         target = await self.versions.resolve(*ref)
-        return Prepared(model=model, target=target, prompts=prompts, params=params,
-                        id=f"{kind}-{uuid.uuid4().hex}",
-                        trajectory_id=recording.info.id if recording else None)
+        return Prepared(
+            model=model,
+            target=target,
+            prompts=prompts,
+            params=params,
+            id=f"{kind}-{uuid.uuid4().hex}",
+            trajectory_id=recording.info.id if recording else None,
+        )
 
     async def generate(self, prepared: Prepared) -> list[RequestOutput]:
         """Every prompt's output, all produced by the prepared version."""
         engine = self.sampler.engine
         async with self.versions.hold(prepared.target) as served:
-            outputs = await asyncio.gather(*(
-                engine.generate(prompt, prepared.params, served.lora_request)
-                for prompt in prepared.prompts
-            ))
+            outputs = await asyncio.gather(
+                *(
+                    engine.generate(prompt, prepared.params, served.lora_request)
+                    for prompt in prepared.prompts
+                )
+            )
         for output in outputs:
             for completion in output.outputs:
                 check_weights(completion, prepared.target.weights)
@@ -168,8 +186,10 @@ class OpenAIServing:
                 await queue.put(None)
 
         async with self.versions.hold(prepared.target) as served:
-            tasks = [asyncio.create_task(pump(i, prompt, served.lora_request))
-                     for i, prompt in enumerate(prepared.prompts)]
+            tasks = [
+                asyncio.create_task(pump(i, prompt, served.lora_request))
+                for i, prompt in enumerate(prepared.prompts)
+            ]
             try:
                 running = len(tasks)
                 while running:
@@ -191,13 +211,20 @@ class OpenAIServing:
         now = int(time.time())
         resident = self.versions.resident()
         cards = [ModelCard(id=self.base_model, created=now, loom={"job_id": None, "version": 0})]
-        loaded = ([resident.full] if resident.full and resident.full.job_id else [])
+        loaded = [resident.full] if resident.full and resident.full.job_id else []
         for version in loaded + resident.loras:
-            cards.append(ModelCard(
-                id=f"{version.job_id}@{version.number}", created=now, root=self.base_model,
-                loom={"job_id": version.job_id, "version": version.number,
-                      "kind": version.kind},
-            ))
+            cards.append(
+                ModelCard(
+                    id=f"{version.job_id}@{version.number}",
+                    created=now,
+                    root=self.base_model,
+                    loom={
+                        "job_id": version.job_id,
+                        "version": version.number,
+                        "kind": version.kind,
+                    },
+                )
+            )
         return ModelList(data=cards)
 
 
@@ -215,7 +242,8 @@ async def sse(chunks: AsyncIterator[LenientModel]) -> AsyncIterator[str]:
         async for chunk in chunks:
             yield f"data: {chunk.model_dump_json()}\n\n"
     except LoomError as exc:
-        error = ErrorEnvelope(error=ErrorBody(code=exc.code, message=exc.message,
-                                              detail=exc.detail))
+        error = ErrorEnvelope(
+            error=ErrorBody(code=exc.code, message=exc.message, detail=exc.detail)
+        )
         yield f"data: {error.model_dump_json()}\n\n"
     yield "data: [DONE]\n\n"

@@ -35,8 +35,10 @@ def template_message(message: ChatMessage, index: int = 0) -> Message:
     rendered: Message = {"role": message.role, "content": message.text}
     if message.tool_calls:
         rendered["tool_calls"] = [
-            {"type": "function", "function": {"name": call.function.name,
-                                              "arguments": _arguments(call, index)}}
+            {
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call, index)},
+            }
             for call in message.tool_calls
         ]
     if message.tool_call_id is not None:
@@ -59,8 +61,9 @@ def _arguments(call: ToolCallOut, index: int) -> dict[str, Any]:
             f"({exc.msg} at char {exc.pos}); send them as OpenAI returned them."
         ) from exc
     if not isinstance(arguments, dict):
-        raise InvalidInput(f"messages[{index}]: the arguments of tool call {call.id!r} must "
-                           "be a JSON object.")
+        raise InvalidInput(
+            f"messages[{index}]: the arguments of tool call {call.id!r} must be a JSON object."
+        )
     return arguments
 
 
@@ -74,8 +77,9 @@ class Reply:
     def template_message(self) -> Message:
         """The assistant message an agent sends back for this reply, as the template takes
         it (what a later request's history is compared with)."""
-        return template_message(ChatMessage(role="assistant", content=self.content,
-                                            tool_calls=self.tool_calls or None))
+        return template_message(
+            ChatMessage(role="assistant", content=self.content, tool_calls=self.tool_calls or None)
+        )
 
 
 def split_reply(text: str, tools_offered: bool) -> Reply:
@@ -84,11 +88,15 @@ def split_reply(text: str, tools_offered: bool) -> Reply:
     parsed = parse_tool_calls(text)
     if not parsed or not all(isinstance(call, ToolCall) for call in parsed):
         return Reply(text, [])
-    calls = [ToolCallOut(id=f"call_{uuid.uuid4().hex[:24]}",
-                         function=FunctionCall(name=call.name,
-                                               arguments=json.dumps(call.arguments)))
-             for call in parsed if isinstance(call, ToolCall)]
-    content = text[:text.index(OPEN)].strip()
+    calls = [
+        ToolCallOut(
+            id=f"call_{uuid.uuid4().hex[:24]}",
+            function=FunctionCall(name=call.name, arguments=json.dumps(call.arguments)),
+        )
+        for call in parsed
+        if isinstance(call, ToolCall)
+    ]
+    content = text[: text.index(OPEN)].strip()
     return Reply(content or None, calls)
 
 
@@ -116,12 +124,13 @@ class ReplyStream:
         reply = split_reply(self.text, self.tools_offered)
         if not reply.tool_calls:
             return self._send(len(self.text)), []
-        return "", [ToolCallDelta(index=i, **call.model_dump())
-                    for i, call in enumerate(reply.tool_calls)]
+        return "", [
+            ToolCallDelta(index=i, **call.model_dump()) for i, call in enumerate(reply.tool_calls)
+        ]
 
     def _send(self, upto: int) -> str:
         upto = max(upto, self.sent)
-        delta, self.sent = self.text[self.sent:upto], upto
+        delta, self.sent = self.text[self.sent : upto], upto
         return delta
 
 

@@ -36,10 +36,13 @@ def join(rank: int, config: RankConfig) -> torch.device:
     if device.type == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=f"tcp://127.0.0.1:{config.master_port}", rank=rank,
-                            world_size=config.world_size,
-                            timeout=timedelta(seconds=config.timeout_s))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{config.master_port}",
+        rank=rank,
+        world_size=config.world_size,
+        timeout=timedelta(seconds=config.timeout_s),
+    )
     return device
 
 
@@ -78,8 +81,9 @@ def main() -> None:
     conn = Connection(int(os.environ[CHANNEL_ENV]))
     config: RankConfig = conn.recv()
     device = join(rank, config)
-    registry = ModelRegistry(config.data_dir, device, config.micro_batch_tokens,
-                             parallel=Sharded(config.sharding))
+    registry = ModelRegistry(
+        config.data_dir, device, config.micro_batch_tokens, parallel=Sharded(config.sharding)
+    )
     conn.send(("ok", None))
     try:
         serve(conn, registry)

@@ -92,8 +92,9 @@ class RankGroup:
                 try:
                     self._form()
                 except Exception:  # noqa: BLE001 - the next command tries again, and says why
-                    log.exception("The trainer's ranks were not formed again after: %s",
-                                  failure.message)
+                    log.exception(
+                        "The trainer's ranks were not formed again after: %s", failure.message
+                    )
                 raise
 
     def stop(self) -> None:
@@ -165,16 +166,20 @@ class RankGroup:
             "The trainer starts its ranks again and reloads each model's last checkpoint "
             "(save_state or load_state), or its base weights where it had none; training since "
             "is lost (the model's info says where it is: `restored`).",
-            {"rank": rank, "operation": operation})
+            {"rank": rank, "operation": operation},
+        )
 
     def _start(self) -> None:
         config = replace(self.config, master_port=_free_port())
         for rank in range(config.world_size):
             mine, theirs = socket.socketpair()
-            self._procs.append(subprocess.Popen(
-                [sys.executable, "-m", "services.trainer.distributed.rank"],
-                env={**os.environ, RANK_ENV: str(rank), CHANNEL_ENV: str(theirs.fileno())},
-                pass_fds=(theirs.fileno(),)))
+            self._procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "services.trainer.distributed.rank"],
+                    env={**os.environ, RANK_ENV: str(rank), CHANNEL_ENV: str(theirs.fileno())},
+                    pass_fds=(theirs.fileno(),),
+                )
+            )
             theirs.close()
             self._conns.append(Connection(mine.detach()))
         for conn in self._conns:
@@ -210,4 +215,3 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-

@@ -49,8 +49,14 @@ class Checkpointed:
 
 
 class RemoteModel:
-    def __init__(self, group: RankGroup, spec: CreateModelRequest, info: ModelInfo,
-                 vocab_size: int, max_length: int) -> None:
+    def __init__(
+        self,
+        group: RankGroup,
+        spec: CreateModelRequest,
+        info: ModelInfo,
+        vocab_size: int,
+        max_length: int,
+    ) -> None:
         self.group = group
         self.spec = spec
         self._info = info
@@ -65,20 +71,22 @@ class RemoteModel:
         self._unreadable: str | None = None  # a checkpoint a re-forming could not read
 
     def info(self) -> ModelInfo:
-        return self._info.model_copy(update={"step": self.step, "restored": self.restored,
-                                             "last_version": self.last_version})
+        return self._info.model_copy(
+            update={"step": self.step, "restored": self.restored, "last_version": self.last_version}
+        )
 
     def validate(self, data: list[Datum], *, needs_loss: bool) -> None:
         validate_data(data, self.vocab_size, self.max_length, needs_loss=needs_loss)
 
-    def forward_backward(self, data: list[Datum], loss_config: LossConfig,
-                         return_logprobs: bool = False) -> ForwardBackwardResult:
-        result: ForwardBackwardResult = self._call("forward_backward", data, loss_config,
-                                                   return_logprobs)
+    def forward_backward(
+        self, data: list[Datum], loss_config: LossConfig, return_logprobs: bool = False
+    ) -> ForwardBackwardResult:
+        result: ForwardBackwardResult = self._call(
+            "forward_backward", data, loss_config, return_logprobs
+        )
         return result
 
-    def forward(self, data: list[Datum], loss_config: LossConfig | None = None
-                ) -> ForwardResult:
+    def forward(self, data: list[Datum], loss_config: LossConfig | None = None) -> ForwardResult:
         result: ForwardResult = self._call("forward", data, loss_config)
         return result
 
@@ -104,13 +112,16 @@ class RemoteModel:
         """The checkpoint just written is complete at `directory`: the one to reload."""
         self.checkpointed = Checkpointed(directory, optimizer, self.step, self.last_version)
 
-    def read_checkpoint(self, directory: Path, optimizer: bool, step: int,
-                        last_version: int | None) -> None:
+    def read_checkpoint(
+        self, directory: Path, optimizer: bool, step: int, last_version: int | None
+    ) -> None:
         """Loading a checkpoint replaces any state a failure rolled back: its client is not
         told of that roll-back any more."""
         self._untold = False
-        self._read(Checkpointed(directory, optimizer, step, last_version),
-                   lambda name, *args: self._call(name, *args, run=True))
+        self._read(
+            Checkpointed(directory, optimizer, step, last_version),
+            lambda name, *args: self._call(name, *args, run=True),
+        )
 
     def restore(self, run: Run, failure: RankFailed) -> None:
         """On a group formed again after `failure`, where `spec` was made anew (at its base):
@@ -131,18 +142,21 @@ class RemoteModel:
                 raise
         directory = None if point is None else point.directory
         self.restored = Restored(
-            at=datetime.now(UTC), failed_rank=failure.detail["rank"],
-            failed_operation=failure.detail["operation"], step=self.step,
+            at=datetime.now(UTC),
+            failed_rank=failure.detail["rank"],
+            failed_operation=failure.detail["operation"],
+            step=self.step,
             checkpoint=None if directory is None else directory.name,
-            checkpoint_job_id=None if directory is None or directory.parent.name == self.spec.job_id
+            checkpoint_job_id=None
+            if directory is None or directory.parent.name == self.spec.job_id
             else directory.parent.name,
-            unreadable_checkpoint=None if directory is not None else self._unreadable)
+            unreadable_checkpoint=None if directory is not None else self._unreadable,
+        )
         self._unreadable = None
         self._restored_after, self._untold = failure, True
 
     def _read(self, point: Checkpointed, call: Callable[..., Any]) -> None:
-        call("read_checkpoint", point.directory, point.optimizer, point.step,
-             point.last_version)
+        call("read_checkpoint", point.directory, point.optimizer, point.step, point.last_version)
         self.step = point.step
         if point.last_version is not None:
             self.last_version = point.last_version
@@ -160,33 +174,44 @@ class RemoteModel:
             f"Trainer rank {restored.failed_rank} failed during another operation; the "
             f"trainer restarted its ranks and {self._where()}, training since it is lost. "
             "This operation was not run.",
-            {"rank": restored.failed_rank, "operation": restored.failed_operation,
-             "restored": restored.model_dump(mode="json")})
+            {
+                "rank": restored.failed_rank,
+                "operation": restored.failed_operation,
+                "restored": restored.model_dump(mode="json"),
+            },
+        )
 
     def _where(self) -> str:
         restored = self.restored
         assert restored is not None
         if restored.checkpoint is None:
-            why = ("" if restored.unreadable_checkpoint is None else
-                   f" since its checkpoint {restored.unreadable_checkpoint} could not be read")
+            why = (
+                ""
+                if restored.unreadable_checkpoint is None
+                else f" since its checkpoint {restored.unreadable_checkpoint} could not be read"
+            )
             return f"model {self.spec.job_id} is back at its base weights (step 0){why}"
-        return (f"model {self.spec.job_id} is back at its checkpoint {restored.checkpoint!r} "
-                f"(step {restored.step})")
+        return (
+            f"model {self.spec.job_id} is back at its checkpoint {restored.checkpoint!r} "
+            f"(step {restored.step})"
+        )
 
     def _call(self, method: str, *args: Any, run: bool = False) -> Any:
         """`method` of the model on every rank (`run`: a function of `rank.FUNCTIONS`); a
         rank failure during it fails it saying where the model is now."""
         try:
-            return self.group.call("run" if run else "call", self.spec.job_id, method, args,
-                                   check=self._tell)
+            return self.group.call(
+                "run" if run else "call", self.spec.job_id, method, args, check=self._tell
+            )
         except RankFailed as exc:
             if exc is not self._restored_after:  # not restored after it (yet), or told already
                 raise
             assert self.restored is not None
             self._untold = False  # this error tells its client
-            raise RankFailed(f"{exc.message} Now {self._where()}.",
-                             {**exc.detail, "restored": self.restored.model_dump(mode="json")}
-                             ) from None
+            raise RankFailed(
+                f"{exc.message} Now {self._where()}.",
+                {**exc.detail, "restored": self.restored.model_dump(mode="json")},
+            ) from None
 
 
 class RemoteRegistry(Models[RemoteModel]):

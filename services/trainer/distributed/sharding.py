@@ -43,8 +43,11 @@ class Sharded(SingleProcess):
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         # Where this rank's collectives run: NCCL's on the rank's GPU, gloo's on the CPU.
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if dist.get_backend() == "nccl" else torch.device("cpu"))
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
 
     def wrap(self, model: M) -> M:
         """Each decoder layer a unit of its own (gathered while it runs), the rest (embeddings,
@@ -58,16 +61,21 @@ class Sharded(SingleProcess):
         for layer in _decoder_layers(model):
             fully_shard(layer, mp_policy=policy)
         # Layers hand each other the compute dtype; the logits leave the model in fp32.
-        fully_shard(model, mp_policy=MixedPrecisionPolicy(
-            param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32))
+        fully_shard(
+            model,
+            mp_policy=MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
+            ),
+        )
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)  # a sum: see the module's docstring
                 module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
         return model
 
-    def load(self, empty: Callable[[], M], whole: Callable[[torch.device], M],
-             device: torch.device) -> M:
+    def load(
+        self, empty: Callable[[], M], whole: Callable[[torch.device], M], device: torch.device
+    ) -> M:
         """Every rank builds the model on the meta device and shards it, allocating only its
         own shards; rank 0 alone reads the whole model (into CPU memory) and hands it round a
         tensor at a time, each rank keeping its shard (`broadcast_from_rank0`): no other rank
@@ -78,9 +86,11 @@ class Sharded(SingleProcess):
         model.to_empty(device=self.device)
         source = whole(torch.device("cpu")) if self.rank == 0 else None
         with torch.no_grad():
-            set_model_state_dict(model, {} if source is None else source.state_dict(),
-                                 options=StateDictOptions(full_state_dict=True,
-                                                          broadcast_from_rank0=True))
+            set_model_state_dict(
+                model,
+                {} if source is None else source.state_dict(),
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
             # Buffers outside the state dict (rotary frequencies) came out of the meta device
             # unset: rank 0's, as the loaded model computed them.
             for name, buffer in model.named_buffers():
@@ -98,7 +108,7 @@ class Sharded(SingleProcess):
                 module.reshard()
 
     def share(self, rows: list[int]) -> list[int]:
-        return rows[self.rank::self.world_size]
+        return rows[self.rank :: self.world_size]
 
     def all_finite(self, value: Tensor) -> bool:
         flag = torch.tensor([float(torch.isfinite(value).all())], device=value.device)
@@ -112,15 +122,17 @@ class Sharded(SingleProcess):
 
     def sum_values(self, loss: float, metrics: dict[str, float]) -> tuple[float, dict[str, float]]:
         names = sorted(metrics)
-        values = torch.tensor([loss] + [metrics[n] for n in names], dtype=torch.float64,
-                              device=self.device)
+        values = torch.tensor(
+            [loss] + [metrics[n] for n in names], dtype=torch.float64, device=self.device
+        )
         dist.all_reduce(values)
         total = values.tolist()
         return total[0], dict(zip(names, total[1:], strict=True))
 
     def gather(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {name: t.full_tensor() if isinstance(t, DTensor) else t
-                for name, t in tensors.items()}
+        return {
+            name: t.full_tensor() if isinstance(t, DTensor) else t for name, t in tensors.items()
+        }
 
     def shard_like(self, whole: Tensor, like: Tensor) -> Tensor:
         if not isinstance(like, DTensor):

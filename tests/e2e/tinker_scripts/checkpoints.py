@@ -12,8 +12,10 @@ service = tinker.ServiceClient()
 rest = service.create_rest_client()
 training = service.create_lora_training_client(base_model="loom/tiny", rank=8)
 tokens = [20, 21, 22, 23, 24, 25, 26, 27]
-datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                    loss_fn_inputs={"target_tokens": tokens[1:]})
+datum = types.Datum(
+    model_input=types.ModelInput.from_ints(tokens[:-1]),
+    loss_fn_inputs={"target_tokens": tokens[1:]},
+)
 adam = types.AdamParams(learning_rate=1e-2)
 
 
@@ -66,19 +68,36 @@ fresh_stepped = logprobs(fresh)
 # The cookbook's rolling checkpoints: one more, deleted, and gone from the list.
 doomed = training.save_state("rolling").result().path
 rest.delete_checkpoint_from_tinker_path(doomed).result()
-after_delete = [c.checkpoint_id for c in rest.list_checkpoints(training.model_id).result()
-                .checkpoints]
+after_delete = [
+    c.checkpoint_id for c in rest.list_checkpoints(training.model_id).result().checkpoints
+]
 
-print(json.dumps({
-    "path": saved.path, "model_id": training.model_id, "sampler_path": sampler_path,
-    "at_save": at_save, "one_step_on": one_step_on, "moved": moved, "reused": reused,
-    "loaded_with_optimizer": loaded_with_optimizer,
-    "stepped_with_optimizer": stepped_with_optimizer,
-    "loaded_weights_only": loaded_weights_only, "stepped_weights_only": stepped_weights_only,
-    "listed": [[c.checkpoint_id, c.checkpoint_type, c.tinker_path] for c in listed.checkpoints],
-    "info": {"base_model": info.base_model, "lora_rank": info.lora_rank},
-    "resumed_model_id": resumed.model_id, "resumed_rank": resumed.get_info().lora_rank,
-    "resumed_at_load": resumed_at_load, "resumed_stepped": resumed_stepped,
-    "fresh_stepped": fresh_stepped, "after_delete": after_delete,
-}), flush=True)
+print(
+    json.dumps(
+        {
+            "path": saved.path,
+            "model_id": training.model_id,
+            "sampler_path": sampler_path,
+            "at_save": at_save,
+            "one_step_on": one_step_on,
+            "moved": moved,
+            "reused": reused,
+            "loaded_with_optimizer": loaded_with_optimizer,
+            "stepped_with_optimizer": stepped_with_optimizer,
+            "loaded_weights_only": loaded_weights_only,
+            "stepped_weights_only": stepped_weights_only,
+            "listed": [
+                [c.checkpoint_id, c.checkpoint_type, c.tinker_path] for c in listed.checkpoints
+            ],
+            "info": {"base_model": info.base_model, "lora_rank": info.lora_rank},
+            "resumed_model_id": resumed.model_id,
+            "resumed_rank": resumed.get_info().lora_rank,
+            "resumed_at_load": resumed_at_load,
+            "resumed_stepped": resumed_stepped,
+            "fresh_stepped": fresh_stepped,
+            "after_delete": after_delete,
+        }
+    ),
+    flush=True,
+)
 service.close("success").result()

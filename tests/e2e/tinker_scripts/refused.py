@@ -11,8 +11,10 @@ from tinker import types
 service = tinker.ServiceClient()
 training = service.create_lora_training_client(base_model="loom/tiny", rank=4)
 tokens = [20, 21, 22, 23, 24, 25]
-datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                    loss_fn_inputs={"target_tokens": tokens[1:]})
+datum = types.Datum(
+    model_input=types.ModelInput.from_ints(tokens[:-1]),
+    loss_fn_inputs={"target_tokens": tokens[1:]},
+)
 seen = {}
 try:  # a loss_fn_config key Loom does not serve: refused before it is queued
     training.forward_backward([datum], "ppo", {"no_such_option": 1.0}).result()

@@ -19,29 +19,43 @@ def failure(call) -> str | None:
 
 service = tinker.ServiceClient()
 rest = service.create_rest_client()
-seen = {"models": [(m.model_name, m.trainable, m.sampleable)
-                   for m in service.get_server_capabilities().supported_models]}
-seen["unserved_training"] = failure(lambda: service.create_lora_training_client(
-    base_model="Qwen/Qwen3-8B", rank=4).result())
-seen["unserved_sampling"] = failure(lambda: service.create_sampling_client(
-    base_model="Qwen/Qwen3-8B").result())
+seen = {
+    "models": [
+        (m.model_name, m.trainable, m.sampleable)
+        for m in service.get_server_capabilities().supported_models
+    ]
+}
+seen["unserved_training"] = failure(
+    lambda: service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+)
+seen["unserved_sampling"] = failure(
+    lambda: service.create_sampling_client(base_model="Qwen/Qwen3-8B").result()
+)
 
 training = service.create_lora_training_client(base_model="loom/tiny", rank=4)
 model_id = seen["model_id"] = training.model_id
 kept = seen["kept"] = training.save_state("kept").result().path
 short = seen["short"] = training.save_state("short", ttl_seconds=2).result().path
-sampler = seen["sampler"] = training.save_weights_for_sampler(
-    "for-later", ttl_seconds=3600).result().path
+sampler = seen["sampler"] = (
+    training.save_weights_for_sampler("for-later", ttl_seconds=3600).result().path
+)
 rest.set_checkpoint_ttl_from_tinker_path(kept, 7200).result()
 
 run = rest.get_training_run(model_id).result()
-seen["run"] = {"id": run.training_run_id, "base_model": run.base_model, "is_lora": run.is_lora,
-               "lora_rank": run.lora_rank, "corrupted": run.corrupted,
-               "last_sampler": run.last_sampler_checkpoint.tinker_path}
+seen["run"] = {
+    "id": run.training_run_id,
+    "base_model": run.base_model,
+    "is_lora": run.is_lora,
+    "lora_rank": run.lora_rank,
+    "corrupted": run.corrupted,
+    "last_sampler": run.last_sampler_checkpoint.tinker_path,
+}
 seen["run_by_path"] = rest.get_training_run_by_tinker_path(kept).result().training_run_id
 runs = rest.list_training_runs(limit=50).result()
-seen["runs"] = {"ids": [r.training_run_id for r in runs.training_runs],
-                "total": runs.cursor.total_count}
+seen["runs"] = {
+    "ids": [r.training_run_id for r in runs.training_runs],
+    "total": runs.cursor.total_count,
+}
 listed = rest.list_checkpoints(model_id).result().checkpoints
 seen["listed"] = {c.tinker_path: c.expires_at is not None for c in listed}
 mine = rest.list_user_checkpoints(limit=100).result()
@@ -55,8 +69,14 @@ seen["unserved_rest"] = failure(lambda: rest.publish_checkpoint_from_tinker_path
 time.sleep(3)  # `short` expires
 seen["after_expiry"] = [c.tinker_path for c in rest.list_checkpoints(model_id).result().checkpoints]
 seen["load_expired"] = failure(lambda: training.load_state(short).result())
-training.forward_backward([types.Datum(
-    model_input=types.ModelInput.from_ints([20, 21, 22]),
-    loss_fn_inputs={"target_tokens": [21, 22, 23]})], "cross_entropy").result()
+training.forward_backward(
+    [
+        types.Datum(
+            model_input=types.ModelInput.from_ints([20, 21, 22]),
+            loss_fn_inputs={"target_tokens": [21, 22, 23]},
+        )
+    ],
+    "cross_entropy",
+).result()
 seen["next_call_ran"] = True
 print(json.dumps(seen))

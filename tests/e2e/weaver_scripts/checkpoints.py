@@ -9,8 +9,9 @@ from weaver import ServiceClient
 from weaver.types import AdamParams, Datum, LoraConfig, ModelInput
 
 tokens = [40, 41, 42, 43, 44, 45]
-datum = Datum(model_input=ModelInput.from_ints(tokens[:-1]),
-              loss_fn_inputs={"target_tokens": tokens[1:]})
+datum = Datum(
+    model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:]}
+)
 
 
 def logprobs(client):

@@ -11,8 +11,9 @@ from weaver.types import AdamParams, Datum, ModelInput, SamplingParams
 with ServiceClient(name="weaver full_ft") as service:
     training = service.create_model(base_model="loom/tiny:2048", training_mode="full_ft")
     tokens = [50, 51, 52, 53, 54, 55]
-    datum = Datum(model_input=ModelInput.from_ints(tokens[:-1]),
-                  loss_fn_inputs={"target_tokens": tokens[1:]})
+    datum = Datum(
+        model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:]}
+    )
     losses = []
     for _ in range(8):
         out = training.forward_backward([datum], "cross_entropy")
@@ -20,14 +21,26 @@ with ServiceClient(name="weaver full_ft") as service:
         losses.append(out["metrics"]["loss:sum"])
     sampler = training.save_weights_and_get_sampling_client()
     prompt = tokens[:2]
-    after = sampler.sample(prompt=ModelInput.from_ints(prompt),
-                           sampling_params=SamplingParams(max_tokens=4, temperature=0.0))
+    after = sampler.sample(
+        prompt=ModelInput.from_ints(prompt),
+        sampling_params=SamplingParams(max_tokens=4, temperature=0.0),
+    )
     (sequence,) = after["sequences"]
     sampled = prompt + sequence["tokens"]
-    check = Datum(model_input=ModelInput.from_ints(sampled[:-1]),
-                  loss_fn_inputs={"target_tokens": sampled[1:]})
+    check = Datum(
+        model_input=ModelInput.from_ints(sampled[:-1]),
+        loss_fn_inputs={"target_tokens": sampled[1:]},
+    )
     trained = training.forward([check], "forward_logprob")["loss_fn_outputs"][0]["logprobs"]
-    print(json.dumps({"losses": losses, "info": service.get_model(training.model_id),
-                      "sampled": sequence["tokens"],
-                      "sampler_logprobs": sequence["logprobs"],
-                      "trainer_logprobs": trained["data"][len(prompt) - 1:]}), flush=True)
+    print(
+        json.dumps(
+            {
+                "losses": losses,
+                "info": service.get_model(training.model_id),
+                "sampled": sequence["tokens"],
+                "sampler_logprobs": sequence["logprobs"],
+                "trainer_logprobs": trained["data"][len(prompt) - 1 :],
+            }
+        ),
+        flush=True,
+    )

@@ -24,6 +24,7 @@ def test_unknown_service_is_refused(tmp_path: Path) -> None:
 
 
 def test_status_without_a_gateway_fails_clearly(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9",
-                                      "--api-key", "loom_x"])
+    result = CliRunner().invoke(
+        app, ["status", "--url", "http://127.0.0.1:9", "--api-key", "loom_x"]
+    )
     assert result.exit_code == 1

@@ -65,18 +65,20 @@ def ports_env(tmp_path: Path) -> dict[str, str]:
         "LOOM_GATEWAY_URL": f"http://127.0.0.1:{free_port()}",
         "LOOM_MODELSTATE_URL": f"http://127.0.0.1:{free_port()}",
         # Nothing listens there: `loom status` must report them unreachable.
-        **{f"LOOM_{name}_URL": f"http://127.0.0.1:{free_port()}"
-           for name in ("ROLLOUT", "REWARD", "SANDBOX", "TRAINER")},
+        **{
+            f"LOOM_{name}_URL": f"http://127.0.0.1:{free_port()}"
+            for name in ("ROLLOUT", "REWARD", "SANDBOX", "TRAINER")
+        },
     }
 
 
-def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
-                                                tmp_path: Path) -> None:
+def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str], tmp_path: Path) -> None:
     gateway_url = ports_env["LOOM_GATEWAY_URL"]
     loom = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up", "--only", "gateway",
-         "--only", "modelstate"],
-        env={**ports_env, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "cli.main", "up", "--only", "gateway", "--only", "modelstate"],
+        env={**ports_env, "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
     )
     assert loom.stdout is not None
@@ -92,7 +94,10 @@ def test_loom_up_then_sigterm_leaves_no_process(ports_env: dict[str, str],
 
         status = subprocess.run(
             [sys.executable, "-m", "cli.main", "status", "--url", gateway_url],
-            env={**ports_env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60,
+            env={**ports_env, "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert status.returncode == 1, status.stdout + status.stderr  # degraded: 4 are absent
         assert "degraded" in status.stdout and "unreachable" in status.stdout
@@ -161,10 +166,15 @@ def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path: Path) -> None:
 
 
 def test_start_up_death_shows_its_log_and_stops_the_rest(tmp_path: Path) -> None:
-    settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}",
-                            sandbox_url=f"http://127.0.0.1:{free_port()}")
-    crashing = ServiceSpec("sandbox", (sys.executable, "-c",
-                                       "import sys; print('bad config: no sandbox'); sys.exit(3)"))
+    settings = LoomSettings(
+        data_dir=tmp_path,
+        reward_url=f"http://127.0.0.1:{free_port()}",
+        sandbox_url=f"http://127.0.0.1:{free_port()}",
+    )
+    crashing = ServiceSpec(
+        "sandbox",
+        (sys.executable, "-c", "import sys; print('bad config: no sandbox'); sys.exit(3)"),
+    )
     stubborn = ServiceSpec("reward", (sys.executable, "-c", STUBBORN_SERVICE))
     supervisor = Supervisor(settings, [stubborn, crashing], grace_s=1.0)
     with pytest.raises(ServiceFailed) as failure, supervisor:
@@ -196,8 +206,13 @@ READY_SERVICE = textwrap.dedent("""
 
 def supervise_until(supervisor: Supervisor, state: str, timeout: float) -> None:
     with httpx2.Client(timeout=1) as http:
-        wait_until(lambda: supervisor.supervise(http) is not None
-                   and supervisor.services[0].state == state, timeout, state)
+        wait_until(
+            lambda: (
+                supervisor.supervise(http) is not None and supervisor.services[0].state == state
+            ),
+            timeout,
+            state,
+        )
 
 
 def test_a_service_that_dies_is_restarted_and_status_shows_it(tmp_path: Path) -> None:
@@ -215,13 +230,17 @@ def test_a_service_that_dies_is_restarted_and_status_shows_it(tmp_path: Path) ->
         assert answers(f"{settings.reward_url}/readyz")
         recorded = supervised_state(settings)["reward"]
         assert (recorded["state"], recorded["restarts"], recorded["pid"]) == (
-            "ready", 1, service.pid)
+            "ready",
+            1,
+            service.pid,
+        )
     assert supervised_state(settings)["reward"]["state"] == "stopped"
     assert group_members(service.pid) == []
 
 
-def test_a_service_that_keeps_dying_stops_the_stack(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_service_that_keeps_dying_stops_the_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(supervisor_module, "RESTART_BACKOFF_S", 0.1)
     monkeypatch.setattr(supervisor_module, "MAX_DEATHS", 3)
     settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}")
@@ -239,7 +258,8 @@ def test_a_service_that_keeps_dying_stops_the_stack(tmp_path: Path,
 
 
 def test_deaths_after_a_healthy_stretch_are_not_a_crash_loop(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each death comes after the service was ready for HEALTHY_RUN_S: routine restarts, so the
     count starts again every time and the stack keeps going past MAX_DEATHS."""
     monkeypatch.setattr(supervisor_module, "RESTART_BACKOFF_S", 0.1)
@@ -248,8 +268,7 @@ def test_deaths_after_a_healthy_stretch_are_not_a_crash_loop(
     settings = LoomSettings(data_dir=tmp_path, reward_url=f"http://127.0.0.1:{free_port()}")
     # Lives 4 s from its start: ready well over HEALTHY_RUN_S before it dies, even when slow.
     spec = ServiceSpec("reward", (sys.executable, "-c", READY_SERVICE, "4.0"), 30)
-    with Supervisor(settings, [spec], grace_s=1.0) as supervisor, \
-            httpx2.Client(timeout=1) as http:
+    with Supervisor(settings, [spec], grace_s=1.0) as supervisor, httpx2.Client(timeout=1) as http:
         (service,) = supervisor.start()
         deadline = time.monotonic() + 120
         while service.restarts < 3 and time.monotonic() < deadline:

@@ -26,17 +26,23 @@ def test_services_migrating_one_database_at_once_all_succeed(empty_postgres_url:
 
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(PROCESSES)
-    processes = [context.Process(target=_after, args=(start, empty_postgres_url, str(ALEMBIC_DIR),
-                                                      VERSION_TABLE))
-                 for _ in range(PROCESSES)]
+    processes = [
+        context.Process(
+            target=_after, args=(start, empty_postgres_url, str(ALEMBIC_DIR), VERSION_TABLE)
+        )
+        for _ in range(PROCESSES)
+    ]
     for process in processes:
         process.start()
     for process in processes:
         process.join(timeout=180)
     assert [process.exitcode for process in processes] == [0] * PROCESSES
     url = empty_postgres_url
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1)
-                           if url.startswith("postgresql://") else url)
+    engine = create_engine(
+        url.replace("postgresql://", "postgresql+psycopg://", 1)
+        if url.startswith("postgresql://")
+        else url
+    )
     with engine.connect() as connection:
         versions = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
     engine.dispose()

@@ -64,7 +64,10 @@ def _modelstate(settings: dict) -> FastAPI:
 
 
 INTERNAL: dict[str, Callable[[dict], FastAPI]] = {
-    "rollout": _rollout, "reward": _reward, "sandbox": _sandbox, "trainer": _trainer,
+    "rollout": _rollout,
+    "reward": _reward,
+    "sandbox": _sandbox,
+    "trainer": _trainer,
     "modelstate": _modelstate,
 }
 
@@ -87,19 +90,23 @@ def calls(app: FastAPI) -> list[tuple[str, str]]:
     routes OpenAPI leaves out (docs, metrics)."""
     found = {
         (method, PATH_PARAM.sub("1", route.path))
-        for route in app.routes if isinstance(route, Route)
+        for route in app.routes
+        if isinstance(route, Route)
         for method in (route.methods or ())
     }
-    documented = {(method.upper(), PATH_PARAM.sub("1", path))
-                  for path, operations in app.openapi()["paths"].items()
-                  for method in operations}
+    documented = {
+        (method.upper(), PATH_PARAM.sub("1", path))
+        for path, operations in app.openapi()["paths"].items()
+        for method in operations
+    }
     assert documented <= found
     return sorted(found)
 
 
 @pytest.mark.parametrize("service", sorted(INTERNAL))
 async def test_every_route_but_the_probes_refuses_a_call_without_the_service_token(
-        service: str, tmp_path: Path) -> None:
+    service: str, tmp_path: Path
+) -> None:
     app = INTERNAL[service]({"data_dir": tmp_path, "service_token": TOKEN})
     past: list[str] = []
     app.user_middleware.append(Middleware(PastTheCheck, seen=past))
@@ -123,7 +130,9 @@ async def test_every_route_but_the_probes_refuses_a_call_without_the_service_tok
                 # Without its lifespan a service may answer /readyz with 503: not refused.
                 assert probe.status_code in ((200, 503) if path == "/readyz" else (200,)), path
                 continue
-            allowed = await asyncio.wait_for(client.request(
-                method, path, headers={SERVICE_TOKEN_HEADER: TOKEN}, json={}), timeout=30)
+            allowed = await asyncio.wait_for(
+                client.request(method, path, headers={SERVICE_TOKEN_HEADER: TOKEN}, json={}),
+                timeout=30,
+            )
             assert allowed.status_code != 401, (method, path, allowed.text[:300])
     assert sorted(past) == [f"{method} {path}" for method, path in routes]

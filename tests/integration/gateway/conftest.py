@@ -49,10 +49,14 @@ def echo_service(gate: StreamGate, token: str) -> FastAPI:
     @router.api_route("/echo/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def echo(rest: str, request: Request) -> dict[str, object]:
         body = await request.body()
-        return {"method": request.method, "path": request.url.path,
-                "query": request.url.query, "headers": dict(request.headers),
-                "body": body.decode("utf-8", "replace"),
-                "client_port": request.client.port if request.client else None}
+        return {
+            "method": request.method,
+            "path": request.url.path,
+            "query": request.url.query,
+            "headers": dict(request.headers),
+            "body": body.decode("utf-8", "replace"),
+            "client_port": request.client.port if request.client else None,
+        }
 
     @router.get("/events")
     async def events() -> StreamingResponse:
@@ -94,19 +98,25 @@ def stack(gateway_settings: GatewaySettings) -> Iterator[Stack]:
     # gateway makes (proxied, admin pages, SDK-compatible APIs) must carry it.
     token = service_token(gateway_settings)
     trainer = trainer_stand_in(token)
-    with serve_in_thread(echo_service(gate, token)) as echo_url, \
-            serve_in_thread(trainer) as trainer_url:
+    with (
+        serve_in_thread(echo_service(gate, token)) as echo_url,
+        serve_in_thread(trainer) as trainer_url,
+    ):
         unreachable = f"http://127.0.0.1:{free_port()}"
-        settings = gateway_settings.model_copy(update={
-            "reward_url": echo_url, "trainer_url": trainer_url, "rollout_url": unreachable,
-            "sandbox_url": unreachable, "modelstate_url": unreachable,
-        })
+        settings = gateway_settings.model_copy(
+            update={
+                "reward_url": echo_url,
+                "trainer_url": trainer_url,
+                "rollout_url": unreachable,
+                "sandbox_url": unreachable,
+                "modelstate_url": unreachable,
+            }
+        )
         with serve_in_thread(create_app(settings)) as url:
             admin_key = settings.admin_key_file.read_text().strip()
             try:
-                yield Stack(url=url, admin_key=admin_key, settings=settings, gate=gate,
-                            trainer=trainer)
+                yield Stack(
+                    url=url, admin_key=admin_key, settings=settings, gate=gate, trainer=trainer
+                )
             finally:
                 gate.opened.set()  # never leave a stream hanging into the server's shutdown
-
-

@@ -34,11 +34,13 @@ async def csrf_of(client: httpx2.AsyncClient, path: str) -> str:
     return match.group(1)
 
 
-async def log_in(client: httpx2.AsyncClient, key: str, next_path: str = "/admin/jobs"
-                 ) -> httpx2.Response:
+async def log_in(
+    client: httpx2.AsyncClient, key: str, next_path: str = "/admin/jobs"
+) -> httpx2.Response:
     token = await csrf_of(client, f"/admin/login?next={next_path}")
-    return await client.post("/admin/login", data={"api_key": key, "csrf_token": token,
-                                                   "next": next_path})
+    return await client.post(
+        "/admin/login", data={"api_key": key, "csrf_token": token, "next": next_path}
+    )
 
 
 async def create_job(stack: Stack, key: str | None = None, name: str = "job") -> str:
@@ -66,8 +68,9 @@ async def test_pages_need_a_login_and_the_cookie_holds_no_secret(stack: Stack) -
         response = await log_in(client, stack.admin_key)
         assert response.status_code == 303
         assert response.headers["location"] == "/admin/jobs"
-        cookie = next(c for c in response.headers.get_list("set-cookie")
-                      if c.startswith("loom_admin="))
+        cookie = next(
+            c for c in response.headers.get_list("set-cookie") if c.startswith("loom_admin=")
+        )
         attributes = {part.strip().lower() for part in cookie.split(";")[1:]}
         assert {"httponly", "samesite=strict", "path=/admin"} <= attributes
         assert stack.admin_key not in cookie
@@ -105,14 +108,16 @@ async def test_forms_without_a_valid_csrf_token_are_refused(stack: Stack) -> Non
             assert refused.status_code == 403
             assert "CSRF token is missing or does not belong to your session" in refused.text
 
-        cross_site = await client.post(target, data={**form, "csrf_token": token},
-                                       headers={"Origin": "http://evil.example"})
+        cross_site = await client.post(
+            target, data={**form, "csrf_token": token}, headers={"Origin": "http://evil.example"}
+        )
         assert cross_site.status_code == 403
         assert "came from another site" in cross_site.text
 
         # A valid token gets through to modelstate, which is not running: the page says so.
-        accepted = await client.post(target, data={**form, "csrf_token": token},
-                                     headers={"Origin": stack.url})
+        accepted = await client.post(
+            target, data={**form, "csrf_token": token}, headers={"Origin": stack.url}
+        )
         assert accepted.status_code == 503
         assert "modelstate is unreachable" in accepted.text
 
@@ -123,8 +128,9 @@ async def test_forms_without_a_valid_csrf_token_are_refused(stack: Stack) -> Non
         assert "loom_admin" not in client.cookies
 
 
-async def test_a_non_admin_key_sees_only_its_own_jobs(stack: Stack,
-                                                      user_key: tuple[str, str]) -> None:
+async def test_a_non_admin_key_sees_only_its_own_jobs(
+    stack: Stack, user_key: tuple[str, str]
+) -> None:
     _, secret = user_key
     mine = await create_job(stack, secret, name="mine")
     theirs = await create_job(stack, name="theirs")
@@ -133,15 +139,20 @@ async def test_a_non_admin_key_sees_only_its_own_jobs(stack: Stack,
         listing = await client.get("/admin/jobs/table")
         assert mine in listing.text and theirs not in listing.text
         assert (await client.get(f"/admin/jobs/{mine}")).status_code == 200
-        for path in (f"/admin/jobs/{theirs}", f"/admin/jobs/{theirs}/summary",
-                     f"/admin/jobs/{theirs}/charts.json", f"/admin/jobs/{theirs}/samples",
-                     f"/admin/jobs/{theirs}/versions/1/download"):
+        for path in (
+            f"/admin/jobs/{theirs}",
+            f"/admin/jobs/{theirs}/summary",
+            f"/admin/jobs/{theirs}/charts.json",
+            f"/admin/jobs/{theirs}/samples",
+            f"/admin/jobs/{theirs}/versions/1/download",
+        ):
             response = await client.get(path)
             assert response.status_code == 404, path
             assert "belongs to another API key" in response.text
         token = await csrf_of(client, f"/admin/jobs/{mine}")
-        response = await client.post(f"/admin/jobs/{theirs}/versions/1/delete",
-                                     data={"csrf_token": token})
+        response = await client.post(
+            f"/admin/jobs/{theirs}/versions/1/delete", data={"csrf_token": token}
+        )
         assert response.status_code == 404
 
     async with browser(stack) as client:
@@ -164,8 +175,7 @@ async def test_logout_ends_the_session_even_for_a_copied_cookie(stack: Stack) ->
         assert (await replay.get("/admin/jobs")).status_code == 303
 
 
-async def test_revoking_the_key_ends_its_sessions(stack: Stack,
-                                                  user_key: tuple[str, str]) -> None:
+async def test_revoking_the_key_ends_its_sessions(stack: Stack, user_key: tuple[str, str]) -> None:
     key_id, secret = user_key
     async with browser(stack) as client:
         await log_in(client, secret)
@@ -175,23 +185,33 @@ async def test_revoking_the_key_ends_its_sessions(stack: Stack,
         response = await client.get("/admin/jobs")
         assert response.status_code == 303
         # An htmx poll is told to navigate rather than swap the login page into a fragment.
-        poll = await client.get("/admin/jobs/table", headers={
-            "HX-Request": "true", "HX-Current-URL": f"{stack.url}/admin/jobs"})
+        poll = await client.get(
+            "/admin/jobs/table",
+            headers={"HX-Request": "true", "HX-Current-URL": f"{stack.url}/admin/jobs"},
+        )
         assert poll.headers["hx-redirect"] == "/admin/login?next=/admin/jobs"
 
 
 async def test_the_job_page_shows_what_the_job_logged_and_which_services_are_down(
-        stack: Stack) -> None:
+    stack: Stack,
+) -> None:
     job_id = await create_job(stack)
     async with stack.client() as api:
         points = [{"step": s, "name": "reward", "value": s / 10} for s in range(3)]
         points += [{"step": 2, "name": "policy_loss", "value": 1.5}]
-        assert (await api.post(f"/v1/jobs/{job_id}/metrics", json={"points": points})
-                ).status_code == 200
-        sample = {"step": 2, "version": 1, "prompt": "<b>12+7=</b>", "completion": "19",
-                  "reward": 1.0}
-        assert (await api.post(f"/v1/jobs/{job_id}/samples", json={"samples": [sample]})
-                ).status_code == 200
+        assert (
+            await api.post(f"/v1/jobs/{job_id}/metrics", json={"points": points})
+        ).status_code == 200
+        sample = {
+            "step": 2,
+            "version": 1,
+            "prompt": "<b>12+7=</b>",
+            "completion": "19",
+            "reward": 1.0,
+        }
+        assert (
+            await api.post(f"/v1/jobs/{job_id}/samples", json={"samples": [sample]})
+        ).status_code == 200
     async with browser(stack) as client:
         await log_in(client, stack.admin_key)
         page = await client.get(f"/admin/jobs/{job_id}")
@@ -206,27 +226,37 @@ async def test_the_job_page_shows_what_the_job_logged_and_which_services_are_dow
         assert charts["chart-reward"]["data"] == [[0, 1, 2], [0.0, 0.1, 0.2]]
         health = await client.get("/admin/health")
         assert health.status_code == 200
-        assert re.search(r'data-service="modelstate">.*?status-unreachable', health.text,
-                         re.S)
+        assert re.search(r'data-service="modelstate">.*?status-unreachable', health.text, re.S)
         assert re.search(r'data-service="worker">.*?status-unreachable', health.text, re.S)
 
         async with stack.client() as api:  # a managed run (no worker here: it stays queued)
-            run = await api.post(f"/v1/jobs/{job_id}/tasks", json={
-                "kind": "recipe", "params": {"recipe": "sft", "config": {
-                    "steps": 2, "data": [{"input_ids": [1, 2], "loss_mask": [0, 1]}]}}})
+            run = await api.post(
+                f"/v1/jobs/{job_id}/tasks",
+                json={
+                    "kind": "recipe",
+                    "params": {
+                        "recipe": "sft",
+                        "config": {
+                            "steps": 2,
+                            "data": [{"input_ids": [1, 2], "loss_mask": [0, 1]}],
+                        },
+                    },
+                },
+            )
             assert run.status_code == 202, run.text
         summary = await client.get(f"/admin/jobs/{job_id}/summary")
         assert re.search(r'id="run">.*?sft.*?status-queued', summary.text, re.S)
 
 
-async def test_an_invalid_alias_name_is_refused_before_reaching_modelstate(
-        stack: Stack) -> None:
+async def test_an_invalid_alias_name_is_refused_before_reaching_modelstate(stack: Stack) -> None:
     job_id = await create_job(stack)
     async with browser(stack) as client:
         await log_in(client, stack.admin_key)
         token = await csrf_of(client, f"/admin/jobs/{job_id}")
-        response = await client.post(f"/admin/jobs/{job_id}/aliases", data={
-            "alias": "../versions/1", "number": "1", "csrf_token": token})
+        response = await client.post(
+            f"/admin/jobs/{job_id}/aliases",
+            data={"alias": "../versions/1", "number": "1", "csrf_token": token},
+        )
         assert response.status_code == 422
         assert "is not an alias name" in response.text
 

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from tests.integration.gateway.conftest import Serve, Stack
 
 
-def test_bootstrap_key_is_created_once(gateway_settings: GatewaySettings, serve: Serve,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_bootstrap_key_is_created_once(
+    gateway_settings: GatewaySettings, serve: Serve, capsys: pytest.CaptureFixture[str]
+) -> None:
     with serve(create_app(gateway_settings)) as url:
         secret = gateway_settings.admin_key_file.read_text().strip()
         assert secret.startswith("loom_")
@@ -61,26 +62,34 @@ async def test_requests_without_a_valid_key_get_401(stack: Stack) -> None:
         assert missing.headers["x-request-id"] == "req-401"
         for path in ("/v1/reward/echo/x", "/v1/nowhere", "/v1/health"):
             assert (await anonymous.get(path)).status_code == 401, path
-        for method, path in (("PUT", f"/v1/modelstate/blobs/{'0' * 64}"),
-                             ("DELETE", "/v1/modelstate/jobs/j/versions/1"),
-                             ("POST", "/v1/modelstate/gc"), ("PUT", "/v1/modelstate/pins/x"),
-                             ("POST", "/v1/sandbox/sessions"),
-                             ("PUT", "/v1/sandbox/sessions/sbx_1/files"),
-                             ("PUT", "/v1/reward/functions/f"),
-                             ("DELETE", "/v1/reward/functions/f"),
-                             ("POST", "/v1/jobs/j/metrics"), ("GET", "/v1/jobs/j/metrics"),
-                             ("POST", "/v1/jobs/j/samples"), ("GET", "/v1/jobs/j/samples"),
-                             ("POST", "/v1/jobs/j/model"), ("POST", "/v1/jobs/j/tasks"),
-                             ("GET", "/v1/tasks"), ("POST", "/v1/tasks/t/cancel"),
-                             ("POST", "/v1/tasks/t/retry"),
-                             ("POST", "/v1/trainer/models/j/save_state"),
-                             ("GET", "/v1/trainer/models/j/checkpoints")):
+        for method, path in (
+            ("PUT", f"/v1/modelstate/blobs/{'0' * 64}"),
+            ("DELETE", "/v1/modelstate/jobs/j/versions/1"),
+            ("POST", "/v1/modelstate/gc"),
+            ("PUT", "/v1/modelstate/pins/x"),
+            ("POST", "/v1/sandbox/sessions"),
+            ("PUT", "/v1/sandbox/sessions/sbx_1/files"),
+            ("PUT", "/v1/reward/functions/f"),
+            ("DELETE", "/v1/reward/functions/f"),
+            ("POST", "/v1/jobs/j/metrics"),
+            ("GET", "/v1/jobs/j/metrics"),
+            ("POST", "/v1/jobs/j/samples"),
+            ("GET", "/v1/jobs/j/samples"),
+            ("POST", "/v1/jobs/j/model"),
+            ("POST", "/v1/jobs/j/tasks"),
+            ("GET", "/v1/tasks"),
+            ("POST", "/v1/tasks/t/cancel"),
+            ("POST", "/v1/tasks/t/retry"),
+            ("POST", "/v1/trainer/models/j/save_state"),
+            ("GET", "/v1/trainer/models/j/checkpoints"),
+        ):
             assert (await anonymous.request(method, path)).status_code == 401, path
         bad = await anonymous.get("/v1/jobs", headers={"Authorization": "Bearer loom_wrong"})
         assert bad.status_code == 401
         assert "Invalid or revoked" in bad.json()["error"]["message"]
-        assert (await anonymous.get("/v1/jobs", headers={"Authorization": "Basic x"})
-                ).status_code == 401
+        assert (
+            await anonymous.get("/v1/jobs", headers={"Authorization": "Basic x"})
+        ).status_code == 401
 
 
 async def test_keys_create_list_revoke(stack: Stack) -> None:
@@ -98,8 +107,11 @@ async def test_keys_create_list_revoke(stack: Stack) -> None:
 
     async with stack.client(alice["key"]) as user:
         assert (await user.get("/v1/jobs")).status_code == 200
-        for call in (user.get("/v1/keys"), user.post("/v1/keys", json={"name": "x"}),
-                     user.delete(f"/v1/keys/{alice['id']}")):
+        for call in (
+            user.get("/v1/keys"),
+            user.post("/v1/keys", json={"name": "x"}),
+            user.delete(f"/v1/keys/{alice['id']}"),
+        ):
             forbidden = await call
             assert forbidden.status_code == 403
             assert "not an admin key" in forbidden.json()["error"]["message"]
@@ -118,6 +130,7 @@ async def test_malformed_key_requests_get_422(stack: Stack) -> None:
             response = await admin.post("/v1/keys", json=body)
             assert response.status_code == 422, body
             assert response.json()["error"]["code"] == "invalid_input"
-        not_json = await admin.post("/v1/keys", content=b"{nope",
-                                    headers={"Content-Type": "application/json"})
+        not_json = await admin.post(
+            "/v1/keys", content=b"{nope", headers={"Content-Type": "application/json"}
+        )
         assert not_json.status_code == 422

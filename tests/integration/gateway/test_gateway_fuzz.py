@@ -18,18 +18,21 @@ from tests.support.fuzz import fuzz
 
 
 async def test_generated_requests_get_no_server_error(
-        postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # no hub look-up for made-up names
-    unreachable = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES
-                   if name != "gateway"}
-    settings = GatewaySettings(data_dir=tmp_path / "data", database_url=postgres_url,
-                               **unreachable)
+    unreachable = {
+        f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in SERVICES if name != "gateway"
+    }
+    settings = GatewaySettings(data_dir=tmp_path / "data", database_url=postgres_url, **unreachable)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         key = settings.admin_key_file.read_text().strip()
-        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), timeout=60,
-                                      base_url="http://gateway",
-                                      headers={"Authorization": f"Bearer {key}"}) as client:
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            timeout=60,
+            base_url="http://gateway",
+            headers={"Authorization": f"Bearer {key}"},
+        ) as client:
             report = await fuzz(client, app.openapi(), allow_upstream=True)
     report.check()
-

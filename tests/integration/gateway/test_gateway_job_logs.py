@@ -61,10 +61,13 @@ async def test_samples_are_bounded_newest_first(stack: Stack) -> None:
     kept = stack.settings.gateway_samples_kept_per_job
     async with AsyncLoomClient(stack.url, stack.admin_key) as loom:
         job = await loom.create_job("loom/tiny")
-        await job.log_samples([{"step": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0,
-                                "version": 0}])
-        batch = [{"step": 1, "prompt": f"p{i}", "completion": f"c{i}", "reward": None}
-                 for i in range(kept)]
+        await job.log_samples(
+            [{"step": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0, "version": 0}]
+        )
+        batch = [
+            {"step": 1, "prompt": f"p{i}", "completion": f"c{i}", "reward": None}
+            for i in range(kept)
+        ]
         await job.log_samples(batch)
         newest = await job.samples(limit=3)
         assert [s.prompt for s in newest] == [f"p{kept - 1}", f"p{kept - 2}", f"p{kept - 3}"]
@@ -144,8 +147,9 @@ async def test_bad_logs_are_4xx_and_write_nothing(stack: Stack) -> None:
         limit = await admin.get(f"/v1/jobs/{job['id']}/samples", params={"limit": 0})
         assert limit.status_code == 422
 
-        missing = await admin.post("/v1/jobs/job_nope/metrics",
-                                   json={"points": [{"step": 0, "name": "r", "value": 1}]})
+        missing = await admin.post(
+            "/v1/jobs/job_nope/metrics", json={"points": [{"step": 0, "name": "r", "value": 1}]}
+        )
         assert missing.status_code == 404 and "job_nope" in missing.json()["error"]["message"]
 
 
@@ -154,8 +158,7 @@ async def test_a_value_the_database_cannot_store_is_a_422(stack: Stack) -> None:
     with a 422 that says why, and no job is made."""
     async with stack.client() as admin:
         before = (await admin.get("/v1/jobs")).json()
-        response = await admin.post("/v1/jobs", json={"base_model": "loom/tiny",
-                                                      "name": "a\x00b"})
+        response = await admin.post("/v1/jobs", json={"base_model": "loom/tiny", "name": "a\x00b"})
         if stack.settings.database_url.startswith("sqlite"):
             assert response.status_code == 201
             return
@@ -168,15 +171,19 @@ async def test_another_keys_job_logs_are_out_of_reach(stack: Stack) -> None:
     async with stack.client() as admin:
         alice = (await admin.post("/v1/keys", json={"name": "alice"})).json()["key"]
         bob = (await admin.post("/v1/keys", json={"name": "bob"})).json()["key"]
-    async with AsyncLoomClient(stack.url, alice) as as_alice, \
-            AsyncLoomClient(stack.url, bob) as as_bob:
+    async with (
+        AsyncLoomClient(stack.url, alice) as as_alice,
+        AsyncLoomClient(stack.url, bob) as as_bob,
+    ):
         job = await as_alice.create_job("loom/tiny")
         await job.log_metrics(0, {"reward": 1.0})
         with pytest.raises(NotFound):
             await as_bob.get_job(job.id)
         with pytest.raises(NotFound):
-            await as_bob._http.post_json(f"/v1/jobs/{job.id}/metrics",
-                                         {"points": [{"step": 1, "name": "reward", "value": 0}]})
+            await as_bob._http.post_json(
+                f"/v1/jobs/{job.id}/metrics",
+                {"points": [{"step": 1, "name": "reward", "value": 0}]},
+            )
         with pytest.raises(NotFound):
             await as_bob._http.get_json(f"/v1/jobs/{job.id}/samples")
         with pytest.raises(ValidationError, match="name"):  # the SDK checks before sending

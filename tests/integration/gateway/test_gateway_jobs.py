@@ -19,10 +19,15 @@ if TYPE_CHECKING:
 
 async def test_create_get_list_jobs(stack: Stack) -> None:
     async with stack.client() as admin:
-        created = await admin.post("/v1/jobs", json={
-            "name": "arith", "base_model": "loom/tiny", "lora": {"rank": 4},
-            "config": {"group_size": 8},
-        })
+        created = await admin.post(
+            "/v1/jobs",
+            json={
+                "name": "arith",
+                "base_model": "loom/tiny",
+                "lora": {"rank": 4},
+                "config": {"group_size": 8},
+            },
+        )
         assert created.status_code == 201, created.text
         job = created.json()
         assert job["id"].startswith("job_") and job["status"] == "running"
@@ -30,7 +35,7 @@ async def test_create_get_list_jobs(stack: Stack) -> None:
         sent = stack.trainer.state.created[-1]
         assert (sent.job_id, sent.base_model, sent.lora.rank) == (job["id"], "loom/tiny", 4)
 
-        full = (await admin.post("/v1/jobs", json={"base_model": "loom/tiny", "mode": "full"}))
+        full = await admin.post("/v1/jobs", json={"base_model": "loom/tiny", "mode": "full"})
         assert full.status_code == 201 and full.json()["lora"] is None
 
         assert (await admin.get(f"/v1/jobs/{job['id']}")).json() == job
@@ -88,8 +93,10 @@ async def test_a_job_key_acts_for_its_one_job_only(stack: Stack) -> None:
     async with stack.client() as admin:
         alice = (await admin.post("/v1/keys", json={"name": "alice"})).json()["key"]
     async with stack.client(alice) as as_alice:
-        mine, other = [(await as_alice.post("/v1/jobs", json={"base_model": "loom/tiny"})).json()
-                       ["id"] for _ in range(2)]
+        mine, other = [
+            (await as_alice.post("/v1/jobs", json={"base_model": "loom/tiny"})).json()["id"]
+            for _ in range(2)
+        ]
     engine = make_engine(stack.settings.database_url_for("gateway"))
     try:
         with transaction(make_sessionmaker(engine)) as session:
@@ -99,12 +106,15 @@ async def test_a_job_key_acts_for_its_one_job_only(stack: Stack) -> None:
     async with stack.client(secret) as as_job:
         assert [j["id"] for j in (await as_job.get("/v1/jobs")).json()["jobs"]] == [mine]
         assert (await as_job.get(f"/v1/jobs/{mine}")).status_code == 200
-        logged = await as_job.post(f"/v1/jobs/{mine}/metrics",
-                                   json={"points": [{"step": 1, "name": "loss", "value": 1.0}]})
+        logged = await as_job.post(
+            f"/v1/jobs/{mine}/metrics", json={"points": [{"step": 1, "name": "loss", "value": 1.0}]}
+        )
         assert logged.status_code == 200
         assert (await as_job.get(f"/v1/jobs/{other}")).status_code == 404
-        refused = await as_job.post(f"/v1/jobs/{other}/metrics", json={
-            "points": [{"step": 1, "name": "loss", "value": 1.0}]})
+        refused = await as_job.post(
+            f"/v1/jobs/{other}/metrics",
+            json={"points": [{"step": 1, "name": "loss", "value": 1.0}]},
+        )
         assert refused.status_code == 404
         created = await as_job.post("/v1/jobs", json={"base_model": "loom/tiny"})
         assert created.status_code == 403 and "job key" in created.json()["error"]["message"]
@@ -113,17 +123,23 @@ async def test_a_job_key_acts_for_its_one_job_only(stack: Stack) -> None:
 
 async def test_malformed_job_requests_get_422(stack: Stack) -> None:
     async with stack.client() as admin:
-        for body in ({}, {"base_model": ""}, {"base_model": "m", "mode": "half"},
-                     {"base_model": "m", "lora": {"rank": 0}}, {"base_model": "m", "extra": 1},
-                     {"base_model": "m", "config": []}):
+        for body in (
+            {},
+            {"base_model": ""},
+            {"base_model": "m", "mode": "half"},
+            {"base_model": "m", "lora": {"rank": 0}},
+            {"base_model": "m", "extra": 1},
+            {"base_model": "m", "config": []},
+        ):
             response = await admin.post("/v1/jobs", json=body)
             assert response.status_code == 422, body
             assert response.json()["error"]["code"] == "invalid_input"
         assert not stack.trainer.state.created  # nothing reached the trainer
         bad_status = await admin.post("/v1/jobs/job_x/status", json={"status": "asleep"})
         assert bad_status.status_code == 422
-        assert (await admin.post("/v1/jobs", content=b"[",
-                                 headers={"Content-Type": "application/json"})).status_code == 422
+        assert (
+            await admin.post("/v1/jobs", content=b"[", headers={"Content-Type": "application/json"})
+        ).status_code == 422
 
 
 async def test_ensure_model_answers_4xx_for_jobs_out_of_reach(stack: Stack) -> None:

@@ -17,10 +17,16 @@ def test_migrations_match_models(empty_database_url: str) -> None:
     with engine.connect() as connection:
         # The gateway's tables only, as its env.py compares them (the database holds other
         # services' tables too: the worker's, made by its own history).
-        context = MigrationContext.configure(connection, opts={
-            "compare_type": True, "version_table": VERSION_TABLE,
-            "include_name": lambda name, type_, _parents: (
-                type_ != "table" or name in Base.metadata.tables)})
+        context = MigrationContext.configure(
+            connection,
+            opts={
+                "compare_type": True,
+                "version_table": VERSION_TABLE,
+                "include_name": lambda name, type_, _parents: (
+                    type_ != "table" or name in Base.metadata.tables
+                ),
+            },
+        )
         diff = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert diff == []

@@ -72,10 +72,13 @@ class Gateway:
         as curl does without --path-as-is). Like curl, a body waits for `100 Continue`, so a
         refusal before the body is read is seen, not cut off by a reset."""
         parts = urlsplit(self.url)
-        head = (f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n"
-                + ("Expect: 100-continue\r\n" if body else "") + "\r\n")
+        head = (
+            f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+            + ("Expect: 100-continue\r\n" if body else "")
+            + "\r\n"
+        )
         with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
             sock.sendall(head.encode("latin-1"))
             response = b""
@@ -96,18 +99,27 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     app, seen = recorder()
     with serve_in_thread(app) as service_url:
         settings = GatewaySettings(
-            data_dir=data_dir, gateway_max_body_mb=1, gateway_admin_max_body_mb=4,
-            **{f"{name}_url": service_url for name in UPSTREAMS})
+            data_dir=data_dir,
+            gateway_max_body_mb=1,
+            gateway_admin_max_body_mb=4,
+            **{f"{name}_url": service_url for name in UPSTREAMS},
+        )
         with serve_in_thread(create_app(settings)) as url:
             admin_key = settings.admin_key_file.read_text().strip()
-            with httpx2.Client(base_url=url, timeout=30,
-                               headers={"Authorization": f"Bearer {admin_key}"}) as admin:
-                alice, bob = (admin.post("/v1/keys", json={"name": n}).json()["key"]
-                              for n in ("alice", "bob"))
+            with httpx2.Client(
+                base_url=url, timeout=30, headers={"Authorization": f"Bearer {admin_key}"}
+            ) as admin:
+                alice, bob = (
+                    admin.post("/v1/keys", json={"name": n}).json()["key"] for n in ("alice", "bob")
+                )
                 mine, theirs = (
-                    admin.post("/v1/jobs", json={"base_model": "loom/tiny", "lora": {"rank": 4}},
-                               headers={"Authorization": f"Bearer {key}"}).json()["id"]
-                    for key in (alice, bob))
+                    admin.post(
+                        "/v1/jobs",
+                        json={"base_model": "loom/tiny", "lora": {"rank": 4}},
+                        headers={"Authorization": f"Bearer {key}"},
+                    ).json()["id"]
+                    for key in (alice, bob)
+                )
             yield Gateway(url, admin_key, alice, mine, theirs, seen)
 
 
@@ -130,8 +142,13 @@ TARGETS = [
     ("POST", "rollout", "load", '{"version": "latest"}'),
 ]
 # A path each service opens to a job key (its own job, or a capability id), to climb out of.
-ENTRY = {"modelstate": f"jobs/{MINE}", "trainer": f"models/{MINE}",
-         "sandbox": "sessions/s1", "reward": "functions/f", "rollout": "trajectories/t1"}
+ENTRY = {
+    "modelstate": f"jobs/{MINE}",
+    "trainer": f"models/{MINE}",
+    "sandbox": "sessions/s1",
+    "reward": "functions/f",
+    "rollout": "trajectories/t1",
+}
 DOTS = ["..", "%2e%2e", "%2E%2E", ".%2e", "%2E.", "%2e%2E"]
 
 
@@ -146,21 +163,26 @@ def spellings(service: str, target: str) -> list[str]:
         entry.replace("/", "%2f") + "%2f..%2f" * up + target,  # lower-case encoded slashes
         f"{entry}/" + "%2e%2e%2f" * up + target,
         f"{entry}/" + "..%5c" * up + target,
-        f"{target}/.", f"{target}/%2e", f"{target}/..", f"{target}/",  # trailing dot / slash
+        f"{target}/.",
+        f"{target}/%2e",
+        f"{target}/..",
+        f"{target}/",  # trailing dot / slash
         target.replace("/", "//", 1) if "/" in target else f"/{target}",
     ]
     return variants
 
 
 @pytest.mark.parametrize(("method", "service", "target", "body"), TARGETS)
-def test_no_spelling_reaches_what_the_key_may_not(gateway: Gateway, method: str, service: str,
-                                                 target: str, body: str) -> None:
+def test_no_spelling_reaches_what_the_key_may_not(
+    gateway: Gateway, method: str, service: str, target: str, body: str
+) -> None:
     def fill(text: str) -> str:
         return text.replace(MINE, gateway.mine).replace(THEIRS, gateway.theirs)
 
     before = len(gateway.seen.arrived)
-    direct = gateway.raw(method, f"/v1/{service}/{fill(target)}", gateway.alice,
-                         fill(body).encode())
+    direct = gateway.raw(
+        method, f"/v1/{service}/{fill(target)}", gateway.alice, fill(body).encode()
+    )
     assert direct[0] in (403, 404), direct
     for path in spellings(service, target):
         full = f"/v1/{service}/{fill(path)}"
@@ -171,25 +193,29 @@ def test_no_spelling_reaches_what_the_key_may_not(gateway: Gateway, method: str,
 
 
 def test_the_own_job_is_reached_at_its_canonical_path(gateway: Gateway) -> None:
-    status, answer = gateway.raw("GET", f"/v1/modelstate/jobs/{gateway.mine}/versions/%6C"
-                                 "atest/files/a%20b.json", gateway.alice)
+    status, answer = gateway.raw(
+        "GET",
+        f"/v1/modelstate/jobs/{gateway.mine}/versions/%6Catest/files/a%20b.json",
+        gateway.alice,
+    )
     assert status == 200, answer
     assert gateway.seen.arrived[-1] == (
-        "GET", f"/v1/jobs/{gateway.mine}/versions/latest/files/a%20b.json")
+        "GET",
+        f"/v1/jobs/{gateway.mine}/versions/latest/files/a%20b.json",
+    )
 
 
 def test_ids_in_paths_follow_one_pattern(gateway: Gateway) -> None:
     for bad in ("-job", "job%20x", "job~1", "j" * 129):
-        status, answer = gateway.raw("GET", f"/v1/modelstate/jobs/{bad}/versions",
-                                     gateway.alice)
+        status, answer = gateway.raw("GET", f"/v1/modelstate/jobs/{bad}/versions", gateway.alice)
         assert status == 400, (bad, status, answer)
         assert b"is not a job id" in answer
 
 
 def test_a_repeated_job_id_in_the_query_is_refused(gateway: Gateway) -> None:
     status, answer = gateway.raw(
-        "GET", f"/v1/reward/functions?job_id={gateway.mine}&job_id={gateway.theirs}",
-        gateway.alice)
+        "GET", f"/v1/reward/functions?job_id={gateway.mine}&job_id={gateway.theirs}", gateway.alice
+    )
     assert status == 400 and b"more than once" in answer, answer
 
 
@@ -213,24 +239,44 @@ def test_a_chunked_body_past_the_cap_is_cut_off(gateway: Gateway) -> None:
         for _ in range(40):
             yield b"x" * 65536  # 2.5 MiB in all, no Content-Length
 
-    with httpx2.Client(base_url=gateway.url, timeout=30,
-                       headers={"Authorization": f"Bearer {gateway.alice}"}) as client:
-        response = client.post(f"/v1/trainer/models/{gateway.mine}/forward_backward",
-                               content=chunks())
+    with httpx2.Client(
+        base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {gateway.alice}"}
+    ) as client:
+        response = client.post(
+            f"/v1/trainer/models/{gateway.mine}/forward_backward", content=chunks()
+        )
     assert response.status_code == 413, response.text
     assert len(gateway.seen.completed) == completed  # the service never got a whole body
 
 
-segments = st.lists(st.sampled_from(
-    [*"aZ09._-~@:;=+!$&'()*,", "%20", "%C3%A9", "%2e", "%2E", "%2f", "%5C", "%00", "%ff",
-     "%41", "..", "%3F"]), max_size=6).map("".join)
+segments = st.lists(
+    st.sampled_from(
+        [
+            *"aZ09._-~@:;=+!$&'()*,",
+            "%20",
+            "%C3%A9",
+            "%2e",
+            "%2E",
+            "%2f",
+            "%5C",
+            "%00",
+            "%ff",
+            "%41",
+            "..",
+            "%3F",
+        ]
+    ),
+    max_size=6,
+).map("".join)
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(segments, min_size=1, max_size=5))
 def test_the_service_receives_byte_for_byte_the_path_the_gateway_checked(
-        gateway: Gateway, parts: list[str]) -> None:
+    gateway: Gateway, parts: list[str]
+) -> None:
     raw_path = "/v1/reward/" + "/".join(parts)
     status, answer = gateway.raw("GET", raw_path, gateway.admin_key)
     try:

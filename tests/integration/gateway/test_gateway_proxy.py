@@ -18,10 +18,15 @@ if TYPE_CHECKING:
 async def test_forwards_method_path_query_headers_and_body(stack: Stack) -> None:
     async with stack.client() as client:
         response = await client.post(
-            "/v1/reward/echo/jobs/j/versions?wait=5&tag=a%2Fb", content=b'{"x": 1}',
-            headers={"Content-Type": "application/json", "X-Request-ID": "req-proxy",
-                     "X-Custom": "kept", "Connection": "keep-alive, X-Secret-Hop",
-                     "X-Secret-Hop": "dropped"},
+            "/v1/reward/echo/jobs/j/versions?wait=5&tag=a%2Fb",
+            content=b'{"x": 1}',
+            headers={
+                "Content-Type": "application/json",
+                "X-Request-ID": "req-proxy",
+                "X-Custom": "kept",
+                "Connection": "keep-alive, X-Secret-Hop",
+                "X-Secret-Hop": "dropped",
+            },
         )
     assert response.status_code == 200, response.text
     echoed = response.json()
@@ -38,8 +43,11 @@ async def test_forwards_method_path_query_headers_and_body(stack: Stack) -> None
 
 
 async def test_streams_sse_without_buffering(stack: Stack) -> None:
-    async with (asyncio.timeout(20), stack.client() as client,
-                client.stream("GET", "/v1/reward/events") as response):
+    async with (
+        asyncio.timeout(20),
+        stack.client() as client,
+        client.stream("GET", "/v1/reward/events") as response,
+    ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         chunks = response.aiter_raw()
@@ -74,7 +82,12 @@ async def test_unknown_service_is_404_listing_known_ones(stack: Stack) -> None:
         response = await client.get("/v1/nosuch/thing")
     assert response.status_code == 404
     assert response.json()["error"]["detail"]["known_services"] == [
-        "rollout", "reward", "sandbox", "trainer", "modelstate"]
+        "rollout",
+        "reward",
+        "sandbox",
+        "trainer",
+        "modelstate",
+    ]
 
 
 async def test_upstream_errors_pass_through(stack: Stack) -> None:
@@ -125,7 +138,8 @@ def assert_reused(first: set[int], second: set[int]) -> None:
     assert len(first) > BURST // 2  # the burst really was concurrent
     opened = second - first
     assert not opened or first <= second, (
-        f"{len(opened)} new connections while {len(first - second)} kept ones went unused")
+        f"{len(opened)} new connections while {len(first - second)} kept ones went unused"
+    )
 
 
 async def test_the_gateway_reuses_its_upstream_connections_across_bursts(stack: Stack) -> None:

@@ -26,16 +26,22 @@ async def test_replica_routes_refuse_bad_callers_and_bad_input(stack: Stack) -> 
             refused = await admin.put("/v1/internal/replicas/r1", json=BEAT, headers=headers)
             assert refused.status_code == 401, refused.text
         for replica_id in ("%2e%2e", "a%2Fb", "a%00b", "x" * 200):
-            bad = await admin.put(f"/v1/internal/replicas/{replica_id}", json=BEAT,
-                                  headers=token)
+            bad = await admin.put(f"/v1/internal/replicas/{replica_id}", json=BEAT, headers=token)
             assert 400 <= bad.status_code < 500, (replica_id, bad.text)
-        for body in ({**BEAT, "url": "file:///etc/passwd"}, {**BEAT, "heartbeat_s": -1},
-                     {**BEAT, "requests_in_flight": -3}, {"url": BEAT["url"]}):
+        for body in (
+            {**BEAT, "url": "file:///etc/passwd"},
+            {**BEAT, "heartbeat_s": -1},
+            {**BEAT, "requests_in_flight": -3},
+            {"url": BEAT["url"]},
+        ):
             bad = await admin.put("/v1/internal/replicas/r1", json=body, headers=token)
             assert bad.status_code == 422, (body, bad.text)
         assert _raw_put(stack, "/v1/internal/replicas/..", token) // 100 == 4
-        assert [r for r in (await admin.get("/v1/rollout/replicas")).json()["replicas"]
-                if not r["static"]] == []
+        assert [
+            r
+            for r in (await admin.get("/v1/rollout/replicas")).json()["replicas"]
+            if not r["static"]
+        ] == []
 
         beat = await admin.put("/v1/internal/replicas/r1", json=BEAT, headers=token)
         assert beat.status_code == 200, beat.text
@@ -59,8 +65,12 @@ def _raw_put(stack: Stack, path: str, headers: dict[str, str]) -> int:
     where = urlsplit(stack.url)
     connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
     try:
-        connection.request("PUT", path, body=json.dumps(BEAT),
-                           headers={**headers, "Content-Type": "application/json"})
+        connection.request(
+            "PUT",
+            path,
+            body=json.dumps(BEAT),
+            headers={**headers, "Content-Type": "application/json"},
+        )
         return connection.getresponse().status
     finally:
         connection.close()

@@ -15,12 +15,12 @@ if TYPE_CHECKING:
 
 async def test_the_service_receives_the_gateways_token_not_the_clients(stack: Stack) -> None:
     async with stack.client() as client:
-        response = await client.get("/v1/reward/echo/x",
-                                    headers={SERVICE_TOKEN_HEADER: "forged-by-the-client"})
+        response = await client.get(
+            "/v1/reward/echo/x", headers={SERVICE_TOKEN_HEADER: "forged-by-the-client"}
+        )
     assert response.status_code == 200, response.text
     # The echo service asks for the token itself: this request passed with the real one.
-    assert response.json()["headers"][SERVICE_TOKEN_HEADER.lower()] == service_token(
-        stack.settings)
+    assert response.json()["headers"][SERVICE_TOKEN_HEADER.lower()] == service_token(stack.settings)
 
 
 async def test_the_services_refuse_whoever_skips_the_gateway(stack: Stack) -> None:

@@ -42,15 +42,28 @@ async def test_the_workers_routes_want_the_token_and_do_their_work_once(stack: S
 
         engine = make_engine(stack.settings.database_url_for("gateway"))
         with transaction(make_sessionmaker(engine)) as session:  # a run, its attempt 1 going
-            session.add(BackgroundTaskRow(id="task_run", job_id=job_id, kind="recipe",
-                                          params={}, status="running", attempts=1))
+            session.add(
+                BackgroundTaskRow(
+                    id="task_run",
+                    job_id=job_id,
+                    kind="recipe",
+                    params={},
+                    status="running",
+                    attempts=1,
+                )
+            )
         engine.dispose()
-        end = TaskEnd(attempt=1, status=TaskStatus.succeeded, result={"steps": 3},
-                      metrics=[MetricPoint(step=3, name="eval/x/accuracy", value=0.5)])
+        end = TaskEnd(
+            attempt=1,
+            status=TaskStatus.succeeded,
+            result={"steps": 3},
+            metrics=[MetricPoint(step=3, name="eval/x/accuracy", value=0.5)],
+        )
         assert await gateway.end_task("task_run", end)
         assert await gateway.end_task("task_run", end)  # sent again: the same answer
-        assert not await gateway.end_task("task_run", end.model_copy(
-            update={"status": TaskStatus.failed}))
+        assert not await gateway.end_task(
+            "task_run", end.model_copy(update={"status": TaskStatus.failed})
+        )
     finally:
         await gateway.aclose()
     async with stack.client() as admin:
@@ -59,4 +72,5 @@ async def test_the_workers_routes_want_the_token_and_do_their_work_once(stack: S
         assert (task["status"], task["result"]) == ("succeeded", {"steps": 3})
         series = (await admin.get(f"/v1/jobs/{job_id}/metrics")).json()["series"]
         assert [(s["name"], s["steps"], s["values"]) for s in series] == [
-            ("eval/x/accuracy", [3], [0.5])]
+            ("eval/x/accuracy", [3], [0.5])
+        ]

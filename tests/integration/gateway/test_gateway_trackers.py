@@ -31,17 +31,23 @@ from tests.support.tracker_readers import (
 from tests.support.trainer import trainer_stand_in
 
 SFT = {"sft/loss": [(step, 2.0 / step) for step in range(1, 7)]}
-RL = {"rl/reward": [(step, 0.1 * step) for step in range(1, 4)],
-      "kl/mean": [(step, 0.01 * step) for step in range(1, 4)]}
-SAMPLES = [{"step": 1, "version": 1, "prompt": "2+2=", "completion": "4", "reward": 1.0},
-           {"step": 1, "version": 1, "prompt": "a|b", "completion": "two\nlines", "reward": 0.0},
-           {"step": 2, "version": None, "prompt": "3+4=", "completion": "8", "reward": None}]
+RL = {
+    "rl/reward": [(step, 0.1 * step) for step in range(1, 4)],
+    "kl/mean": [(step, 0.01 * step) for step in range(1, 4)],
+}
+SAMPLES = [
+    {"step": 1, "version": 1, "prompt": "2+2=", "completion": "4", "reward": 1.0},
+    {"step": 1, "version": 1, "prompt": "a|b", "completion": "two\nlines", "reward": 0.0},
+    {"step": 2, "version": None, "prompt": "3+4=", "completion": "8", "reward": None},
+]
 
 
 @pytest.fixture(autouse=True)
 def tracker_libraries() -> None:
-    require(all(importlib.util.find_spec(m) for m in ("wandb", "mlflow", "tensorboardX")),
-            "the trackers extra (wandb, mlflow-skinny, tensorboardX)")
+    require(
+        all(importlib.util.find_spec(m) for m in ("wandb", "mlflow", "tensorboardX")),
+        "the trackers extra (wandb, mlflow-skinny, tensorboardX)",
+    )
 
 
 @pytest.fixture
@@ -52,8 +58,9 @@ def database_url(tmp_path: Path) -> str:
 
 
 def gateway(tmp_path: Path, database_url: str, **trackers: object) -> Iterator[str]:
-    settings = GatewaySettings(data_dir=tmp_path / "data", database_url=database_url,
-                               trainer_url="", **trackers)
+    settings = GatewaySettings(
+        data_dir=tmp_path / "data", database_url=database_url, trainer_url="", **trackers
+    )
     with serve_in_thread(trainer_stand_in()) as trainer_url:
         settings = settings.model_copy(update={"trainer_url": trainer_url})
         with serve_in_thread(create_app(settings)) as url:
@@ -74,7 +81,8 @@ def wait_counted(url: str, metric: str, tracker: str, at_least: float) -> None:
 
 
 async def test_metrics_land_in_wandb_mlflow_and_tensorboard_with_their_steps(
-        tmp_path: Path, database_url: str) -> None:
+    tmp_path: Path, database_url: str
+) -> None:
     serving = gateway(tmp_path, database_url, trackers="wandb,mlflow,tensorboard")
     url = next(serving)
     admin_key = (tmp_path / "data" / "admin_key").read_text().strip()
@@ -103,20 +111,27 @@ async def test_metrics_land_in_wandb_mlflow_and_tensorboard_with_their_steps(
     replaced = {**expected, "sft/loss": [(s, 0.75 if s == 2 else v) for s, v in SFT["sft/loss"]]}
     root = tmp_path / "data" / "trackers"
     assert _approx(tensorboard_series(root / "tensorboard" / job.id), sort=True) == _approx(
-        resent, sort=True)
+        resent, sort=True
+    )
     assert _approx(tensorboard_series(root / "tensorboard" / only_tb.id)) == _approx(expected)
     assert tensorboard_texts(root / "tensorboard" / only_tb.id, "samples") == []
     assert not (root / "tensorboard" / untracked.id).exists()
     assert _approx(mlflow_series(f"sqlite:///{root / 'mlflow.db'}", job.id), sort=True) == (
-        _approx(resent, sort=True))
+        _approx(resent, sort=True)
+    )
     assert _approx(wandb_series(root / "wandb", job.id), last=True) == _approx(replaced)
     assert not list((root / "wandb").glob(f"*{only_tb.id}*"))
 
 
 async def test_samples_land_as_tables_in_the_trackers_that_opt_in(
-        tmp_path: Path, database_url: str) -> None:
-    serving = gateway(tmp_path, database_url, trackers="wandb,mlflow,tensorboard",
-                      trackers_samples="wandb,mlflow,tensorboard")
+    tmp_path: Path, database_url: str
+) -> None:
+    serving = gateway(
+        tmp_path,
+        database_url,
+        trackers="wandb,mlflow,tensorboard",
+        trackers_samples="wandb,mlflow,tensorboard",
+    )
     url = next(serving)
     admin_key = (tmp_path / "data" / "admin_key").read_text().strip()
     async with AsyncLoomClient(url, admin_key) as loom:
@@ -131,8 +146,10 @@ async def test_samples_land_as_tables_in_the_trackers_that_opt_in(
     root = tmp_path / "data" / "trackers"
     assert wandb_tables(root / "wandb", job.id, "samples") == SAMPLES
     assert wandb_series(root / "wandb", job.id) == {"rl/reward": [(1, 0.5)]}  # tables aside
-    assert mlflow_tables(f"sqlite:///{root / 'mlflow.db'}", job.id, "samples",
-                         tmp_path / "downloaded") == SAMPLES
+    assert (
+        mlflow_tables(f"sqlite:///{root / 'mlflow.db'}", job.id, "samples", tmp_path / "downloaded")
+        == SAMPLES
+    )
     assert (root / "mlflow-artifacts").is_dir()  # beside the store, not in the working dir
     texts = tensorboard_texts(root / "tensorboard" / job.id, "samples")
     assert [step for step, _ in texts] == [1, 2]
@@ -143,12 +160,14 @@ async def test_samples_land_as_tables_in_the_trackers_that_opt_in(
 
 
 async def test_an_unreachable_tracker_fails_nothing_and_is_counted(
-        tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     nowhere = f"http://127.0.0.1:{free_port()}"
-    serving = gateway(tmp_path, database_url, trackers="mlflow", trackers_mlflow_uri=nowhere,
-                      trackers_retries=1)
+    serving = gateway(
+        tmp_path, database_url, trackers="mlflow", trackers_mlflow_uri=nowhere, trackers_retries=1
+    )
     url = next(serving)
     admin_key = (tmp_path / "data" / "admin_key").read_text().strip()
     async with AsyncLoomClient(url, admin_key) as loom:
@@ -163,8 +182,9 @@ async def test_an_unreachable_tracker_fails_nothing_and_is_counted(
     next(serving, None)
 
 
-def _approx(series: dict[str, list[tuple[int, float]]], *, last: bool = False,
-            sort: bool = False) -> dict[str, list[tuple[int, float]]]:
+def _approx(
+    series: dict[str, list[tuple[int, float]]], *, last: bool = False, sort: bool = False
+) -> dict[str, list[tuple[int, float]]]:
     """Values rounded to float32 precision (TensorBoard stores float32); `last`: one value
     per step, the last written (trackers that append keep a re-sent step twice)."""
     out = {}

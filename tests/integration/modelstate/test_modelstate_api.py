@@ -34,15 +34,21 @@ async def app(database_url: str, tmp_path: Path) -> AsyncIterator[FastAPI]:
 @pytest.fixture
 async def http(app: FastAPI) -> AsyncIterator[httpx2.AsyncClient]:
     transport = httpx2.ASGITransport(app=app)
-    async with httpx2.AsyncClient(transport=transport, base_url="http://modelstate",
-                                  headers=service_headers(app.state.settings)) as client:
+    async with httpx2.AsyncClient(
+        transport=transport,
+        base_url="http://modelstate",
+        headers=service_headers(app.state.settings),
+    ) as client:
         yield client
 
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[ModelStateClient]:
-    client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app=app),
-                              headers=service_headers(app.state.settings))
+    client = ModelStateClient(
+        "http://modelstate",
+        transport=httpx2.ASGITransport(app=app),
+        headers=service_headers(app.state.settings),
+    )
     yield client
     await client.aclose()
 
@@ -72,8 +78,9 @@ async def test_publish_a_model_directory_and_read_it_back(
     client: ModelStateClient, app: FastAPI, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     version = await client.publish(publish_meta(step=3, metrics={"reward": 0.5}), tiny_model_dir)
-    expected = sorted(p.relative_to(tiny_model_dir).as_posix()
-                      for p in tiny_model_dir.rglob("*") if p.is_file())
+    expected = sorted(
+        p.relative_to(tiny_model_dir).as_posix() for p in tiny_model_dir.rglob("*") if p.is_file()
+    )
     assert [f.path for f in version.files] == expected
     weights = next(f for f in version.files if f.path == "model.safetensors")
     source = (tiny_model_dir / "model.safetensors").read_bytes()
@@ -86,7 +93,8 @@ async def test_publish_a_model_directory_and_read_it_back(
 
     # The store's directory is on this host: engines read it in place.
     assert await local_or_download(version, tmp_path / "cache", client=client) == Path(
-        str(version.local_path))
+        str(version.local_path)
+    )
     copy = await client.download(version, tmp_path / "copy")
     assert (copy / "model.safetensors").read_bytes() == source
     remote_view = version.model_copy(update={"local_path": "/elsewhere/on/another/host"})
@@ -99,8 +107,9 @@ async def test_publish_a_model_directory_and_read_it_back(
     assert AutoConfig.from_pretrained(str(version.local_path)).hidden_size == 128
 
 
-async def test_aliases_over_http(client: ModelStateClient, http: httpx2.AsyncClient,
-                                 tmp_path: Path) -> None:
+async def test_aliases_over_http(
+    client: ModelStateClient, http: httpx2.AsyncClient, tmp_path: Path
+) -> None:
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_model.safetensors").write_bytes(b"a1")
     await client.publish(publish_meta(), tmp_path / "adapter")
@@ -109,7 +118,10 @@ async def test_aliases_over_http(client: ModelStateClient, http: httpx2.AsyncCli
 
     response = await http.put("/v1/jobs/job-1/aliases/best", json={"number": 1})
     assert response.status_code == 200 and response.json() == {
-        "job_id": "job-1", "name": "best", "number": 1}
+        "job_id": "job-1",
+        "name": "best",
+        "number": 1,
+    }
     assert (await client.get_version("job-1", "best")).number == 1
     assert (await client.get_version("job-1", "candidate")).aliases == ["candidate", "latest"]
     file = await http.get("/v1/jobs/job-1/versions/best/files/adapter_model.safetensors")
@@ -123,8 +135,9 @@ async def test_concurrent_publishes_over_http(client: ModelStateClient, tmp_path
         directory.mkdir()
         (directory / "weights").write_bytes(bytes([i]) * 1000)
         directories.append(directory)
-    versions = await asyncio.gather(*(client.publish(publish_meta(step=i), d)
-                                      for i, d in enumerate(directories)))
+    versions = await asyncio.gather(
+        *(client.publish(publish_meta(step=i), d) for i, d in enumerate(directories))
+    )
     assert sorted(v.number for v in versions) == [1, 2, 3, 4, 5]
 
 
@@ -158,7 +171,11 @@ X = {"path": "w", "sha256": sha(b"x"), "size": 1}
     ],
 )
 async def test_bad_publish_is_a_clear_4xx_and_publishes_nothing(
-    http: httpx2.AsyncClient, app: FastAPI, body: dict[str, Any], status: int, text: str,
+    http: httpx2.AsyncClient,
+    app: FastAPI,
+    body: dict[str, Any],
+    status: int,
+    text: str,
 ) -> None:
     assert (await http.put(f"/v1/blobs/{sha(b'x')}", content=b"x")).status_code == 201
     assert_error(await http.post("/v1/versions", json=body), status, text)
@@ -173,8 +190,12 @@ async def test_bad_publish_is_a_clear_4xx_and_publishes_nothing(
     ],
 )
 async def test_bad_blob_upload_is_a_clear_4xx_and_stores_nothing(
-    http: httpx2.AsyncClient, app: FastAPI, content: bytes, headers: dict[str, str],
-    status: int, text: str,
+    http: httpx2.AsyncClient,
+    app: FastAPI,
+    content: bytes,
+    headers: dict[str, str],
+    status: int,
+    text: str,
 ) -> None:
     response = await http.put(f"/v1/blobs/{sha(b'x')}", content=content, headers=headers)
     assert_error(response, status, text)
@@ -190,9 +211,17 @@ async def test_upload_skips_stored_content_and_a_step_republish_is_idempotent(
     assert await client.has_blob(sha(b"x"))
     again = await http.put(f"/v1/blobs/{sha(b'x')}", content=b"x")
     assert again.status_code == 200 and again.json() == {"sha256": sha(b"x"), "size": 1}
-    retry = await http.post("/v1/versions", json={
-        **META, "job_id": "job-1", "kind": "full", "base_model": "loom/tiny", "step": 1,
-        "files": [f.model_dump() for f in first.files]})
+    retry = await http.post(
+        "/v1/versions",
+        json={
+            **META,
+            "job_id": "job-1",
+            "kind": "full",
+            "base_model": "loom/tiny",
+            "step": 1,
+            "files": [f.model_dump() for f in first.files],
+        },
+    )
     assert retry.status_code == 200 and retry.json()["number"] == first.number
     changed = write_dir(tmp_path / "b", w=b"y", c=b"c")
     with pytest.raises(Conflict, match="step 1 with different files"):
@@ -210,8 +239,9 @@ async def test_staged_publish_through_the_client_moves_no_bytes(
     assert directory is not None and directory.parent == app.state.store.blobs.staging
     write_dir(directory, **{"model.safetensors": b"weights", "config.json": b"{}"})
     inode = (directory / "model.safetensors").stat().st_ino
-    version = await client.publish(publish_meta(step=5), directory,
-                                   hashes={"model.safetensors": sha(b"weights")})
+    version = await client.publish(
+        publish_meta(step=5), directory, hashes={"model.safetensors": sha(b"weights")}
+    )
     assert not directory.exists() and version.step == 5
     stored = Path(str(version.local_path), "model.safetensors")
     assert stored.read_bytes() == b"weights" and stored.stat().st_ino == inode
@@ -224,8 +254,9 @@ async def test_delete_pins_retention_and_gc_over_http(
     client: ModelStateClient, http: httpx2.AsyncClient, tmp_path: Path
 ) -> None:
     for step in range(4):
-        await client.publish(publish_meta(step=step), write_dir(tmp_path / f"{step}",
-                                                                 w=bytes([step])))
+        await client.publish(
+            publish_meta(step=step), write_dir(tmp_path / f"{step}", w=bytes([step]))
+        )
     await client.set_pins("rollout@127.0.0.1:8001", [VersionKey(job_id="job-1", number=2)], 60)
     assert_error(await http.delete("/v1/jobs/job-1/versions/2"), 409, "pinned by")
     assert_error(await http.delete("/v1/jobs/job-1/versions/4"), 409, "aliases ['latest']")
@@ -238,10 +269,15 @@ async def test_delete_pins_retention_and_gc_over_http(
     assert_error(await http.put("/v1/pins/bad holder", json={"versions": []}), 422, "holder")
 
     policy = await http.put("/v1/jobs/job-1/retention", json={"keep_last": 1})
-    assert policy.json() == {"job_id": "job-1", "keep_last": 1, "keep_ancestors": False,
-                             "is_default": False}
-    assert_error(await http.put("/v1/jobs/job-1/retention", json={"keep_last": -1}), 422,
-                 "keep_last")
+    assert policy.json() == {
+        "job_id": "job-1",
+        "keep_last": 1,
+        "keep_ancestors": False,
+        "is_default": False,
+    }
+    assert_error(
+        await http.put("/v1/jobs/job-1/retention", json={"keep_last": -1}), 422, "keep_last"
+    )
     report = (await http.post("/v1/gc", params={"grace_s": 0})).json()
     assert report["versions_deleted"] == ["job-1@3"] and report["blobs_deleted"] == 2
     assert [v.number for v in await client.list_versions("job-1")] == [2, 4]
@@ -261,8 +297,13 @@ async def test_delete_pins_retention_and_gc_over_http(
         ("POST", "/v1/gc?grace_s=-1", None, 422, "grace_s"),
         ("POST", "/v1/gc?grace_s=1e17", None, 422, "grace_s"),
         ("PUT", "/v1/pins/rollout@h:1", {"versions": [], "ttl_s": 0}, 422, "ttl_s"),
-        ("PUT", "/v1/pins/rollout@h:1",
-         {"versions": [{"job_id": "job-1", "number": 1}] * 1025}, 422, "versions"),
+        (
+            "PUT",
+            "/v1/pins/rollout@h:1",
+            {"versions": [{"job_id": "job-1", "number": 1}] * 1025},
+            422,
+            "versions",
+        ),
         ("PUT", "/v1/jobs/-bad/retention", {"keep_last": 1}, 422, "job_id"),
         ("DELETE", "/v1/jobs/job-1/aliases/nope", None, 404, "no alias 'nope'"),
         ("DELETE", "/v1/jobs/job-1/aliases/latest", None, 409, "kept by the store"),
@@ -271,13 +312,24 @@ async def test_delete_pins_retention_and_gc_over_http(
         ("DELETE", "/v1/jobs/job-1/versions/2147483648", None, 404, "go up to"),
         ("GET", "/v1/jobs/job-1/versions/%C2%B2", None, 404, "no alias '²'"),
         ("PUT", "/v1/jobs/job-1/aliases/best", {"number": 2**31}, 422, "number"),
-        ("PUT", "/v1/pins/rollout@h:1", {"versions": [{"job_id": "job-1", "number": 2**40}]},
-         422, "number"),
+        (
+            "PUT",
+            "/v1/pins/rollout@h:1",
+            {"versions": [{"job_id": "job-1", "number": 2**40}]},
+            422,
+            "number",
+        ),
     ],
 )
 async def test_malformed_version_requests_are_clear_4xx(
-    client: ModelStateClient, http: httpx2.AsyncClient, tmp_path: Path, method: str, path: str,
-    body: Any, status: int, text: str,
+    client: ModelStateClient,
+    http: httpx2.AsyncClient,
+    tmp_path: Path,
+    method: str,
+    path: str,
+    body: Any,
+    status: int,
+    text: str,
 ) -> None:
     await client.publish(publish_meta(), write_dir(tmp_path / "v", w=b"x"))
     assert_error(await http.request(method, path, json=body), status, text)
@@ -288,8 +340,11 @@ async def test_merging_onto_a_base_this_host_lacks_is_a_clear_4xx(
 ) -> None:
     meta = VersionMeta(job_id="job-1", kind=VersionKind.lora, base_model="/gone/base-model")
     await client.publish(meta, write_dir(tmp_path / "a", **{"adapter_config.json": b"{}"}))
-    assert_error(await http.get("/v1/jobs/job-1/versions/1/archive",
-                                params={"merge_lora": True}), 422, "does not exist")
+    assert_error(
+        await http.get("/v1/jobs/job-1/versions/1/archive", params={"merge_lora": True}),
+        422,
+        "does not exist",
+    )
 
 
 async def test_archive_streams_the_version_as_a_tar(
@@ -304,12 +359,16 @@ async def test_archive_streams_the_version_as_a_tar(
         assert weights is not None
         assert weights.read() == (tiny_model_dir / "model.safetensors").read_bytes()
     assert names == sorted(f"job-1-v1/{f.path}" for f in version.files)
-    assert_error(await http.get("/v1/jobs/job-1/versions/1/archive",
-                                params={"merge_lora": True}), 422, "only LoRA versions")
+    assert_error(
+        await http.get("/v1/jobs/job-1/versions/1/archive", params={"merge_lora": True}),
+        422,
+        "only LoRA versions",
+    )
 
 
-async def test_unknown_things_are_404(http: httpx2.AsyncClient, client: ModelStateClient,
-                                      tmp_path: Path) -> None:
+async def test_unknown_things_are_404(
+    http: httpx2.AsyncClient, client: ModelStateClient, tmp_path: Path
+) -> None:
     assert_error(await http.get("/v1/jobs/ghost/versions/1"), 404, "no published versions")
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "w").write_bytes(b"x")
@@ -317,8 +376,9 @@ async def test_unknown_things_are_404(http: httpx2.AsyncClient, client: ModelSta
     assert_error(await http.get("/v1/jobs/job-1/versions/7"), 404, "numbers 1..1")
     assert_error(await http.get("/v1/jobs/job-1/versions/best"), 404, "no alias 'best'")
     assert_error(await http.get("/v1/jobs/job-1/versions/1/files/nope"), 404, "no file 'nope'")
-    assert_error(await http.put("/v1/jobs/job-1/aliases/best", json={"number": 2}), 404,
-                 "no version 2")
+    assert_error(
+        await http.put("/v1/jobs/job-1/aliases/best", json={"number": 2}), 404, "no version 2"
+    )
     with pytest.raises(NotFound, match="no alias"):
         await client.get_version("job-1", "best")
 
@@ -329,12 +389,12 @@ async def test_malformed_alias_and_event_requests_are_422(http: httpx2.AsyncClie
     assert_error(await http.put("/v1/jobs/job-1/aliases/9lives", json={"number": 1}), 422, "name")
     assert_error(await http.get("/v1/events", params={"after": -1}), 422, "after")
     assert_error(await http.get("/v1/events", params={"job_id": "a/../b"}), 422, "job_id")
-    assert_error(await http.get("/v1/events", headers={"Last-Event-ID": "x"}), 422,
-                 "last-event-id")
+    assert_error(await http.get("/v1/events", headers={"Last-Event-ID": "x"}), 422, "last-event-id")
 
 
-async def test_client_rejects_bad_input_before_sending(client: ModelStateClient,
-                                                       tmp_path: Path) -> None:
+async def test_client_rejects_bad_input_before_sending(
+    client: ModelStateClient, tmp_path: Path
+) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(InvalidInput, match="no files"):
         await client.publish(publish_meta(), tmp_path / "empty")
@@ -346,15 +406,20 @@ async def test_readiness_checks_the_database(http: httpx2.AsyncClient) -> None:
 
 
 async def test_file_over_the_size_limit_is_413(tmp_path: Path) -> None:
-    settings = ModelStateSettings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/m.db",
-                                  modelstate_max_file_bytes=4)
+    settings = ModelStateSettings(
+        data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/m.db", modelstate_max_file_bytes=4
+    )
     app = create_app(settings)
     transport = httpx2.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=transport, base_url="http://modelstate", headers=service_headers(settings)
-    ) as http:
-        assert_error(await http.put(f"/v1/blobs/{sha(b'12345')}", content=b"12345"), 413,
-                     "over the limit")
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=transport, base_url="http://modelstate", headers=service_headers(settings)
+        ) as http,
+    ):
+        assert_error(
+            await http.put(f"/v1/blobs/{sha(b'12345')}", content=b"12345"), 413, "over the limit"
+        )
         chunked = http.put(f"/v1/blobs/{sha(b'12345')}", content=chunks(b"123", b"45"))
         assert_error(await chunked, 413, "larger than the limit")
         await assert_nothing_published(http, app)

@@ -60,17 +60,22 @@ def store(database_url: str, tmp_path: Path) -> Iterator[StoreProcess]:
 
 def start_publisher(store: StoreProcess, scratch: Path, first_step: int) -> subprocess.Popen[str]:
     scratch.mkdir(exist_ok=True)
-    return subprocess.Popen([sys.executable, "-c", PUBLISHER, store.url, str(scratch),
-                             str(first_step)],
-                            env=store.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, store.url, str(scratch), str(first_step)],
+        env=store.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_for_upload_in_progress(store: StoreProcess, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(p.name.startswith("blob-") and staged_bytes(p) > 0
-               for p in (store.blob_dir / "tmp").iterdir()):
+        if any(
+            p.name.startswith("blob-") and staged_bytes(p) > 0
+            for p in (store.blob_dir / "tmp").iterdir()
+        ):
             return
         time.sleep(0.01)
     raise AssertionError("no upload started")
@@ -104,8 +109,12 @@ def visible_versions(store: StoreProcess) -> list[dict[str, Any]]:
 def leftovers(store: StoreProcess) -> dict[str, Any]:
     """After a collection with no grace period: what is stored beyond the visible versions."""
     versions = visible_versions(store)
-    report = httpx2.post(f"{store.url}/v1/gc", params={"grace_s": 0}, timeout=60,
-                         headers=service_headers(LoomSettings()))
+    report = httpx2.post(
+        f"{store.url}/v1/gc",
+        params={"grace_s": 0},
+        timeout=60,
+        headers=service_headers(LoomSettings()),
+    )
     assert report.status_code == 200, report.text
     referenced = {f["sha256"] for v in versions for f in v["files"]}
     stored = {p.name for shard in (store.blob_dir / "sha256").iterdir() for p in shard.iterdir()}
@@ -114,8 +123,9 @@ def leftovers(store: StoreProcess) -> dict[str, Any]:
         "unreferenced blobs": stored - referenced,
         "missing blobs": referenced - stored,
         "temp files": [p.name for p in (store.blob_dir / "tmp").iterdir()],
-        "staging": [p.name for p in (store.blob_dir / "staging").iterdir()
-                    if p.name != ".loom-store-id"],
+        "staging": [
+            p.name for p in (store.blob_dir / "staging").iterdir() if p.name != ".loom-store-id"
+        ],
         "stray version dirs": numbers - {v["number"] for v in versions},
     }
     return {name: value for name, value in found.items() if value}

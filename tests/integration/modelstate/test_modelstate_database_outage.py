@@ -24,14 +24,21 @@ def proxy() -> Iterator[TcpProxy]:
 
 
 async def test_a_database_outage_is_a_503_and_the_service_recovers(
-        postgres_url: str, proxy: TcpProxy, tmp_path: Path) -> None:
-    through_proxy = postgres_url.replace(f"@{urlsplit(postgres_url).netloc.split('@')[1]}",
-                                         f"@127.0.0.1:{proxy.port}")
+    postgres_url: str, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    through_proxy = postgres_url.replace(
+        f"@{urlsplit(postgres_url).netloc.split('@')[1]}", f"@127.0.0.1:{proxy.port}"
+    )
     settings = ModelStateSettings(data_dir=tmp_path / "data", database_url=through_proxy)
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app=app), base_url="http://modelstate",
-            headers=service_headers(settings)) as http:
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://modelstate",
+            headers=service_headers(settings),
+        ) as http,
+    ):
         assert (await http.get("/v1/jobs/job-1/versions")).status_code == 200
         proxy.cut()
         for path in ("/v1/jobs/job-1/versions", "/v1/jobs/job-1/retention", "/v1/pins"):
@@ -45,5 +52,6 @@ async def test_a_database_outage_is_a_503_and_the_service_recovers(
         assert (await http.get("/v1/jobs/job-1/versions")).status_code == 200
         kept = (await http.get("/v1/jobs/job-1/retention")).json()
         assert kept["keep_last"] != 3  # the refused write left nothing behind
-        assert (await http.put("/v1/jobs/job-1/retention",
-                               json={"keep_last": 3})).status_code == 200
+        assert (
+            await http.put("/v1/jobs/job-1/retention", json={"keep_last": 3})
+        ).status_code == 200

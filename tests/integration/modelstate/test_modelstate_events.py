@@ -31,8 +31,10 @@ def running_server(settings: ModelStateSettings) -> Iterator[str]:
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> ModelStateSettings:
     return ModelStateSettings(
-        data_dir=tmp_path / "data", database_url=database_url,
-        modelstate_url=f"http://127.0.0.1:{free_port()}", modelstate_sse_heartbeat_s=0.5,
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        modelstate_url=f"http://127.0.0.1:{free_port()}",
+        modelstate_sse_heartbeat_s=0.5,
     )
 
 
@@ -47,8 +49,9 @@ class Subscription:
     """Runs `client.subscribe` (or, with `pending`, `subscribe_events`) in a task and collects
     what it yields."""
 
-    def __init__(self, client: ModelStateClient, job_id: str | None, after: int,
-                 pending: bool = False) -> None:
+    def __init__(
+        self, client: ModelStateClient, job_id: str | None, after: int, pending: bool = False
+    ) -> None:
         self.received: asyncio.Queue[Version | PendingVersion] = asyncio.Queue()
         events = client.subscribe_events if pending else client.subscribe
         self.task = asyncio.create_task(self._run(events(job_id, after=after)))
@@ -70,8 +73,6 @@ async def publish(client: ModelStateClient, directory: Path, job_id: str, step: 
     (directory / "adapter_model.safetensors").write_bytes(f"{job_id}-{step}".encode())
     meta = VersionMeta(job_id=job_id, kind=VersionKind.lora, base_model="loom/tiny", step=step)
     return await client.publish(meta, directory)
-
-
 
 
 async def test_subscribe_receives_live_versions_and_resumes_after_disconnect(
@@ -96,7 +97,11 @@ async def test_subscribe_receives_live_versions_and_resumes_after_disconnect(
 
         everything = Subscription(client, None, after=0)
         assert [(await everything.next()).job_id for _ in range(4)] == [
-            "job-a", "job-b", "job-a", "job-a"]
+            "job-a",
+            "job-b",
+            "job-a",
+            "job-a",
+        ]
         await everything.stop()
 
 
@@ -122,10 +127,12 @@ async def test_events_endpoint_speaks_server_sent_events(
     with running_server(settings):
         version = await publish(client, tmp_path / "a", "job-a", 1)
         lines: list[str] = []
-        async with httpx2.AsyncClient(base_url=settings.modelstate_url,
-                                      headers=service_headers(settings)) as http, http.stream(
-            "GET", "/v1/events", headers={"Last-Event-ID": "0"}
-        ) as response:
+        async with (
+            httpx2.AsyncClient(
+                base_url=settings.modelstate_url, headers=service_headers(settings)
+            ) as http,
+            http.stream("GET", "/v1/events", headers={"Last-Event-ID": "0"}) as response,
+        ):
             assert response.headers["content-type"].startswith("text/event-stream")
             # Read until the replayed version and a heartbeat have both come: on a busy
             # machine the first heartbeat (every 0.5 s here) may precede the replay.
@@ -133,7 +140,8 @@ async def test_events_endpoint_speaks_server_sent_events(
                 async for line in response.aiter_lines():
                     lines.append(line)
                     if any(x.startswith(": ping") for x in lines) and any(
-                            x.startswith("data: ") for x in lines):
+                        x.startswith("data: ") for x in lines
+                    ):
                         break
         assert f"id: {version.id}" in lines and "event: version" in lines
         data = next(line for line in lines if line.startswith("data: "))
@@ -157,8 +165,11 @@ async def test_a_staged_publish_is_announced_pending_with_files_readable_at_once
         pending, announced = await subscription.next(), await subscription.next()
         await subscription.stop()
     assert isinstance(pending, PendingVersion) and announced == version
-    assert (pending.job_id, pending.kind, pending.staged) == ("job-a", VersionKind.full,
-                                                              staging.name)
+    assert (pending.job_id, pending.kind, pending.staged) == (
+        "job-a",
+        VersionKind.full,
+        staging.name,
+    )
     assert pending.files == {"config.json": 2, "model.safetensors": 7000}
     assert version.local_path is not None
     for name in pending.files:

@@ -17,9 +17,14 @@ STREAMS = frozenset({"GET /v1/events"})  # an endless event stream: tested on it
 async def test_generated_requests_get_no_server_error(postgres_url: str, tmp_path: Path) -> None:
     settings = ModelStateSettings(data_dir=tmp_path / "data", database_url=postgres_url)
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://modelstate",
-        headers=service_headers(settings), timeout=60,
-    ) as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://modelstate",
+            headers=service_headers(settings),
+            timeout=60,
+        ) as client,
+    ):
         report = await fuzz(client, app.openapi(), skip=STREAMS)
     report.check()

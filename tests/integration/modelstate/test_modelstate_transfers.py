@@ -70,14 +70,19 @@ class DroppingTransport(httpx2.AsyncBaseTransport):
             return response
         self.drop = False
         assert isinstance(response.stream, httpx2.AsyncByteStream)
-        return httpx2.Response(response.status_code, headers=response.headers,
-                               stream=_CutStream(response.stream, CUT_AT), request=request)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_CutStream(response.stream, CUT_AT),
+            request=request,
+        )
 
 
 @pytest.fixture
 async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
-    settings = ModelStateSettings(data_dir=tmp_path / "data",
-                                  database_url=f"sqlite:///{tmp_path / 'm.db'}")
+    settings = ModelStateSettings(
+        data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'm.db'}"
+    )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         yield app
@@ -89,21 +94,27 @@ async def version(app: FastAPI, tmp_path: Path) -> Version:
     source.mkdir()
     (source / "model.safetensors").write_bytes(WEIGHTS)
     (source / "config.json").write_bytes(b"{}")
-    client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app=app),
-                              headers=service_headers(app.state.settings))
+    client = ModelStateClient(
+        "http://modelstate",
+        transport=httpx2.ASGITransport(app=app),
+        headers=service_headers(app.state.settings),
+    )
     try:
         return await client.publish(
-            VersionMeta(job_id="job-1", kind=VersionKind.full, base_model="loom/tiny"), source)
+            VersionMeta(job_id="job-1", kind=VersionKind.full, base_model="loom/tiny"), source
+        )
     finally:
         await client.aclose()
 
 
-async def download(app: FastAPI, version: Version, dest: Path,
-                   drop: bool = False) -> list[tuple[str | None, int]]:
+async def download(
+    app: FastAPI, version: Version, dest: Path, drop: bool = False
+) -> list[tuple[str | None, int]]:
     """Download `version` into `dest`; the requests for its weights file."""
     transport = DroppingTransport(app, drop)
-    client = ModelStateClient("http://modelstate", transport=transport,
-                              headers=service_headers(app.state.settings))
+    client = ModelStateClient(
+        "http://modelstate", transport=transport, headers=service_headers(app.state.settings)
+    )
     try:
         await client.download(version, dest)
     finally:
@@ -176,7 +187,8 @@ async def test_a_large_file_crosses_in_both_directions_in_bounded_memory(tmp_pat
         store_before = peak_rss_kib(store.pid)
         tracemalloc.start()
         version = await client.publish(
-            VersionMeta(job_id="job-1", kind=VersionKind.full, base_model="loom/tiny"), source)
+            VersionMeta(job_id="job-1", kind=VersionKind.full, base_model="loom/tiny"), source
+        )
         uploading_mib = tracemalloc.get_traced_memory()[1] / MiB
         tracemalloc.reset_peak()
         await client.download(version, tmp_path / "dest")
@@ -189,5 +201,7 @@ async def test_a_large_file_crosses_in_both_directions_in_bounded_memory(tmp_pat
     assert version.files[0].sha256 == digest.hexdigest()
     assert (tmp_path / "dest" / "model.safetensors").stat().st_size == LARGE_FILE_MIB * MiB
     assert max(uploading_mib, downloading_mib, store_growth_mib) < MEMORY_BOUND_MIB, (
-        uploading_mib, downloading_mib, store_growth_mib)
-
+        uploading_mib,
+        downloading_mib,
+        store_growth_mib,
+    )

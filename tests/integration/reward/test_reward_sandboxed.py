@@ -33,8 +33,12 @@ def sandbox_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def settings(sandbox_url: str, tmp_path_factory: pytest.TempPathFactory) -> RewardSettings:
-    return RewardSettings(reward_workers=1, reward_item_timeout_s=8.0, sandbox_url=sandbox_url,
-                          data_dir=tmp_path_factory.mktemp("reward"))
+    return RewardSettings(
+        reward_workers=1,
+        reward_item_timeout_s=8.0,
+        sandbox_url=sandbox_url,
+        data_dir=tmp_path_factory.mktemp("reward"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +56,14 @@ async def test_code_reward_is_the_fraction_of_tests_passed(client: httpx2.AsyncC
         "import os\nos._exit(0)\n",  # exits before any assertion
         "def add(a, b):\n    while True:\n        pass\n",  # hangs: every test times out
     ]
-    scores = await score_items(client, {"verifier": "code", "params": {"timeout_s": 1},
-                                   "items": [{"response": c, "reference": TESTS}
-                                             for c in candidates]})
+    scores = await score_items(
+        client,
+        {
+            "verifier": "code",
+            "params": {"timeout_s": 1},
+            "items": [{"response": c, "reference": TESTS} for c in candidates],
+        },
+    )
     rewards = [s["reward"] for s in scores]
     assert rewards == [1.0, 0.75, 0.0, 0.0, 0.0, 0.0]
     assert scores[1]["detail"]["passed"] == 3 and scores[1]["detail"]["total"] == 4
@@ -64,8 +73,14 @@ async def test_code_reward_is_the_fraction_of_tests_passed(client: httpx2.AsyncC
 
 
 async def test_code_tests_can_come_from_params(client: httpx2.AsyncClient) -> None:
-    scores = await score_items(client, {"verifier": "code", "params": {"tests": TESTS},
-                                   "items": [{"response": "add = lambda a, b: a + b"}]})
+    scores = await score_items(
+        client,
+        {
+            "verifier": "code",
+            "params": {"tests": TESTS},
+            "items": [{"response": "add = lambda a, b: a + b"}],
+        },
+    )
     assert scores[0]["reward"] == 1.0
 
 
@@ -79,10 +94,15 @@ def reward(response, reference):
         raise ValueError("no")
     return float(response.strip() == reference), {"length": len(response)}
 """
-    items = [{"response": "42", "reference": "42"}, {"response": "41", "reference": "42"},
-             {"response": "crash", "reference": "x"}, {"response": "hang", "reference": "x"}]
-    scores = await score_items(client, {"verifier": "python",
-                                   "params": {"code": code, "timeout_s": 1}, "items": items})
+    items = [
+        {"response": "42", "reference": "42"},
+        {"response": "41", "reference": "42"},
+        {"response": "crash", "reference": "x"},
+        {"response": "hang", "reference": "x"},
+    ]
+    scores = await score_items(
+        client, {"verifier": "python", "params": {"code": code, "timeout_s": 1}, "items": items}
+    )
     assert [s["reward"] for s in scores] == [1.0, 0.0, 0.0, 0.0]
     assert scores[0]["detail"] == {"length": 2} and scores[0]["error"] is None
     assert "ValueError: no" in scores[2]["error"]
@@ -93,25 +113,39 @@ def reward(response, reference):
     ("body", "message"),
     [
         ({"verifier": "code", "items": [{"response": "x"}]}, "needs a reference"),
-        ({"verifier": "code", "params": {"tests": "x = 1"}, "items": [{"response": "x"}]},
-         "no top-level assert"),
-        ({"verifier": "code", "params": {"tests": "assert ("}, "items": [{"response": "x"}]},
-         "not valid Python"),
-        ({"verifier": "python", "params": {"code": "def f(): pass"},
-          "items": [{"response": "x"}]}, "reward(response"),
-        ({"verifier": "python", "params": {}, "items": [{"response": "x"}]},
-         "exactly one of params.code and params.function"),
+        (
+            {"verifier": "code", "params": {"tests": "x = 1"}, "items": [{"response": "x"}]},
+            "no top-level assert",
+        ),
+        (
+            {"verifier": "code", "params": {"tests": "assert ("}, "items": [{"response": "x"}]},
+            "not valid Python",
+        ),
+        (
+            {
+                "verifier": "python",
+                "params": {"code": "def f(): pass"},
+                "items": [{"response": "x"}],
+            },
+            "reward(response",
+        ),
+        (
+            {"verifier": "python", "params": {}, "items": [{"response": "x"}]},
+            "exactly one of params.code and params.function",
+        ),
     ],
 )
-async def test_bad_code_verifier_requests_get_422(client: httpx2.AsyncClient,
-                                                  body: dict[str, Any], message: str) -> None:
+async def test_bad_code_verifier_requests_get_422(
+    client: httpx2.AsyncClient, body: dict[str, Any], message: str
+) -> None:
     response = await client.post("/v1/score", json=body)
     assert response.status_code == 422
     assert message in response.text
 
 
 async def test_registered_functions_score_and_survive_a_restart(
-        client: httpx2.AsyncClient, settings: RewardSettings) -> None:
+    client: httpx2.AsyncClient, settings: RewardSettings
+) -> None:
     code = "def reward(response, reference):\n    return len(response) / 10\n"
     put = await client.put("/v1/functions/length", json={"code": code, "job_id": "job-1"})
     assert put.status_code == 200 and put.json()["job_id"] == "job-1"
@@ -119,17 +153,22 @@ async def test_registered_functions_score_and_survive_a_restart(
     assert [f["name"] for f in listed.json()["functions"]] == ["length"]
     assert (await client.get("/v1/functions")).json()["functions"] == []  # not shared
 
-    body = {"verifier": "python", "params": {"function": "length", "job_id": "job-1"},
-            "items": [{"response": "abcde"}]}
+    body = {
+        "verifier": "python",
+        "params": {"function": "length", "job_id": "job-1"},
+        "items": [{"response": "abcde"}],
+    }
     assert [s["reward"] for s in await score_items(client, body)] == [0.5]
     async with reward_client(settings) as restarted:
         assert [s["reward"] for s in await score_items(restarted, body)] == [0.5]
 
-    other_job = await client.post("/v1/score", json={
-        **body, "params": {"function": "length", "job_id": "job-2"}})
+    other_job = await client.post(
+        "/v1/score", json={**body, "params": {"function": "length", "job_id": "job-2"}}
+    )
     assert other_job.status_code == 404 and "job job-2" in other_job.text
-    assert (await client.delete("/v1/functions/length",
-                                params={"job_id": "job-1"})).status_code == 204
+    assert (
+        await client.delete("/v1/functions/length", params={"job_id": "job-1"})
+    ).status_code == 204
     assert (await client.post("/v1/score", json=body)).status_code == 404
 
 
@@ -142,7 +181,8 @@ async def test_registered_functions_score_and_survive_a_restart(
         ("ok_name", {"code": "def reward(r, g): return 1", "job_id": "../x"}, 422),
     ],
 )
-async def test_bad_registrations_get_422(client: httpx2.AsyncClient, name: str,
-                                         body: dict[str, Any], status: int) -> None:
+async def test_bad_registrations_get_422(
+    client: httpx2.AsyncClient, name: str, body: dict[str, Any], status: int
+) -> None:
     response = await client.put(f"/v1/functions/{name}", json=body)
     assert response.status_code == status, response.text

@@ -49,10 +49,12 @@ def modelstate_port() -> int:
 
 
 @pytest.fixture(scope="package")
-async def rollout(tiny_model_dir: Path, modelstate_port: int,
-                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx2.AsyncClient]:
+async def rollout(
+    tiny_model_dir: Path, modelstate_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[httpx2.AsyncClient]:
     settings = RolloutSettings(
-        data_dir=tmp_path_factory.mktemp("rollout"), rollout_model=str(tiny_model_dir),
+        data_dir=tmp_path_factory.mktemp("rollout"),
+        rollout_model=str(tiny_model_dir),
         modelstate_url=f"http://127.0.0.1:{modelstate_port}",
     )
     async with serve_rollout(create_app(settings), settings) as client:
@@ -61,16 +63,22 @@ async def rollout(tiny_model_dir: Path, modelstate_port: int,
 
 
 @asynccontextmanager
-async def serve_rollout(app: FastAPI,
-                        settings: RolloutSettings) -> AsyncIterator[httpx2.AsyncClient]:
+async def serve_rollout(
+    app: FastAPI, settings: RolloutSettings
+) -> AsyncIterator[httpx2.AsyncClient]:
     """A client of the rollout app (built with `settings`) once its engine is ready;
     afterwards, no engine process may be left."""
     earlier = frozenset(child.pid for child in psutil.Process().children(recursive=True))
     started = time.perf_counter()
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://rollout", timeout=120,
-        headers=service_headers(settings),
-    ) as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://rollout",
+            timeout=120,
+            headers=service_headers(settings),
+        ) as client,
+    ):
         assert (await client.get("/healthz")).status_code == 200  # at once, while starting
         assert (await client.get("/readyz")).status_code == 503
         while (ready := await client.get("/readyz")).status_code != 200:
@@ -78,8 +86,9 @@ async def serve_rollout(app: FastAPI,
             assert "failed" not in ready.text, ready.text
             await asyncio.sleep(0.5)
         TIMINGS["ready_s"] = time.perf_counter() - started
-        TIMINGS.update({f"engine_{k}": v for k, v in ready.json()["detail"].items()
-                        if k.endswith("_s")})
+        TIMINGS.update(
+            {f"engine_{k}": v for k, v in ready.json()["detail"].items() if k.endswith("_s")}
+        )
         yield client
     # vLLM's EngineCore and Worker are spawned processes (Python's resource tracker may stay).
     leftovers = vllm_children(ignore=earlier)
@@ -87,8 +96,9 @@ async def serve_rollout(app: FastAPI,
 
 
 @pytest.fixture(scope="package")
-def modelstate(rollout: httpx2.AsyncClient, modelstate_port: int,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def modelstate(
+    rollout: httpx2.AsyncClient, modelstate_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """Started after rollout is ready (rollout's follower has been retrying meanwhile)."""
     data_dir = tmp_path_factory.mktemp("modelstate")
     app = create_modelstate_app(ModelStateSettings(data_dir=data_dir))
@@ -101,5 +111,3 @@ async def store(modelstate: str) -> AsyncIterator[ModelStateClient]:
     client = ModelStateClient.from_settings(LoomSettings(modelstate_url=modelstate))
     yield client
     await client.aclose()
-
-

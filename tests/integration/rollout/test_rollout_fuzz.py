@@ -11,7 +11,8 @@ from tests.support.fuzz import fuzz
 
 
 async def test_generated_requests_get_no_server_error(
-        rollout: httpx2.AsyncClient, modelstate: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rollout: httpx2.AsyncClient, modelstate: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # no hub look-up for made-up names
     openapi = (await rollout.get("/openapi.json")).json()
     report = await fuzz(rollout, openapi)

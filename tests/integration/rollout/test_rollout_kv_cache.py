@@ -21,23 +21,31 @@ TOKEN_BYTES, BLOCK_TOKENS = 4 * 2 * 32 * 2 * 4, 128
 
 
 async def test_an_engine_with_a_mib_sized_kv_cache_samples(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
-    settings = RolloutSettings(data_dir=tmp_path, rollout_model=str(tiny_model_dir),
-                               rollout_kv_cache_gib=KV_MIB / 1024, rollout_announce=False)
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    settings = RolloutSettings(
+        data_dir=tmp_path,
+        rollout_model=str(tiny_model_dir),
+        rollout_kv_cache_gib=KV_MIB / 1024,
+        rollout_announce=False,
+    )
     app = create_app(settings)
     # This engine's processes only: in a full run, other fixtures' processes live beside it.
     others = {child.pid for child in psutil.Process().children(recursive=True)}
     async with serve_rollout(app, settings) as client:
         blocks = app.state.engine.llm.vllm_config.cache_config.num_gpu_blocks
         assert blocks == KV_MIB * MiB // (TOKEN_BYTES * BLOCK_TOKENS)  # 64, not 4096 (1 GiB)
-        worker_rss = max(child.memory_info().rss
-                         for child in psutil.Process().children(recursive=True)
-                         if child.pid not in others)
+        worker_rss = max(
+            child.memory_info().rss
+            for child in psutil.Process().children(recursive=True)
+            if child.pid not in others
+        )
         # The 1 GiB default allocated (and touched) 1 GiB; the whole worker is less now.
         assert worker_rss < 1024 * MiB, worker_rss
-        response = await client.post("/v1/sample", json={
-            "prompt_token_ids": PROMPT, "n": 16, "params": {"max_tokens": 8, "seed": 1}})
+        response = await client.post(
+            "/v1/sample",
+            json={"prompt_token_ids": PROMPT, "n": 16, "params": {"max_tokens": 8, "seed": 1}},
+        )
         assert response.status_code == 200, response.text
         samples = response.json()["samples"]
         assert len(samples) == 16 and all(sample["token_ids"] for sample in samples)
-

@@ -18,15 +18,21 @@ pytestmark = pytest.mark.integration
 DRAWS_PER_REQUEST, REQUESTS = 256, 16
 
 
-async def draws(client: httpx2.AsyncClient, params: dict[str, Any]
-                ) -> tuple[Counter[int], dict[int, float]]:
+async def draws(
+    client: httpx2.AsyncClient, params: dict[str, Any]
+) -> tuple[Counter[int], dict[int, float]]:
     """Unseeded draws: independent ones, whatever vLLM's seeding of a request's n samples."""
     counts: Counter[int] = Counter()
     reported: dict[int, float] = {}
     for _ in range(REQUESTS):
-        response = await client.post("/v1/sample", json={
-            "prompt_token_ids": PROMPT, "n": DRAWS_PER_REQUEST,
-            "params": {"max_tokens": 1, **params}})
+        response = await client.post(
+            "/v1/sample",
+            json={
+                "prompt_token_ids": PROMPT,
+                "n": DRAWS_PER_REQUEST,
+                "params": {"max_tokens": 1, **params},
+            },
+        )
         assert response.status_code == 200, response.text
         for drawn in response.json()["samples"]:
             token, logprob = drawn["token_ids"][0], drawn["logprobs"][0]
@@ -39,18 +45,24 @@ async def draws(client: httpx2.AsyncClient, params: dict[str, Any]
 def chi_square(counts: Counter[int], reported: dict[int, float]) -> tuple[float, int]:
     """Over the drawn tokens expected at least 5 times; with the degrees of freedom."""
     total = sum(counts.values())
-    bins = [(counts[t], total * math.exp(lp)) for t, lp in reported.items()
-            if total * math.exp(lp) >= 5]
+    bins = [
+        (counts[t], total * math.exp(lp)) for t, lp in reported.items() if total * math.exp(lp) >= 5
+    ]
     return sum((seen - want) ** 2 / want for seen, want in bins), len(bins) - 1
 
 
-@pytest.mark.parametrize("params", [
-    {"temperature": 0.7, "top_p": 0.9},
-    {"temperature": 0.7, "top_k": 8},
-    {"temperature": 1.3, "top_p": 0.5},
-], ids=["t0.7-top_p0.9", "t0.7-top_k8", "t1.3-top_p0.5"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 0.7, "top_k": 8},
+        {"temperature": 1.3, "top_p": 0.5},
+    ],
+    ids=["t0.7-top_p0.9", "t0.7-top_k8", "t1.3-top_p0.5"],
+)
 async def test_reported_logprobs_match_the_sampling_frequencies(
-        rollout: httpx2.AsyncClient, params: dict[str, Any]) -> None:
+    rollout: httpx2.AsyncClient, params: dict[str, Any]
+) -> None:
     counts, reported = await draws(rollout, params)
     mass = sum(math.exp(lp) for lp in reported.values())
     assert mass <= 1.0 + 1e-3  # a distribution over the tokens that can be drawn

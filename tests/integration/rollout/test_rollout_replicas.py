@@ -43,14 +43,18 @@ class Replicas:
 
     async def all_ready(self) -> bool:
         for process in self.processes:
-            assert process.process is not None and process.process.poll() is None, \
+            assert process.process is not None and process.process.poll() is None, (
                 process.log_path.read_text()[-3000:]
+            )
         table = await self.table()
         return all(table.get(p.replica_id, {}).get("ready") for p in self.processes)
 
     async def sample(self, headers: dict[str, str] | None = None) -> dict:
-        response = await self.gateway.post("/v1/rollout/sample", headers=headers, json={
-            "prompt_token_ids": PROMPT, "params": {"max_tokens": 4, "seed": 1}})
+        response = await self.gateway.post(
+            "/v1/rollout/sample",
+            headers=headers,
+            json={"prompt_token_ids": PROMPT, "params": {"max_tokens": 4, "seed": 1}},
+        )
         assert response.status_code == 200, response.text
         return response.json()
 
@@ -59,21 +63,33 @@ class Replicas:
 def stack(tiny_model_dir: Path, postgres_url: str, tmp_path: Path) -> Iterator[dict]:
     port = free_port()
     settings = GatewaySettings(
-        data_dir=tmp_path / "data", database_url=postgres_url,
+        data_dir=tmp_path / "data",
+        database_url=postgres_url,
         gateway_url=f"http://127.0.0.1:{port}",
         rollout_url=f"http://127.0.0.1:{free_port()}",  # no static replica listens
-        gateway_replica_missed_heartbeats=3)
+        gateway_replica_missed_heartbeats=3,
+    )
     with serve_in_thread(create_app(settings), port) as url:
         # Each engine on a core of its own, as `loom cluster` places replicas on one host.
-        env = {"LOOM_DATABASE_URL": postgres_url, "LOOM_ROLLOUT_CPU_CORES_PER_REPLICA": "1",
-               "LOOM_ROLLOUT_CPU_SLOTS_DIR": str(tmp_path / "core-slots")}
-        processes = [RolloutProcess(data_dir=settings.data_dir, model_dir=tiny_model_dir,
-                                    gateway_url=url, env=env) for _ in range(2)]
+        env = {
+            "LOOM_DATABASE_URL": postgres_url,
+            "LOOM_ROLLOUT_CPU_CORES_PER_REPLICA": "1",
+            "LOOM_ROLLOUT_CPU_SLOTS_DIR": str(tmp_path / "core-slots"),
+        }
+        processes = [
+            RolloutProcess(
+                data_dir=settings.data_dir, model_dir=tiny_model_dir, gateway_url=url, env=env
+            )
+            for _ in range(2)
+        ]
         try:
             for process in processes:
                 process.start()
-            yield {"url": url, "key": settings.admin_key_file.read_text().strip(),
-                   "processes": processes}
+            yield {
+                "url": url,
+                "key": settings.admin_key_file.read_text().strip(),
+                "processes": processes,
+            }
         finally:
             for process in processes:
                 process.stop()
@@ -88,26 +104,30 @@ async def wait_for(check, what: str, timeout_s: float) -> None:  # noqa: ANN001
 
 async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> None:
     a, b = stack["processes"]
-    async with httpx2.AsyncClient(base_url=stack["url"], timeout=120, headers={
-            "Authorization": f"Bearer {stack['key']}"}) as client:
+    async with httpx2.AsyncClient(
+        base_url=stack["url"], timeout=120, headers={"Authorization": f"Bearer {stack['key']}"}
+    ) as client:
         replicas = Replicas(client, [a, b])
         await wait_for(replicas.all_ready, "both replicas ready", READY_TIMEOUT_S)
         cores = [process.bound_cores() for process in (a, b)]
         assert all(cores) and not cores[0] & cores[1], cores  # no core shared
         table = await replicas.table()
         assert {r["url"] for r in table.values()} == {a.url, b.url}
-        readiness = await client.get("/v1/internal/rollout/readyz", headers={
-            "Authorization": ""})  # open, as every /readyz: the worker probes it
+        readiness = await client.get(
+            "/v1/internal/rollout/readyz", headers={"Authorization": ""}
+        )  # open, as every /readyz: the worker probes it
         assert readiness.status_code == 200 and readiness.json()["status"] == "ready"
-        assert all({"job_id": None, "number": 0, "kind": "base"} in r["versions"]
-                   for r in table.values())
+        assert all(
+            {"job_id": None, "number": 0, "kind": "base"} in r["versions"] for r in table.values()
+        )
 
         # Load spreads: a burst lands on both.
         before = await replicas.routed()
         results = await asyncio.gather(*(replicas.sample() for _ in range(8)))
         after = await replicas.routed()
-        assert all(r["samples"][0]["token_ids"] == results[0]["samples"][0]["token_ids"]
-                   for r in results)  # same weights, same seed: same tokens on either replica
+        assert all(
+            r["samples"][0]["token_ids"] == results[0]["samples"][0]["token_ids"] for r in results
+        )  # same weights, same seed: same tokens on either replica
         spread = {name: after[name] - before[name] for name in after}
         assert sum(spread.values()) == 8 and all(n > 0 for n in spread.values()), spread
 
@@ -137,9 +157,13 @@ async def test_two_replicas_share_load_stick_and_survive_a_kill(stack: dict) -> 
 
 
 async def weaver_sample(client: httpx2.AsyncClient, sampler: str) -> list[int]:
-    response = await client.post(f"/weaver/api/v1/sampling-sessions/{sampler}/samples", json={
-        "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
-        "sampling_params": {"max_tokens": 4, "seed": 1}})
+    response = await client.post(
+        f"/weaver/api/v1/sampling-sessions/{sampler}/samples",
+        json={
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
+            "sampling_params": {"max_tokens": 4, "seed": 1},
+        },
+    )
     assert response.status_code == 200, response.text
     operation = response.json()
     while operation["status"] == "pending":
@@ -149,13 +173,19 @@ async def weaver_sample(client: httpx2.AsyncClient, sampler: str) -> list[int]:
 
 
 async def tinker_sample(client: httpx2.AsyncClient, sampler: str) -> list[int]:
-    response = await client.post("/api/v1/asample", json={
-        "sampling_session_id": sampler, "prompt": {"chunks": [{"tokens": PROMPT}]},
-        "sampling_params": {"max_tokens": 4, "seed": 1}})
+    response = await client.post(
+        "/api/v1/asample",
+        json={
+            "sampling_session_id": sampler,
+            "prompt": {"chunks": [{"tokens": PROMPT}]},
+            "sampling_params": {"max_tokens": 4, "seed": 1},
+        },
+    )
     assert response.status_code == 200, response.text
     while True:
-        result = await client.post("/api/v1/retrieve_future",
-                                   json={"request_id": response.json()["request_id"]})
+        result = await client.post(
+            "/api/v1/retrieve_future", json={"request_id": response.json()["request_id"]}
+        )
         assert result.status_code == 200, result.text
         if result.headers["content-type"] == PROTOBUF:  # the samples
             break
@@ -165,37 +195,49 @@ async def tinker_sample(client: httpx2.AsyncClient, sampler: str) -> list[int]:
 
 
 async def test_tinker_and_weaver_samples_are_routed_over_the_replicas(
-        stack: dict, tiny_model_dir: Path) -> None:
+    stack: dict, tiny_model_dir: Path
+) -> None:
     """The SDK protocols sample through the same routing as /v1/rollout/*: a registered
     replica serves them (no static replica listens), and a replica SIGKILLed is routed
     around without a failed call."""
     a, b = stack["processes"]
-    async with httpx2.AsyncClient(base_url=stack["url"], timeout=120, headers={
-            "Authorization": f"Bearer {stack['key']}"}) as client:
+    async with httpx2.AsyncClient(
+        base_url=stack["url"], timeout=120, headers={"Authorization": f"Bearer {stack['key']}"}
+    ) as client:
         replicas = Replicas(client, [a, b])
         await wait_for(replicas.all_ready, "both replicas ready", READY_TIMEOUT_S)
         weaver_session = (await client.post("/weaver/api/v1/sessions", json={})).json()["id"]
         weaver = await client.post(
             f"/weaver/api/v1/sessions/{weaver_session}/sampling-sessions",
-            json={"sampling_session_seq_id": 0, "base_model": str(tiny_model_dir)})
+            json={"sampling_session_seq_id": 0, "base_model": str(tiny_model_dir)},
+        )
         assert weaver.status_code == 201, weaver.text
         tinker_session = (await client.post("/api/v1/create_session")).json()["session_id"]
-        tinker = await client.post("/api/v1/create_sampling_session", json={
-            "session_id": tinker_session, "sampling_session_seq_id": 0,
-            "base_model": str(tiny_model_dir)})
+        tinker = await client.post(
+            "/api/v1/create_sampling_session",
+            json={
+                "session_id": tinker_session,
+                "sampling_session_seq_id": 0,
+                "base_model": str(tiny_model_dir),
+            },
+        )
         assert tinker.status_code == 200, tinker.text
         weaver_id, tinker_id = weaver.json()["id"], tinker.json()["sampling_session_id"]
 
         before = await replicas.routed()
         direct = (await replicas.sample())["samples"][0]["token_ids"]
         calls = 4
-        sampled = await asyncio.gather(*(weaver_sample(client, weaver_id) for _ in range(calls)),
-                                       *(tinker_sample(client, tinker_id) for _ in range(calls)))
+        sampled = await asyncio.gather(
+            *(weaver_sample(client, weaver_id) for _ in range(calls)),
+            *(tinker_sample(client, tinker_id) for _ in range(calls)),
+        )
         assert all(tokens == direct for tokens in sampled)  # same seed, same base model
         after = await replicas.routed()
         assert sum(after.values()) - sum(before.values()) == 2 * calls + 1, (before, after)
 
         b.kill()  # without a word: the table still names it until its heartbeats run out
-        sampled = await asyncio.gather(*(weaver_sample(client, weaver_id) for _ in range(calls)),
-                                       *(tinker_sample(client, tinker_id) for _ in range(calls)))
+        sampled = await asyncio.gather(
+            *(weaver_sample(client, weaver_id) for _ in range(calls)),
+            *(tinker_sample(client, tinker_id) for _ in range(calls)),
+        )
         assert all(tokens == direct for tokens in sampled)

@@ -21,6 +21,7 @@ from tests.support.adapters import lora_adapter
 
 pytestmark = pytest.mark.integration
 
+
 async def sample(client: httpx2.AsyncClient, **body: Any) -> dict[str, Any]:
     body.setdefault("prompt_token_ids", PROMPT)
     body.setdefault("params", {"max_tokens": 8, "seed": 1})
@@ -35,10 +36,12 @@ def perturbed_copy(model_dir: Path, dest: Path, scale: float) -> Path:
 
     dest.mkdir(parents=True)
     tensors = load_file(model_dir / "model.safetensors")
-    save_file({k: (v * scale).contiguous() for k, v in tensors.items()},
-              dest / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: (v * scale).contiguous() for k, v in tensors.items()},
+        dest / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     return dest
-
 
 
 # --- sampling --------------------------------------------------------------------------------
@@ -74,52 +77,63 @@ async def test_sample_texts_are_the_texts_vllm_detokenizes(rollout: httpx2.Async
 
 
 async def test_prompt_logprobs_score_a_sample_as_the_sampler_did(
-        rollout: httpx2.AsyncClient) -> None:
+    rollout: httpx2.AsyncClient,
+) -> None:
     """A sample appended to its prompt and scored as a prompt gets back the logprobs it was
     sampled with: prompt logprobs and sampled logprobs come from the same weights."""
     drawn = (await sample(rollout, params={"max_tokens": 6, "temperature": 0.0}))["samples"][0]
-    scored = await sample(rollout, prompt_token_ids=PROMPT + drawn["token_ids"],
-                          params={"max_tokens": 1}, prompt_logprobs=True)
+    scored = await sample(
+        rollout,
+        prompt_token_ids=PROMPT + drawn["token_ids"],
+        params={"max_tokens": 1},
+        prompt_logprobs=True,
+    )
     logprobs = scored["prompt_logprobs"]
     assert len(logprobs) == len(PROMPT) + len(drawn["token_ids"]) and logprobs[0] is None
     assert all(lp <= 0 for lp in logprobs[1:])
-    assert logprobs[len(PROMPT):] == pytest.approx(drawn["logprobs"], abs=2e-3)
+    assert logprobs[len(PROMPT) :] == pytest.approx(drawn["logprobs"], abs=2e-3)
     assert (await sample(rollout))["prompt_logprobs"] is None  # only when asked
 
 
 async def test_top_logprobs_rank_the_most_likely_tokens_of_samples_and_prompts(
-        rollout: httpx2.AsyncClient) -> None:
+    rollout: httpx2.AsyncClient,
+) -> None:
     greedy = {"max_tokens": 6, "temperature": 0.0}
     body = await sample(rollout, params=greedy, top_logprobs=4, prompt_top_logprobs=2)
     (drawn,) = body["samples"]
     assert len(drawn["top_logprobs"]) == len(drawn["token_ids"])
-    for token, logprob, row in zip(drawn["token_ids"], drawn["logprobs"], drawn["top_logprobs"],
-                                   strict=True):
+    for token, logprob, row in zip(
+        drawn["token_ids"], drawn["logprobs"], drawn["top_logprobs"], strict=True
+    ):
         ranked = [lp for _, lp in row]
         assert len(row) == 4 and ranked == sorted(ranked, reverse=True)
         assert row[0][0] == token and row[0][1] == pytest.approx(logprob, abs=1e-5)  # greedy
     top, own = body["prompt_top_logprobs"], body["prompt_logprobs"]
     assert len(top) == len(own) == len(PROMPT) and top[0] is None and own[0] is None
-    for (token, row), logprob in zip(zip(PROMPT[1:], top[1:], strict=True), own[1:],
-                                     strict=True):
+    for (token, row), logprob in zip(zip(PROMPT[1:], top[1:], strict=True), own[1:], strict=True):
         assert len(row) == 2 and row[0][1] >= logprob - 1e-5
         if token in (t for t, _ in row):  # a prompt token among the top two: its own logprob
             assert dict(row)[token] == pytest.approx(logprob, abs=1e-5)
     plain = await sample(rollout, params=greedy)
     assert plain["samples"][0]["top_logprobs"] is None and plain["prompt_top_logprobs"] is None
-    too_many = await rollout.post("/v1/sample", json={"prompt_token_ids": PROMPT,
-                                                      "top_logprobs": 21})
+    too_many = await rollout.post(
+        "/v1/sample", json={"prompt_token_ids": PROMPT, "top_logprobs": 21}
+    )
     assert too_many.status_code == 422 and "top_logprobs" in too_many.text
 
 
 async def test_seeded_samples_survive_more_prompt_tokens_than_one_engine_step(
-        rollout: httpx2.AsyncClient) -> None:
+    rollout: httpx2.AsyncClient,
+) -> None:
     """More queued prompt tokens than a step takes (2,048 on CPU): vLLM would split a prompt
     across steps and then fail to rewind the seeded CPU generator, killing the engine."""
     prompt = list(range(3, 203))  # 200 tokens; 32 requests: 6,400 prompt tokens at once
-    results = await asyncio.gather(*(
-        sample(rollout, prompt_token_ids=prompt, params={"max_tokens": 4, "seed": i})
-        for i in range(32)))
+    results = await asyncio.gather(
+        *(
+            sample(rollout, prompt_token_ids=prompt, params={"max_tokens": 4, "seed": i})
+            for i in range(32)
+        )
+    )
     assert all(len(r["samples"][0]["token_ids"]) >= 1 for r in results)
     assert (await rollout.get("/readyz")).status_code == 200
 
@@ -145,22 +159,32 @@ async def test_sample_text_prompt_and_tokenize(rollout: httpx2.AsyncClient) -> N
     assert body["samples"][0]["text"]  # detokenized
 
 
-@pytest.mark.parametrize(("path", "body", "fragment"), [
-    ("/v1/sample", {"prompt_token_ids": [1, 999]}, "[0, 271)"),
-    ("/v1/sample", {"prompt_token_ids": [1] * 500, "params": {"max_tokens": 20}},
-     "= 520 exceeds the model's context of 512"),
-    ("/v1/sample", {"prompt": "x", "prompt_token_ids": [1]}, "exactly one"),
-    ("/v1/sample", {"prompt": "x", "temperature": 0}, "temperature"),
-    ("/v1/sample", {"prompt": "x", "version": 2}, "needs a job_id"),
-    ("/v1/tokenize", {"texts": []}, "texts"),
-    ("/v1/load", {"job_id": "bad job"}, "job_id"),
-    ("/v1/completions", {"model": "base", "prompt": [1, 999]}, "[0, 271)"),
-    ("/v1/completions", {"model": "base"}, "prompt"),
-    ("/v1/chat/completions", {"model": "base", "messages": [{"role": "x", "content": "a"}]},
-     "role"),
-])
-async def test_malformed_requests_get_a_clear_4xx(rollout: httpx2.AsyncClient, path: str,
-                                                 body: dict[str, Any], fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "fragment"),
+    [
+        ("/v1/sample", {"prompt_token_ids": [1, 999]}, "[0, 271)"),
+        (
+            "/v1/sample",
+            {"prompt_token_ids": [1] * 500, "params": {"max_tokens": 20}},
+            "= 520 exceeds the model's context of 512",
+        ),
+        ("/v1/sample", {"prompt": "x", "prompt_token_ids": [1]}, "exactly one"),
+        ("/v1/sample", {"prompt": "x", "temperature": 0}, "temperature"),
+        ("/v1/sample", {"prompt": "x", "version": 2}, "needs a job_id"),
+        ("/v1/tokenize", {"texts": []}, "texts"),
+        ("/v1/load", {"job_id": "bad job"}, "job_id"),
+        ("/v1/completions", {"model": "base", "prompt": [1, 999]}, "[0, 271)"),
+        ("/v1/completions", {"model": "base"}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"model": "base", "messages": [{"role": "x", "content": "a"}]},
+            "role",
+        ),
+    ],
+)
+async def test_malformed_requests_get_a_clear_4xx(
+    rollout: httpx2.AsyncClient, path: str, body: dict[str, Any], fragment: str
+) -> None:
     response = await rollout.post(path, json=body)
     assert response.status_code == 422, response.text
     error = response.json()["error"]
@@ -168,8 +192,9 @@ async def test_malformed_requests_get_a_clear_4xx(rollout: httpx2.AsyncClient, p
 
 
 async def test_not_json_is_a_4xx(rollout: httpx2.AsyncClient) -> None:
-    response = await rollout.post("/v1/sample", content=b"{not json",
-                                  headers={"Content-Type": "application/json"})
+    response = await rollout.post(
+        "/v1/sample", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 422
 
 
@@ -177,16 +202,21 @@ async def test_not_json_is_a_4xx(rollout: httpx2.AsyncClient) -> None:
 
 
 async def test_openai_completions(rollout: httpx2.AsyncClient) -> None:
-    response = await rollout.post("/v1/completions", json={
-        "model": "base", "prompt": "1+1=", "max_tokens": 6, "n": 2, "logprobs": 2, "seed": 3})
+    response = await rollout.post(
+        "/v1/completions",
+        json={"model": "base", "prompt": "1+1=", "max_tokens": 6, "n": 2, "logprobs": 2, "seed": 3},
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert [c["index"] for c in body["choices"]] == [0, 1]
     for choice in body["choices"]:
         logprobs = choice["logprobs"]
-        assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(
-            choice["loom"]["token_ids"])
+        assert (
+            len(logprobs["tokens"])
+            == len(logprobs["token_logprobs"])
+            == len(choice["loom"]["token_ids"])
+        )
         assert all(isinstance(token, str) for token in logprobs["tokens"])
         assert all(len(top) <= 3 for top in logprobs["top_logprobs"])
         assert choice["finish_reason"] in ("stop", "length")
@@ -196,32 +226,43 @@ async def test_openai_completions(rollout: httpx2.AsyncClient) -> None:
 
 
 async def read_sse(response: httpx2.Response) -> list[dict[str, Any]]:
-    events = [line.removeprefix("data: ") async for line in response.aiter_lines()
-              if line.startswith("data: ")]
+    events = [
+        line.removeprefix("data: ")
+        async for line in response.aiter_lines()
+        if line.startswith("data: ")
+    ]
     assert events[-1] == "[DONE]"
     return [json.loads(e) for e in events[:-1]]
 
 
 async def test_openai_completions_stream(rollout: httpx2.AsyncClient) -> None:
-    request = {"model": "base", "prompt": [5, 6, 7],
-               "max_tokens": 8, "seed": 5}
+    request = {"model": "base", "prompt": [5, 6, 7], "max_tokens": 8, "seed": 5}
     whole = (await rollout.post("/v1/completions", json=request)).json()
-    async with rollout.stream("POST", "/v1/completions", json={
-            **request, "stream": True, "stream_options": {"include_usage": True}}) as response:
+    async with rollout.stream(
+        "POST",
+        "/v1/completions",
+        json={**request, "stream": True, "stream_options": {"include_usage": True}},
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         chunks = await read_sse(response)
     text_chunks = [c for c in chunks if c["choices"]]
     assert "".join(c["choices"][0]["text"] for c in text_chunks) == whole["choices"][0]["text"]
     assert [t for c in text_chunks for t in c["choices"][0]["loom"]["token_ids"]] == whole[
-        "choices"][0]["loom"]["token_ids"]
+        "choices"
+    ][0]["loom"]["token_ids"]
     assert text_chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
     assert chunks[-1]["usage"] == whole["usage"]
 
 
 async def test_openai_chat(rollout: httpx2.AsyncClient) -> None:
-    request = {"model": "base", "messages": [{"role": "system", "content": "add"},
-                                             {"role": "user", "content": "2+2="}],
-               "max_completion_tokens": 8, "seed": 2, "logprobs": True, "top_logprobs": 2}
+    request = {
+        "model": "base",
+        "messages": [{"role": "system", "content": "add"}, {"role": "user", "content": "2+2="}],
+        "max_completion_tokens": 8,
+        "seed": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     response = await rollout.post("/v1/chat/completions", json=request)
     assert response.status_code == 200, response.text
     body = response.json()
@@ -230,13 +271,22 @@ async def test_openai_chat(rollout: httpx2.AsyncClient) -> None:
     assert choice["message"]["role"] == "assistant"
     assert len(choice["logprobs"]["content"]) == len(choice["loom"]["token_ids"])
     assert all(len(t["top_logprobs"]) <= 3 for t in choice["logprobs"]["content"])
-    tokenized = (await rollout.post("/v1/tokenize", json={"texts": [
-        "<|im_start|>system\nadd<|im_end|>\n<|im_start|>user\n2+2=<|im_end|>\n"
-        "<|im_start|>assistant\n"]})).json()["token_ids"][0]
+    tokenized = (
+        await rollout.post(
+            "/v1/tokenize",
+            json={
+                "texts": [
+                    "<|im_start|>system\nadd<|im_end|>\n<|im_start|>user\n2+2=<|im_end|>\n"
+                    "<|im_start|>assistant\n"
+                ]
+            },
+        )
+    ).json()["token_ids"][0]
     assert body["loom"]["prompt_token_ids"] == [tokenized]  # the tokenizer's chat template
 
-    async with rollout.stream("POST", "/v1/chat/completions",
-                              json={**request, "stream": True}) as stream:
+    async with rollout.stream(
+        "POST", "/v1/chat/completions", json={**request, "stream": True}
+    ) as stream:
         chunks = await read_sse(stream)
     assert chunks[0]["object"] == "chat.completion.chunk"
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -245,8 +295,9 @@ async def test_openai_chat(rollout: httpx2.AsyncClient) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
 
 
-async def test_openai_models_and_unknown_model(rollout: httpx2.AsyncClient,
-                                               tiny_model_dir: Path) -> None:
+async def test_openai_models_and_unknown_model(
+    rollout: httpx2.AsyncClient, tiny_model_dir: Path
+) -> None:
     models = (await rollout.get("/v1/models")).json()
     assert models["object"] == "list" and models["data"][0]["id"] == str(tiny_model_dir)
     response = await rollout.post("/v1/completions", json={"model": "gpt/4", "prompt": "x"})
@@ -264,13 +315,16 @@ async def wait_for(condition: Any, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_full_version_hand_off(rollout: httpx2.AsyncClient, store: ModelStateClient,
-                                     tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_full_version_hand_off(
+    rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     base = await sample(rollout, job_id="full-job")
     assert base["version"] == 0  # no versions yet: latest is the base
     weights = perturbed_copy(tiny_model_dir, tmp_path / "full", scale=1.5)
-    await store.publish(VersionMeta(job_id="full-job", kind=VersionKind.full,
-                                       base_model=str(tiny_model_dir)), weights)
+    await store.publish(
+        VersionMeta(job_id="full-job", kind=VersionKind.full, base_model=str(tiny_model_dir)),
+        weights,
+    )
     published = time.perf_counter()
     first = await sample(rollout, job_id="full-job")  # `latest`, right after the publish
     TIMINGS["full_publish_to_first_sample_s"] = time.perf_counter() - published
@@ -289,21 +343,34 @@ async def test_full_version_hand_off(rollout: httpx2.AsyncClient, store: ModelSt
 
 
 async def test_cached_prefixes_of_other_weights_are_never_reused(
-        rollout: httpx2.AsyncClient) -> None:
+    rollout: httpx2.AsyncClient,
+) -> None:
     """Swaps keep vLLM's prefix cache (128-token blocks on CPU): when a prompt's blocks from
     other weights are cached, a sample must still be computed by its own weights. Scored as a
     prompt (which never reads the cache), its tokens get back the logprobs it was sampled with.
     Back on weights seen before, their own cached blocks serve again."""
     long_prompt = (PROMPT * 60)[:300]  # two whole cache blocks
     for version in (0, 1, 0, 1):  # from the second on, the other weights' blocks are cached
-        drawn = (await sample(rollout, job_id="full-job", version=version,
-                              prompt_token_ids=long_prompt,
-                              params={"max_tokens": 6, "temperature": 0.0}))["samples"][0]
-        scored = await sample(rollout, job_id="full-job", version=version,
-                              prompt_token_ids=long_prompt + drawn["token_ids"],
-                              params={"max_tokens": 1}, prompt_logprobs=True)
-        assert scored["prompt_logprobs"][len(long_prompt):] == pytest.approx(
-            drawn["logprobs"], abs=2e-3), f"version {version}"
+        drawn = (
+            await sample(
+                rollout,
+                job_id="full-job",
+                version=version,
+                prompt_token_ids=long_prompt,
+                params={"max_tokens": 6, "temperature": 0.0},
+            )
+        )["samples"][0]
+        scored = await sample(
+            rollout,
+            job_id="full-job",
+            version=version,
+            prompt_token_ids=long_prompt + drawn["token_ids"],
+            params={"max_tokens": 1},
+            prompt_logprobs=True,
+        )
+        assert scored["prompt_logprobs"][len(long_prompt) :] == pytest.approx(
+            drawn["logprobs"], abs=2e-3
+        ), f"version {version}"
 
 
 async def test_in_flight_samples_finish_on_their_version(rollout: httpx2.AsyncClient) -> None:
@@ -316,12 +383,15 @@ async def test_in_flight_samples_finish_on_their_version(rollout: httpx2.AsyncCl
     assert [r["version"] for r in results] == [0, 1, 0]  # the service checks vLLM's labels
 
 
-async def test_lora_version_hand_off(rollout: httpx2.AsyncClient, store: ModelStateClient,
-                                     tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_lora_version_hand_off(
+    rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     base = await sample(rollout)
     adapter = lora_adapter(tiny_model_dir, tmp_path / "lora", seed=0, rank=8)
-    await store.publish(VersionMeta(job_id="lora-job", kind=VersionKind.lora,
-                                       base_model=str(tiny_model_dir)), adapter)
+    await store.publish(
+        VersionMeta(job_id="lora-job", kind=VersionKind.lora, base_model=str(tiny_model_dir)),
+        adapter,
+    )
     published = time.perf_counter()
     first = await sample(rollout, job_id="lora-job")
     TIMINGS["lora_publish_to_first_sample_s"] = time.perf_counter() - published
@@ -330,8 +400,10 @@ async def test_lora_version_hand_off(rollout: httpx2.AsyncClient, store: ModelSt
 
     # The follower pre-loads what is published: the adapter becomes resident without a request.
     second = lora_adapter(tiny_model_dir, tmp_path / "lora2", seed=1, rank=8)
-    await store.publish(VersionMeta(job_id="lora-job", kind=VersionKind.lora,
-                                       base_model=str(tiny_model_dir)), second)
+    await store.publish(
+        VersionMeta(job_id="lora-job", kind=VersionKind.lora, base_model=str(tiny_model_dir)),
+        second,
+    )
     published = time.perf_counter()
 
     async def resident() -> bool:
@@ -344,40 +416,60 @@ async def test_lora_version_hand_off(rollout: httpx2.AsyncClient, store: ModelSt
     body = await sample(rollout, job_id="lora-job")
     TIMINGS["lora_preloaded_first_sample_s"] = time.perf_counter() - started
     assert body["version"] == 2 and body["samples"] != first["samples"]
-    chat = await rollout.post("/v1/chat/completions", json={
-        "model": "lora-job@1", "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 4})
+    chat = await rollout.post(
+        "/v1/chat/completions",
+        json={
+            "model": "lora-job@1",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+        },
+    )
     assert chat.status_code == 200 and chat.json()["loom"] == {
-        "job_id": "lora-job", "version": 1, "trajectory_id": None,
-        "prompt_token_ids": chat.json()["loom"]["prompt_token_ids"]}
+        "job_id": "lora-job",
+        "version": 1,
+        "trajectory_id": None,
+        "prompt_token_ids": chat.json()["loom"]["prompt_token_ids"],
+    }
 
 
 class Publisher:
     """Publishes versions of one job (seeded LoRA adapters or perturbed full weights)."""
 
-    def __init__(self, store: ModelStateClient, tiny_model_dir: Path, tmp_path: Path,
-                 job_id: str, kind: VersionKind) -> None:
+    def __init__(
+        self,
+        store: ModelStateClient,
+        tiny_model_dir: Path,
+        tmp_path: Path,
+        job_id: str,
+        kind: VersionKind,
+    ) -> None:
         self.store, self.base, self.tmp_path = store, tiny_model_dir, tmp_path
         self.job_id, self.kind = job_id, kind
 
     async def publish(self, seed: int) -> None:
         directory = self.tmp_path / f"v{seed}"
-        weights = (lora_adapter(self.base, directory, seed=seed, rank=8)
-                   if self.kind == VersionKind.lora
-                   else perturbed_copy(self.base, directory, 1 + seed / 10))
-        await self.store.publish(VersionMeta(job_id=self.job_id, kind=self.kind,
-                                             base_model=str(self.base)), weights)
+        weights = (
+            lora_adapter(self.base, directory, seed=seed, rank=8)
+            if self.kind == VersionKind.lora
+            else perturbed_copy(self.base, directory, 1 + seed / 10)
+        )
+        await self.store.publish(
+            VersionMeta(job_id=self.job_id, kind=self.kind, base_model=str(self.base)), weights
+        )
 
-    async def rollouts_while_publishing(self, rollout: httpx2.AsyncClient,
-                                        body: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    async def rollouts_while_publishing(
+        self, rollout: httpx2.AsyncClient, body: dict[str, Any], seed: int
+    ) -> list[dict[str, Any]]:
         """The events of a rollout request during which version `seed` is published, 0.5 s
         in (the request's long generations take seconds on this CPU)."""
+
         async def publish_mid_generation() -> None:
             await asyncio.sleep(0.5)
             await self.publish(seed)
 
-        response, _ = await asyncio.gather(rollout.post("/v1/rollouts", json=body),
-                                           publish_mid_generation())
+        response, _ = await asyncio.gather(
+            rollout.post("/v1/rollouts", json=body), publish_mid_generation()
+        )
         # NDJSON lines end at "\n" only: sampled text may hold U+2028 or U+0085, which
         # str.splitlines() would also split at.
         return [json.loads(line) for line in response.text.split("\n") if line]
@@ -385,16 +477,25 @@ class Publisher:
 
 @pytest.mark.parametrize("kind", [VersionKind.lora, VersionKind.full])
 async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
-        rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path,
-        tmp_path: Path, kind: VersionKind) -> None:
+    rollout: httpx2.AsyncClient,
+    store: ModelStateClient,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    kind: VersionKind,
+) -> None:
     """Long generations are running when version 2 is published: each continues on it from
     the tokens it has, so its turn has a part per version, and no token is lost."""
     job_id = f"partial-{kind.value}"
     versions = Publisher(store, tiny_model_dir, tmp_path, job_id, kind)
     await versions.publish(1)
-    body = {"job_id": job_id, "env": "arithmetic", "group_size": 16,
-            "tasks": [{"prompt": "1+1=", "reference": "2"}],
-            "params": {"max_tokens": 400, "seed": 3}, "version_refresh": "partial"}
+    body = {
+        "job_id": job_id,
+        "env": "arithmetic",
+        "group_size": 16,
+        "tasks": [{"prompt": "1+1=", "reference": "2"}],
+        "params": {"max_tokens": 400, "seed": 3},
+        "version_refresh": "partial",
+    }
     events = await versions.rollouts_while_publishing(rollout, body, 2)
     (group,) = [e["group"] for e in events if e["type"] == "group"]
     interrupted = 0
@@ -411,17 +512,23 @@ async def test_partial_rollouts_continue_on_a_version_published_mid_generation(
 
 
 async def test_max_staleness_cancels_stale_groups_and_not_the_later_ones(
-        rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path,
-        tmp_path: Path) -> None:
+    rollout: httpx2.AsyncClient, store: ModelStateClient, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Four groups of 8 with room for 8 episodes at once, max_staleness 0. Version 2 is
     published while the first group generates on version 1: the groups that started on 1
     are cancelled (a 'stale' error each); those that had to wait for a slot start on 2 and
     are delivered, though the request came when version 1 was the newest."""
     versions = Publisher(store, tiny_model_dir, tmp_path, "stale-lora", VersionKind.lora)
     await versions.publish(1)
-    body = {"job_id": "stale-lora", "env": "arithmetic", "group_size": 8, "concurrency": 8,
-            "tasks": [{"prompt": f"{i}+1=", "reference": str(i + 1)} for i in range(4)],
-            "params": {"max_tokens": 400, "seed": 3}, "max_staleness": 0}
+    body = {
+        "job_id": "stale-lora",
+        "env": "arithmetic",
+        "group_size": 8,
+        "concurrency": 8,
+        "tasks": [{"prompt": f"{i}+1=", "reference": str(i + 1)} for i in range(4)],
+        "params": {"max_tokens": 400, "seed": 3},
+        "max_staleness": 0,
+    }
     events = await versions.rollouts_while_publishing(rollout, body, 2)
     stale = [e["error"] for e in events if e["type"] == "error"]
     groups = [e["group"] for e in events if e["type"] == "group"]
@@ -429,13 +536,13 @@ async def test_max_staleness_cancels_stale_groups_and_not_the_later_ones(
     assert {e["code"] for e in stale} == {"stale"}
     assert all("started on version 1 " in e["message"] for e in stale)
     assert 0 in {e["detail"]["task_index"] for e in stale}  # the first group started on 1
-    fresh = [g for g in groups
-             if {t["turns"][0]["version"] for t in g["trajectories"]} == {2}]
+    fresh = [g for g in groups if {t["turns"][0]["version"] for t in g["trajectories"]} == {2}]
     assert fresh, "no group of the request started on version 2"
 
 
-async def test_load_endpoint_and_unknown_versions(rollout: httpx2.AsyncClient,
-                                                  store: ModelStateClient) -> None:
+async def test_load_endpoint_and_unknown_versions(
+    rollout: httpx2.AsyncClient, store: ModelStateClient
+) -> None:
     loaded = await rollout.post("/v1/load", json={"job_id": "lora-job", "version": 1})
     assert loaded.json() == {"job_id": "lora-job", "number": 1, "kind": "lora"}
     missing = await rollout.post("/v1/load", json={"job_id": "lora-job", "version": 9})

@@ -21,8 +21,9 @@ from tests.support.sandboxes import docker_pool, sandbox_settings
 
 @pytest.fixture
 async def backend() -> AsyncIterator[DockerBackend]:
-    backend = DockerBackend(sandbox_settings("docker", sandbox_max_concurrency=2,
-                                             sandbox_max_uses=1000))
+    backend = DockerBackend(
+        sandbox_settings("docker", sandbox_max_concurrency=2, sandbox_max_uses=1000)
+    )
     await backend.start()
     yield backend
     await backend.aclose()
@@ -38,11 +39,15 @@ async def test_containers_are_hardened(backend: DockerBackend) -> None:
     assert host["PidsLimit"] > 0 and host["Memory"] == 1024 * 1024 * 1024
     assert set(host["Tmpfs"]) == {"/work", "/tmp"}
 
-    result = await backend.execute(ExecuteRequest(code="""
+    result = await backend.execute(
+        ExecuteRequest(
+            code="""
 import os
 status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines())
 print(os.getuid(), os.getgid(), status["CapEff"].strip(), status["NoNewPrivs"].strip())
-"""))
+"""
+        )
+    )
     assert result.status is ExecutionStatus.ok, result.stderr
     assert result.stdout.split() == ["65432", "65432", "0000000000000000", "1"]
 
@@ -50,12 +55,16 @@ print(os.getuid(), os.getgid(), status["CapEff"].strip(), status["NoNewPrivs"].s
 async def test_containers_are_reused_and_reset_between_programs(backend: DockerBackend) -> None:
     ids = {c.id for c in docker_pool(backend.settings)}
     for round_ in range(4):
-        result = await backend.execute(ExecuteRequest(code=f"""
+        result = await backend.execute(
+            ExecuteRequest(
+                code=f"""
 import os, subprocess
 print(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))
 open('left-{round_}', 'w').write('x'); open('/tmp/left-{round_}', 'w').write('x')
 subprocess.Popen(['sleep', '600'], start_new_session=True)
-"""))
+"""
+            )
+        )
         assert result.status is ExecutionStatus.ok, result.stderr
         assert result.stdout == "['main.py'] []\n"
     assert {c.id for c in docker_pool(backend.settings)} == ids
@@ -63,8 +72,9 @@ subprocess.Popen(['sleep', '600'], start_new_session=True)
 
 
 async def test_a_container_is_replaced_after_max_uses() -> None:
-    backend = DockerBackend(sandbox_settings("docker", sandbox_max_concurrency=1,
-                                             sandbox_max_uses=2))
+    backend = DockerBackend(
+        sandbox_settings("docker", sandbox_max_concurrency=1, sandbox_max_uses=2)
+    )
     await backend.start()  # the start-up probe is the first use
     try:
         first = {c.id for c in docker_pool(backend.settings)}
@@ -79,15 +89,23 @@ async def test_a_container_is_replaced_after_max_uses() -> None:
 
 
 async def test_a_container_killed_under_a_program_is_reported_and_replaced(
-        backend: DockerBackend) -> None:
-    running = asyncio.ensure_future(backend.execute(
-        ExecuteRequest(code="import time; print('up', flush=True); time.sleep(60)",
-                       timeout_s=30)))
+    backend: DockerBackend,
+) -> None:
+    running = asyncio.ensure_future(
+        backend.execute(
+            ExecuteRequest(
+                code="import time; print('up', flush=True); time.sleep(60)", timeout_s=30
+            )
+        )
+    )
     deadline = time.monotonic() + 20
     while True:
         uid = str(backend.settings.sandbox_docker_user_id)
-        busy = [c for c in docker_pool(backend.settings)
-                if any(p[1] == uid for p in c.top(ps_args="-eo pid,uid")["Processes"] or [])]
+        busy = [
+            c
+            for c in docker_pool(backend.settings)
+            if any(p[1] == uid for p in c.top(ps_args="-eo pid,uid")["Processes"] or [])
+        ]
         if busy:
             break
         assert time.monotonic() < deadline
@@ -134,7 +152,8 @@ LIST_WORKDIRS = "import os; print(sorted(os.listdir('.')), sorted(os.listdir('/t
 
 
 async def test_a_program_leaving_very_many_files_times_out_as_timeout(
-        backend: DockerBackend) -> None:
+    backend: DockerBackend,
+) -> None:
     """The agent answers first and empties /work after (issue 30, item 7): it used to empty it
     first, overran its grace and the program came back `killed` (`sandbox_lost`)."""
     ids = {c.id for c in docker_pool(backend.settings)}
@@ -142,8 +161,9 @@ async def test_a_program_leaving_very_many_files_times_out_as_timeout(
     assert (result.status, result.reason) == (ExecutionStatus.timeout, "timeout"), result.stderr
     assert int(result.stdout.split()[-1]) >= 100  # it did leave over 100,000 files
     # Both containers serve again, emptied: one at once, the other once its reset is done.
-    listings = await asyncio.gather(*(backend.execute(ExecuteRequest(code=LIST_WORKDIRS))
-                                      for _ in range(2)))
+    listings = await asyncio.gather(
+        *(backend.execute(ExecuteRequest(code=LIST_WORKDIRS)) for _ in range(2))
+    )
     assert [r.stdout for r in listings] == ["['main.py'] []\n"] * 2
     assert {c.id for c in docker_pool(backend.settings)} == ids
     assert backend.describe()["replaced"] == 0
@@ -162,16 +182,19 @@ def test_auto_picks_docker_when_it_can_and_process_otherwise() -> None:
 
 
 VARIANT = "loom-sandbox:test-variant"
-READ_MARKER = ("import os\nprint(open('/etc/loom-variant').read().strip() "
-               "if os.path.exists('/etc/loom-variant') else 'default')")
+READ_MARKER = (
+    "import os\nprint(open('/etc/loom-variant').read().strip() "
+    "if os.path.exists('/etc/loom-variant') else 'default')"
+)
 
 
 def _build_variant(base: str) -> None:
     """A second image: the sandbox image plus a marker file."""
     client = docker.DockerClient(base_url="unix:///var/run/docker.sock")
     try:
-        dockerfile = (f"FROM {base}\nUSER 0\nRUN echo variant > /etc/loom-variant\n"
-                      "USER 65432\n").encode()
+        dockerfile = (
+            f"FROM {base}\nUSER 0\nRUN echo variant > /etc/loom-variant\nUSER 65432\n"
+        ).encode()
         client.images.build(fileobj=io.BytesIO(dockerfile), tag=VARIANT, rm=True)
     finally:
         client.close()

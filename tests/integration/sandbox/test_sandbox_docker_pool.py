@@ -55,14 +55,20 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
 async def serving(settings: SandboxSettings) -> AsyncIterator[httpx2.AsyncClient]:
     """The service's app through its start-up and shut-down, and a client of it."""
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app=app), base_url="http://sandbox",
-            headers=service_headers(settings)) as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://sandbox",
+            headers=service_headers(settings),
+        ) as client,
+    ):
         yield client
 
 
 async def test_a_pool_of_32_starts_and_stops_ten_times_in_a_row(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     settings = sandbox_settings("docker", sandbox_max_concurrency=32)
     image = settings.sandbox_docker_image
     for _ in range(10):
@@ -71,8 +77,9 @@ async def test_a_pool_of_32_starts_and_stops_ten_times_in_a_row(
             assert ready.status_code == 200
             detail = ready.json()["detail"]
             assert detail["warm"] == {image: 32} and detail["start_errors"] == {}
-            responses = await asyncio.gather(*(
-                client.post("/v1/execute", json={"code": f"print({n} * 2)"}) for n in range(32)))
+            responses = await asyncio.gather(
+                *(client.post("/v1/execute", json={"code": f"print({n} * 2)"}) for n in range(32))
+            )
             assert [r.json()["stdout"] for r in responses] == [f"{n * 2}\n" for n in range(32)]
         assert docker_pool(settings) == []
     # docker's client held 10 connections; 32 threads sharing it discarded the rest.
@@ -80,9 +87,11 @@ async def test_a_pool_of_32_starts_and_stops_ten_times_in_a_row(
 
 
 async def test_an_image_that_cannot_start_costs_its_own_pool_only(
-        caplog: pytest.LogCaptureFixture) -> None:
-    settings = sandbox_settings("docker", sandbox_max_concurrency=2,
-                                sandbox_docker_images=[MISSING_IMAGE])
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = sandbox_settings(
+        "docker", sandbox_max_concurrency=2, sandbox_docker_images=[MISSING_IMAGE]
+    )
     async with serving(settings) as client:
         ready = await client.get("/readyz")
         assert ready.status_code == 200
@@ -92,8 +101,9 @@ async def test_an_image_that_cannot_start_costs_its_own_pool_only(
         assert "No such image" in detail["start_errors"][MISSING_IMAGE]
         served = await client.post("/v1/execute", json={"code": "print(1)"})
         assert served.json()["stdout"] == "1\n"
-        refused = await client.post("/v1/execute", json={"code": "print(1)",
-                                                         "image": MISSING_IMAGE})
+        refused = await client.post(
+            "/v1/execute", json={"code": "print(1)", "image": MISSING_IMAGE}
+        )
         assert refused.status_code == 503
         assert "No such image" in refused.json()["error"]["message"]
     assert "No such image" in caplog.text
@@ -102,16 +112,19 @@ async def test_an_image_that_cannot_start_costs_its_own_pool_only(
 
 async def test_failed_starts_are_retried_then_refilled_in_the_background() -> None:
     # Slot 1 starts on its second try; slot 2 fails until the test lets it start.
-    backend = HookedBackend(sandbox_settings("docker", sandbox_max_concurrency=3),
-                            failures={1: 1, 2: 1_000_000})
+    backend = HookedBackend(
+        sandbox_settings("docker", sandbox_max_concurrency=3), failures={1: 1, 2: 1_000_000}
+    )
     await backend.start()
     try:
         image = backend.settings.sandbox_docker_image
         described = backend.describe()
         assert described["warm"] == {image: 2}
         # The first failure since the pool was last full: slot 1's or slot 2's.
-        assert described["start_errors"][image] in {"injected failure of slot 1",
-                                                    "injected failure of slot 2"}
+        assert described["start_errors"][image] in {
+            "injected failure of slot 1",
+            "injected failure of slot 2",
+        }
         result = await backend.execute(ExecuteRequest(code="print('served')"))
         assert result.status is ExecutionStatus.ok and result.stdout == "served\n"
         backend.failures[2] = 0  # as if the cause were fixed: the background refill starts it
@@ -126,8 +139,9 @@ async def test_failed_starts_are_retried_then_refilled_in_the_background() -> No
 
 
 async def test_a_pool_that_cannot_start_at_all_reports_the_first_real_failure() -> None:
-    backend = HookedBackend(sandbox_settings("docker", sandbox_max_concurrency=2),
-                            failures={0: 100, 1: 100})
+    backend = HookedBackend(
+        sandbox_settings("docker", sandbox_max_concurrency=2), failures={0: 100, 1: 100}
+    )
     with pytest.raises(RuntimeError, match="injected failure of slot") as raised:
         await backend.start()
     assert isinstance(raised.value.__cause__, docker.errors.APIError)

@@ -24,10 +24,14 @@ from tests.support.sandboxes import BACKENDS, sandbox_settings
 async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx2.AsyncClient]:
     settings = sandbox_settings(request.param, sandbox_max_concurrency=2)
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox",
-        headers=service_headers(settings),
-    ) as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://sandbox",
+            headers=service_headers(settings),
+        ) as client,
+    ):
         yield client
 
 
@@ -39,8 +43,9 @@ async def test_execute_runs_code(client: httpx2.AsyncClient) -> None:
     assert response.headers["x-request-id"]
 
 
-async def test_readiness_describes_the_backend(client: httpx2.AsyncClient,
-                                               request: pytest.FixtureRequest) -> None:
+async def test_readiness_describes_the_backend(
+    client: httpx2.AsyncClient, request: pytest.FixtureRequest
+) -> None:
     response = await client.get("/readyz")
     assert response.status_code == 200
     detail = response.json()["detail"]
@@ -68,23 +73,31 @@ async def test_malformed_requests_get_422(client: httpx2.AsyncClient, body: dict
 
 
 async def test_body_that_is_not_json_gets_422(client: httpx2.AsyncClient) -> None:
-    response = await client.post("/v1/execute", content=b"{nope",
-                                 headers={"content-type": "application/json"})
+    response = await client.post(
+        "/v1/execute", content=b"{nope", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422
 
 
 def test_service_runs_as_a_module() -> None:
     port = free_port()
     env = {**os.environ, "LOOM_SANDBOX_URL": f"http://127.0.0.1:{port}"}
-    process = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.sandbox"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                response = httpx2.post(f"http://127.0.0.1:{port}/v1/execute",
-                                       json={"code": "print('up')"}, timeout=30,
-                                       headers=service_headers(LoomSettings()))
+                response = httpx2.post(
+                    f"http://127.0.0.1:{port}/v1/execute",
+                    json={"code": "print('up')"},
+                    timeout=30,
+                    headers=service_headers(LoomSettings()),
+                )
                 break
             except httpx2.TransportError:
                 assert process.poll() is None, process.stderr.read().decode()[-2000:]
@@ -97,18 +110,25 @@ def test_service_runs_as_a_module() -> None:
 
 
 async def test_files_go_in_and_come_back(client: httpx2.AsyncClient) -> None:
-    code = ("import os\n"
-            "data = open('in/numbers.txt').read().split()\n"
-            "open('sum.txt', 'w').write(str(sum(map(int, data))))\n"
-            "open('blob.bin', 'wb').write(open('raw.bin', 'rb').read()[::-1])\n"
-            "os.symlink('/etc/hostname', 'link')\n"
-            "os.mkdir('a_dir')\n")
-    response = await client.post("/v1/execute", json={
-        "code": code,
-        "files": [{"path": "in/numbers.txt", "content": "1 2 3 4"},
-                  {"path": "raw.bin", "content": "AAEC", "encoding": "base64"}],
-        "collect": ["sum.txt", "blob.bin", "link", "a_dir", "nothing.txt"],
-    })
+    code = (
+        "import os\n"
+        "data = open('in/numbers.txt').read().split()\n"
+        "open('sum.txt', 'w').write(str(sum(map(int, data))))\n"
+        "open('blob.bin', 'wb').write(open('raw.bin', 'rb').read()[::-1])\n"
+        "os.symlink('/etc/hostname', 'link')\n"
+        "os.mkdir('a_dir')\n"
+    )
+    response = await client.post(
+        "/v1/execute",
+        json={
+            "code": code,
+            "files": [
+                {"path": "in/numbers.txt", "content": "1 2 3 4"},
+                {"path": "raw.bin", "content": "AAEC", "encoding": "base64"},
+            ],
+            "collect": ["sum.txt", "blob.bin", "link", "a_dir", "nothing.txt"],
+        },
+    )
     assert response.status_code == 200, response.text
     body = ExecuteResponse.model_validate(response.json())
     assert body.status.value == "ok", body.stderr
@@ -121,16 +141,17 @@ async def test_files_go_in_and_come_back(client: httpx2.AsyncClient) -> None:
 
 
 async def test_bash_programs_run(client: httpx2.AsyncClient) -> None:
-    response = await client.post("/v1/execute", json={
-        "language": "bash", "code": "read name; echo \"hi $name\"; exit 3", "stdin": "loom\n"})
+    response = await client.post(
+        "/v1/execute",
+        json={"language": "bash", "code": 'read name; echo "hi $name"; exit 3', "stdin": "loom\n"},
+    )
     body = response.json()
     assert body["stdout"] == "hi loom\n" and body["exit_code"] == 3 and body["status"] == "error"
 
 
 async def test_collect_stops_at_its_size_limit(client: httpx2.AsyncClient) -> None:
     code = "open('big', 'wb').write(b'x' * (17 * 2**20))\nopen('small', 'w').write('s')"
-    response = await client.post("/v1/execute", json={"code": code,
-                                                      "collect": ["big", "small"]})
+    response = await client.post("/v1/execute", json={"code": code, "collect": ["big", "small"]})
     files = {f["path"]: f for f in response.json()["files"]}
     assert files["big"]["error"].startswith("too large") and files["small"]["size"] == 1
 
@@ -147,16 +168,22 @@ async def test_collect_stops_at_its_size_limit(client: httpx2.AsyncClient) -> No
         ([], ["../../etc/shadow"], "inside the workdir"),
     ],
 )
-async def test_bad_file_requests_get_422(client: httpx2.AsyncClient, files: list[Any],
-                                         collect: list[str], message: str) -> None:
-    response = await client.post("/v1/execute", json={"code": "pass", "files": files,
-                                                      "collect": collect})
+async def test_bad_file_requests_get_422(
+    client: httpx2.AsyncClient, files: list[Any], collect: list[str], message: str
+) -> None:
+    response = await client.post(
+        "/v1/execute", json={"code": "pass", "files": files, "collect": collect}
+    )
     assert response.status_code == 422
     assert message in response.text
 
 
 async def test_programs_import_the_files_they_bring(client: httpx2.AsyncClient) -> None:
-    response = await client.post("/v1/execute", json={
-        "code": "import helper\nprint(helper.twice(21))",
-        "files": [{"path": "helper.py", "content": "def twice(x):\n    return 2 * x\n"}]})
+    response = await client.post(
+        "/v1/execute",
+        json={
+            "code": "import helper\nprint(helper.twice(21))",
+            "files": [{"path": "helper.py", "content": "def twice(x):\n    return 2 * x\n"}],
+        },
+    )
     assert response.json()["stdout"] == "42\n"

@@ -22,15 +22,26 @@ IDLE_S = 1.5
 
 
 @pytest.fixture(params=BACKENDS)
-async def service(request: pytest.FixtureRequest
-                  ) -> AsyncIterator[tuple[httpx2.AsyncClient, SandboxSettings]]:
-    settings = sandbox_settings(request.param, sandbox_max_concurrency=1, sandbox_max_sessions=3,
-                                sandbox_max_sessions_per_job=2, sandbox_session_idle_s=IDLE_S)
+async def service(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[httpx2.AsyncClient, SandboxSettings]]:
+    settings = sandbox_settings(
+        request.param,
+        sandbox_max_concurrency=1,
+        sandbox_max_sessions=3,
+        sandbox_max_sessions_per_job=2,
+        sandbox_session_idle_s=IDLE_S,
+    )
     app = create_app(settings)
-    async with app.router.lifespan_context(app), httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://sandbox", timeout=60,
-        headers=service_headers(settings),
-    ) as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://sandbox",
+            timeout=60,
+            headers=service_headers(settings),
+        ) as client,
+    ):
         yield client, settings
 
 
@@ -49,14 +60,21 @@ async def _run(client: httpx2.AsyncClient, session: str, code: str) -> dict:
 async def test_files_persist_between_programs_and_processes_do_not(service) -> None:
     client, _ = service
     session = await _open(client, "job-a")
-    first = await _run(client, session, """
+    first = await _run(
+        client,
+        session,
+        """
 import subprocess
 open('notes.txt', 'w').write('turn 1')
 child = subprocess.Popen(['sleep', '600'], start_new_session=True)
 open('child.pid', 'w').write(str(child.pid))
-""")
+""",
+    )
     assert first["status"] == "ok", first["stderr"]
-    second = await _run(client, session, """
+    second = await _run(
+        client,
+        session,
+        """
 import os
 print(open('notes.txt').read())
 try:
@@ -64,7 +82,8 @@ try:
     print('child alive')
 except ProcessLookupError:
     print('child gone')
-""")
+""",
+    )
     assert second["stdout"] == "turn 1\nchild gone\n", second
 
     one_shot = await client.post("/v1/execute", json={"code": "import os; print(os.listdir())"})
@@ -74,23 +93,32 @@ except ProcessLookupError:
 async def test_files_can_be_written_and_read(service) -> None:
     client, _ = service
     session = await _open(client)
-    put = await client.put(f"/v1/sessions/{session}/files", json={"files": [
-        {"path": "data/in.txt", "content": "3 4"}]})
+    put = await client.put(
+        f"/v1/sessions/{session}/files", json={"files": [{"path": "data/in.txt", "content": "3 4"}]}
+    )
     assert put.status_code == 204
-    ran = await _run(client, session, "a, b = map(int, open('data/in.txt').read().split())\n"
-                                      "open('out.txt', 'w').write(str(a * b))")
+    ran = await _run(
+        client,
+        session,
+        "a, b = map(int, open('data/in.txt').read().split())\n"
+        "open('out.txt', 'w').write(str(a * b))",
+    )
     assert ran["status"] == "ok", ran["stderr"]
-    got = await client.get(f"/v1/sessions/{session}/files",
-                           params=[("path", "out.txt"), ("path", "nope")])
+    got = await client.get(
+        f"/v1/sessions/{session}/files", params=[("path", "out.txt"), ("path", "nope")]
+    )
     files = {f["path"]: f for f in got.json()["files"]}
     assert files["out.txt"]["content"] == "MTI=" and files["nope"]["error"] == "missing"
     bad = await client.get(f"/v1/sessions/{session}/files", params={"path": "../etc/passwd"})
     assert bad.status_code == 422
-    too_big = await client.put(f"/v1/sessions/{session}/files", json={"files": [
-        {"path": f"f{i}", "content": "x" * 6_000_000} for i in range(3)]})
+    too_big = await client.put(
+        f"/v1/sessions/{session}/files",
+        json={"files": [{"path": f"f{i}", "content": "x" * 6_000_000} for i in range(3)]},
+    )
     assert too_big.status_code == 422 and "add up to more than" in too_big.text
-    not_json = await client.put(f"/v1/sessions/{session}/files", content=b"{",
-                                headers={"content-type": "application/json"})
+    not_json = await client.put(
+        f"/v1/sessions/{session}/files", content=b"{", headers={"content-type": "application/json"}
+    )
     assert not_json.status_code == 422
 
 
@@ -128,6 +156,6 @@ def _session_leftovers(settings: SandboxSettings) -> list[str]:
     try:
         label = f"{POOL_LABEL}={settings.sandbox_docker_pool}"
         containers = client.containers.list(all=True, filters={"label": label})
-        return [c.short_id for c in containers][settings.sandbox_max_concurrency:]
+        return [c.short_id for c in containers][settings.sandbox_max_concurrency :]
     finally:
         client.close()

@@ -27,8 +27,11 @@ async def modelstate_client(tmp_path: Path) -> AsyncIterator[ModelStateClient]:
     settings = ModelStateSettings(data_dir=tmp_path / "modelstate")
     app = create_modelstate_app(settings)
     async with app.router.lifespan_context(app):
-        client = ModelStateClient("http://modelstate", transport=httpx2.ASGITransport(app),
-                                  headers=service_headers(settings))
+        client = ModelStateClient(
+            "http://modelstate",
+            transport=httpx2.ASGITransport(app),
+            headers=service_headers(settings),
+        )
         yield client
         await client.aclose()
 
@@ -41,8 +44,11 @@ async def trainer(
     app = create_app(settings, modelstate=modelstate_client)
     async with (
         app.router.lifespan_context(app),
-        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer",
-                           headers=service_headers(settings)) as http,
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app),
+            base_url="http://trainer",
+            headers=service_headers(settings),
+        ) as http,
     ):
         yield TrainerHarness(http, app, str(tiny_model_dir))
 
@@ -56,6 +62,7 @@ def arithmetic_data(tiny_model_dir: Path) -> list[dict[str, Any]]:
     for problem in train[:20]:
         prompt = tokenizer(problem.prompt)["input_ids"]
         answer = tokenizer(problem.answer + EOS)["input_ids"]
-        data.append({"input_ids": prompt + answer,
-                     "loss_mask": [0.0] * len(prompt) + [1.0] * len(answer)})
+        data.append(
+            {"input_ids": prompt + answer, "loss_mask": [0.0] * len(prompt) + [1.0] * len(answer)}
+        )
     return data

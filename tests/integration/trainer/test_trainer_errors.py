@@ -23,18 +23,23 @@ def error_of(response: Any, status: int) -> str:
     return message
 
 
-@pytest.mark.parametrize(("body", "expected"), [
-    ({"data": [{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}]}, "loss_mask has 2 entries"),
-    ({"data": [GOOD], "loss": {"name": "dpo"}}, "loss.name"),
-    ({"data": [GOOD], "loss": {"name": "ppo"}}, "needs advantages and logprobs"),
-    ({"data": [{"input_ids": [1, 271], "loss_mask": [0, 1]}]},
-     "token id 271 is outside the model's vocabulary (size 271"),
-    ({"data": [{"input_ids": [1, -2], "loss_mask": [0, 1]}]}, "non-negative token ids"),
-    ({"data": [{"input_ids": [1, 2], "loss_mask": [1, 0]}]}, "No token carries loss"),
-    ({"data": [{"input_ids": [1] * 513, "loss_mask": [1] * 513}]}, "maximum length of 512"),
-    ({"data": []}, "data"),
-    ({"data": [GOOD], "surprise": 1}, "surprise"),
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"data": [{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}]}, "loss_mask has 2 entries"),
+        ({"data": [GOOD], "loss": {"name": "dpo"}}, "loss.name"),
+        ({"data": [GOOD], "loss": {"name": "ppo"}}, "needs advantages and logprobs"),
+        (
+            {"data": [{"input_ids": [1, 271], "loss_mask": [0, 1]}]},
+            "token id 271 is outside the model's vocabulary (size 271",
+        ),
+        ({"data": [{"input_ids": [1, -2], "loss_mask": [0, 1]}]}, "non-negative token ids"),
+        ({"data": [{"input_ids": [1, 2], "loss_mask": [1, 0]}]}, "No token carries loss"),
+        ({"data": [{"input_ids": [1] * 513, "loss_mask": [1] * 513}]}, "maximum length of 512"),
+        ({"data": []}, "data"),
+        ({"data": [GOOD], "surprise": 1}, "surprise"),
+    ],
+)
 async def test_bad_forward_backward_is_rejected(
     trainer: TrainerHarness, body: dict[str, Any], expected: str
 ) -> None:
@@ -48,23 +53,26 @@ async def test_bad_forward_and_optim_step_are_rejected(trainer: TrainerHarness) 
     too_big = {"data": [{"input_ids": [300, 1], "loss_mask": [0, 0]}]}
     response = await trainer.http.post(f"/v1/models/{JOB_LORA}/forward", json=too_big)
     assert "token id 300" in error_of(response, 422)
-    response = await trainer.http.post(f"/v1/models/{JOB_LORA}/optim_step",
-                                       json={"adam": {"lr": -1}})
+    response = await trainer.http.post(
+        f"/v1/models/{JOB_LORA}/optim_step", json={"adam": {"lr": -1}}
+    )
     assert "adam.lr" in error_of(response, 422)
-    response = await trainer.http.post(f"/v1/models/{JOB_LORA}/save_weights",
-                                       json={"aliases": ["has space"]})
+    response = await trainer.http.post(
+        f"/v1/models/{JOB_LORA}/save_weights", json={"aliases": ["has space"]}
+    )
     assert "aliases" in error_of(response, 422)
 
 
 async def test_unknown_model_and_operation_are_404(trainer: TrainerHarness) -> None:
-    for method, path in [("GET", "/v1/models/nope"),
-                         ("POST", "/v1/models/nope/optim_step"),
-                         ("POST", "/v1/models/nope/save_weights"),
-                         ("GET", "/v1/operations/op_missing")]:
+    for method, path in [
+        ("GET", "/v1/models/nope"),
+        ("POST", "/v1/models/nope/optim_step"),
+        ("POST", "/v1/models/nope/save_weights"),
+        ("GET", "/v1/operations/op_missing"),
+    ]:
         response = await trainer.http.request(method, path, json={})
         assert "nope" in error_of(response, 404) or "op_missing" in response.text
-    response = await trainer.http.post("/v1/models/nope/forward_backward",
-                                       json={"data": [GOOD]})
+    response = await trainer.http.post("/v1/models/nope/forward_backward", json={"data": [GOOD]})
     assert "create it with POST /v1/models" in error_of(response, 404)
 
 
@@ -74,14 +82,22 @@ async def test_operation_wait_is_bounded(trainer: TrainerHarness) -> None:
 
 
 async def test_bad_create_requests(trainer: TrainerHarness) -> None:
-    missing = await trainer.http.post("/v1/models", json={
-        "job_id": "j", "base_model": "/no/such/dir", "mode": "full"})
+    missing = await trainer.http.post(
+        "/v1/models", json={"job_id": "j", "base_model": "/no/such/dir", "mode": "full"}
+    )
     assert "does not exist" in error_of(missing, 422)
-    targets = await trainer.http.post("/v1/models", json={
-        "job_id": "j", "base_model": trainer.base_model, "lora": {"target_modules": ["nope"]}})
+    targets = await trainer.http.post(
+        "/v1/models",
+        json={
+            "job_id": "j",
+            "base_model": trainer.base_model,
+            "lora": {"target_modules": ["nope"]},
+        },
+    )
     assert "nope" in error_of(targets, 422)
-    bad_id = await trainer.http.post("/v1/models", json={
-        "job_id": "has space", "base_model": trainer.base_model})
+    bad_id = await trainer.http.post(
+        "/v1/models", json={"job_id": "has space", "base_model": trainer.base_model}
+    )
     assert "job_id" in error_of(bad_id, 422)
 
 
@@ -101,8 +117,11 @@ async def test_save_weights_reports_an_unreachable_store(
     app = create_app(settings, modelstate=client)
     async with (
         app.router.lifespan_context(app),
-        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer",
-                           headers=service_headers(settings)) as http,
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app),
+            base_url="http://trainer",
+            headers=service_headers(settings),
+        ) as http,
     ):
         trainer = TrainerHarness(http, app, str(tiny_model_dir))
         await trainer.create(JOB_LORA, "lora")

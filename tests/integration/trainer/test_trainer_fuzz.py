@@ -11,7 +11,8 @@ from tests.support.fuzz import fuzz
 
 
 async def test_generated_requests_get_no_server_error(
-        trainer: TrainerHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer: TrainerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # no hub look-up for made-up names
     report = await fuzz(trainer.http, trainer.app.openapi())
     report.check()

@@ -44,15 +44,15 @@ async def test_a_resent_submission_runs_once(trainer: TrainerHarness) -> None:
     try:
         first = await client.forward_backward(JOB_LORA, batch)
         assert transport.posts[0] == transport.posts[1]  # the same key, sent twice
-        stepped = await client.run("optim_step", JOB_LORA,
-                                   OptimStepRequest(adam=AdamParams(lr=1e-2)))
+        stepped = await client.run(
+            "optim_step", JOB_LORA, OptimStepRequest(adam=AdamParams(lr=1e-2))
+        )
         assert transport.posts[2] == transport.posts[3]
         assert (await client.wait(first)).status == "succeeded"
         # Each resent submission ran once: one optimizer step, not two.
         assert stepped["step"] == 1
         assert (await client.get_model(JOB_LORA)).step == 1
-        resent = await client.forward_backward(JOB_LORA, batch,
-                                               idempotency_key=transport.posts[0])
+        resent = await client.forward_backward(JOB_LORA, batch, idempotency_key=transport.posts[0])
         assert resent.id == first.id
     finally:
         await client.aclose()

@@ -19,8 +19,7 @@ from modelstate.client import ModelStateClient
 TOKENS = torch.tensor([[5, 17, 42, 8, 99, 3]])
 
 
-async def train_one_step(trainer: TrainerHarness, job_id: str,
-                         data: list[dict[str, Any]]) -> None:
+async def train_one_step(trainer: TrainerHarness, job_id: str, data: list[dict[str, Any]]) -> None:
     await trainer.run(job_id, "forward_backward", {"data": data})
     await trainer.run(job_id, "optim_step", {"adam": {"lr": 1e-2}})
 
@@ -46,13 +45,15 @@ def trained_logits(trainer: TrainerHarness, job_id: str) -> torch.Tensor:
 
 
 async def test_full_weights_load_back_identically(
-    trainer: TrainerHarness, modelstate_client: ModelStateClient,
+    trainer: TrainerHarness,
+    modelstate_client: ModelStateClient,
     arithmetic_data: list[dict[str, Any]],
 ) -> None:
     await trainer.create(JOB_FULL, "full")
     await train_one_step(trainer, JOB_FULL, arithmetic_data)
-    saved = await trainer.run(JOB_FULL, "save_weights",
-                              {"aliases": ["best"], "metrics": {"loss": 1.5}})
+    saved = await trainer.run(
+        JOB_FULL, "save_weights", {"aliases": ["best"], "metrics": {"loss": 1.5}}
+    )
     assert saved == {"job_id": JOB_FULL, "number": 1, "kind": "full", "step": 1}
 
     version = await modelstate_client.get_version(JOB_FULL, "best")
@@ -61,8 +62,13 @@ async def test_full_weights_load_back_identically(
     assert version.local_path is not None
     published = Path(version.local_path)
     names = {f.path for f in version.files}
-    assert {"config.json", "model.safetensors", "generation_config.json",
-            "tokenizer.json", "tokenizer_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= names
 
     reloaded = AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -74,7 +80,8 @@ async def test_full_weights_load_back_identically(
     # but the page reserve for the next save (files named and sized like its weights).
     staging = published.parents[2] / "staging"
     assert page_reserve(staging) == {
-        f.path: f.size for f in version.files if f.path.endswith(".safetensors")}
+        f.path: f.size for f in version.files if f.path.endswith(".safetensors")
+    }
     leftover = sorted(p.name for p in staging.iterdir())
     assert leftover[0] == ".loom-store-id" and leftover[1].startswith("page-reserve-")
     assert len(leftover) == 2
@@ -85,8 +92,10 @@ async def test_full_weights_load_back_identically(
 
 
 async def test_without_the_stores_filesystem_the_trainer_uploads(
-    trainer: TrainerHarness, modelstate_client: ModelStateClient,
-    arithmetic_data: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+    trainer: TrainerHarness,
+    modelstate_client: ModelStateClient,
+    arithmetic_data: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async def elsewhere() -> None:  # as on a trainer host that does not mount the store
         return None
@@ -98,14 +107,18 @@ async def test_without_the_stores_filesystem_the_trainer_uploads(
     version = await modelstate_client.get_version(JOB_LORA, saved["number"])
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {f.path for f in version.files}
     # Scratch space cleaned up, but for the page reserve of the next save.
-    assert page_reserve(trainer.service.work_dir) == {"adapter_model.safetensors": next(
-        f.size for f in version.files if f.path == "adapter_model.safetensors")}
+    assert page_reserve(trainer.service.work_dir) == {
+        "adapter_model.safetensors": next(
+            f.size for f in version.files if f.path == "adapter_model.safetensors"
+        )
+    }
     (leftover,) = trainer.service.work_dir.iterdir()
     assert leftover.name.startswith("page-reserve-")
 
 
 async def test_lora_adapter_loads_back_identically(
-    trainer: TrainerHarness, modelstate_client: ModelStateClient,
+    trainer: TrainerHarness,
+    modelstate_client: ModelStateClient,
     arithmetic_data: list[dict[str, Any]],
 ) -> None:
     lora = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}

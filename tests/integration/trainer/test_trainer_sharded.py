@@ -51,9 +51,18 @@ def uneven_data(count: int = 7, seed: int = 0) -> list[Datum]:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteRegistry]:
     """Two ranks, started once for the module (each test makes its own models)."""
-    group = RankGroup(RankConfig(
-        world_size=2, master_port=0, data_dir=tmp_path_factory.mktemp("ranks"), device="cpu",
-        micro_batch_tokens=MICRO_BATCH_TOKENS, threads=1, sharding=Sharding(), timeout_s=60))
+    group = RankGroup(
+        RankConfig(
+            world_size=2,
+            master_port=0,
+            data_dir=tmp_path_factory.mktemp("ranks"),
+            device="cpu",
+            micro_batch_tokens=MICRO_BATCH_TOKENS,
+            threads=1,
+            sharding=Sharding(),
+            timeout_s=60,
+        )
+    )
     group.start()
     try:
         yield RemoteRegistry(group)
@@ -63,12 +72,16 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteRegistry]:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
-    return ModelRegistry(tmp_path_factory.mktemp("one"), torch.device("cpu"),
-                         MICRO_BATCH_TOKENS)
+    return ModelRegistry(tmp_path_factory.mktemp("one"), torch.device("cpu"), MICRO_BATCH_TOKENS)
 
 
-def pair(ranks: RemoteRegistry, one_process: ModelRegistry, job_id: str, base: Path,
-         mode: TrainingMode = TrainingMode.full) -> tuple[RemoteModel, TrainerModel]:
+def pair(
+    ranks: RemoteRegistry,
+    one_process: ModelRegistry,
+    job_id: str,
+    base: Path,
+    mode: TrainingMode = TrainingMode.full,
+) -> tuple[RemoteModel, TrainerModel]:
     spec = CreateModelRequest(job_id=job_id, base_model=str(base), mode=mode)
     return ranks.create(spec)[0], one_process.create(spec)[0]
 
@@ -85,19 +98,30 @@ def weights(model: RemoteModel | TrainerModel, directory: Path) -> dict[str, tor
 CONFIGS = [
     LossConfig(name=LossName.ppo, aggregation=LossAggregation.token_mean, kl_coef=0.1),
     LossConfig(name=LossName.ppo, aggregation=LossAggregation.sequence_mean, kl_coef=0.1),
-    LossConfig(name=LossName.ppo, aggregation=LossAggregation.sum_normalized, normalizer=8,
-               kl_coef=0.1),
+    LossConfig(
+        name=LossName.ppo, aggregation=LossAggregation.sum_normalized, normalizer=8, kl_coef=0.1
+    ),
     LossConfig(name=LossName.ppo, aggregation=LossAggregation.sum, kl_coef=0.1),
 ]
 
 
-@pytest.mark.parametrize(("config", "mode"), [
-    *[(config, TrainingMode.full) for config in CONFIGS],
-    (CONFIGS[0], TrainingMode.lora), (CONFIGS[1], TrainingMode.lora)],
-    ids=lambda v: v.aggregation.value if isinstance(v, LossConfig) else v.value)
-def test_two_ranks_train_as_one_process(ranks: RemoteRegistry, one_process: ModelRegistry,
-                                        tiny_model_dir: Path, tmp_path: Path,
-                                        config: LossConfig, mode: TrainingMode) -> None:
+@pytest.mark.parametrize(
+    ("config", "mode"),
+    [
+        *[(config, TrainingMode.full) for config in CONFIGS],
+        (CONFIGS[0], TrainingMode.lora),
+        (CONFIGS[1], TrainingMode.lora),
+    ],
+    ids=lambda v: v.aggregation.value if isinstance(v, LossConfig) else v.value,
+)
+def test_two_ranks_train_as_one_process(
+    ranks: RemoteRegistry,
+    one_process: ModelRegistry,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    config: LossConfig,
+    mode: TrainingMode,
+) -> None:
     """PPO with KL to the reference, 3 steps on a batch of uneven rows in micro-batches: the
     same losses, metrics, logprobs, gradient norms and weights (fp32, within 1e-5). LoRA: two
     jobs' adapters on one base on the ranks."""
@@ -132,8 +156,8 @@ def test_two_ranks_train_as_one_process(ranks: RemoteRegistry, one_process: Mode
 
 
 def test_weights_saved_by_two_ranks_are_one_process_weights(
-        ranks: RemoteRegistry, one_process: ModelRegistry, tiny_model_dir: Path,
-        tmp_path: Path) -> None:
+    ranks: RemoteRegistry, one_process: ModelRegistry, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The same files, byte for byte: each rank gathers and writes its share of the shards."""
     sharded, single = pair(ranks, one_process, "publish", tiny_model_dir)
     (tmp_path / "sharded").mkdir()
@@ -144,8 +168,9 @@ def test_weights_saved_by_two_ranks_are_one_process_weights(
     assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == files
     assert sum(name.endswith(".safetensors") for name in files) > 1
     for name in files:
-        assert (tmp_path / "sharded" / name).read_bytes() == \
-            (tmp_path / "single" / name).read_bytes(), name
+        assert (tmp_path / "sharded" / name).read_bytes() == (
+            tmp_path / "single" / name
+        ).read_bytes(), name
 
 
 def one_step(model: RemoteModel | TrainerModel, data: list[Datum]) -> tuple[float, float]:
@@ -156,8 +181,13 @@ def one_step(model: RemoteModel | TrainerModel, data: list[Datum]) -> tuple[floa
 @pytest.mark.parametrize("mode", [TrainingMode.full, TrainingMode.lora], ids=str)
 @pytest.mark.parametrize("direction", ["2 to 1", "1 to 2"])
 def test_a_checkpoint_resumes_at_another_world_size(
-        ranks: RemoteRegistry, one_process: ModelRegistry, tiny_model_dir: Path,
-        tmp_path: Path, direction: str, mode: TrainingMode) -> None:
+    ranks: RemoteRegistry,
+    one_process: ModelRegistry,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    direction: str,
+    mode: TrainingMode,
+) -> None:
     """Saved (weights, AdamW moments, step) at one world size, loaded at the other: the next
     step gives what the saver's own next step gives. Full weights on ranks go through DCP; a
     LoRA adapter, which every rank holds whole, is rank 0's files."""
@@ -169,8 +199,9 @@ def test_a_checkpoint_resumes_at_another_world_size(
     data = uneven_data(seed=1)
     one_step(saver, data)
     checkpoints.save_state(saver, tmp_path, "after-1")
-    assert (tmp_path / saver.spec.job_id / "after-1" / checkpoints.SHARDED).is_dir() == \
-        (saver is savers[0] and mode == TrainingMode.full)
+    assert (tmp_path / saver.spec.job_id / "after-1" / checkpoints.SHARDED).is_dir() == (
+        saver is savers[0] and mode == TrainingMode.full
+    )
     checkpoints.load_state(loader, tmp_path, "after-1", job_id=saver.spec.job_id)
     assert loader.step == 1
     got, want = one_step(loader, data), one_step(saver, data)
@@ -181,19 +212,27 @@ def test_a_checkpoint_resumes_at_another_world_size(
 
 
 def test_a_rank_killed_mid_operation_fails_it_and_the_models_come_back_at_their_checkpoints(
-        ranks: RemoteRegistry, tiny_model_dir: Path, tmp_path: Path) -> None:
+    ranks: RemoteRegistry, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The operation fails naming the dead rank (no hang); the ranks are started again and
     every model is reloaded from its last checkpoint (weights and AdamW moments: the next
     step is the one taken after the save; a full model's DCP shards, a LoRA adapter's files),
     or is back at its base where it had none; the
     next operation of a model whose client was not told yet fails once, saying so."""
     data = uneven_data()
-    model, _ = ranks.create(CreateModelRequest(job_id="killed", base_model=str(tiny_model_dir),
-                                               mode=TrainingMode.full))
-    bystander, _ = ranks.create(CreateModelRequest(
-        job_id="bystander", base_model=str(tiny_model_dir), mode=TrainingMode.full))
-    adapter, _ = ranks.create(CreateModelRequest(
-        job_id="killed-lora", base_model=str(tiny_model_dir), mode=TrainingMode.lora))
+    model, _ = ranks.create(
+        CreateModelRequest(job_id="killed", base_model=str(tiny_model_dir), mode=TrainingMode.full)
+    )
+    bystander, _ = ranks.create(
+        CreateModelRequest(
+            job_id="bystander", base_model=str(tiny_model_dir), mode=TrainingMode.full
+        )
+    )
+    adapter, _ = ranks.create(
+        CreateModelRequest(
+            job_id="killed-lora", base_model=str(tiny_model_dir), mode=TrainingMode.lora
+        )
+    )
     one_step(model, data)
     one_step(model, data)
     one_step(bystander, data)
@@ -254,21 +293,37 @@ def test_a_rank_killed_mid_operation_fails_it_and_the_models_come_back_at_their_
 
 
 def test_an_unreadable_checkpoint_does_not_keep_the_ranks_from_forming_again(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """A model's last checkpoint torn on disk: the re-forming that tries it fails, the next
     one brings that model back at its base and says why; the trainer works on."""
-    group = RankGroup(RankConfig(
-        world_size=2, master_port=0, data_dir=tmp_path / "ranks", device="cpu",
-        micro_batch_tokens=MICRO_BATCH_TOKENS, threads=1, sharding=Sharding(), timeout_s=30))
+    group = RankGroup(
+        RankConfig(
+            world_size=2,
+            master_port=0,
+            data_dir=tmp_path / "ranks",
+            device="cpu",
+            micro_batch_tokens=MICRO_BATCH_TOKENS,
+            threads=1,
+            sharding=Sharding(),
+            timeout_s=30,
+        )
+    )
     group.start()
     try:
-        model, _ = RemoteRegistry(group).create(CreateModelRequest(
-            job_id="torn", base_model=str(tiny_model_dir), mode=TrainingMode.full))
+        model, _ = RemoteRegistry(group).create(
+            CreateModelRequest(
+                job_id="torn", base_model=str(tiny_model_dir), mode=TrainingMode.full
+            )
+        )
         data = uneven_data()
         one_step(model, data)
         checkpoints.save_state(model, tmp_path / "states", "torn-1")
-        shards = [p for p in (tmp_path / "states" / "torn" / "torn-1").rglob("*")
-                  if p.is_file() and p.name != "state.json"]
+        shards = [
+            p
+            for p in (tmp_path / "states" / "torn" / "torn-1").rglob("*")
+            if p.is_file() and p.name != "state.json"
+        ]
         assert shards
         for shard in shards:
             shard.write_bytes(b"not a checkpoint")
@@ -288,13 +343,22 @@ def test_an_unreadable_checkpoint_does_not_keep_the_ranks_from_forming_again(
 
 
 def test_bf16_with_activation_checkpointing_trains_near_fp32(
-        one_process: ModelRegistry, tiny_model_dir: Path, tmp_path: Path) -> None:
+    one_process: ModelRegistry, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """bf16 compute (fp32 master weights, reductions and moments) with activation
     checkpointing: the loss within bf16's rounding of fp32's, falling; weights stay fp32."""
-    group = RankGroup(RankConfig(
-        world_size=2, master_port=0, data_dir=tmp_path / "bf16", device="cpu",
-        micro_batch_tokens=MICRO_BATCH_TOKENS, threads=1,
-        sharding=Sharding(precision="bf16", activation_checkpointing=True), timeout_s=60))
+    group = RankGroup(
+        RankConfig(
+            world_size=2,
+            master_port=0,
+            data_dir=tmp_path / "bf16",
+            device="cpu",
+            micro_batch_tokens=MICRO_BATCH_TOKENS,
+            threads=1,
+            sharding=Sharding(precision="bf16", activation_checkpointing=True),
+            timeout_s=60,
+        )
+    )
     group.start()
     try:
         sharded, single = pair(RemoteRegistry(group), one_process, "bf16", tiny_model_dir)
@@ -307,24 +371,31 @@ def test_bf16_with_activation_checkpointing_trains_near_fp32(
             single.optim_step(AdamParams(lr=1e-3))
             sharded.optim_step(AdamParams(lr=1e-3))
         assert losses[-1] < losses[0]
-        assert {t.dtype for t in weights(sharded, tmp_path / "saved").values()} == \
-            {torch.float32}
+        assert {t.dtype for t in weights(sharded, tmp_path / "saved").values()} == {torch.float32}
     finally:
         group.stop()
 
 
 async def test_the_trainer_service_runs_on_two_ranks(
-        tmp_path: Path, tiny_model_dir: Path, modelstate_client: ModelStateClient) -> None:
+    tmp_path: Path, tiny_model_dir: Path, modelstate_client: ModelStateClient
+) -> None:
     """LOOM_TRAINER_WORLD_SIZE=2 through the HTTP API: the same routes and results, a version
     published from the ranks' files; after a rank dies, the failed operation's error and the
     model's info say which checkpoint the model was reloaded from."""
-    settings = TrainerSettings(data_dir=tmp_path / "trainer", trainer_device="cpu",
-                               trainer_world_size=2, trainer_collective_timeout_s=60)
+    settings = TrainerSettings(
+        data_dir=tmp_path / "trainer",
+        trainer_device="cpu",
+        trainer_world_size=2,
+        trainer_collective_timeout_s=60,
+    )
     app = create_app(settings, modelstate=modelstate_client)
     async with (
         app.router.lifespan_context(app),
-        httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://trainer",
-                           headers=service_headers(settings)) as http,
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app),
+            base_url="http://trainer",
+            headers=service_headers(settings),
+        ) as http,
     ):
         trainer = TrainerHarness(http, app, str(tiny_model_dir))
         await trainer.create(JOB_FULL, "full")
@@ -342,8 +413,9 @@ async def test_the_trainer_service_runs_on_two_ranks(
         await trainer.run(JOB_FULL, "forward_backward", {"data": data})
         await trainer.run(JOB_FULL, "optim_step", {})
         os.kill(trainer.service.registry.group.pids[1], signal.SIGKILL)  # type: ignore[union-attr]
-        failed = await trainer.wait((await trainer.submit(
-            JOB_FULL, "forward_backward", {"data": data}))["id"])
+        failed = await trainer.wait(
+            (await trainer.submit(JOB_FULL, "forward_backward", {"data": data}))["id"]
+        )
         assert failed["status"] == "failed"
         assert failed["error"]["code"] == "trainer_rank_failed"
         assert failed["error"]["detail"]["rank"] == 1

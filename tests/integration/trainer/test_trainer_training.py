@@ -18,11 +18,14 @@ async def test_create_full_and_lora_models(trainer: TrainerHarness) -> None:
     assert 0 < lora["trainable_params"] < lora["num_params"]
     assert lora["lora"]["rank"] == 8 and lora["step"] == 0 and lora["last_version"] == 0
 
-    again = await trainer.http.post("/v1/models", json={
-        "job_id": JOB_LORA, "base_model": trainer.base_model, "mode": "lora", "lora": LORA})
+    again = await trainer.http.post(
+        "/v1/models",
+        json={"job_id": JOB_LORA, "base_model": trainer.base_model, "mode": "lora", "lora": LORA},
+    )
     assert again.status_code == 200 and again.json() == lora  # identical request: no-op
-    other = await trainer.http.post("/v1/models", json={
-        "job_id": JOB_LORA, "base_model": trainer.base_model, "mode": "full"})
+    other = await trainer.http.post(
+        "/v1/models", json={"job_id": JOB_LORA, "base_model": trainer.base_model, "mode": "full"}
+    )
     assert other.status_code == 409
     assert "different configuration" in other.json()["error"]["message"]
 
@@ -72,7 +75,8 @@ async def test_ppo_with_advantages_and_kl(
     assert moved["metrics"]["ratio_mean"] != pytest.approx(1.0, abs=1e-5)
     assert moved["metrics"]["kl"] > 0
     assert moved["loss"] == pytest.approx(
-        moved["metrics"]["policy_loss"] + 0.1 * moved["metrics"]["kl"], rel=1e-5)
+        moved["metrics"]["policy_loss"] + 0.1 * moved["metrics"]["kl"], rel=1e-5
+    )
 
 
 async def test_full_model_kl_uses_a_frozen_base(
@@ -80,12 +84,12 @@ async def test_full_model_kl_uses_a_frozen_base(
 ) -> None:
     await trainer.create(JOB_FULL, "full")
     loss = {"name": "cross_entropy", "kl_coef": 1.0}
-    first = await trainer.run(JOB_FULL, "forward_backward", {"data": arithmetic_data,
-                                                             "loss": loss})
+    first = await trainer.run(JOB_FULL, "forward_backward", {"data": arithmetic_data, "loss": loss})
     assert first["metrics"]["kl"] == pytest.approx(0.0, abs=1e-6)
     await trainer.run(JOB_FULL, "optim_step", {"adam": {"lr": 1e-2}})
-    second = await trainer.run(JOB_FULL, "forward_backward", {"data": arithmetic_data,
-                                                              "loss": loss})
+    second = await trainer.run(
+        JOB_FULL, "forward_backward", {"data": arithmetic_data, "loss": loss}
+    )
     assert second["metrics"]["kl"] > 0
 
 
@@ -94,8 +98,14 @@ async def test_operations_execute_in_submission_order(
 ) -> None:
     await trainer.create(JOB_LORA, "lora", lora=LORA)
     batch = {"data": arithmetic_data[:4]}
-    actions = [("forward_backward", batch), ("optim_step", {}), ("forward", batch),
-               ("forward_backward", batch), ("optim_step", {}), ("forward", batch)]
+    actions = [
+        ("forward_backward", batch),
+        ("optim_step", {}),
+        ("forward", batch),
+        ("forward_backward", batch),
+        ("optim_step", {}),
+        ("forward", batch),
+    ]
     submitted = [await trainer.submit(JOB_LORA, action, body) for action, body in actions]
     done = [await trainer.wait(op["id"]) for op in submitted]
     assert [op["status"] for op in done] == ["succeeded"] * len(actions)
@@ -108,10 +118,15 @@ async def test_operations_execute_in_submission_order(
     assert done[2]["result"]["logprobs"] != done[5]["result"]["logprobs"]
 
 
-@pytest.mark.parametrize("loss", [
-    {"name": "cispo"}, {"name": "dro", "dro_beta": 0.1}, {"name": "reinforce"},
-    {"name": "ppo", "kl_coef": 0.1},
-])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"name": "cispo"},
+        {"name": "dro", "dro_beta": 0.1},
+        {"name": "reinforce"},
+        {"name": "ppo", "kl_coef": 0.1},
+    ],
+)
 async def test_forward_reports_the_loss_forward_backward_computes_and_its_logprobs(
     trainer: TrainerHarness, arithmetic_data: list[dict[str, Any]], loss: dict[str, Any]
 ) -> None:
@@ -120,17 +135,24 @@ async def test_forward_reports_the_loss_forward_backward_computes_and_its_logpro
     await trainer.create(JOB_LORA, "lora", lora=LORA)
     plain = await trainer.run(JOB_LORA, "forward", {"data": arithmetic_data})
     assert plain["loss"] is None
-    data = [{**d, "logprobs": [lp - 0.3 * (i % 3) for i, lp in enumerate(row)],
-             "advantages": [1.0 if n % 2 else -0.5] * len(row)}
-            for n, (d, row) in enumerate(zip(arithmetic_data, plain["logprobs"], strict=True))]
+    data = [
+        {
+            **d,
+            "logprobs": [lp - 0.3 * (i % 3) for i, lp in enumerate(row)],
+            "advantages": [1.0 if n % 2 else -0.5] * len(row),
+        }
+        for n, (d, row) in enumerate(zip(arithmetic_data, plain["logprobs"], strict=True))
+    ]
     if loss["name"] == "reinforce":  # the only loss that reads no sampler logprobs
         data = [{k: v for k, v in d.items() if k != "logprobs"} for d in data]
     valued = await trainer.run(JOB_LORA, "forward", {"data": data, "loss": loss})
-    trained = await trainer.run(JOB_LORA, "forward_backward",
-                                {"data": data, "loss": loss, "return_logprobs": True})
+    trained = await trainer.run(
+        JOB_LORA, "forward_backward", {"data": data, "loss": loss, "return_logprobs": True}
+    )
     assert valued["loss"] == pytest.approx(trained["loss"], rel=1e-5)
-    for row, again, back in zip(plain["logprobs"], valued["logprobs"], trained["logprobs"],
-                                strict=True):
+    for row, again, back in zip(
+        plain["logprobs"], valued["logprobs"], trained["logprobs"], strict=True
+    ):
         assert again == pytest.approx(row, abs=1e-5) and back == pytest.approx(row, abs=1e-5)
     stepped = await trainer.run(JOB_LORA, "optim_step", {"adam": {"lr": 1e-2}})
     assert stepped["grad_norm"] > 0

@@ -33,19 +33,37 @@ def queue() -> Iterator[str]:
 
 
 @pytest.fixture
-def stack(tmp_path: Path, postgres_url: str, tiny_model_dir: Path,
-          queue: str) -> Iterator[TaskStack]:
+def stack(
+    tmp_path: Path, postgres_url: str, tiny_model_dir: Path, queue: str
+) -> Iterator[TaskStack]:
     """PostgreSQL and Redis."""
-    yield from build_stack(tmp_path, postgres_url, tiny_model_dir, {
-        "LOOM_WORKER_BROKER_URL": WORKER_REDIS_URL, "LOOM_WORKER_QUEUE": queue,
-        "LOOM_WORKER_REDIS_PREFIX": f"{queue}:", "LOOM_WORKER_VISIBILITY_TIMEOUT_S": "5"})
+    yield from build_stack(
+        tmp_path,
+        postgres_url,
+        tiny_model_dir,
+        {
+            "LOOM_WORKER_BROKER_URL": WORKER_REDIS_URL,
+            "LOOM_WORKER_QUEUE": queue,
+            "LOOM_WORKER_REDIS_PREFIX": f"{queue}:",
+            "LOOM_WORKER_VISIBILITY_TIMEOUT_S": "5",
+        },
+    )
 
 
 @pytest.fixture
-def run_stack(tmp_path: Path, postgres_url: str, tiny_model_dir: Path,
-              queue: str) -> Iterator[TaskStack]:
+def run_stack(
+    tmp_path: Path, postgres_url: str, tiny_model_dir: Path, queue: str
+) -> Iterator[TaskStack]:
     """PostgreSQL, Redis and a real trainer (restartable): for managed runs."""
-    yield from build_stack(tmp_path, postgres_url, tiny_model_dir, {
-        "LOOM_WORKER_BROKER_URL": WORKER_REDIS_URL, "LOOM_WORKER_QUEUE": queue,
-        "LOOM_WORKER_REDIS_PREFIX": f"{queue}:", "LOOM_WORKER_VISIBILITY_TIMEOUT_S": "5"},
-        real_trainer=True)
+    yield from build_stack(
+        tmp_path,
+        postgres_url,
+        tiny_model_dir,
+        {
+            "LOOM_WORKER_BROKER_URL": WORKER_REDIS_URL,
+            "LOOM_WORKER_QUEUE": queue,
+            "LOOM_WORKER_REDIS_PREFIX": f"{queue}:",
+            "LOOM_WORKER_VISIBILITY_TIMEOUT_S": "5",
+        },
+        real_trainer=True,
+    )

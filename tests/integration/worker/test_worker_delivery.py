@@ -32,7 +32,8 @@ DONE = {"succeeded", "failed", "cancelled"}
 
 
 async def test_a_redelivered_message_of_a_succeeded_task_does_nothing(
-        stack: TaskStack, queue: str) -> None:
+    stack: TaskStack, queue: str
+) -> None:
     stack.worker().start()
     async with stack.client() as http:
         job = await stack.create_job(http)
@@ -40,9 +41,14 @@ async def test_a_redelivered_message_of_a_succeeded_task_does_nothing(
         task = await wait_for_task(http, task["id"], DONE)
         assert (task["status"], stack.gate.calls) == ("succeeded", 1)
 
-        celery = create_celery(WorkerSettings(data_dir=stack.data_dir, worker_queue=queue,
-                                              worker_redis_prefix=f"{queue}:",
-                                              worker_broker_url=WORKER_REDIS_URL))
+        celery = create_celery(
+            WorkerSettings(
+                data_dir=stack.data_dir,
+                worker_queue=queue,
+                worker_redis_prefix=f"{queue}:",
+                worker_broker_url=WORKER_REDIS_URL,
+            )
+        )
         for _ in range(2):  # the same operation id, delivered twice more
             send(celery, task["id"], TaskKind.gc, job, task["params"])
         celery.close()
@@ -51,12 +57,16 @@ async def test_a_redelivered_message_of_a_succeeded_task_does_nothing(
         assert (await wait_for_task(http, after["id"], DONE))["status"] == "succeeded"
         again = (await http.get(f"/v1/tasks/{task['id']}")).json()
         assert (again["status"], again["attempts"], again["finished_at"]) == (
-            "succeeded", 1, task["finished_at"])
+            "succeeded",
+            1,
+            task["finished_at"],
+        )
         assert stack.gate.calls == 2  # the store collected once per task, not per message
 
 
-async def held_gc(stack: TaskStack, worker: Worker, http: httpx2.AsyncClient
-                  ) -> tuple[str, dict[str, Any]]:
+async def held_gc(
+    stack: TaskStack, worker: Worker, http: httpx2.AsyncClient
+) -> tuple[str, dict[str, Any]]:
     """Start `worker`, submit a gc and hold it inside POST /v1/gc: its job and task."""
     worker.start()
     stack.gate.close()
@@ -80,7 +90,8 @@ def broker_messages(queue: str, task_id: str) -> int:
 
 
 async def test_a_message_redelivered_while_its_task_runs_is_dropped(
-        stack: TaskStack, queue: str) -> None:
+    stack: TaskStack, queue: str
+) -> None:
     """Acks are late, so Redis gives a running task's message again once its visibility
     timeout (5 s here) passes, and a restart sends queued tasks again: such a duplicate meets
     the running attempt's live lease and is dropped. It counts no attempt, runs nothing, and
@@ -90,9 +101,14 @@ async def test_a_message_redelivered_while_its_task_runs_is_dropped(
     worker = stack.worker(LOOM_WORKER_CONCURRENCY="2", LOOM_WORKER_HEARTBEAT_S="2")
     async with stack.client() as http:
         job, task = await held_gc(stack, worker, http)
-        celery = create_celery(WorkerSettings(data_dir=stack.data_dir, worker_queue=queue,
-                                              worker_redis_prefix=f"{queue}:",
-                                              worker_broker_url=WORKER_REDIS_URL))
+        celery = create_celery(
+            WorkerSettings(
+                data_dir=stack.data_dir,
+                worker_queue=queue,
+                worker_redis_prefix=f"{queue}:",
+                worker_broker_url=WORKER_REDIS_URL,
+            )
+        )
         send(celery, task["id"], TaskKind.gc, job, task["params"])  # as a restart resends it
         celery.close()
 
@@ -151,7 +167,10 @@ async def test_the_embedded_filesystem_broker(embedded_stack: TaskStack) -> None
     assert (task["status"], task["attempts"]) == ("succeeded", 2), task  # sent again at start
     async with stack.client() as http:
         job = await stack.create_job(http)
-        task = (await http.post(f"/v1/jobs/{job}/tasks",
-                                json={"kind": "gc", "params": {"keep_last": 2}})).json()
+        task = (
+            await http.post(
+                f"/v1/jobs/{job}/tasks", json={"kind": "gc", "params": {"keep_last": 2}}
+            )
+        ).json()
         assert (await wait_for_task(http, task["id"], DONE))["status"] == "succeeded"
     assert (stack.data_dir / "celery" / "queue").is_dir()

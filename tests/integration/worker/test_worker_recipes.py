@@ -14,14 +14,26 @@ import httpx2
 from tests.support.worker import TaskStack, wait_for_task
 
 DONE = {"succeeded", "failed", "cancelled"}
-DATA = [{"input_ids": [3, 4, 5, 6, 7, 8], "loss_mask": [0, 1, 1, 1, 1, 1]},
-        {"input_ids": [9, 10, 11, 12], "loss_mask": [0, 0, 1, 1]}]
+DATA = [
+    {"input_ids": [3, 4, 5, 6, 7, 8], "loss_mask": [0, 1, 1, 1, 1, 1]},
+    {"input_ids": [9, 10, 11, 12], "loss_mask": [0, 0, 1, 1]},
+]
 
 
 def sft(steps: int, checkpoint_every: int) -> dict[str, Any]:
-    return {"kind": "recipe", "params": {"recipe": "sft", "config": {
-        "data": DATA, "steps": steps, "checkpoint_every": checkpoint_every, "batch_size": 2,
-        "adam": {"lr": 0.02}}}}
+    return {
+        "kind": "recipe",
+        "params": {
+            "recipe": "sft",
+            "config": {
+                "data": DATA,
+                "steps": steps,
+                "checkpoint_every": checkpoint_every,
+                "batch_size": 2,
+                "adam": {"lr": 0.02},
+            },
+        },
+    }
 
 
 async def submit(http: httpx2.AsyncClient, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +58,8 @@ async def progress_step(http: httpx2.AsyncClient, task_id: str) -> int | None:
 
 
 async def test_a_recipe_runs_to_the_end_publishing_one_version_per_checkpoint(
-        run_stack: TaskStack) -> None:
+    run_stack: TaskStack,
+) -> None:
     run_stack.worker().start()
     async with run_stack.client() as http:
         job_id = await run_stack.create_job(http)
@@ -59,23 +72,25 @@ async def test_a_recipe_runs_to_the_end_publishing_one_version_per_checkpoint(
         assert await version_steps(http, job_id) == [2, 4, 6]
         assert await job_status(http, job_id) == "completed"
 
-        losses = (await http.get(f"/v1/jobs/{job_id}/metrics",
-                                 params={"name": "sft/loss"})).json()["series"][0]
+        losses = (await http.get(f"/v1/jobs/{job_id}/metrics", params={"name": "sft/loss"})).json()[
+            "series"
+        ][0]
         assert losses["steps"] == [1, 2, 3, 4, 5, 6]
         assert losses["values"][-1] < losses["values"][0]
         assert done["result"]["summary"]["final_loss"] == losses["values"][-1]
 
         # The run's key acted for this job only and was revoked when the run ended.
-        run_keys = [k for k in (await http.get("/v1/keys")).json()["keys"]
-                    if k["job_id"] == job_id]
+        run_keys = [k for k in (await http.get("/v1/keys")).json()["keys"] if k["job_id"] == job_id]
         assert run_keys and all(k["revoked_at"] is not None for k in run_keys)
 
 
 async def test_bad_submits_are_refused_with_what_to_fix(run_stack: TaskStack) -> None:
     async with run_stack.client() as http:
         job_id = await run_stack.create_job(http)
-        unknown = await http.post(f"/v1/jobs/{job_id}/tasks", json={
-            "kind": "recipe", "params": {"recipe": "no_such_recipe"}})
+        unknown = await http.post(
+            f"/v1/jobs/{job_id}/tasks",
+            json={"kind": "recipe", "params": {"recipe": "no_such_recipe"}},
+        )
         assert unknown.status_code == 422
         assert "registered: ['arith_grpo', 'sft']" in unknown.json()["error"]["message"]
 
@@ -92,13 +107,16 @@ async def test_bad_submits_are_refused_with_what_to_fix(run_stack: TaskStack) ->
 
         bob = (await http.post("/v1/keys", json={"name": "bob"})).json()["key"]
         async with run_stack.client(bob) as as_bob:
-            foreign = await as_bob.post(f"/v1/jobs/{job_id}/tasks",
-                                        json=sft(steps=1, checkpoint_every=1))
+            foreign = await as_bob.post(
+                f"/v1/jobs/{job_id}/tasks", json=sft(steps=1, checkpoint_every=1)
+            )
             assert foreign.status_code == 404
         async with run_stack.client("loom_not-a-key") as anonymous:
-            assert (await anonymous.post(f"/v1/jobs/{job_id}/tasks",
-                                         json=sft(steps=1, checkpoint_every=1))
-                    ).status_code == 401
+            assert (
+                await anonymous.post(
+                    f"/v1/jobs/{job_id}/tasks", json=sft(steps=1, checkpoint_every=1)
+                )
+            ).status_code == 401
 
         neither = {"kind": "recipe", "params": {"recipe": "sft", "config": {"steps": 3}}}
         refused = await http.post(f"/v1/jobs/{job_id}/tasks", json=neither)
@@ -118,7 +136,8 @@ async def test_bad_submits_are_refused_with_what_to_fix(run_stack: TaskStack) ->
 
 
 async def test_a_worker_killed_while_a_checkpoint_publishes_resumes_without_publishing_twice(
-        run_stack: TaskStack) -> None:
+    run_stack: TaskStack,
+) -> None:
     first_worker = run_stack.worker()
     first_worker.start()
     async with run_stack.client() as http:
@@ -138,14 +157,19 @@ async def test_a_worker_killed_while_a_checkpoint_publishes_resumes_without_publ
         assert done["status"] == "succeeded", done
         assert done["attempts"] == 2 and done["result"]["attempts"] == 2
         assert await version_steps(http, job_id) == [2, 4, 6, 8]
-        names = [c["name"] for c in (await http.get(
-            f"/v1/trainer/models/{job_id}/checkpoints")).json()["checkpoints"]]
+        names = [
+            c["name"]
+            for c in (await http.get(f"/v1/trainer/models/{job_id}/checkpoints")).json()[
+                "checkpoints"
+            ]
+        ]
         # Resumed from step 2's checkpoint; the run's series keeps its newest two.
         assert sorted(names) == sorted([f"{task['id']}-a2-step-6", f"{task['id']}-a2-step-8"])
 
 
 async def test_a_trainer_restart_mid_run_resumes_from_the_last_checkpoint(
-        run_stack: TaskStack) -> None:
+    run_stack: TaskStack,
+) -> None:
     run_stack.worker().start()
     async with run_stack.client() as http:
         job_id = await run_stack.create_job(http)
@@ -170,7 +194,8 @@ async def test_a_trainer_restart_mid_run_resumes_from_the_last_checkpoint(
 
 
 async def test_pausing_holds_a_run_between_steps_and_cancelling_the_job_stops_it(
-        run_stack: TaskStack) -> None:
+    run_stack: TaskStack,
+) -> None:
     run_stack.worker().start()
     async with run_stack.client() as http:
         job_id = await run_stack.create_job(http)
@@ -197,7 +222,8 @@ async def test_pausing_holds_a_run_between_steps_and_cancelling_the_job_stops_it
 
 
 async def test_a_run_that_fails_for_good_fails_its_job_and_a_cancelled_run_cancels_its_job(
-        run_stack: TaskStack) -> None:
+    run_stack: TaskStack,
+) -> None:
     run_stack.worker().start()
     async with run_stack.client() as http:
         job_id = await run_stack.create_job(http)

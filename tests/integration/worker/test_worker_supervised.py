@@ -16,8 +16,11 @@ from services.worker.startup import is_ready
 
 
 def test_the_supervisor_starts_a_worker_that_runs_tasks_and_stops_it(tmp_path: Path) -> None:
-    settings = LoomSettings(data_dir=tmp_path, gateway_url=f"http://127.0.0.1:{free_port()}",
-                            modelstate_url=f"http://127.0.0.1:{free_port()}")
+    settings = LoomSettings(
+        data_dir=tmp_path,
+        gateway_url=f"http://127.0.0.1:{free_port()}",
+        modelstate_url=f"http://127.0.0.1:{free_port()}",
+    )
     specs = [spec for spec in STACK if spec.name in ("modelstate", "gateway", "worker")]
     ready_file = WorkerSettings(data_dir=tmp_path).ready_file
     with Supervisor(settings, specs) as supervisor:
@@ -30,8 +33,9 @@ def test_the_supervisor_starts_a_worker_that_runs_tasks_and_stops_it(tmp_path: P
 
         # The embedded default end to end: SQLite and the filesystem broker, no server.
         key = (tmp_path / "admin_key").read_text().strip()
-        with httpx2.Client(base_url=settings.gateway_url, timeout=30,
-                           headers={"Authorization": f"Bearer {key}"}) as http:
+        with httpx2.Client(
+            base_url=settings.gateway_url, timeout=30, headers={"Authorization": f"Bearer {key}"}
+        ) as http:
             # No trainer runs here: the job is created, then marked failed; it may have tasks.
             refused = http.post("/v1/jobs", json={"base_model": "loom/tiny"})
             assert refused.status_code == 503

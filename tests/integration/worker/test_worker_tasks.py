@@ -32,7 +32,8 @@ def adapter_dir(tmp_path: Path, name: str, content: bytes) -> Path:
 
 
 async def test_gc_applies_retention_and_reports_the_jobs_deleted_versions(
-        stack: TaskStack, tmp_path: Path) -> None:
+    stack: TaskStack, tmp_path: Path
+) -> None:
     stack.worker().start()
     async with stack.client() as http:
         job = await stack.create_job(http)
@@ -40,8 +41,9 @@ async def test_gc_applies_retention_and_reports_the_jobs_deleted_versions(
         for step in (1, 2, 3):
             await stack.publish(job, adapter_dir(tmp_path, f"a{step}", b"a%d" % step), step)
         await stack.publish(other, adapter_dir(tmp_path, "b1", b"b1"), 1)
-        submitted = await http.post(f"/v1/jobs/{job}/tasks",
-                                    json={"kind": "gc", "params": {"keep_last": 1}})
+        submitted = await http.post(
+            f"/v1/jobs/{job}/tasks", json={"kind": "gc", "params": {"keep_last": 1}}
+        )
         assert submitted.status_code == 202, submitted.text
         task = submitted.json()
         assert task["id"].startswith("task_")
@@ -59,7 +61,8 @@ async def test_gc_applies_retention_and_reports_the_jobs_deleted_versions(
 
 
 async def test_export_merges_a_lora_version_into_a_hugging_face_directory(
-        stack: TaskStack, tmp_path: Path) -> None:
+    stack: TaskStack, tmp_path: Path
+) -> None:
     from safetensors.torch import load_file
 
     stack.worker().start()
@@ -90,7 +93,8 @@ def torch_equal(a: object, b: object) -> bool:
 
 
 async def test_user_faults_fail_at_once_and_a_failed_task_can_be_retried(
-        stack: TaskStack, tmp_path: Path) -> None:
+    stack: TaskStack, tmp_path: Path
+) -> None:
     stack.worker().start()
     async with stack.client() as http:
         job = await stack.create_job(http)
@@ -120,7 +124,8 @@ async def test_user_faults_fail_at_once_and_a_failed_task_can_be_retried(
 
 
 async def test_a_task_waits_out_an_outage_without_attempts_then_fails_past_the_window(
-        stack: TaskStack) -> None:
+    stack: TaskStack,
+) -> None:
     unreachable = f"http://127.0.0.1:{free_port()}"
     worker = stack.worker(LOOM_MODELSTATE_URL=unreachable, LOOM_WORKER_OUTAGE_WINDOW_S="4")
     worker.start()
@@ -150,9 +155,14 @@ async def test_a_task_resumes_when_its_service_comes_back(stack: TaskStack) -> N
         job = await stack.create_job(http)
         submitted = await http.post(f"/v1/jobs/{job}/tasks", json={"kind": "gc"})
         waiting = await wait_for_task(
-            http, submitted.json()["id"],
-            lambda t: t["status"] == "queued" and t["error"] is not None
-            and t["error"]["message"].startswith("Waiting for services: modelstate"))
+            http,
+            submitted.json()["id"],
+            lambda t: (
+                t["status"] == "queued"
+                and t["error"] is not None
+                and t["error"]["message"].startswith("Waiting for services: modelstate")
+            ),
+        )
         assert waiting["attempts"] == 0  # no attempt spent on a store that is down
         with stack.modelstate_at(port):
             task = await wait_for_task(http, waiting["id"], DONE, timeout_s=60)
@@ -200,8 +210,10 @@ async def test_idempotency_keys_ownership_and_bad_input(stack: TaskStack) -> Non
             "kind": {"kind": "train", "params": {}},
             "keep_last": {"kind": "gc", "params": {"keep_last": -1}},
             "items": {"kind": "evaluate", "params": {"verifier": "exact_match"}},
-            "prompt": {"kind": "evaluate", "params": {"verifier": "math",
-                                                      "items": [{"prompt": ""}]}},
+            "prompt": {
+                "kind": "evaluate",
+                "params": {"verifier": "math", "items": [{"prompt": ""}]},
+            },
             "version": {"kind": "export", "params": {"version": "no such/alias"}},
             "unknown": {"kind": "gc", "params": {"unknown": 1}},
         }
@@ -219,22 +231,25 @@ async def test_idempotency_keys_ownership_and_bad_input(stack: TaskStack) -> Non
         own = await stack.create_job(as_alice)
         task = (await as_alice.post(f"/v1/jobs/{own}/tasks", json={"kind": "gc"})).json()
         assert (await as_alice.get(f"/v1/tasks/{task['id']}")).status_code == 200
-        assert [t["id"] for t in (await as_alice.get("/v1/tasks")).json()["tasks"]] == [
-            task["id"]]
+        assert [t["id"] for t in (await as_alice.get("/v1/tasks")).json()["tasks"]] == [task["id"]]
         assert (await as_alice.get(f"/v1/tasks/{first.json()['id']}")).status_code == 404
-        for request in (as_bob.get(f"/v1/tasks/{task['id']}"),
-                        as_bob.post(f"/v1/tasks/{task['id']}/cancel"),
-                        as_bob.get(f"/v1/jobs/{own}/tasks"),
-                        as_bob.post(f"/v1/jobs/{own}/tasks", json={"kind": "gc"})):
+        for request in (
+            as_bob.get(f"/v1/tasks/{task['id']}"),
+            as_bob.post(f"/v1/tasks/{task['id']}/cancel"),
+            as_bob.get(f"/v1/jobs/{own}/tasks"),
+            as_bob.post(f"/v1/jobs/{own}/tasks", json={"kind": "gc"}),
+        ):
             assert (await request).status_code == 404
         assert (await as_bob.get("/v1/tasks")).json()["tasks"] == []
 
 
 async def test_an_unreachable_broker_is_a_503_and_the_task_is_marked_failed(
-        stack: TaskStack) -> None:
+    stack: TaskStack,
+) -> None:
     settings = GatewaySettings(data_dir=stack.data_dir, database_url=stack.database_url)
-    broker = WorkerSettings(data_dir=stack.data_dir,
-                            worker_broker_url=f"redis://127.0.0.1:{free_port()}/0")
+    broker = WorkerSettings(
+        data_dir=stack.data_dir, worker_broker_url=f"redis://127.0.0.1:{free_port()}/0"
+    )
     async with stack.client() as http:
         job = await stack.create_job(http)  # the same database, another gateway below
     with serve_in_thread(create_app(settings, broker)) as url:
@@ -255,8 +270,9 @@ def test_the_sdk_submits_waits_and_raises_typed_errors(stack: TaskStack, tmp_pat
     with LoomClient(stack.url, stack.admin_key) as loom:
         job = loom.create_job(str(stack.base_model))
         for step in (1, 2):
-            asyncio.run(stack.publish(job.id, adapter_dir(tmp_path, f"v{step}", b"%d" % step),
-                                      step))
+            asyncio.run(
+                stack.publish(job.id, adapter_dir(tmp_path, f"v{step}", b"%d" % step), step)
+            )
         task = job.submit_task("gc", GcParams(keep_last=1), idempotency_key="once")
         report = task.result(timeout=60)
         assert isinstance(report, GcReport) and report.versions_deleted == [f"{job.id}@1"]
@@ -277,8 +293,13 @@ async def test_beat_runs_a_store_wide_gc_on_schedule(stack: TaskStack) -> None:
     stack.worker(LOOM_WORKER_GC_INTERVAL_S="1").start()
     async with stack.client() as admin:
         deadline = asyncio.get_running_loop().time() + 30
-        while not (done := [t for t in (await admin.get("/v1/tasks")).json()["tasks"]
-                            if t["status"] == "succeeded"]):
+        while not (
+            done := [
+                t
+                for t in (await admin.get("/v1/tasks")).json()["tasks"]
+                if t["status"] == "succeeded"
+            ]
+        ):
             assert asyncio.get_running_loop().time() < deadline, "no scheduled gc ran"
             await asyncio.sleep(0.2)
         assert (done[0]["kind"], done[0]["job_id"]) == ("gc", None)

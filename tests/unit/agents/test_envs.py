@@ -15,19 +15,27 @@ from services.sandbox.schemas import ExecuteResponse, ExecutionStatus
 
 
 def test_parse_well_formed_calls_in_order() -> None:
-    text = ("Let me compute. " + format_tool_call("python", {"code": "print(1)"})
-            + format_tool_call("python", {"code": "print(2)"}))
-    assert parse_tool_calls(text) == [ToolCall("python", {"code": "print(1)"}),
-                                      ToolCall("python", {"code": "print(2)"})]
+    text = (
+        "Let me compute. "
+        + format_tool_call("python", {"code": "print(1)"})
+        + format_tool_call("python", {"code": "print(2)"})
+    )
+    assert parse_tool_calls(text) == [
+        ToolCall("python", {"code": "print(1)"}),
+        ToolCall("python", {"code": "print(2)"}),
+    ]
     assert parse_tool_calls("no calls here") == []
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("<tool_call>{not json}</tool_call>", "not valid JSON"),
-    ('<tool_call>["python"]</tool_call>', 'JSON object {"name"'),
-    ('<tool_call>{"name": "python", "arguments": [1]}</tool_call>', "must be a JSON object"),
-    ('<tool_call>{"name": "python", "arguments": {}}', "was not closed"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<tool_call>{not json}</tool_call>", "not valid JSON"),
+        ('<tool_call>["python"]</tool_call>', 'JSON object {"name"'),
+        ('<tool_call>{"name": "python", "arguments": [1]}</tool_call>', "must be a JSON object"),
+        ('<tool_call>{"name": "python", "arguments": {}}', "was not closed"),
+    ],
+)
 def test_malformed_calls_are_explained(text: str, message: str) -> None:
     (call,) = parse_tool_calls(text)
     assert isinstance(call, ToolCallError) and message in call.message
@@ -47,19 +55,31 @@ class Tools:
 
 
 def result(status: ExecutionStatus, stdout: str = "", stderr: str = "") -> ExecuteResponse:
-    return ExecuteResponse(status=status, exit_code=1, stdout=stdout, stderr=stderr,
-                           stdout_truncated=False, stderr_truncated=False, wall_s=0.1, cpu_s=0.1)
+    return ExecuteResponse(
+        status=status,
+        exit_code=1,
+        stdout=stdout,
+        stderr=stderr,
+        stdout_truncated=False,
+        stderr_truncated=False,
+        wall_s=0.1,
+        cpu_s=0.1,
+    )
 
 
 def env(**params: object) -> PythonToolEnv:
-    return PythonToolEnv(PythonToolParams.model_validate(params),
-                         RolloutTask(prompt="What is 2*3?", reference="6"))
+    return PythonToolEnv(
+        PythonToolParams.model_validate(params), RolloutTask(prompt="What is 2*3?", reference="6")
+    )
 
 
 async def test_python_tool_reports_errors_to_the_model() -> None:
     failing = Tools(result(ExecutionStatus.error, stderr="ZeroDivisionError: division by zero"))
-    calls = (format_tool_call("python", {"code": "1/0"}) + format_tool_call("shell", {})
-             + format_tool_call("python", {"code": " "}))
+    calls = (
+        format_tool_call("python", {"code": "1/0"})
+        + format_tool_call("shell", {})
+        + format_tool_call("python", {"code": " "})
+    )
     messages = await env().step(calls, failing)
     assert [m["role"] for m in messages] == ["tool"] * 3
     assert messages[0]["content"].startswith("error (error, exit code 1):\nZeroDivisionError")
@@ -97,7 +117,8 @@ class ShadowEnv(PythonToolEnv):
 
 
 def test_a_plugin_adds_environments_but_cannot_shadow_a_builtin(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Found through the entry points of an installed distribution (a real dist-info on the
     path), as `pip install my-env-package` would register it."""
     info = tmp_path / "my_envs-1.0.dist-info"
@@ -105,7 +126,8 @@ def test_a_plugin_adds_environments_but_cannot_shadow_a_builtin(
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-envs\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(
         f"[{ENTRY_POINT_GROUP}]\npython_tool = {__name__}:ShadowEnv\n"
-        f"my_tool = {__name__}:ShadowEnv\n")
+        f"my_tool = {__name__}:ShadowEnv\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     environments.cache_clear()
     try:

@@ -20,10 +20,17 @@ from services.trainer.schemas import ForwardBackwardResult, SaveWeightsResult
 
 def trajectory(task: dict[str, Any], i: int, version: int) -> Trajectory:
     return Trajectory(
-        task_index=0, sample_index=i, prompt_token_ids=[1], token_ids=[2, 3],
-        logprobs=[-0.1, -0.1], loss_mask=[1, 1], stop_reason="done", response="",
+        task_index=0,
+        sample_index=i,
+        prompt_token_ids=[1],
+        token_ids=[2, 3],
+        logprobs=[-0.1, -0.1],
+        loss_mask=[1, 1],
+        stop_reason="done",
+        response="",
         turns=[TurnInfo(kind="model", start=0, end=2, text="", version=version)],
-        reward=task["rewards"][i % len(task["rewards"])])
+        reward=task["rewards"][i % len(task["rewards"])],
+    )
 
 
 @dataclass
@@ -59,14 +66,21 @@ class Stream:
         try:
             if not await self._sampled_within_staleness(version, task.get("delay", 0.001)):
                 self.job.log.append(("stale", task.get("id")))
-                return RolloutEvent(type="error", error=ErrorBody(
-                    code="stale", message="stale", detail={"task_index": 0}))
+                return RolloutEvent(
+                    type="error",
+                    error=ErrorBody(code="stale", message="stale", detail={"task_index": 0}),
+                )
         finally:
             self.job.in_flight -= 1
         self.job.log.append(("delivered", task.get("id")))
-        return RolloutEvent(type="group", group=RolloutGroup(
-            task_index=0, task_id=task.get("id"),
-            trajectories=[trajectory(task, i, version) for i in range(self.group_size)]))
+        return RolloutEvent(
+            type="group",
+            group=RolloutGroup(
+                task_index=0,
+                task_id=task.get("id"),
+                trajectories=[trajectory(task, i, version) for i in range(self.group_size)],
+            ),
+        )
 
     async def _sampled_within_staleness(self, version: int, delay: float) -> bool:
         sampling = asyncio.ensure_future(asyncio.sleep(delay))
@@ -74,7 +88,8 @@ class Stream:
             await sampling
             return True
         outdated = asyncio.ensure_future(
-            self.job.published_at_least(version + self.max_staleness + 1))
+            self.job.published_at_least(version + self.max_staleness + 1)
+        )
         try:
             await asyncio.wait([sampling, outdated], return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -110,8 +125,9 @@ class ScriptedJob:
         async with self.published:
             await self.published.wait_for(lambda: self.current >= number)
 
-    async def forward_backward(self, data: list[Any], loss: Any,
-                               return_logprobs: bool = False) -> Any:
+    async def forward_backward(
+        self, data: list[Any], loss: Any, return_logprobs: bool = False
+    ) -> Any:
         self.training = True
         self.trained_groups.append(len(data))
         self.passes.append(data)
@@ -119,8 +135,12 @@ class ScriptedJob:
 
         async def done() -> ForwardBackwardResult:
             await asyncio.sleep(self.train_s)  # lets in-flight rollouts make progress meanwhile
-            return ForwardBackwardResult(loss=0.5, num_tokens=len(data), metrics={},
-                                         logprobs=logprobs if return_logprobs else None)
+            return ForwardBackwardResult(
+                loss=0.5,
+                num_tokens=len(data),
+                metrics={},
+                logprobs=logprobs if return_logprobs else None,
+            )
 
         return asyncio.ensure_future(done())
 
@@ -136,8 +156,9 @@ class ScriptedJob:
                 self.published.notify_all()
             self.training = False
             self.log.append(("published", self.current))
-            return SaveWeightsResult(job_id="j", number=self.current, kind="full",
-                                     step=self.current)
+            return SaveWeightsResult(
+                job_id="j", number=self.current, kind="full", step=self.current
+            )
 
         return asyncio.ensure_future(saved())
 
@@ -148,8 +169,11 @@ def tasks(n: int, rewards: list[float] | None = None) -> list[dict[str, Any]]:
 
 async def run(job: ScriptedJob, steps: int, **options: Any) -> list[Any]:
     defaults: dict[str, Any] = {"env": "arithmetic", "groups_per_step": 2, "group_size": 2}
-    pipeline = AsyncPipeline(job, options.pop("algorithm", grpo()),  # type: ignore[arg-type]
-                             **{**defaults, **options})
+    pipeline = AsyncPipeline(
+        job,
+        options.pop("algorithm", grpo()),  # type: ignore[arg-type]
+        **{**defaults, **options},
+    )
     return [result async for result in pipeline.run(steps)]
 
 
@@ -176,8 +200,9 @@ async def test_slow_groups_do_not_hold_back_the_next_steps() -> None:
     fast = tasks(40)
     slow = [{**task, "id": f"slow{i}", "delay": 0.3} for i, task in enumerate(tasks(2))]
     # A slow group among the first step's and among the second step's tasks.
-    results = await run(job, 4, tasks=[slow[0], fast[0], slow[1], *fast[1:]], mode="async",
-                        max_staleness=1)
+    results = await run(
+        job, 4, tasks=[slow[0], fast[0], slow[1], *fast[1:]], mode="async", max_staleness=1
+    )
     assert [r.groups for r in results] == [2, 2, 2, 2]
     # Groups are asked for one by one, so two slow ones still sampling take two places of
     # the four the staleness budget allows (not two steps' worth): steps go on meanwhile.
@@ -197,12 +222,14 @@ async def test_groups_that_fell_too_far_behind_are_cancelled_and_replaced() -> N
     assert sum(r.abandoned_stale for r in results) == 1
     assert sum(r.failed_groups for r in results) == 0
     assert ("delivered", "slow") not in job.log
-    assert job.log.index(("published", 2)) < job.log.index(("stale", "slow")) < job.log.index(
-        ("published", 3))
+    assert (
+        job.log.index(("published", 2))
+        < job.log.index(("stale", "slow"))
+        < job.log.index(("published", 3))
+    )
 
 
-async def test_a_requests_groups_that_start_later_are_not_cancelled_with_its_stale_ones(
-        ) -> None:
+async def test_a_requests_groups_that_start_later_are_not_cancelled_with_its_stale_ones() -> None:
     """The first request holds a slow group, started on version 0, and a group that waits
     for a slot until version 2 is out. Version 2 makes the slow one stale; the waiting one
     starts on 2 and is trained: staleness is each group's, by the version it started on, not
@@ -210,8 +237,7 @@ async def test_a_requests_groups_that_start_later_are_not_cancelled_with_its_sta
     job = ScriptedJob()
     slow = {**tasks(1)[0], "id": "slow", "delay": 30}
     queued = {**tasks(1)[0], "id": "queued", "starts_on": 2}
-    results = await run(job, 4, tasks=[slow, queued, *tasks(40)], mode="async",
-                        max_staleness=1)
+    results = await run(job, 4, tasks=[slow, queued, *tasks(40)], mode="async", max_staleness=1)
     assert ("stale", "slow") in job.log and ("delivered", "queued") in job.log
     assert not [e for e in job.log if e[0] == "cancelled" and "queued" in e[1]]
     assert sum(r.abandoned_stale for r in results) == 1
@@ -232,8 +258,9 @@ async def test_a_bound_on_starts_trains_late_groups_instead() -> None:
     trained by the step that finds it finished, however late."""
     job = ScriptedJob()
     slow = {**tasks(1)[0], "id": "slow", "delay": 0.1}
-    results = await run(job, 20, tasks=[slow, *tasks(80)], mode="async", max_staleness=1,
-                        staleness_bound="started")
+    results = await run(
+        job, 20, tasks=[slow, *tasks(80)], mode="async", max_staleness=1, staleness_bound="started"
+    )
     assert ("delivered", "slow") in job.log
     assert sum(r.dropped_stale + r.abandoned_stale for r in results) == 0
     assert max(r.max_staleness for r in results) > 1  # the slow group, trained late
@@ -246,8 +273,9 @@ async def test_a_group_near_the_staleness_bound_is_trained_before_fresher_ones()
     oldest first, the step on version 3 trains it."""
     job = ScriptedJob(train_s=0.2)
     slow = {**tasks(1)[0], "id": "slow", "delay": 0.32}  # publishes come ~0.21 s apart
-    results = await run(job, 6, tasks=[slow, *tasks(40)], mode="async", max_staleness=3,
-                        groups_per_step=1)
+    results = await run(
+        job, 6, tasks=[slow, *tasks(40)], mode="async", max_staleness=3, groups_per_step=1
+    )
     assert ("delivered", "slow") in job.log
     assert sum(r.dropped_stale + r.abandoned_stale for r in results) == 0
     assert [r.max_staleness for r in results].index(3) == 3  # the step on version 3
@@ -255,8 +283,9 @@ async def test_a_group_near_the_staleness_bound_is_trained_before_fresher_ones()
 
 async def test_finished_groups_come_out_oldest_version_first() -> None:
     def group(task_id: str, version: int) -> RolloutGroup:
-        return RolloutGroup(task_index=0, task_id=task_id,
-                            trajectories=[trajectory({"rewards": [1.0]}, 0, version)])
+        return RolloutGroup(
+            task_index=0, task_id=task_id, trajectories=[trajectory({"rewards": [1.0]}, 0, version)]
+        )
 
     queue = FinishedGroups()
     for task_id, version in [("a", 2), ("b", 1), ("c", 0), ("d", 1)]:
@@ -280,8 +309,7 @@ async def test_zero_variance_groups_are_replaced_by_more_sampling() -> None:
 @pytest.mark.parametrize("bound", ["trained", "started"])
 async def test_sync_drops_groups_left_over_from_an_older_version(bound: str) -> None:
     job = ScriptedJob()
-    results = await run(job, 3, tasks=tasks(30), mode="sync", oversample=2.0,
-                        staleness_bound=bound)
+    results = await run(job, 3, tasks=tasks(30), mode="sync", oversample=2.0, staleness_bound=bound)
     assert sum(r.dropped_stale for r in results) >= 2
     assert all(r.max_staleness == 0 for r in results)
 
@@ -297,8 +325,10 @@ async def test_a_refused_rollout_request_is_raised() -> None:
 
 
 def test_group_version_is_the_oldest_turn() -> None:
-    group = RolloutGroup(task_index=0, trajectories=[
-        trajectory({"rewards": [1.0]}, 0, 3), trajectory({"rewards": [1.0]}, 1, 2)])
+    group = RolloutGroup(
+        task_index=0,
+        trajectories=[trajectory({"rewards": [1.0]}, 0, 3), trajectory({"rewards": [1.0]}, 1, 2)],
+    )
     assert group_version(group) == 2
 
 
@@ -306,8 +336,9 @@ async def test_epochs_make_several_passes_over_each_batch() -> None:
     job = ScriptedJob()
     results = await run(job, 2, tasks=tasks(20), mode="sync", epochs=3)
     assert job.trained_groups == [4] * 6  # 2 groups of 2 samples, three passes per step
-    assert [e for e in job.log if e[0] not in ("sample", "delivered")] == [
-        ("optim_step",)] * 3 + [("published", 1)] + [("optim_step",)] * 3 + [("published", 2)]
+    assert [e for e in job.log if e[0] not in ("sample", "delivered")] == [("optim_step",)] * 3 + [
+        ("published", 1)
+    ] + [("optim_step",)] * 3 + [("published", 2)]
     assert [r.loss for r in results] == [0.5, 0.5]
 
 
@@ -318,16 +349,25 @@ async def test_later_passes_clip_against_the_first_passs_policy_under_truncated_
     assert all(d.proximal_logprobs is None for d in first)
     for data in later:  # what the first pass returned, row for row
         assert [d.proximal_logprobs for d in data] == [
-            [-0.25 * i for i in range(len(d.input_ids))] for d in data]
+            [-0.25 * i for i in range(len(d.input_ids))] for d in data
+        ]
         assert [d.logprobs for d in data] == [d.logprobs for d in first]  # still the sampler's
     plain = ScriptedJob()
     await run(plain, 1, tasks=tasks(20), mode="sync", epochs=3)
     assert all(d.proximal_logprobs is None for data in plain.passes for d in data)
 
 
-@pytest.mark.parametrize("options", [{"mode": "later"}, {"groups_per_step": 0},
-                                     {"oversample": 0.5}, {"max_staleness": -1},
-                                     {"epochs": 0}, {"staleness_bound": "finished"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mode": "later"},
+        {"groups_per_step": 0},
+        {"oversample": 0.5},
+        {"max_staleness": -1},
+        {"epochs": 0},
+        {"staleness_bound": "finished"},
+    ],
+)
 def test_bad_pipeline_options(options: dict[str, Any]) -> None:
     base: dict[str, Any] = {"env": "e", "tasks": [], "groups_per_step": 1, "group_size": 1}
     with pytest.raises(ValueError):

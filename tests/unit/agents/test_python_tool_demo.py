@@ -25,8 +25,9 @@ def test_splits_are_disjoint_deterministic_and_cover_every_pair() -> None:
     assert (len(splits.held_out), len(splits.validation)) == (50, 30)
     questions = [{t.question for t in split} for split in splits]
     assert sum(len(q) for q in questions) == 90 * 90  # every two-digit pair, once
-    assert not (questions[0] & questions[1] or questions[0] & questions[2]
-                or questions[1] & questions[2])
+    assert not (
+        questions[0] & questions[1] or questions[0] & questions[2] or questions[1] & questions[2]
+    )
     assert make_splits(50, 30, seed=3) == splits
     assert make_splits(50, 30, seed=4).held_out != splits.held_out
 
@@ -46,10 +47,20 @@ def test_the_demonstration_is_a_correct_tool_episode() -> None:
 
 def trajectory(first_turn: str, reward: float | None) -> Trajectory:
     return Trajectory(
-        task_index=0, sample_index=0, prompt_token_ids=[1], token_ids=[2, 3], logprobs=[0, 0],
-        loss_mask=[1, 0], stop_reason="done", response="", reward=reward,
-        turns=[TurnInfo(kind="model", start=0, end=1, text=first_turn, version=1),
-               TurnInfo(kind="env", start=1, end=2, text="4042\n")])
+        task_index=0,
+        sample_index=0,
+        prompt_token_ids=[1],
+        token_ids=[2, 3],
+        logprobs=[0, 0],
+        loss_mask=[1, 0],
+        stop_reason="done",
+        response="",
+        reward=reward,
+        turns=[
+            TurnInfo(kind="model", start=0, end=1, text=first_turn, version=1),
+            TurnInfo(kind="env", start=1, end=2, text="4042\n"),
+        ],
+    )
 
 
 def test_summary_counts_successes_and_well_formed_python_calls() -> None:

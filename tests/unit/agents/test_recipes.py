@@ -47,21 +47,31 @@ class RecordingJob:
     def save_weights(self, *, aliases: list[str], metrics: dict[str, float]) -> Done:
         self.calls.append("save_weights")
         self.published.append(PublishOptions(aliases=aliases, metrics=metrics))
-        return Done(SaveWeightsResult(job_id="job_1", number=len(self.published), kind="lora",
-                                      step=self.step))
+        return Done(
+            SaveWeightsResult(
+                job_id="job_1", number=len(self.published), kind="lora", step=self.step
+            )
+        )
 
 
-def make_run(job: RecordingJob, resumed: RunProgress | None = None,
-             record: Any = None) -> tuple[RecipeRun, list[RunProgress]]:
+def make_run(
+    job: RecordingJob, resumed: RunProgress | None = None, record: Any = None
+) -> tuple[RecipeRun, list[RunProgress]]:
     recorded: list[RunProgress] = []
 
     def default_record(progress: RunProgress) -> None:
         job.calls.append(f"record {progress.step}")
         recorded.append(progress)
 
-    run = RecipeRun(cast(LoomClient, None), cast(JobClient, job), run_id="task_1-a2",
-                    resumed=resumed, record=record or default_record,
-                    between_steps=lambda: job.calls.append("between"), series="task_1")
+    run = RecipeRun(
+        cast(LoomClient, None),
+        cast(JobClient, job),
+        run_id="task_1-a2",
+        resumed=resumed,
+        record=record or default_record,
+        between_steps=lambda: job.calls.append("between"),
+        series="task_1",
+    )
     return run, recorded
 
 
@@ -70,12 +80,21 @@ def test_a_checkpoint_saves_then_records_then_publishes_then_stops_if_asked() ->
     run, recorded = make_run(job)
     assert (run.start_step, run.state) == (1, {})
     version = run.checkpoint(2, {"loss": 0.5}, aliases=["best"], metrics={"loss": 0.5})
-    assert job.calls == ["save_state task_1-a2-step-2 series=task_1", "record 2", "save_weights",
-                         "between"]
+    assert job.calls == [
+        "save_state task_1-a2-step-2 series=task_1",
+        "record 2",
+        "save_weights",
+        "between",
+    ]
     assert version.number == 1
-    assert recorded == [RunProgress(step=2, checkpoint="task_1-a2-step-2", state={"loss": 0.5},
-                                    publish=PublishOptions(aliases=["best"],
-                                                           metrics={"loss": 0.5}))]
+    assert recorded == [
+        RunProgress(
+            step=2,
+            checkpoint="task_1-a2-step-2",
+            state={"loss": 0.5},
+            publish=PublishOptions(aliases=["best"], metrics={"loss": 0.5}),
+        )
+    ]
     assert (run.start_step, run.state) == (3, {"loss": 0.5})
     with pytest.raises(ValueError, match="not after step 2"):
         run.checkpoint(2)
@@ -95,8 +114,12 @@ def test_a_run_that_lost_its_task_publishes_nothing() -> None:
 
 def test_resuming_loads_the_checkpoint_and_publishes_its_step_again_as_recorded() -> None:
     job = RecordingJob()
-    progress = RunProgress(step=4, checkpoint="task_1-a1-step-4", state={"phase": "grpo"},
-                           publish=PublishOptions(aliases=["sft"], metrics={"reward": 0.25}))
+    progress = RunProgress(
+        step=4,
+        checkpoint="task_1-a1-step-4",
+        state={"phase": "grpo"},
+        publish=PublishOptions(aliases=["sft"], metrics={"reward": 0.25}),
+    )
     run, _ = make_run(job, resumed=progress)
     run.restore()
     assert job.calls == ["ensure_model", "load_state task_1-a1-step-4", "save_weights"]
@@ -116,8 +139,9 @@ def test_the_built_in_recipes_are_registered_and_check_their_config() -> None:
         sft.parse_config({"steps": 3})
     with pytest.raises(InvalidInput, match=r"steps: .*greater than or equal to 1") as caught:
         sft.parse_config({"steps": 0, "data": [{"input_ids": [1, 2], "loss_mask": [0, 1]}]})
-    assert caught.value.detail == {"errors": [
-        {"loc": ["steps"], "msg": "Input should be greater than or equal to 1"}]}
+    assert caught.value.detail == {
+        "errors": [{"loc": ["steps"], "msg": "Input should be greater than or equal to 1"}]
+    }
     with pytest.raises(InvalidInput, match="Extra inputs"):
         load_recipe("arith_grpo").parse_config({"rl_step": 3})
     with pytest.raises(InvalidInput, match=r"No recipe 'nope'; registered: \["):

@@ -17,24 +17,68 @@ NOW = datetime.now(UTC).isoformat()
 
 
 def test_public_surface_is_pinned() -> None:
-    assert sorted(sdk.__all__) == sorted([
-        "AdamParams", "AsyncCaptureSession", "AsyncJobClient", "AsyncLoomClient", "AsyncPipeline",
-        "AsyncRolloutStream", "AsyncSandboxSession", "AsyncTask", "BackgroundTask", "BadRequest",
-        "CaptureSession", "CapturedSegment",
-        "CapturedTrajectory", "ChatMessage", "Conflict", "Datum", "Forbidden", "Future",
-        "InvalidInput", "JobClient", "LimitExceeded", "LoomClient", "LoomError", "LoraConfig",
-        "LossConfig", "NotFound", "OperationFuture", "Pipeline", "RolloutGroup", "RolloutStream",
-        "RolloutTask", "SampleResponse", "SamplingParams", "SandboxSession", "ScoreItem",
-        "ScoreRequest",
-        "StepResult", "Task", "Trajectory", "TrainingMode", "Unauthorized", "Unavailable",
-        "UpstreamError", "Version",
-    ])
+    assert sorted(sdk.__all__) == sorted(
+        [
+            "AdamParams",
+            "AsyncCaptureSession",
+            "AsyncJobClient",
+            "AsyncLoomClient",
+            "AsyncPipeline",
+            "AsyncRolloutStream",
+            "AsyncSandboxSession",
+            "AsyncTask",
+            "BackgroundTask",
+            "BadRequest",
+            "CaptureSession",
+            "CapturedSegment",
+            "CapturedTrajectory",
+            "ChatMessage",
+            "Conflict",
+            "Datum",
+            "Forbidden",
+            "Future",
+            "InvalidInput",
+            "JobClient",
+            "LimitExceeded",
+            "LoomClient",
+            "LoomError",
+            "LoraConfig",
+            "LossConfig",
+            "NotFound",
+            "OperationFuture",
+            "Pipeline",
+            "RolloutGroup",
+            "RolloutStream",
+            "RolloutTask",
+            "SampleResponse",
+            "SamplingParams",
+            "SandboxSession",
+            "ScoreItem",
+            "ScoreRequest",
+            "StepResult",
+            "Task",
+            "Trajectory",
+            "TrainingMode",
+            "Unauthorized",
+            "Unavailable",
+            "UpstreamError",
+            "Version",
+        ]
+    )
     assert [name for name in sdk.__all__ if not hasattr(sdk, name)] == []
 
 
 def _job(job_id: str = "job_1") -> dict:
-    return {"id": job_id, "name": "t", "base_model": "loom/tiny", "mode": "lora", "lora": None,
-            "config": {}, "status": "running", "created_at": NOW}
+    return {
+        "id": job_id,
+        "name": "t",
+        "base_model": "loom/tiny",
+        "mode": "lora",
+        "lora": None,
+        "config": {},
+        "status": "running",
+        "created_at": NOW,
+    }
 
 
 def _operation(status: str, **extra: object) -> dict:
@@ -54,8 +98,9 @@ class FakeGateway:
         if path == "/v1/jobs/job_1":
             return httpx2.Response(200, json=_job())
         if path == "/v1/jobs/missing":
-            return httpx2.Response(404, json={"error": {"code": "not_found",
-                                                        "message": "No job 'missing'"}})
+            return httpx2.Response(
+                404, json={"error": {"code": "not_found", "message": "No job 'missing'"}}
+            )
         if path == "/v1/trainer/models/job_1/optim_step":
             assert json.loads(request.content)["adam"]["lr"] == 0.01
             return httpx2.Response(202, json=_operation("pending"))
@@ -63,8 +108,9 @@ class FakeGateway:
             self.polls += 1
             if self.polls < 2:
                 return httpx2.Response(200, json=_operation("running"))
-            return httpx2.Response(200, json=_operation(
-                "succeeded", result={"step": 1, "grad_norm": 0.5, "lr": 0.01}))
+            return httpx2.Response(
+                200, json=_operation("succeeded", result={"step": 1, "grad_norm": 0.5, "lr": 0.01})
+            )
         return httpx2.Response(404, json={"error": {"code": "not_found", "message": path}})
 
 
@@ -92,8 +138,12 @@ async def test_a_failed_operation_raises_its_error() -> None:
             return httpx2.Response(202, json=_operation("pending"))
         if request.url.path == "/v1/jobs/job_1":
             return httpx2.Response(200, json=_job())
-        return httpx2.Response(200, json=_operation("failed", error={
-            "code": "invalid_input", "message": "token id 999 >= vocab 271"}))
+        return httpx2.Response(
+            200,
+            json=_operation(
+                "failed", error={"code": "invalid_input", "message": "token id 999 >= vocab 271"}
+            ),
+        )
 
     async with AsyncLoomClient("http://gw", "k", transport=httpx2.MockTransport(handler)) as loom:
         job = await loom.get_job("job_1")
@@ -115,21 +165,48 @@ def test_sync_face_blocks_and_wraps_jobs_and_futures() -> None:
 def _rollout_gateway(request: httpx2.Request) -> httpx2.Response:
     body = json.loads(request.content)
     if body["env"] == "chess":
-        return httpx2.Response(422, json={"error": {"code": "invalid_input",
-                                                    "message": "Unknown environment 'chess'"}})
-    trajectory = {"task_index": 0, "sample_index": 0, "prompt_token_ids": [1],
-                  "token_ids": [2, 3], "logprobs": [-0.1, -0.2], "loss_mask": [1, 1],
-                  "turns": [], "stop_reason": "done", "response": "5", "reward": 1.0}
+        return httpx2.Response(
+            422, json={"error": {"code": "invalid_input", "message": "Unknown environment 'chess'"}}
+        )
+    trajectory = {
+        "task_index": 0,
+        "sample_index": 0,
+        "prompt_token_ids": [1],
+        "token_ids": [2, 3],
+        "logprobs": [-0.1, -0.2],
+        "loss_mask": [1, 1],
+        "turns": [],
+        "stop_reason": "done",
+        "response": "5",
+        "reward": 1.0,
+    }
     lines = [
         {"type": "group", "group": {"task_index": 0, "trajectories": [trajectory]}},
-        {"type": "error", "error": {"code": "unavailable", "message": "sandbox down",
-                                    "detail": {"task_index": 1}}},
-        {"type": "summary", "summary": {"groups": 1, "trajectories": 1, "model_tokens": 2,
-                                        "env_tokens": 0, "wall_s": 0.5}},
+        {
+            "type": "error",
+            "error": {
+                "code": "unavailable",
+                "message": "sandbox down",
+                "detail": {"task_index": 1},
+            },
+        },
+        {
+            "type": "summary",
+            "summary": {
+                "groups": 1,
+                "trajectories": 1,
+                "model_tokens": 2,
+                "env_tokens": 0,
+                "wall_s": 0.5,
+            },
+        },
     ]
     assert request.url.path == "/v1/rollout/rollouts" and body["job_id"] == "job_1"
-    return httpx2.Response(200, content="".join(json.dumps(x) + "\n" for x in lines),
-                           headers={"content-type": "application/x-ndjson"})
+    return httpx2.Response(
+        200,
+        content="".join(json.dumps(x) + "\n" for x in lines),
+        headers={"content-type": "application/x-ndjson"},
+    )
 
 
 def _rollouts_transport() -> httpx2.MockTransport:
@@ -144,8 +221,7 @@ def _rollouts_transport() -> httpx2.MockTransport:
 async def test_rollout_stream_yields_groups_and_keeps_errors_and_summary() -> None:
     async with AsyncLoomClient("http://gw", "k", transport=_rollouts_transport()) as loom:
         job = await loom.get_job("job_1")
-        stream = await job.rollouts([{"prompt": "2+3=", "reference": "5"}] * 2,
-                                    env="arithmetic")
+        stream = await job.rollouts([{"prompt": "2+3=", "reference": "5"}] * 2, env="arithmetic")
         groups = await stream.collect()
         with pytest.raises(InvalidInput, match="Unknown environment 'chess'"):
             await job.rollouts([{"prompt": "x"}], env="chess")

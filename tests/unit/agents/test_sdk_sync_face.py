@@ -32,15 +32,24 @@ from agents.sdk import (
 )
 
 FACES: list[tuple[type, type]] = [
-    (AsyncLoomClient, LoomClient), (AsyncJobClient, JobClient), (OperationFuture, Future),
-    (AsyncTask, Task), (AsyncSandboxSession, SandboxSession),
-    (AsyncRolloutStream, RolloutStream), (AsyncCaptureSession, CaptureSession),
+    (AsyncLoomClient, LoomClient),
+    (AsyncJobClient, JobClient),
+    (OperationFuture, Future),
+    (AsyncTask, Task),
+    (AsyncSandboxSession, SandboxSession),
+    (AsyncRolloutStream, RolloutStream),
+    (AsyncCaptureSession, CaptureSession),
     (AsyncPipeline, Pipeline),
 ]
 BLOCKING_NAMES = {core.__name__: face.__name__ for core, face in FACES} | {
-    "AsyncIterator": "Iterator"}
-RENAMED = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__",
-           "__aiter__": "__iter__"}
+    "AsyncIterator": "Iterator"
+}
+RENAMED = {
+    "aclose": "close",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "__aiter__": "__iter__",
+}
 # The faces users construct themselves; the others wrap what a call of the core returned.
 CONSTRUCTED = {LoomClient, Pipeline}
 
@@ -67,18 +76,21 @@ def members(cls: type, *, core: bool) -> dict[str, str]:
             found[name] = f"property -> {spell(inspect.signature(member.fget).return_annotation)}"
         elif inspect.isfunction(member) and not _inherited_from_object(cls, name):
             kind = "method" if core else _blocking_kind(member)
-            found[RENAMED.get(name, name) if core else name] = (
-                f"{kind} {_signature(member, spell)}")
-    if cls in CONSTRUCTED or (core and BLOCKING_NAMES[cls.__name__] in
-                              {face.__name__ for face in CONSTRUCTED}):
+            found[RENAMED.get(name, name) if core else name] = f"{kind} {_signature(member, spell)}"
+    if cls in CONSTRUCTED or (
+        core and BLOCKING_NAMES[cls.__name__] in {face.__name__ for face in CONSTRUCTED}
+    ):
         found["__init__"] = f"method {_signature(cls.__init__, spell)}"
     return found
 
 
 def _attributes(cls: type) -> dict[str, Any]:
     """The attributes declared in the class body, its bases' included."""
-    return {name: annotation for base in reversed(cls.__mro__)
-            for name, annotation in inspect.get_annotations(base).items()}
+    return {
+        name: annotation
+        for base in reversed(cls.__mro__)
+        for name, annotation in inspect.get_annotations(base).items()
+    }
 
 
 def _inherited_from_object(cls: type, name: str) -> bool:
@@ -94,18 +106,27 @@ def _blocking_kind(function: Any) -> str:
 
 def _signature(function: Any, spell: Any) -> str:
     signature = inspect.signature(function)
-    parameters = [parameter.replace(annotation=spell(parameter.annotation))
-                  if parameter.annotation is not parameter.empty else parameter
-                  for parameter in signature.parameters.values()]
-    return str(signature.replace(parameters=parameters,
-                                 return_annotation=spell(signature.return_annotation)))
+    parameters = [
+        parameter.replace(annotation=spell(parameter.annotation))
+        if parameter.annotation is not parameter.empty
+        else parameter
+        for parameter in signature.parameters.values()
+    ]
+    return str(
+        signature.replace(
+            parameters=parameters, return_annotation=spell(signature.return_annotation)
+        )
+    )
 
 
 def drift(core: type, face: type) -> list[str]:
     """What differs between the async core's class and its blocking face."""
     want, have = members(core, core=True), members(face, core=False)
-    return [f"{face.__name__}.{name}: core {want.get(name)!r}, face {have.get(name)!r}"
-            for name in sorted(want.keys() | have.keys()) if want.get(name) != have.get(name)]
+    return [
+        f"{face.__name__}.{name}: core {want.get(name)!r}, face {have.get(name)!r}"
+        for name in sorted(want.keys() | have.keys())
+        if want.get(name) != have.get(name)
+    ]
 
 
 @pytest.mark.parametrize(("core", "face"), FACES, ids=[face.__name__ for _, face in FACES])
@@ -115,9 +136,11 @@ def test_the_blocking_face_has_every_method_of_the_async_core(core: type, face: 
 
 @pytest.mark.parametrize("face", [face for _, face in FACES], ids=lambda face: face.__name__)
 def test_every_blocking_method_says_what_it_does(face: type) -> None:
-    undocumented = [name for name, member in vars(face).items()
-                    if inspect.isfunction(member) and not name.startswith("_")
-                    and not member.__doc__]
+    undocumented = [
+        name
+        for name, member in vars(face).items()
+        if inspect.isfunction(member) and not name.startswith("_") and not member.__doc__
+    ]
     assert undocumented == []
 
 
@@ -136,7 +159,10 @@ def test_a_method_the_face_lacks_or_spells_differently_is_drift() -> None:
     finally:
         del BLOCKING_NAMES[GrownCore.__name__]
     assert [line.split(":")[0] for line in found] == [
-        "GrownFace.pause", "GrownFace.sample", "GrownFace.versions"]
+        "GrownFace.pause",
+        "GrownFace.sample",
+        "GrownFace.versions",
+    ]
     assert "Future[Any]" in found[1]
 
 

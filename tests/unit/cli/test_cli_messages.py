@@ -10,7 +10,8 @@ from cli.common import fail
 
 
 def test_fail_prints_the_message_as_is_and_exits_with_its_code(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     message = "No job 'a[/]b': [bold]not markup[/bold] [x]"
     with pytest.raises(typer.Exit) as exited:
         fail(message, code=2)

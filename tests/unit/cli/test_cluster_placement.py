@@ -20,8 +20,10 @@ def test_replicas_spread_and_restart_while_other_services_stay_put() -> None:
 
 
 def test_the_stack_environment_names_the_data_the_token_and_every_url(tmp_path: Path) -> None:
-    spec = ClusterSpec(LoomSettings(data_dir=tmp_path, database_url="postgresql+psycopg://db/x"),
-                       env={"LOOM_ROLLOUT_MODEL": "/m"})
+    spec = ClusterSpec(
+        LoomSettings(data_dir=tmp_path, database_url="postgresql+psycopg://db/x"),
+        env={"LOOM_ROLLOUT_MODEL": "/m"},
+    )
     env = spec.stack_env()
     assert env["LOOM_DATA_DIR"] == str(tmp_path) and env["LOOM_ROLLOUT_MODEL"] == "/m"
     assert env["LOOM_DATABASE_URL"] == "postgresql+psycopg://db/x"
@@ -30,8 +32,7 @@ def test_the_stack_environment_names_the_data_the_token_and_every_url(tmp_path: 
     assert urls == {"LOOM_GATEWAY_URL": "http://127.0.0.1:1"}  # the worker serves no HTTP
 
 
-def test_replicas_on_cpu_nodes_take_a_core_slot_the_size_of_their_request(tmp_path: Path
-                                                                         ) -> None:
+def test_replicas_on_cpu_nodes_take_a_core_slot_the_size_of_their_request(tmp_path: Path) -> None:
     settings = LoomSettings(data_dir=tmp_path)
     slot = "LOOM_ROLLOUT_CPU_CORES_PER_REPLICA"
     assert ClusterSpec(settings).replica_env() == {slot: "1"}

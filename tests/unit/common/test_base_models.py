@@ -25,8 +25,9 @@ def test_directories_and_their_mistakes(tmp_path: Path) -> None:
         resolve_base_model("not a name!", tmp_path)
 
 
-def test_a_cached_hub_model_resolves_to_its_snapshot(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cached_hub_model_resolves_to_its_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = tmp_path / "hub"
     snapshot = cache / "models--org--small" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
@@ -38,7 +39,8 @@ def test_a_cached_hub_model_resolves_to_its_snapshot(tmp_path: Path,
 
 
 def test_an_uncached_hub_model_fails_fast_when_the_hub_is_off(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     # Refused before any request (the hub client's retries took ~46 s to fail).

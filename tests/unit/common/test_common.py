@@ -32,14 +32,17 @@ from services.common.schemas import OperationStatus
 from services.rollout.app import create_app as create_rollout
 
 
-@pytest.mark.parametrize(("status", "body", "expected"), [
-    (409, {"error": {"code": "invalid_transition", "message": "m"}}, InvalidTransition),
-    (409, {"error": {"code": "something_new", "message": "m"}}, Conflict),
-    (404, {"error": {"code": "not_found", "message": "m"}}, NotFound),
-    (418, "teapot", InvalidInput),
-    (503, "<html>", Unavailable),
-    (500, None, LoomError),
-])
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (409, {"error": {"code": "invalid_transition", "message": "m"}}, InvalidTransition),
+        (409, {"error": {"code": "something_new", "message": "m"}}, Conflict),
+        (404, {"error": {"code": "not_found", "message": "m"}}, NotFound),
+        (418, "teapot", InvalidInput),
+        (503, "<html>", Unavailable),
+        (500, None, LoomError),
+    ],
+)
 def test_envelopes_map_to_typed_errors(status: int, body: object, expected: type) -> None:
     error = error_from_envelope(status, body)
     assert type(error) is expected
@@ -69,8 +72,9 @@ async def test_app_factory_errors_are_one_envelope() -> None:
     async with _app() as client:
         missing = await client.post("/v1/echo", json={"n": -1})
         assert missing.status_code == 404
-        assert missing.json() == {"error": {"code": "not_found", "message": "No thing -1",
-                                            "detail": {"n": -1}}}
+        assert missing.json() == {
+            "error": {"code": "not_found", "message": "No thing -1", "detail": {"n": -1}}
+        }
         invalid = await client.post("/v1/echo", json={"n": "x"})
         assert invalid.status_code == 422
         assert invalid.json()["error"]["code"] == "invalid_input"
@@ -88,8 +92,10 @@ async def test_app_factory_health_metrics_and_request_ids() -> None:
         assert (await client.get("/healthz")).headers["x-request-id"]
         assert (await client.get("/readyz")).json()["status"] == "ready"
         metrics = (await client.get("/metrics")).text
-        assert 'loom_http_requests_total{method="POST",route="/v1/echo",service="test",' \
-               'status="200"} 1.0' in metrics
+        assert (
+            'loom_http_requests_total{method="POST",route="/v1/echo",service="test",'
+            'status="200"} 1.0' in metrics
+        )
 
 
 async def test_operations_of_one_key_run_in_submission_order() -> None:
@@ -144,16 +150,23 @@ def _dependency_calls(dependant: Dependant) -> list[Callable[..., object]]:
     return found
 
 
-@pytest.mark.parametrize(("app_factory", "path", "method"), [
-    (create_gateway, "/v1/{service}/{path:path}", "POST"),
-    (create_rollout, "/v1/sample", "POST"),
-])
-def test_hot_routes_have_only_async_dependencies(app_factory: Callable[[], FastAPI], path: str,
-                                                 method: str) -> None:
+@pytest.mark.parametrize(
+    ("app_factory", "path", "method"),
+    [
+        (create_gateway, "/v1/{service}/{path:path}", "POST"),
+        (create_rollout, "/v1/sample", "POST"),
+    ],
+)
+def test_hot_routes_have_only_async_dependencies(
+    app_factory: Callable[[], FastAPI], path: str, method: str
+) -> None:
     """FastAPI runs a plain `def` dependency in its thread pool: a thread hop per call. The
     routes every sample goes through must not pay one for reading app.state or the key."""
-    route = next(r for r in app_factory().routes
-                 if isinstance(r, APIRoute) and r.path == path and method in r.methods)
+    route = next(
+        r
+        for r in app_factory().routes
+        if isinstance(r, APIRoute) and r.path == path and method in r.methods
+    )
     calls = _dependency_calls(route.dependant)
     assert calls, "the route should have dependencies to check"
     blocking = [call.__name__ for call in calls if not inspect.iscoroutinefunction(call)]

@@ -56,8 +56,7 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[KeepAliveServe
 
 
 @pytest.mark.parametrize("server", [False], indirect=True)
-async def test_a_burst_reuses_the_connections_of_the_burst_before(
-        server: KeepAliveServer) -> None:
+async def test_a_burst_reuses_the_connections_of_the_burst_before(server: KeepAliveServer) -> None:
     client = ServiceClient(server.url, service="test")
     try:
         for _ in range(3):
@@ -71,10 +70,12 @@ async def test_a_burst_reuses_the_connections_of_the_burst_before(
 
 @pytest.mark.parametrize("server", [True], indirect=True)
 async def test_a_connection_the_server_closed_while_idle_is_not_reused(
-        server: KeepAliveServer) -> None:
+    server: KeepAliveServer,
+) -> None:
     # One attempt only: a reused dead connection would fail the request, not be retried.
-    client = ServiceClient(server.url, service="test", retries=0,
-                           transport=pooled_transport(LIMITS))
+    client = ServiceClient(
+        server.url, service="test", retries=0, transport=pooled_transport(LIMITS)
+    )
     try:
         for _ in range(3):
             assert await client.post_json("/", {}) == {}

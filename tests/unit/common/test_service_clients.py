@@ -21,8 +21,9 @@ from services.trainer.schemas import OptimStepRequest
 SCORED = {"verifier": "exact", "scores": [{"reward": 1.0}]}
 
 
-def recording(answers: list[httpx2.Response | Exception]
-              ) -> tuple[httpx2.MockTransport, list[httpx2.Request]]:
+def recording(
+    answers: list[httpx2.Response | Exception],
+) -> tuple[httpx2.MockTransport, list[httpx2.Request]]:
     """A transport answering with `answers` in turn (an exception is raised), recording each
     request."""
     seen: list[httpx2.Request] = []
@@ -50,8 +51,12 @@ async def test_a_typed_call_sends_the_schema_and_validates_the_answer() -> None:
 
 async def test_through_the_gateway_a_route_takes_the_service_prefix() -> None:
     transport, seen = recording([httpx2.Response(204)])
-    client = RewardClient("http://gateway", transport=transport, through_gateway=True,
-                          headers={"Authorization": "Bearer key"})
+    client = RewardClient(
+        "http://gateway",
+        transport=transport,
+        through_gateway=True,
+        headers={"Authorization": "Bearer key"},
+    )
     await client.delete_function("a/b", job_id="job-1")
     assert seen[0].url.raw_path == b"/v1/reward/functions/a%2Fb?job_id=job-1"
     assert seen[0].headers["Authorization"] == "Bearer key"
@@ -84,9 +89,12 @@ async def test_a_call_without_an_answer_is_one_typed_error() -> None:
 
 
 async def test_a_typed_client_shares_a_pool_and_opens_streams() -> None:
-    transport, seen = recording([httpx2.Response(200, content=b"tar bytes"),
-                                 httpx2.Response(404, json={"error": {
-                                     "code": "not_found", "message": "no version 9"}})])
+    transport, seen = recording(
+        [
+            httpx2.Response(200, content=b"tar bytes"),
+            httpx2.Response(404, json={"error": {"code": "not_found", "message": "no version 9"}}),
+        ]
+    )
     pool = httpx2.AsyncClient(base_url="http://modelstate", transport=transport)
     client = ModelStateClient(pool, timeout=httpx2.Timeout(1.0), retries=0)
     archive = await client.open(ARCHIVE, job_id="a b", ref=1)
@@ -101,19 +109,31 @@ async def test_a_typed_client_shares_a_pool_and_opens_streams() -> None:
 
 
 async def test_trainer_submissions_carry_an_idempotency_key_and_polling_waits() -> None:
-    pending = {"id": "op_1", "kind": "optim_step", "status": "pending",
-               "created_at": "2025-01-01T00:00:00Z"}
+    pending = {
+        "id": "op_1",
+        "kind": "optim_step",
+        "status": "pending",
+        "created_at": "2025-01-01T00:00:00Z",
+    }
     done = {**pending, "status": "succeeded", "result": {"step": 1}}
-    transport, seen = recording([httpx2.Response(202, json=pending),
-                                 httpx2.Response(200, json=pending),
-                                 httpx2.Response(200, json=done)])
+    transport, seen = recording(
+        [
+            httpx2.Response(202, json=pending),
+            httpx2.Response(200, json=pending),
+            httpx2.Response(200, json=done),
+        ]
+    )
     client = TrainerClient("http://trainer", transport=transport)
     assert await client.run("optim_step", "job-1", OptimStepRequest()) == {"step": 1}
     assert seen[0].headers[IDEMPOTENCY_KEY_HEADER]
-    assert [r.url.path for r in seen] == ["/v1/models/job-1/optim_step",
-                                          "/v1/operations/op_1", "/v1/operations/op_1"]
-    failed = Operation.model_validate({**pending, "status": "failed", "error": {
-        "code": "conflict", "message": "No gradients"}})
+    assert [r.url.path for r in seen] == [
+        "/v1/models/job-1/optim_step",
+        "/v1/operations/op_1",
+        "/v1/operations/op_1",
+    ]
+    failed = Operation.model_validate(
+        {**pending, "status": "failed", "error": {"code": "conflict", "message": "No gradients"}}
+    )
     with pytest.raises(Conflict, match="No gradients"):
         operation_result(failed)
 
@@ -121,10 +141,12 @@ async def test_trainer_submissions_carry_an_idempotency_key_and_polling_waits() 
 async def test_an_operation_submitted_again_under_its_key_runs_once() -> None:
     queue = OperationQueue()
     runs: list[str] = []
-    first = queue.submit("model", "step", lambda: runs.append("a"), idempotency_key="k",
-                         fingerprint="same")
-    again = queue.submit("model", "step", lambda: runs.append("b"), idempotency_key="k",
-                         fingerprint="same")
+    first = queue.submit(
+        "model", "step", lambda: runs.append("a"), idempotency_key="k", fingerprint="same"
+    )
+    again = queue.submit(
+        "model", "step", lambda: runs.append("b"), idempotency_key="k", fingerprint="same"
+    )
     other_model = queue.submit("other", "step", lambda: runs.append("c"), idempotency_key="k")
     assert again.id == first.id and other_model.id != first.id
     with pytest.raises(Conflict, match="another request"):
@@ -132,7 +154,9 @@ async def test_an_operation_submitted_again_under_its_key_runs_once() -> None:
     await queue.wait(first.id, timeout=5)
     await queue.wait(other_model.id, timeout=5)
     assert sorted(runs) == ["a", "c"]
-    assert queue.submit("model", "step", lambda: None, idempotency_key="k",
-                        fingerprint="same").id == first.id  # still answered once done
+    assert (
+        queue.submit("model", "step", lambda: None, idempotency_key="k", fingerprint="same").id
+        == first.id
+    )  # still answered once done
     queue.shutdown()
     await asyncio.sleep(0)

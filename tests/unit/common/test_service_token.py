@@ -52,7 +52,8 @@ def test_first_use_creates_a_private_token_in_a_private_data_dir(tmp_path: Path)
 
 
 def test_the_setting_wins_over_any_file_and_a_file_setting_over_the_data_dir(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     assert service_token(LoomSettings(data_dir=tmp_path, service_token=TOKEN)) == TOKEN
     assert not (tmp_path / "service_token").exists()
     given = tmp_path / "secrets" / "token"
@@ -81,7 +82,8 @@ def test_an_unwritable_place_is_an_error_naming_the_setting(tmp_path: Path) -> N
 
 
 def test_a_process_that_loses_the_race_takes_the_winners_token(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Between this process's check and its link, another one creates the file."""
     settings = LoomSettings(data_dir=tmp_path)
     real_link = os.link
@@ -95,8 +97,9 @@ def test_a_process_that_loses_the_race_takes_the_winners_token(
     assert os.listdir(tmp_path) == ["service_token"]
 
 
-def _start_and_report(data_dir: str, barrier: multiprocessing.synchronize.Barrier,
-                      results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _start_and_report(
+    data_dir: str, barrier: multiprocessing.synchronize.Barrier, results: multiprocessing.Queue
+) -> None:  # type: ignore[type-arg]
     barrier.wait()
     results.put(service_token(LoomSettings(data_dir=Path(data_dir))))
 
@@ -105,9 +108,10 @@ def test_processes_starting_at_once_all_get_the_same_token(tmp_path: Path) -> No
     context = multiprocessing.get_context("fork")
     count = 8
     barrier, results = context.Barrier(count), context.Queue()
-    processes = [context.Process(target=_start_and_report, args=(str(tmp_path / "d"), barrier,
-                                                                  results))
-                 for _ in range(count)]
+    processes = [
+        context.Process(target=_start_and_report, args=(str(tmp_path / "d"), barrier, results))
+        for _ in range(count)
+    ]
     for process in processes:
         process.start()
     seen = {results.get(timeout=30) for _ in processes}
@@ -161,16 +165,22 @@ def _guarded() -> tuple[httpx2.AsyncClient, list[str]]:
         return {"done": True}
 
     app = create_service_app("test", routers=[router], service_token=TOKEN)
-    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t"), \
-        handled
+    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t"), handled
 
 
-@pytest.mark.parametrize("headers", [
-    {}, {SERVICE_TOKEN_HEADER: "wrong"}, {SERVICE_TOKEN_HEADER: TOKEN[:-1]},
-    {SERVICE_TOKEN_HEADER: TOKEN + "x"}, {"Authorization": f"Bearer {TOKEN}"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {SERVICE_TOKEN_HEADER: "wrong"},
+        {SERVICE_TOKEN_HEADER: TOKEN[:-1]},
+        {SERVICE_TOKEN_HEADER: TOKEN + "x"},
+        {"Authorization": f"Bearer {TOKEN}"},
+    ],
+)
 async def test_a_request_without_the_token_is_refused_before_any_handler(
-        headers: dict[str, str]) -> None:
+    headers: dict[str, str],
+) -> None:
     client, handled = _guarded()
     async with client:
         refused = await client.post("/v1/act", headers=headers, json={})
@@ -183,8 +193,9 @@ async def test_a_request_without_the_token_is_refused_before_any_handler(
 async def test_two_copies_of_the_header_are_refused_even_if_one_is_right() -> None:
     client, handled = _guarded()
     async with client:
-        refused = await client.post("/v1/act", headers=[(SERVICE_TOKEN_HEADER, "wrong"),
-                                                        (SERVICE_TOKEN_HEADER, TOKEN)])
+        refused = await client.post(
+            "/v1/act", headers=[(SERVICE_TOKEN_HEADER, "wrong"), (SERVICE_TOKEN_HEADER, TOKEN)]
+        )
     assert refused.status_code == 401 and handled == []
 
 

@@ -42,8 +42,9 @@ def test_shape_suits_vllm_cpu_attention(name: str) -> None:
 
 
 @pytest.mark.parametrize("config", [TINY_CONFIG, MODEL_SIZES["1mb"]], ids=["tiny", "1mb"])
-def test_parameter_count_matches_the_saved_model(config: dict[str, Any], vocab_size: int,
-                                                 tmp_path: Path) -> None:
+def test_parameter_count_matches_the_saved_model(
+    config: dict[str, Any], vocab_size: int, tmp_path: Path
+) -> None:
     from safetensors import safe_open
 
     out = build_random_model(tmp_path / "model", config)

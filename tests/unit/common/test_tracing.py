@@ -18,8 +18,11 @@ LIMITS = httpx2.Limits(max_connections=1)
 
 @pytest.fixture(autouse=True)
 def no_otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_SDK_DISABLED"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -91,8 +94,14 @@ async def test_a_request_id_is_the_trace_id_and_calls_carry_the_context() -> Non
     assert traceparent is not None
     trace_id = traceparent.split("-")[1]
     assert response.headers["x-request-id"] == trace_id
-    [server] = [s for s in spans if s.service == "reward" and s.parent_id
-                and s.name.startswith("GET /echo") and s.attributes.get("loom.request_id")]
+    [server] = [
+        s
+        for s in spans
+        if s.service == "reward"
+        and s.parent_id
+        and s.name.startswith("GET /echo")
+        and s.attributes.get("loom.request_id")
+    ]
     assert server.trace_id == trace_id and server.attributes["loom.request_id"] == trace_id
     [client_span] = [s for s in spans if s.attributes.get("url.full") == "http://reward/echo"]
     assert server.parent_id == client_span.span_id

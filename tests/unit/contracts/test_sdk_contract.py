@@ -36,13 +36,20 @@ class _PathReader:
     constants and `self.<property>` returning one of those; anything else is unknown."""
 
     def __init__(self, tree: ast.Module) -> None:
-        self.constants = {target.id: node.value for node in tree.body
-                          if isinstance(node, ast.Assign)
-                          for target in node.targets if isinstance(target, ast.Name)}
+        self.constants = {
+            target.id: node.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
         self.properties = {
-            node.name: node.body[-1].value for node in ast.walk(tree)
-            if isinstance(node, ast.FunctionDef) and node.body
-            and isinstance(node.body[-1], ast.Return) and node.body[-1].value is not None
+            node.name: node.body[-1].value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[-1], ast.Return)
+            and node.body[-1].value is not None
             and any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list)
         }
 
@@ -51,13 +58,20 @@ class _PathReader:
             return node.value
         if isinstance(node, ast.Name) and node.id in self.constants:
             return self.template(self.constants[node.id])
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id == "self" and node.attr in self.properties):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and node.attr in self.properties
+        ):
             return self.template(self.properties[node.attr])
         if isinstance(node, ast.JoinedStr):
             return "".join(
-                (self.template(value.value) or ANY) if isinstance(value, ast.FormattedValue)
-                else (self.template(value) or "") for value in node.values)
+                (self.template(value.value) or ANY)
+                if isinstance(value, ast.FormattedValue)
+                else (self.template(value) or "")
+                for value in node.values
+            )
         return None
 
 
@@ -75,8 +89,12 @@ def sdk_calls() -> tuple[list[Call], list[str]]:
             where = f"{source.name}:{node.lineno}"
             if name in METHODS and args:
                 method, path_node = METHODS[name], args[0]
-            elif (name in NAMED_METHOD and len(args) >= 2 and isinstance(args[0], ast.Constant)
-                  and isinstance(args[0].value, str)):
+            elif (
+                name in NAMED_METHOD
+                and len(args) >= 2
+                and isinstance(args[0], ast.Constant)
+                and isinstance(args[0].value, str)
+            ):
                 method, path_node = args[0].value, args[1]
             else:
                 continue
@@ -108,16 +126,21 @@ def problem(call: Call, openapis: dict[str, dict[str, Any]]) -> str | None:
         targets.append((service, "/v1/" + call.path.split("/", 3)[3]))
     for server, path in targets:
         for served, operations in openapis[server]["paths"].items():
-            if served != PROXY_ROUTE and _matches(path, served) and (
-                    call.method.lower() in operations):
+            if (
+                served != PROXY_ROUTE
+                and _matches(path, served)
+                and (call.method.lower() in operations)
+            ):
                 return None
     return f"{call.where}: {call.method} {call.path} is no route of the gateway or its services"
 
 
 @pytest.fixture(scope="module")
 def openapis(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    return {service: openapi_of(service, tmp_path_factory.mktemp(service))
-            for service in ("gateway", *PROXIED)}
+    return {
+        service: openapi_of(service, tmp_path_factory.mktemp(service))
+        for service in ("gateway", *PROXIED)
+    }
 
 
 def test_every_sdk_request_is_a_route(openapis: dict[str, dict[str, Any]]) -> None:
@@ -129,12 +152,16 @@ def test_every_sdk_request_is_a_route(openapis: dict[str, dict[str, Any]]) -> No
     assert [found for call in calls if (found := problem(call, openapis))] == []
 
 
-@pytest.mark.parametrize("call", [
-    Call("POST", "/v1/rollout/sampel", "planted"),
-    Call("GET", "/v1/rollout/sample", "planted"),
-    Call("POST", "/v1/jobs/{}/metric", "planted"),
-    Call("DELETE", "/v1/modelstate/jobs/{}/versions/{}/lineage", "planted"),
-])
-def test_a_planted_wrong_sdk_request_is_caught(call: Call,
-                                               openapis: dict[str, dict[str, Any]]) -> None:
+@pytest.mark.parametrize(
+    "call",
+    [
+        Call("POST", "/v1/rollout/sampel", "planted"),
+        Call("GET", "/v1/rollout/sample", "planted"),
+        Call("POST", "/v1/jobs/{}/metric", "planted"),
+        Call("DELETE", "/v1/modelstate/jobs/{}/versions/{}/lineage", "planted"),
+    ],
+)
+def test_a_planted_wrong_sdk_request_is_caught(
+    call: Call, openapis: dict[str, dict[str, Any]]
+) -> None:
     assert problem(call, openapis) is not None

@@ -36,15 +36,19 @@ def test_a_session_cookie_names_the_key_id_and_reads_back() -> None:
 
 
 def flip(text: str, index: int) -> str:
-    return text[:index] + ("A" if text[index] != "A" else "B") + text[index + 1:]
+    return text[:index] + ("A" if text[index] != "A" else "B") + text[index + 1 :]
 
 
-@pytest.mark.parametrize("tamper", [
-    lambda cookie: flip(cookie, len(cookie) - 3),   # signature changed
-    lambda cookie: flip(cookie, 5),                 # payload changed
-    lambda cookie: cookie.replace(".", ""),         # no signature at all
-    lambda cookie: "",
-], ids=["signature", "payload", "unsigned", "empty"])
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda cookie: flip(cookie, len(cookie) - 3),  # signature changed
+        lambda cookie: flip(cookie, 5),  # payload changed
+        lambda cookie: cookie.replace(".", ""),  # no signature at all
+        lambda cookie: "",
+    ],
+    ids=["signature", "payload", "unsigned", "empty"],
+)
 def test_a_tampered_cookie_is_refused(tamper: Callable[[str], str]) -> None:
     keeper = signer()
     _, cookie = keeper.issue("key_1")
@@ -101,26 +105,32 @@ def test_a_short_secret_is_refused() -> None:
         SessionSigner(b"short", ttl_s=60)
 
 
-@pytest.mark.parametrize(("origin", "host", "ok"), [
-    (None, "127.0.0.1:8000", True),                     # no Origin: the token decides
-    ("http://127.0.0.1:8000", "127.0.0.1:8000", True),
-    ("https://loom.example", "loom.example", True),     # TLS ended by a proxy in front
-    ("http://evil.example", "127.0.0.1:8000", False),
-    ("http://127.0.0.1:9999", "127.0.0.1:8000", False),
-    ("null", "127.0.0.1:8000", False),                  # sandboxed frames, data: URLs
-])
+@pytest.mark.parametrize(
+    ("origin", "host", "ok"),
+    [
+        (None, "127.0.0.1:8000", True),  # no Origin: the token decides
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", True),
+        ("https://loom.example", "loom.example", True),  # TLS ended by a proxy in front
+        ("http://evil.example", "127.0.0.1:8000", False),
+        ("http://127.0.0.1:9999", "127.0.0.1:8000", False),
+        ("null", "127.0.0.1:8000", False),  # sandboxed frames, data: URLs
+    ],
+)
 def test_same_origin(origin: str | None, host: str, ok: bool) -> None:
     assert same_origin(origin, host) is ok
 
 
-@pytest.mark.parametrize(("target", "expected"), [
-    ("/admin/jobs/job_1", "/admin/jobs/job_1"),
-    ("https://evil.example/admin", "/admin/"),
-    ("//evil.example/admin", "/admin/"),
-    ("/admin//evil.example", "/admin/"),
-    ("/v1/jobs", "/admin/"),
-    (None, "/admin/"),
-])
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("/admin/jobs/job_1", "/admin/jobs/job_1"),
+        ("https://evil.example/admin", "/admin/"),
+        ("//evil.example/admin", "/admin/"),
+        ("/admin//evil.example", "/admin/"),
+        ("/v1/jobs", "/admin/"),
+        (None, "/admin/"),
+    ],
+)
 def test_after_login_only_admin_paths_are_followed(target: str | None, expected: str) -> None:
     assert safe_next(target) == expected
 
@@ -130,21 +140,35 @@ def test_admin_paths_bypass_the_api_key_middleware_and_nothing_else_does() -> No
     assert not is_public("/administrator") and not is_public("/v1/admin")
 
 
-@pytest.mark.parametrize(("name", "panel"), [
-    ("reward", "Reward"), ("train/reward_mean", "Reward"), ("eval/accuracy", "Reward"),
-    ("loss", "Loss"), ("policy_loss", "Loss"), ("kl", "KL"), ("kl/mean", "KL"),
-    ("ref_kl", "KL"), ("throughput/samples_per_s", "Throughput"), ("tokens_per_s", "Throughput"),
-    ("weekly_lr", None), ("lr", None), ("grad_norm", None),
-])
+@pytest.mark.parametrize(
+    ("name", "panel"),
+    [
+        ("reward", "Reward"),
+        ("train/reward_mean", "Reward"),
+        ("eval/accuracy", "Reward"),
+        ("loss", "Loss"),
+        ("policy_loss", "Loss"),
+        ("kl", "KL"),
+        ("kl/mean", "KL"),
+        ("ref_kl", "KL"),
+        ("throughput/samples_per_s", "Throughput"),
+        ("tokens_per_s", "Throughput"),
+        ("weekly_lr", None),
+        ("lr", None),
+        ("grad_norm", None),
+    ],
+)
 def test_metric_names_land_in_the_right_panel(name: str, panel: str | None) -> None:
     assert panel_of(name) == panel
 
 
 def test_charts_align_series_on_steps_and_count_points() -> None:
-    series = [MetricSeries(name="reward", steps=[0, 1, 2], values=[0.1, 0.2, 0.3]),
-              MetricSeries(name="mean_reward", steps=[0, 2], values=[0.5, 0.6]),
-              MetricSeries(name="lr", steps=[0], values=[1e-3]),
-              MetricSeries(name="lr.", steps=[0], values=[2e-3])]
+    series = [
+        MetricSeries(name="reward", steps=[0, 1, 2], values=[0.1, 0.2, 0.3]),
+        MetricSeries(name="mean_reward", steps=[0, 2], values=[0.5, 0.6]),
+        MetricSeries(name="lr", steps=[0], values=[1e-3]),
+        MetricSeries(name="lr.", steps=[0], values=[2e-3]),
+    ]
     charts = build_charts(series)
     assert [c.title for c in charts] == ["Reward", "Loss", "KL", "Throughput", "lr", "lr."]
     reward = charts[0].uplot_data()
@@ -155,23 +179,37 @@ def test_charts_align_series_on_steps_and_count_points() -> None:
     assert len({c.slug for c in charts}) == len(charts)  # element ids stay unique
 
 
-@pytest.mark.parametrize(("name", "phase"), [
-    ("sft/loss", "sft"), ("rl/reward", "rl"), ("eval/accuracy", "eval"), ("loss", ""),
-    ("kl/mean", ""), ("throughput/samples_per_s", ""), ("rl/kl/mean", "rl"), ("sft/", ""),
-])
+@pytest.mark.parametrize(
+    ("name", "phase"),
+    [
+        ("sft/loss", "sft"),
+        ("rl/reward", "rl"),
+        ("eval/accuracy", "eval"),
+        ("loss", ""),
+        ("kl/mean", ""),
+        ("throughput/samples_per_s", ""),
+        ("rl/kl/mean", "rl"),
+        ("sft/", ""),
+    ],
+)
 def test_a_name_prefix_is_a_phase_unless_it_is_a_panel_word(name: str, phase: str) -> None:
     assert phase_of(name) == phase
 
 
 def test_each_phase_has_its_own_charts_and_step_axis_in_run_order() -> None:
-    series = [MetricSeries(name="rl/reward", steps=[1, 2], values=[0.4, 0.5]),
-              MetricSeries(name="rl/loss", steps=[1, 2], values=[0.1, 0.0]),
-              MetricSeries(name="eval/accuracy", steps=[10], values=[0.6]),
-              MetricSeries(name="sft/loss", steps=list(range(1, 1101)), values=[1.0] * 1100)]
+    series = [
+        MetricSeries(name="rl/reward", steps=[1, 2], values=[0.4, 0.5]),
+        MetricSeries(name="rl/loss", steps=[1, 2], values=[0.1, 0.0]),
+        MetricSeries(name="eval/accuracy", steps=[10], values=[0.6]),
+        MetricSeries(name="sft/loss", steps=list(range(1, 1101)), values=[1.0] * 1100),
+    ]
     charts = build_charts(series)
     assert [(c.phase, c.title, c.slug) for c in charts] == [
-        ("sft", "Loss", "chart-sft-loss"), ("rl", "Reward", "chart-rl-reward"),
-        ("rl", "Loss", "chart-rl-loss"), ("eval", "Reward", "chart-eval-reward")]
+        ("sft", "Loss", "chart-sft-loss"),
+        ("rl", "Reward", "chart-rl-reward"),
+        ("rl", "Loss", "chart-rl-loss"),
+        ("eval", "Reward", "chart-eval-reward"),
+    ]
     rl_loss = charts[2].uplot_data()
     assert rl_loss["data"][0] == [1, 2] and rl_loss["axis"] == "rl step"
     assert charts[0].uplot_data()["axis"] == "sft step"

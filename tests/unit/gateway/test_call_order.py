@@ -26,7 +26,8 @@ async def submitted(order: CallOrder, futures: Futures, seq_id: int, log: list[i
 
 
 async def test_a_refused_call_uses_its_number_up_now_or_when_its_turn_comes(
-        gateway_db: sessionmaker[Session]) -> None:
+    gateway_db: sessionmaker[Session],
+) -> None:
     order, futures, log = CallOrder("m"), Futures(gateway_db, "t"), []
     await submitted(order, futures, 1, log)
     await order.skip(futures, 2)  # refused at its turn
@@ -43,7 +44,8 @@ async def test_a_refused_call_uses_its_number_up_now_or_when_its_turn_comes(
 
 
 async def test_a_call_whose_submission_fails_uses_its_number_up(
-        gateway_db: sessionmaker[Session]) -> None:
+    gateway_db: sessionmaker[Session],
+) -> None:
     order, futures = CallOrder("m"), Futures(gateway_db, "t")
 
     async def refuse() -> str:
@@ -68,7 +70,8 @@ class Service:
 
 
 async def test_a_numbered_service_call_refused_before_its_turn_is_skipped(
-        gateway_db: sessionmaker[Session]) -> None:
+    gateway_db: sessionmaker[Session],
+) -> None:
     service = Service(Futures(gateway_db, "t"))
     with pytest.raises(InvalidInput):
         await service.call("m", 1)
@@ -78,7 +81,8 @@ async def test_a_numbered_service_call_refused_before_its_turn_is_skipped(
 
 
 async def test_replicas_on_one_database_take_turns_by_the_numbers_each_other_used(
-        gateway_db: sessionmaker[Session]) -> None:
+    gateway_db: sessionmaker[Session],
+) -> None:
     """One model's calls spread over two gateway replicas (each its own CallOrder and
     Futures): a call waits for the numbers before it, used up on either replica."""
     first, second = Futures(gateway_db, "a"), Futures(gateway_db, "b")
@@ -88,6 +92,7 @@ async def test_replicas_on_one_database_take_turns_by_the_numbers_each_other_use
     await there.skip(second, 3)  # refused on the other replica
     assert await asyncio.wait_for(submitted(here, first, 4, log), 5)  # saw 2 and 3 used
     assert log == [1, 2, 4]
+
     # A number released by a refused submission is claimed again by the resent call.
     async def refuse() -> int:
         raise InvalidInput("lr must be >= 0")

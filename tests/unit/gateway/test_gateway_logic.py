@@ -20,9 +20,9 @@ def job(status: JobStatus) -> JobRow:
     return JobRow(id="job_1", status=status.value)
 
 
-@pytest.mark.parametrize(("start", "target"), [
-    (start, target) for start in JobStatus for target in JobStatus
-])
+@pytest.mark.parametrize(
+    ("start", "target"), [(start, target) for start in JobStatus for target in JobStatus]
+)
 def test_job_moves_follow_the_table(start: JobStatus, target: JobStatus) -> None:
     row = job(start)
     if target in TRANSITIONS[start]:
@@ -54,18 +54,21 @@ def test_secrets_are_random_prefixed_and_hashed() -> None:
     assert len(first) // 2 > DISPLAY_CHARS  # the displayed prefix gives little away
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({b"authorization": b"Bearer loom_a"}, "loom_a"),
-    ({b"authorization": b"bearer   loom_a "}, "loom_a"),
-    ({b"x-api-key": b"loom_b"}, "loom_b"),
-    ({b"authorization": b"Bearer loom_a", b"x-api-key": b"loom_b"}, "loom_a"),
-    # the SDKs' own ways, registered by their layers: Weaver's header, Tinker's prefix
-    ({b"x-weaver-api-key": b"loom_w"}, "loom_w"),
-    ({b"x-api-key": b"tml-loom_t"}, "loom_t"),
-    ({b"authorization": b"Basic dXNlcg=="}, None),
-    ({b"authorization": b"Bearer "}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({b"authorization": b"Bearer loom_a"}, "loom_a"),
+        ({b"authorization": b"bearer   loom_a "}, "loom_a"),
+        ({b"x-api-key": b"loom_b"}, "loom_b"),
+        ({b"authorization": b"Bearer loom_a", b"x-api-key": b"loom_b"}, "loom_a"),
+        # the SDKs' own ways, registered by their layers: Weaver's header, Tinker's prefix
+        ({b"x-weaver-api-key": b"loom_w"}, "loom_w"),
+        ({b"x-api-key": b"tml-loom_t"}, "loom_t"),
+        ({b"authorization": b"Basic dXNlcg=="}, None),
+        ({b"authorization": b"Bearer "}, None),
+        ({}, None),
+    ],
+)
 def test_presented_secret(headers: dict[bytes, bytes], expected: str | None) -> None:
     dialects = ClientDialects()
     dialects.register(tinker_routes.DIALECT)
@@ -74,23 +77,46 @@ def test_presented_secret(headers: dict[bytes, bytes], expected: str | None) -> 
 
 
 def test_public_paths() -> None:
-    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs",
-                 "/docs/oauth2-redirect"):
+    for path in (
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+    ):
         assert is_public(path)
     for path in ("/v1/jobs", "/v1/health", "/metricsx", "/v1/rollout/docs"):
         assert not is_public(path)
 
 
 def test_forwarded_headers_drop_hop_by_hop_and_credentials() -> None:
-    raw = [(b"Host", b"gw"), (b"Authorization", b"Bearer k"), (b"X-API-Key", b"k"),
-           (b"Connection", b"keep-alive, X-Hop"), (b"X-Hop", b"1"), (b"TE", b"trailers"),
-           (b"Content-Type", b"application/json"), (b"X-Custom", b"a"), (b"X-Custom", b"b")]
+    raw = [
+        (b"Host", b"gw"),
+        (b"Authorization", b"Bearer k"),
+        (b"X-API-Key", b"k"),
+        (b"Connection", b"keep-alive, X-Hop"),
+        (b"X-Hop", b"1"),
+        (b"TE", b"trailers"),
+        (b"Content-Type", b"application/json"),
+        (b"X-Custom", b"a"),
+        (b"X-Custom", b"b"),
+    ]
     assert forwarded_headers(raw, NOT_FORWARDED) == [
-        (b"Content-Type", b"application/json"), (b"X-Custom", b"a"), (b"X-Custom", b"b")]
-    returned = [(b"transfer-encoding", b"chunked"), (b"x-request-id", b"r"),
-                (b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")]
+        (b"Content-Type", b"application/json"),
+        (b"X-Custom", b"a"),
+        (b"X-Custom", b"b"),
+    ]
+    returned = [
+        (b"transfer-encoding", b"chunked"),
+        (b"x-request-id", b"r"),
+        (b"set-cookie", b"a=1"),
+        (b"set-cookie", b"b=2"),
+    ]
     assert forwarded_headers(returned, NOT_RETURNED) == [
-        (b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")]
+        (b"set-cookie", b"a=1"),
+        (b"set-cookie", b"b=2"),
+    ]
 
 
 def test_auth_cache_expires_and_evicts(monkeypatch: pytest.MonkeyPatch) -> None:

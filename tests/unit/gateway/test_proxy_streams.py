@@ -28,14 +28,16 @@ async def read(content_type: str, first: bytes, **headers: str) -> tuple[bytes, 
     async def release() -> None:
         released.append(True)
 
-    upstream = httpx2.Response(200, headers={"content-type": content_type, **headers},
-                               stream=Breaks(first))
+    upstream = httpx2.Response(
+        200, headers={"content-type": content_type, **headers}, stream=Breaks(first)
+    )
     body = b"".join([chunk async for chunk in guarded(upstream, "rollout", release)])
     return body, released == [True]
 
 
-@pytest.mark.parametrize("first", [b'data: {"id": 1}\n\n', b'data: {"id": 1}\n',
-                                   b'data: {"id": 1}'])
+@pytest.mark.parametrize(
+    "first", [b'data: {"id": 1}\n\n', b'data: {"id": 1}\n', b'data: {"id": 1}']
+)
 async def test_a_broken_sse_stream_ends_with_an_error_event_and_done(first: bytes) -> None:
     body, released = await read("text/event-stream", first)
     events = [line.removeprefix("data: ") for line in body.decode().split("\n\n")]
@@ -52,8 +54,10 @@ async def test_a_broken_ndjson_stream_ends_with_an_error_line_even_mid_line() ->
     assert error["type"] == "error" and "broke" in error["error"]["message"]
 
 
-@pytest.mark.parametrize(("content_type", "headers"), [
-    ("application/json", {}), ("text/event-stream", {"content-encoding": "gzip"})])
+@pytest.mark.parametrize(
+    ("content_type", "headers"),
+    [("application/json", {}), ("text/event-stream", {"content-encoding": "gzip"})],
+)
 async def test_another_body_is_cut_short(content_type: str, headers: dict[str, str]) -> None:
     with pytest.raises(httpx2.ReadError):
         await read(content_type, b'{"partial": ', **headers)

@@ -18,22 +18,25 @@ def target_of(raw_path: str, query: str = "") -> str:
     return proxy_target(raw_path, 2, query).target
 
 
-@pytest.mark.parametrize("raw_path", [
-    "/v1/modelstate/jobs/mine/../theirs/versions",
-    "/v1/modelstate/jobs/mine/%2e%2e/theirs/versions",
-    "/v1/modelstate/jobs/mine/%2E%2E/theirs/versions",
-    "/v1/modelstate/jobs/mine/.%2E/theirs/versions",
-    "/v1/modelstate/jobs/mine/./versions",
-    "/v1/modelstate/jobs/mine/%2e/versions",
-    "/v1/modelstate/jobs/mine%2F..%2Ftheirs/versions",
-    "/v1/modelstate/jobs/mine%2f..%2ftheirs/versions",
-    "/v1/modelstate/jobs/mine%5C..%5Ctheirs/versions",
-    "/v1/modelstate/jobs//theirs/versions",
-    "/v1/modelstate/jobs/mine/versions/",
-    "/v1/modelstate/jobs/mine/%00/versions",
-    "/v1/modelstate/jobs/mine/%ff/versions",
-    "/v1/modelstate/jobs/mine/versions/..",
-])
+@pytest.mark.parametrize(
+    "raw_path",
+    [
+        "/v1/modelstate/jobs/mine/../theirs/versions",
+        "/v1/modelstate/jobs/mine/%2e%2e/theirs/versions",
+        "/v1/modelstate/jobs/mine/%2E%2E/theirs/versions",
+        "/v1/modelstate/jobs/mine/.%2E/theirs/versions",
+        "/v1/modelstate/jobs/mine/./versions",
+        "/v1/modelstate/jobs/mine/%2e/versions",
+        "/v1/modelstate/jobs/mine%2F..%2Ftheirs/versions",
+        "/v1/modelstate/jobs/mine%2f..%2ftheirs/versions",
+        "/v1/modelstate/jobs/mine%5C..%5Ctheirs/versions",
+        "/v1/modelstate/jobs//theirs/versions",
+        "/v1/modelstate/jobs/mine/versions/",
+        "/v1/modelstate/jobs/mine/%00/versions",
+        "/v1/modelstate/jobs/mine/%ff/versions",
+        "/v1/modelstate/jobs/mine/versions/..",
+    ],
+)
 def test_ambiguous_spellings_are_refused(raw_path: str) -> None:
     with pytest.raises(BadRequest) as refused:
         proxy_target(raw_path, 2, "")
@@ -42,11 +45,13 @@ def test_ambiguous_spellings_are_refused(raw_path: str) -> None:
 
 
 def test_ordinary_paths_keep_their_segments_and_query() -> None:
-    target = proxy_target("/v1/modelstate/jobs/job_1/versions/3/files/adapter%20config.json",
-                          2, "wait=5&tag=a%2Fb")
+    target = proxy_target(
+        "/v1/modelstate/jobs/job_1/versions/3/files/adapter%20config.json", 2, "wait=5&tag=a%2Fb"
+    )
     assert target.path == "/jobs/job_1/versions/3/files/adapter config.json"
-    assert target.target == ("/v1/jobs/job_1/versions/3/files/adapter%20config.json"
-                             "?wait=5&tag=a%2Fb")
+    assert target.target == (
+        "/v1/jobs/job_1/versions/3/files/adapter%20config.json?wait=5&tag=a%2Fb"
+    )
 
 
 def test_a_needlessly_encoded_segment_is_sent_in_one_canonical_spelling() -> None:
@@ -59,8 +64,19 @@ def server_decoded_path(target: str) -> str:
     return unquote(target.partition("?")[0])
 
 
-PIECES = [*"aZ09._-~ /\\%?#@:;=+!$&'()*,é", "%2e", "%2E", "%2f", "%2F", "%5c", "%00", "%ff",
-          "%c3%a9", "%6a", ".."]
+PIECES = [
+    *"aZ09._-~ /\\%?#@:;=+!$&'()*,é",
+    "%2e",
+    "%2E",
+    "%2f",
+    "%2F",
+    "%5c",
+    "%00",
+    "%ff",
+    "%c3%a9",
+    "%6a",
+    "..",
+]
 raw_segments = st.lists(st.sampled_from(PIECES), max_size=8).map("".join)
 
 

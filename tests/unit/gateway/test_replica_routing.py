@@ -25,16 +25,25 @@ class Clock:
 
 
 def registry(clock: Clock, static: str | None = STATIC) -> ReplicaRegistry:
-    return ReplicaRegistry(static, lambda url: httpx2.AsyncClient(base_url=url),
-                           missed_heartbeats=3, clock=clock)
+    return ReplicaRegistry(
+        static, lambda url: httpx2.AsyncClient(base_url=url), missed_heartbeats=3, clock=clock
+    )
 
 
-def beat(port: int, *held: tuple[str | None, int], ready: bool = True, requests: int = 0
-         ) -> ReplicaHeartbeat:
-    versions = [LoadedVersion(job_id=job, number=n, kind="base" if job is None else "lora")
-                for job, n in held]
-    return ReplicaHeartbeat(url=f"http://127.0.0.1:{port}", ready=ready, versions=versions,
-                            requests_in_flight=requests, heartbeat_s=1.0)
+def beat(
+    port: int, *held: tuple[str | None, int], ready: bool = True, requests: int = 0
+) -> ReplicaHeartbeat:
+    versions = [
+        LoadedVersion(job_id=job, number=n, kind="base" if job is None else "lora")
+        for job, n in held
+    ]
+    return ReplicaHeartbeat(
+        url=f"http://127.0.0.1:{port}",
+        ready=ready,
+        versions=versions,
+        requests_in_flight=requests,
+        heartbeat_s=1.0,
+    )
 
 
 def ids(replicas: list) -> list[str]:
@@ -123,8 +132,7 @@ def test_least_outstanding_work_then_a_rotating_turn() -> None:
     a.in_flight = 2  # this gateway's own requests
     assert ids(order(replicas.candidates(), RouteKey(), replicas.newest, 0)) == ["c", "a", "b"]
     a.in_flight = 0
-    firsts = {order(replicas.candidates(), RouteKey(), replicas.newest, t)[0].id
-              for t in range(3)}
+    firsts = {order(replicas.candidates(), RouteKey(), replicas.newest, t)[0].id for t in range(3)}
     assert firsts == {"a", "c"}  # equals take turns
 
 
@@ -133,31 +141,41 @@ def test_an_affinity_key_sticks_to_one_replica_while_it_lives() -> None:
     for index, name in enumerate("abcd"):
         replicas.heartbeat(name, beat(9001 + index))
     keys = [f"episode-{n}" for n in range(40)]
-    first = {k: order(replicas.candidates(), RouteKey(affinity=k), replicas.newest, 0)[0].id
-             for k in keys}
+    first = {
+        k: order(replicas.candidates(), RouteKey(affinity=k), replicas.newest, 0)[0].id
+        for k in keys
+    }
     assert len(set(first.values())) > 1  # keys spread over replicas
     replicas.candidates()[0].in_flight = 50  # load does not move a sticky key
-    again = {k: order(replicas.candidates(), RouteKey(affinity=k), replicas.newest, 7)[0].id
-             for k in keys}
+    again = {
+        k: order(replicas.candidates(), RouteKey(affinity=k), replicas.newest, 7)[0].id
+        for k in keys
+    }
     assert again == first
     replicas.leave("a")  # only the keys of the replica that left move
-    after = {k: order(replicas.candidates(), RouteKey(affinity=k), replicas.newest, 0)[0].id
-             for k in keys}
+    after = {
+        k: order(replicas.candidates(), RouteKey(affinity=k), replicas.newest, 0)[0].id
+        for k in keys
+    }
     assert {k for k in keys if after[k] != first[k]} == {k for k in keys if first[k] == "a"}
 
 
-@pytest.mark.parametrize(("segments", "body", "expected"), [
-    (("sample",), {"job_id": "j", "version": 3}, RouteKey("j", 3)),
-    (("sample",), {"prompts": [[1]]}, RouteKey(None, "latest")),
-    (("rollouts",), {"job_id": "j"}, RouteKey("j", "latest")),
-    (("chat", "completions"), {"model": "j@7"}, RouteKey("j", "7")),
-    (("completions",), {"model": "j"}, RouteKey("j", "latest")),
-    (("completions",), {"model": "loom/tiny"}, RouteKey(None, 0)),
-    (("completions",), {"model": "base"}, RouteKey(None, 0)),
-    (("trajectories", "t1", "chat", "completions"), {"model": "x"}, RouteKey(affinity="t1")),
-])
+@pytest.mark.parametrize(
+    ("segments", "body", "expected"),
+    [
+        (("sample",), {"job_id": "j", "version": 3}, RouteKey("j", 3)),
+        (("sample",), {"prompts": [[1]]}, RouteKey(None, "latest")),
+        (("rollouts",), {"job_id": "j"}, RouteKey("j", "latest")),
+        (("chat", "completions"), {"model": "j@7"}, RouteKey("j", "7")),
+        (("completions",), {"model": "j"}, RouteKey("j", "latest")),
+        (("completions",), {"model": "loom/tiny"}, RouteKey(None, 0)),
+        (("completions",), {"model": "base"}, RouteKey(None, 0)),
+        (("trajectories", "t1", "chat", "completions"), {"model": "x"}, RouteKey(affinity="t1")),
+    ],
+)
 def test_route_key_reads_the_version_a_call_asks_for(
-        segments: tuple[str, ...], body: dict, expected: RouteKey) -> None:
+    segments: tuple[str, ...], body: dict, expected: RouteKey
+) -> None:
     assert route_key(segments, json.dumps(body).encode(), None) == expected
 
 

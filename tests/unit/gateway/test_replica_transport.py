@@ -31,18 +31,27 @@ class Replicas:
             if url in self.down:
                 raise httpx2.ConnectError("connection refused", request=request)
             self.seen.setdefault(url, []).append(request)
-            return httpx2.Response(200, json={"served_by": url, "body": json.loads(
-                request.content or b"null")})
+            return httpx2.Response(
+                200, json={"served_by": url, "body": json.loads(request.content or b"null")}
+            )
 
-        return httpx2.AsyncClient(base_url=url, transport=httpx2.MockTransport(handle),
-                                  headers={"X-Loom-Service-Token": "t"})
+        return httpx2.AsyncClient(
+            base_url=url,
+            transport=httpx2.MockTransport(handle),
+            headers={"X-Loom-Service-Token": "t"},
+        )
 
 
 def beat(port: int, *held: tuple[str, int]) -> ReplicaHeartbeat:
     return ReplicaHeartbeat(
-        url=f"http://127.0.0.1:{port}", ready=True, heartbeat_s=1.0,
-        versions=[LoadedVersion(job_id=None, number=0, kind="base"),
-                  *(LoadedVersion(job_id=job, number=n, kind="lora") for job, n in held)])
+        url=f"http://127.0.0.1:{port}",
+        ready=True,
+        heartbeat_s=1.0,
+        versions=[
+            LoadedVersion(job_id=None, number=0, kind="base"),
+            *(LoadedVersion(job_id=job, number=n, kind="lora") for job, n in held),
+        ],
+    )
 
 
 @pytest.fixture
@@ -60,8 +69,7 @@ async def test_a_sample_goes_to_the_replica_holding_its_version(fakes: Replicas)
     b = registry.heartbeat("b", beat(9002, ("j1", 3)))
     rollout = client_over(registry)
     for _ in range(3):
-        answer = await rollout.post_json("/v1/sample?x=1", SAMPLE,
-                                         headers={"X-Caller": "tinker"})
+        answer = await rollout.post_json("/v1/sample?x=1", SAMPLE, headers={"X-Caller": "tinker"})
         assert answer == {"served_by": b.url, "body": SAMPLE}
     sent = fakes.seen[b.url][0]
     assert sent.url == httpx2.URL(f"{b.url}/v1/sample?x=1")

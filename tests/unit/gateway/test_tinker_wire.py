@@ -76,13 +76,17 @@ def test_padded_targets_with_no_loss_are_taken_and_others_are_named() -> None:
     (converted,), _ = loom_batch([padded], "cross_entropy", {})
     assert converted.input_ids == [5, 6, 7, 8, 9]
     assert converted.loss_mask == [0.0, 0.0, 0.0, 1.0, 1.0]
-    policy = parsed(request([5, 6, 7], [0, 7, 8], logprobs=[0.0, -0.5, -0.5],
-                            advantages=[0.0, 1.0, 1.0]))
+    policy = parsed(
+        request([5, 6, 7], [0, 7, 8], logprobs=[0.0, -0.5, -0.5], advantages=[0.0, 1.0, 1.0])
+    )
     (converted,), _ = loom_batch([policy], "importance_sampling", {})
     assert converted.loss_mask == [0.0, 0.0, 1.0, 1.0]
     carrying = parsed(request([5, 6, 7, 8], [0, 0, 8, 9], weights=[0.0, 1.0, 1.0, 1.0]))
-    with pytest.raises(InvalidInput, match=r"target_tokens\[1\] is 0, not the next input "
-                                           r"token 7") as refused:
+    with pytest.raises(
+        InvalidInput,
+        match=r"target_tokens\[1\] is 0, not the next input "
+        r"token 7",
+    ) as refused:
         loom_batch([carrying], "cross_entropy", {})
     assert refused.value.detail == {"index": 0, "position": 1}
 
@@ -96,8 +100,19 @@ def test_outputs_round_trip_as_the_sdk_decodes_them() -> None:
     assert list(offsets) == [0, 8, 12] and list(values) == [-1.0, -2.0, -3.0]
     assert out.metrics["loss:sum"] == 6.0
     sample = wire.SampleResponse()
-    sample.ParseFromString(wire.sample_response([Sample(
-        token_ids=[4, 5], logprobs=[-0.5, -0.25], text="", stop_reason="length", version=1)]))
+    sample.ParseFromString(
+        wire.sample_response(
+            [
+                Sample(
+                    token_ids=[4, 5],
+                    logprobs=[-0.5, -0.25],
+                    text="",
+                    stop_reason="length",
+                    version=1,
+                )
+            ]
+        )
+    )
     assert list(np.frombuffer(sample.sequences[0].tokens, "<i4")) == [4, 5]
     assert sample.sequences[0].stop_reason == wire.STOP_REASON_LENGTH
     assert not sample.sequences[0].HasField("topk_sampled_logprobs")
@@ -105,11 +120,20 @@ def test_outputs_round_trip_as_the_sdk_decodes_them() -> None:
 
 
 def test_top_k_logprobs_are_dense_matrices_with_empty_cells_marked() -> None:
-    sampled = Sample(token_ids=[4, 5], logprobs=[-0.5, -0.25], text="", stop_reason="stop",
-                     version=1, top_logprobs=[[(4, -0.5), (9, -1.0)], [(5, -0.25), (4, -2.0)]])
+    sampled = Sample(
+        token_ids=[4, 5],
+        logprobs=[-0.5, -0.25],
+        text="",
+        stop_reason="stop",
+        version=1,
+        top_logprobs=[[(4, -0.5), (9, -1.0)], [(5, -0.25), (4, -2.0)]],
+    )
     out = wire.SampleResponse()
-    out.ParseFromString(wire.sample_response(
-        [sampled], [None, -1.5], [None, [(3, -0.1), (7, -1.5)]], top_k=2, prompt_top_k=2))
+    out.ParseFromString(
+        wire.sample_response(
+            [sampled], [None, -1.5], [None, [(3, -0.1), (7, -1.5)]], top_k=2, prompt_top_k=2
+        )
+    )
     prompt = out.topk_prompt_logprobs
     assert (prompt.k, prompt.length) == (2, 2)
     ids = np.frombuffer(prompt.token_ids, "<i4").reshape(2, 2)
@@ -129,7 +153,8 @@ def test_stop_strings_and_stop_tokens_are_told_apart() -> None:
 
 
 async def test_futures_wait_then_answer_and_failures_take_the_sdk_shape(
-        gateway_db: sessionmaker[Session]) -> None:
+    gateway_db: sessionmaker[Session],
+) -> None:
     futures = Futures(gateway_db, "req")
     gate = asyncio.Event()
 

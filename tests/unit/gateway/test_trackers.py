@@ -16,12 +16,19 @@ def test_every_tracker_name_has_a_writer() -> None:
     assert set(WRITERS) == set(TRACKER_NAMES)
 
 
-@pytest.mark.parametrize(("value", "names"), [
-    ("wandb,mlflow", ("wandb", "mlflow")), (" tensorboard , wandb,", ("tensorboard", "wandb")),
-    ("", ()), (["mlflow", "mlflow"], ("mlflow",)), ([], ()),
-])
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        ("wandb,mlflow", ("wandb", "mlflow")),
+        (" tensorboard , wandb,", ("tensorboard", "wandb")),
+        ("", ()),
+        (["mlflow", "mlflow"], ("mlflow",)),
+        ([], ()),
+    ],
+)
 def test_tracker_names_parse_from_a_list_or_a_comma_separated_string(
-        value: object, names: tuple[str, ...]) -> None:
+    value: object, names: tuple[str, ...]
+) -> None:
     assert parse_trackers(value) == names
 
 
@@ -35,7 +42,8 @@ def test_a_job_config_chooses_its_trackers_or_leaves_the_default() -> None:
     assert job_trackers({}) is None
     assert job_trackers({"trackers": []}) == ()
     assert JobCreate(base_model="m", config={"trackers": ["wandb"]}).config == {
-        "trackers": ["wandb"]}
+        "trackers": ["wandb"]
+    }
     with pytest.raises(ValidationError, match="unknown trackers"):
         JobCreate(base_model="m", config={"trackers": "wandb,neptune"})
 
@@ -49,7 +57,8 @@ def test_loom_trackers_is_checked_at_start(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_samples_go_to_no_tracker_unless_listed_and_artifacts_stay_beside_the_store(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     options = GatewaySettings(data_dir=tmp_path).tracker_options()
     assert options.samples == ()
     assert options.mlflow_artifacts == (tmp_path / "trackers" / "mlflow-artifacts").as_uri()

@@ -106,8 +106,9 @@ def test_materialize_links_blobs_into_a_version_directory(blobs: BlobStore) -> N
         "job", 1, {"config.json": config.sha256, "shards/w.safetensors": weights.sha256}
     )
     assert directory == stale
-    assert sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*")
-                  if p.is_file()) == ["config.json", "shards/w.safetensors"]
+    assert sorted(
+        p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()
+    ) == ["config.json", "shards/w.safetensors"]
     linked = directory / "shards" / "w.safetensors"
     assert linked.read_bytes() == b"weights"
     assert linked.stat().st_ino == blobs.blob_path(weights.sha256).stat().st_ino

@@ -19,13 +19,20 @@ from tests.unit.modelstate.test_modelstate_store import engine, publish, sha, st
 KEEP_ALL = RetentionPolicy(keep_last=0)
 
 
-def version(number: int, parent: int | None = None, aliases: list[str] | None = None
-            ) -> Version:
-    return Version(id=number, job_id="j", number=number,
-                   parent=number - 1 if parent is None else parent, step=number,
-                   kind=VersionKind.full, base_model="m", metrics={}, aliases=aliases or [],
-                   created_at=datetime.now(UTC),
-                   files=[ManifestFile(path="w", size=1, sha256="0" * 64)])
+def version(number: int, parent: int | None = None, aliases: list[str] | None = None) -> Version:
+    return Version(
+        id=number,
+        job_id="j",
+        number=number,
+        parent=number - 1 if parent is None else parent,
+        step=number,
+        kind=VersionKind.full,
+        base_model="m",
+        metrics={},
+        aliases=aliases or [],
+        created_at=datetime.now(UTC),
+        files=[ManifestFile(path="w", size=1, sha256="0" * 64)],
+    )
 
 
 def test_retention_keeps_newest_aliased_pinned_and_optionally_ancestors() -> None:
@@ -37,14 +44,21 @@ def test_retention_keeps_newest_aliased_pinned_and_optionally_ancestors() -> Non
     assert versions_to_delete(chain, with_ancestors, set()) == [4, 5, 6]
 
 
-@given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(0, 10),
-       st.sets(st.integers(1, 30)), st.booleans())
+@given(
+    st.lists(st.booleans(), min_size=1, max_size=30),
+    st.integers(0, 10),
+    st.sets(st.integers(1, 30)),
+    st.booleans(),
+)
 def test_retention_never_deletes_what_it_must_keep(
     aliased: list[bool], keep_last: int, pinned: set[int], ancestors: bool
 ) -> None:
     versions = [version(n + 1, aliases=["a"] if flag else []) for n, flag in enumerate(aliased)]
-    doomed = set(versions_to_delete(
-        versions, RetentionPolicy(keep_last=keep_last, keep_ancestors=ancestors), pinned))
+    doomed = set(
+        versions_to_delete(
+            versions, RetentionPolicy(keep_last=keep_last, keep_ancestors=ancestors), pinned
+        )
+    )
     numbers = [v.number for v in versions]
     assert not doomed & pinned
     assert not doomed & {v.number for v in versions if v.aliases}
@@ -63,7 +77,8 @@ def collector(store: ModelStore) -> Collector:  # noqa: F811
 
 
 def test_collection_applies_policies_and_frees_unreferenced_blobs(
-    store: ModelStore, collector: Collector  # noqa: F811
+    store: ModelStore,  # noqa: F811
+    collector: Collector,  # noqa: F811
 ) -> None:
     for step in range(5):
         publish(store, step=step, files={"shared": b"tokenizer", "w": f"w{step}".encode()})
@@ -82,7 +97,8 @@ def test_collection_applies_policies_and_frees_unreferenced_blobs(
 
 
 def test_young_unreferenced_blobs_survive_collection(
-    store: ModelStore, collector: Collector  # noqa: F811
+    store: ModelStore,  # noqa: F811
+    collector: Collector,  # noqa: F811
 ) -> None:
     """A blob uploaded for a publish that has not committed yet is left alone."""
     store.register_blob(receive(store.blobs, b"in flight"))
@@ -92,7 +108,8 @@ def test_young_unreferenced_blobs_survive_collection(
 
 
 def test_collection_sweeps_what_crashes_leave(
-    store: ModelStore, collector: Collector  # noqa: F811
+    store: ModelStore,  # noqa: F811
+    collector: Collector,  # noqa: F811
 ) -> None:
     blobs = store.blobs
     (blobs.tmp / "blob-dead").write_bytes(b"half an upload")

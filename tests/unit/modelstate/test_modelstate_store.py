@@ -45,17 +45,22 @@ def upload(store: ModelStore, data: bytes) -> FileRef:
     return FileRef(path="x", sha256=blob.sha256, size=blob.size)
 
 
-def publish(store: ModelStore, job_id: str = "job-1", *, upload_files: bool = True,
-            **fields: Any) -> Version:
+def publish(
+    store: ModelStore, job_id: str = "job-1", *, upload_files: bool = True, **fields: Any
+) -> Version:
     """`files={"path": b"content"}` are uploaded first, then committed."""
     contents: dict[str, bytes] = fields.pop("files", {"weights": b"w"})
-    refs = [FileRef(path=path, sha256=sha(data), size=len(data))
-            for path, data in contents.items()]
+    refs = [FileRef(path=path, sha256=sha(data), size=len(data)) for path, data in contents.items()]
     if upload_files:
         for data in contents.values():
             upload(store, data)
-    request = PublishRequest(job_id=job_id, kind=fields.pop("kind", VersionKind.lora),
-                             base_model="loom/tiny", files=refs, **fields)
+    request = PublishRequest(
+        job_id=job_id,
+        kind=fields.pop("kind", VersionKind.lora),
+        base_model="loom/tiny",
+        files=refs,
+        **fields,
+    )
     version, _ = store.publish(request)
     return version
 
@@ -69,8 +74,9 @@ def test_migrations_match_the_models(empty_database_url: str) -> None:
 
 
 def test_publish_numbers_versions_and_moves_latest(store: ModelStore) -> None:
-    first = publish(store, step=1, metrics={"loss": 1.5},
-                    files={"adapter_config/json": b"{}", "weights": b"w1"})
+    first = publish(
+        store, step=1, metrics={"loss": 1.5}, files={"adapter_config/json": b"{}", "weights": b"w1"}
+    )
     second = publish(store, step=2, aliases=["best"], files={"weights": b"w2"})
     assert (first.number, first.parent, first.aliases) == (1, 0, ["latest"])
     assert (second.number, second.parent, second.aliases) == (2, 1, ["best", "latest"])
@@ -153,17 +159,26 @@ def test_bad_publish_leaves_no_version(
 
 def test_declared_size_must_match_the_stored_blob(store: ModelStore) -> None:
     ref = upload(store, b"four")
-    request = PublishRequest(job_id="job-1", kind=VersionKind.full, base_model="m",
-                             files=[FileRef(path="w", sha256=ref.sha256, size=5)])
+    request = PublishRequest(
+        job_id="job-1",
+        kind=VersionKind.full,
+        base_model="m",
+        files=[FileRef(path="w", sha256=ref.sha256, size=5)],
+    )
     with pytest.raises(InvalidInput, match="sizes"):
         store.publish(request)
 
 
 def test_a_step_is_published_once_and_a_retry_returns_it(store: ModelStore) -> None:
     first = publish(store, step=7, files={"weights": b"w"})
-    request = PublishRequest(job_id="job-1", kind=VersionKind.lora, base_model="loom/tiny",
-                             step=7, aliases=["best"],
-                             files=[FileRef(path="weights", sha256=sha(b"w"), size=1)])
+    request = PublishRequest(
+        job_id="job-1",
+        kind=VersionKind.lora,
+        base_model="loom/tiny",
+        step=7,
+        aliases=["best"],
+        files=[FileRef(path="weights", sha256=sha(b"w"), size=1)],
+    )
     again, created = store.publish(request)
     assert not created and again.number == first.number and again.aliases == ["best", "latest"]
     with pytest.raises(Conflict, match="already has version 1 for step 7 with different files"):
@@ -206,8 +221,9 @@ def test_staged_directory_is_adopted_without_copying(store: ModelStore) -> None:
     (staged / "config.json").write_bytes(b"{}")
     inode = (staged / "sub" / "w.bin").stat().st_ino
     declared = [FileRef(path="sub/w.bin", sha256=sha(b"weights"), size=7)]
-    request = PublishRequest(job_id="job-1", kind=VersionKind.full, base_model="m",
-                             staged=name, files=declared)
+    request = PublishRequest(
+        job_id="job-1", kind=VersionKind.full, base_model="m", staged=name, files=declared
+    )
     version, created = store.publish(request)
     assert created and [f.path for f in version.files] == ["config.json", "sub/w.bin"]
     assert store.blobs.blob_path(sha(b"weights")).stat().st_ino == inode  # renamed, not copied
@@ -215,8 +231,9 @@ def test_staged_directory_is_adopted_without_copying(store: ModelStore) -> None:
 
     name = store.blobs.new_staging_name()
     (store.blobs.staging / name / "w.bin").write_bytes(b"tampered")
-    bad = request.model_copy(update={"staged": name, "files": [
-        FileRef(path="w.bin", sha256=sha(b"weights"), size=8)]})
+    bad = request.model_copy(
+        update={"staged": name, "files": [FileRef(path="w.bin", sha256=sha(b"weights"), size=8)]}
+    )
     with pytest.raises(InvalidInput, match="declared"):
         store.publish(bad)
     with pytest.raises(NotFound, match="No staging directory"):
@@ -237,8 +254,13 @@ def test_a_staged_publish_commits_once_and_a_refused_one_adds_no_blob(
     publish, and a publish refused at commit leaves neither blob rows nor staged files."""
     commits: list[object] = []
     event.listen(engine, "commit", commits.append)
-    request = PublishRequest(job_id="job-1", kind=VersionKind.full, base_model="m", step=1,
-                             staged=stage(store, {"w.bin": b"step one", "config.json": b"{}"}))
+    request = PublishRequest(
+        job_id="job-1",
+        kind=VersionKind.full,
+        base_model="m",
+        step=1,
+        staged=stage(store, {"w.bin": b"step one", "config.json": b"{}"}),
+    )
     store.publish(request)
     assert len(commits) == 1
 
@@ -316,5 +338,14 @@ def test_a_staged_publish_links_its_files_for_early_readers(store: ModelStore) -
     (restarted.blobs.staging / again / "w.bin").write_bytes(b"more")
     assert restarted.link_pending(request.model_copy(update={"staged": again})) is not None
     assert not Path(pending.local_path).exists()  # a store's first publish sweeps
-    assert store.link_pending(request.model_copy(update={
-        "staged": None, "files": [FileRef(path="w.bin", sha256=sha(b"more"), size=4)]})) is None
+    assert (
+        store.link_pending(
+            request.model_copy(
+                update={
+                    "staged": None,
+                    "files": [FileRef(path="w.bin", sha256=sha(b"more"), size=4)],
+                }
+            )
+        )
+        is None
+    )

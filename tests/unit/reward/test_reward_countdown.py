@@ -37,8 +37,9 @@ def test_division_is_exact() -> None:
     assert score_countdown("7/2*2", ref, CountdownParams())[0] == 1.0
 
 
-@pytest.mark.parametrize("response", ["__import__('os')", "3**5", "3 if 5 else 7", "3.5*2",
-                                      "", "3*", "5//2", "x+1"])
+@pytest.mark.parametrize(
+    "response", ["__import__('os')", "3**5", "3 if 5 else 7", "3.5*2", "", "3*", "5//2", "x+1"]
+)
 def test_anything_but_arithmetic_is_refused_unevaluated(response: str) -> None:
     reward, detail = score_countdown(response, REF, CountdownParams())
     assert reward == 0.0

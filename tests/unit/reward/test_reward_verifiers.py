@@ -33,8 +33,9 @@ from services.reward.verifiers import (
         ("no marker 42", "42", {"answer_after": "####"}, 0.0),
     ],
 )
-def test_exact_match(response: str, reference: str, params: dict[str, object],
-                     reward: float) -> None:
+def test_exact_match(
+    response: str, reference: str, params: dict[str, object], reward: float
+) -> None:
     assert score_exact_match(response, reference, ExactMatchParams(**params))[0] == reward
 
 
@@ -85,10 +86,25 @@ def test_a_regex_that_backtracks_for_ever_stops_at_its_deadline() -> None:
 
 @pytest.mark.parametrize(
     ("text", "integer"),
-    [("42", 42), ("The answer is 42.", 42), ("57\n12+3", 57), ("  -7 apples", -7),
-     ("+7", 7), ("3-5", 3), ("x = -12", -12), ("1,234 people", 1234), ("-12,345,678", -12345678),
-     ("1,23", 1), ("12345,678", 12345), ("3.5", None), ("1,234.5", None), ("no digits", None),
-     ("", None), ("٤٢", None), ("007", 7)],
+    [
+        ("42", 42),
+        ("The answer is 42.", 42),
+        ("57\n12+3", 57),
+        ("  -7 apples", -7),
+        ("+7", 7),
+        ("3-5", 3),
+        ("x = -12", -12),
+        ("1,234 people", 1234),
+        ("-12,345,678", -12345678),
+        ("1,23", 1),
+        ("12345,678", 12345),
+        ("3.5", None),
+        ("1,234.5", None),
+        ("no digits", None),
+        ("", None),
+        ("٤٢", None),
+        ("007", 7),
+    ],
 )
 def test_first_integer_edge_cases(text: str, integer: int | None) -> None:
     assert first_integer(text) == integer
@@ -96,13 +112,20 @@ def test_first_integer_edge_cases(text: str, integer: int | None) -> None:
 
 @pytest.mark.parametrize(
     ("response", "reference", "params", "reward"),
-    [("57", "57", {}, 1.0), ("57 and then 3", "57", {}, 1.0), ("=57", " 57 ", {}, 1.0),
-     ("5 7", "57", {}, 0.0), ("the sum is 1,000", "1000", {}, 1.0), ("", "57", {}, 0.0),
-     ("3 steps... #### 57", "57", {"answer_after": "####"}, 1.0),
-     ("3 steps, no marker", "3", {"answer_after": "####"}, 1.0)],
+    [
+        ("57", "57", {}, 1.0),
+        ("57 and then 3", "57", {}, 1.0),
+        ("=57", " 57 ", {}, 1.0),
+        ("5 7", "57", {}, 0.0),
+        ("the sum is 1,000", "1000", {}, 1.0),
+        ("", "57", {}, 0.0),
+        ("3 steps... #### 57", "57", {"answer_after": "####"}, 1.0),
+        ("3 steps, no marker", "3", {"answer_after": "####"}, 1.0),
+    ],
 )
-def test_first_integer_verifier(response: str, reference: str, params: dict[str, object],
-                                reward: float) -> None:
+def test_first_integer_verifier(
+    response: str, reference: str, params: dict[str, object], reward: float
+) -> None:
     params_model = FirstIntegerParams(**params)
     assert score_first_integer(response, reference, params_model)[0] == reward
 
@@ -113,8 +136,9 @@ def test_first_integer_needs_an_integer_reference() -> None:
 
 
 def test_unknown_verifier_lists_the_known_ones() -> None:
-    with pytest.raises(InvalidInput,
-                       match="code, countdown, exact_match, first_integer, math, python, regex"):
+    with pytest.raises(
+        InvalidInput, match="code, countdown, exact_match, first_integer, math, python, regex"
+    ):
         resolve("nope", {}, [ScoreItem(response="x")])
 
 
@@ -125,8 +149,12 @@ def test_invalid_regex_is_invalid_input_with_the_regex_error() -> None:
 
 @pytest.mark.parametrize(
     ("verifier", "params"),
-    [("exact_match", {"case_sensitive": "maybe"}), ("exact_match", {"colour": "blue"}),
-     ("regex", {}), ("regex", {"pattern": "a", "mode": "sometimes"})],
+    [
+        ("exact_match", {"case_sensitive": "maybe"}),
+        ("exact_match", {"colour": "blue"}),
+        ("regex", {}),
+        ("regex", {"pattern": "a", "mode": "sometimes"}),
+    ],
 )
 def test_bad_params_are_invalid_input(verifier: str, params: dict[str, object]) -> None:
     with pytest.raises(InvalidInput, match=f"Invalid params for verifier '{verifier}'"):
@@ -141,7 +169,14 @@ def test_missing_reference_is_invalid_input() -> None:
 
 def test_every_verifier_is_listed_with_its_params() -> None:
     listed = {v.name: v for v in verifier_list().verifiers}
-    assert set(listed) == {"exact_match", "first_integer", "math", "regex", "code", "python",
-                           "countdown"}
+    assert set(listed) == {
+        "exact_match",
+        "first_integer",
+        "math",
+        "regex",
+        "code",
+        "python",
+        "countdown",
+    }
     assert set(listed["regex"].params) == {"pattern", "mode"}
     assert all(v.description for v in listed.values())

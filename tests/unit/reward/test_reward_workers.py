@@ -27,7 +27,8 @@ async def test_a_hung_call_times_out_and_the_pool_is_replaced() -> None:
         await pool.ready()
         started = time.monotonic()
         hung, innocent = await asyncio.gather(
-            pool.run(0.5, time.sleep, 3600), pool.run(30, time.sleep, 1.0),
+            pool.run(0.5, time.sleep, 3600),
+            pool.run(30, time.sleep, 1.0),
             return_exceptions=True,
         )
         assert isinstance(hung, TimeoutError)

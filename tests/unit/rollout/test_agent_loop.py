@@ -71,14 +71,18 @@ class ScriptedSampler:
     # this many tokens, without stopping.
     move_after: list[int] = field(default_factory=list)
 
-    async def sample_until_newer(self, request: SampleRequest
-                                 ) -> tuple[list[Sample], int | None]:
+    async def sample_until_newer(self, request: SampleRequest) -> tuple[list[Sample], int | None]:
         self.requests.append(request)
         if self.rest is not None:
             ids, self.rest = self.rest, None
             assert isinstance(request.version, int)
-            sample = Sample(token_ids=ids, logprobs=[-0.25] * len(ids), text="",
-                            stop_reason="stop", version=request.version)
+            sample = Sample(
+                token_ids=ids,
+                logprobs=[-0.25] * len(ids),
+                text="",
+                stop_reason="stop",
+                version=request.version,
+            )
         else:
             sample = (await self.sample(request)).samples[0]
             self.requests.pop()
@@ -87,19 +91,28 @@ class ScriptedSampler:
             self.move_after = []
             parts = []
             for start, end in itertools.pairwise(cuts):
-                parts.append(sample.model_copy(update={
-                    "token_ids": sample.token_ids[start:end],
-                    "logprobs": sample.logprobs[start:end],
-                    "version": sample.version if start == 0 else self.newest,
-                    "stop_reason": sample.stop_reason if end == cuts[-1] else "abort"}))
+                parts.append(
+                    sample.model_copy(
+                        update={
+                            "token_ids": sample.token_ids[start:end],
+                            "logprobs": sample.logprobs[start:end],
+                            "version": sample.version if start == 0 else self.newest,
+                            "stop_reason": sample.stop_reason if end == cuts[-1] else "abort",
+                        }
+                    )
+                )
             return parts, None
         if not self.interrupt_after:
             return [sample], None
         cut = self.interrupt_after.pop(0)
         self.rest = sample.token_ids[cut:]
-        part = sample.model_copy(update={"token_ids": sample.token_ids[:cut],
-                                         "logprobs": sample.logprobs[:cut],
-                                         "stop_reason": "abort"})
+        part = sample.model_copy(
+            update={
+                "token_ids": sample.token_ids[:cut],
+                "logprobs": sample.logprobs[:cut],
+                "stop_reason": "abort",
+            }
+        )
         self.newest += 1
         return [part], self.newest
 
@@ -111,12 +124,17 @@ class ScriptedSampler:
         ids = self.engine.encode(self.script(request, context) + end)
         stop = "stop"
         if len(ids) > request.params.max_tokens:
-            ids, stop = ids[:request.params.max_tokens], "length"
+            ids, stop = ids[: request.params.max_tokens], "length"
         version = request.version if isinstance(request.version, int) else 7
-        sample = Sample(token_ids=ids, logprobs=[-0.25] * len(ids), text="", stop_reason=stop,
-                        version=version)
-        return SampleResponse(job_id=request.job_id, version=version,
-                              prompt_token_ids=request.prompt_token_ids, samples=[sample])
+        sample = Sample(
+            token_ids=ids, logprobs=[-0.25] * len(ids), text="", stop_reason=stop, version=version
+        )
+        return SampleResponse(
+            job_id=request.job_id,
+            version=version,
+            prompt_token_ids=request.prompt_token_ids,
+            samples=[sample],
+        )
 
 
 @dataclass
@@ -134,20 +152,30 @@ class FakeTools:
         if code.startswith("print(") and self.status == ExecutionStatus.ok:
             a, b = code[6:-1].split("*")
             stdout = f"{int(a) * int(b)}\n"
-        return ExecuteResponse(status=self.status, exit_code=0, stdout=stdout, stderr="",
-                               stdout_truncated=False, stderr_truncated=False, wall_s=0.01,
-                               cpu_s=0.01)
+        return ExecuteResponse(
+            status=self.status,
+            exit_code=0,
+            stdout=stdout,
+            stderr="",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            wall_s=0.01,
+            cpu_s=0.01,
+        )
 
 
 class ExactScorer:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[ScoreItem], dict[str, Any]]] = []
 
-    async def score(self, verifier: str, items: list[ScoreItem],
-                    params: dict[str, Any]) -> ScoreResponse:
+    async def score(
+        self, verifier: str, items: list[ScoreItem], params: dict[str, Any]
+    ) -> ScoreResponse:
         self.calls.append((verifier, items, params))
-        return ScoreResponse(verifier=verifier, scores=[
-            ItemScore(reward=float(i.response.strip() == i.reference)) for i in items])
+        return ScoreResponse(
+            verifier=verifier,
+            scores=[ItemScore(reward=float(i.response.strip() == i.reference)) for i in items],
+        )
 
 
 class FakeVersions:
@@ -186,8 +214,9 @@ def tool_then_answer(request: SampleRequest, context: str) -> str:
     return format_tool_call("python", {"code": f"print({question})"})
 
 
-def make(tokenizer: Any, script: Script, tools: FakeTools | None = None
-         ) -> tuple[Rollouts, ScriptedSampler, FakeTools, ExactScorer, FakeVersions]:
+def make(
+    tokenizer: Any, script: Script, tools: FakeTools | None = None
+) -> tuple[Rollouts, ScriptedSampler, FakeTools, ExactScorer, FakeVersions]:
     sampler = ScriptedSampler(FakeEngine(tokenizer), script)
     tools = tools or FakeTools()
     scorer = ExactScorer()
@@ -198,10 +227,14 @@ def make(tokenizer: Any, script: Script, tools: FakeTools | None = None
 
 def request(**overrides: Any) -> RolloutRequest:
     body: dict[str, Any] = {
-        "env": "python_tool", "env_params": {"verifier": "exact_match"},
-        "tasks": [{"prompt": "What is 12*34?", "reference": "408"},
-                  {"prompt": "What is 7*6?", "reference": "42"}],
-        "group_size": 2, "params": {"max_tokens": 100, "seed": 5},
+        "env": "python_tool",
+        "env_params": {"verifier": "exact_match"},
+        "tasks": [
+            {"prompt": "What is 12*34?", "reference": "408"},
+            {"prompt": "What is 7*6?", "reference": "42"},
+        ],
+        "group_size": 2,
+        "params": {"max_tokens": 100, "seed": 5},
     }
     return RolloutRequest.model_validate({**body, **overrides})
 
@@ -233,10 +266,13 @@ async def test_tool_use_episode_is_token_exact_and_masked(tokenizer: Any) -> Non
         assert set(trajectory.loss_mask[span]) == {expected}
         assert set(trajectory.logprobs[span]) == ({-0.25} if expected else {0.0})
     # The second turn was sampled on exactly prompt + model tokens + tool tokens.
-    second = [r for r in sampler.requests if r.prompt_token_ids and
-              len(r.prompt_token_ids) > len(trajectory.prompt_token_ids)]
+    second = [
+        r
+        for r in sampler.requests
+        if r.prompt_token_ids and len(r.prompt_token_ids) > len(trajectory.prompt_token_ids)
+    ]
     contexts = {tuple(r.prompt_token_ids or []) for r in second}
-    assert tuple(trajectory.prompt_token_ids + trajectory.token_ids[:env.end]) in contexts
+    assert tuple(trajectory.prompt_token_ids + trajectory.token_ids[: env.end]) in contexts
     # Each model turn stops at the template's end of turn, and ends with it.
     assert all(2 in r.params.stop_token_ids for r in sampler.requests)
     assert trajectory.token_ids[model.end - 1] == 2
@@ -244,8 +280,9 @@ async def test_tool_use_episode_is_token_exact_and_masked(tokenizer: Any) -> Non
     assert len(scorer.calls) == 2 and all(c[0] == "exact_match" for c in scorer.calls)
     summary = events[-1].summary
     assert summary is not None and summary.trajectories == 4
-    assert summary.model_tokens == sum(sum(t.loss_mask) for g in groups.values()
-                                       for t in g.trajectories)
+    assert summary.model_tokens == sum(
+        sum(t.loss_mask) for g in groups.values() for t in g.trajectories
+    )
 
 
 async def test_seeds_differ_per_trajectory_and_turn(tokenizer: Any) -> None:
@@ -262,8 +299,9 @@ async def test_malformed_tool_call_becomes_an_error_turn(tokenizer: Any) -> None
         return '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"\n</tool_call>'
 
     rollouts, *_ = make(tokenizer, script)
-    events = await run(rollouts, request(group_size=1, tasks=[{"prompt": "What is 1*1?",
-                                                                "reference": "1"}]))
+    events = await run(
+        rollouts, request(group_size=1, tasks=[{"prompt": "What is 1*1?", "reference": "1"}])
+    )
     trajectory = events[0].group.trajectories[0]  # type: ignore[union-attr]
     assert "error: the tool call is not valid JSON" in trajectory.turns[1].text
     assert trajectory.stop_reason == "done" and trajectory.reward == 0.0
@@ -281,8 +319,10 @@ async def test_turn_limit_ends_an_episode_with_no_answer(tokenizer: Any) -> None
         return format_tool_call("python", {"code": "print(2*2)"})
 
     rollouts, *_ = make(tokenizer, always_call)
-    events = await run(rollouts, request(group_size=1, max_turns=3,
-                                         tasks=[{"prompt": "What is 2*2?", "reference": "4"}]))
+    events = await run(
+        rollouts,
+        request(group_size=1, max_turns=3, tasks=[{"prompt": "What is 2*2?", "reference": "4"}]),
+    )
     trajectory = events[0].group.trajectories[0]  # type: ignore[union-attr]
     assert trajectory.stop_reason == "max_turns"
     assert [t.kind for t in trajectory.turns] == ["model", "env"] * 2 + ["model"]
@@ -319,8 +359,7 @@ async def test_group_refresh_resolves_once_per_group_turn_refresh_never(tokenize
     assert {r.version for r in sampler.requests} == {"latest"}
 
 
-async def test_groups_of_a_jobs_latest_take_the_newest_announced_version(tokenizer: Any
-                                                                          ) -> None:
+async def test_groups_of_a_jobs_latest_take_the_newest_announced_version(tokenizer: Any) -> None:
     """`latest` is looked up once per request; each group starts on the newer of that and
     the newest version announced since (no lookup per group)."""
     rollouts, sampler, _, _, versions = make(tokenizer, tool_then_answer)
@@ -338,8 +377,9 @@ async def test_partial_rollouts_continue_a_turn_on_the_newer_version(tokenizer: 
     """A newer version interrupts the first model turn twice: the turn continues from the
     tokens it has, each part tagged with the version that sampled it, and the episode is the
     same tokens as an uninterrupted one."""
-    body = request(group_size=1, tasks=[{"prompt": "What is 12*34?", "reference": "408"}],
-                   job_id="job_1")
+    body = request(
+        group_size=1, tasks=[{"prompt": "What is 12*34?", "reference": "408"}], job_id="job_1"
+    )
     plain, *_ = make(tokenizer, tool_then_answer)
     (expected,) = (await run(plain, body))[0].group.trajectories  # type: ignore[union-attr]
 
@@ -351,7 +391,10 @@ async def test_partial_rollouts_continue_a_turn_on_the_newer_version(tokenizer: 
     assert trajectory.loss_mask == expected.loss_mask
     # The group started on the version `latest` meant (3); versions 8 and 9 interrupted it.
     assert [(t.kind, t.version, t.end - t.start) for t in trajectory.turns][:3] == [
-        ("model", 3, 5), ("model", 8, 3), ("model", 9, expected.turns[0].end - 8)]
+        ("model", 3, 5),
+        ("model", 8, 3),
+        ("model", 9, expected.turns[0].end - 8),
+    ]
     assert [t.stop_reason for t in trajectory.turns[:3]] == ["abort", "abort", "stop"]
     assert tools.programs == ["print(12*34)"]  # the joined turn's tool call ran once
     assert trajectory.reward == 1.0 and trajectory.versions == [3, 8, 9]  # distinct
@@ -364,11 +407,13 @@ async def test_partial_rollouts_continue_a_turn_on_the_newer_version(tokenizer: 
 
 
 async def test_partial_rollouts_on_weights_swapped_under_a_turn_keep_one_request(
-        tokenizer: Any) -> None:
+    tokenizer: Any,
+) -> None:
     """Full weights swapped in under a running generation: the turn comes back in parts, one
     per version, with no second request, and the same tokens as an unmoved one."""
-    body = request(group_size=1, tasks=[{"prompt": "What is 12*34?", "reference": "408"}],
-                   job_id="job_1")
+    body = request(
+        group_size=1, tasks=[{"prompt": "What is 12*34?", "reference": "408"}], job_id="job_1"
+    )
     plain, *_ = make(tokenizer, tool_then_answer)
     (expected,) = (await run(plain, body))[0].group.trajectories  # type: ignore[union-attr]
 
@@ -378,7 +423,9 @@ async def test_partial_rollouts_on_weights_swapped_under_a_turn_keep_one_request
     (trajectory,) = events[0].group.trajectories  # type: ignore[union-attr]
     assert trajectory.token_ids == expected.token_ids
     assert [(t.kind, t.version, t.end - t.start) for t in trajectory.turns][:2] == [
-        ("model", 3, 4), ("model", 7, expected.turns[0].end - 4)]
+        ("model", 3, 4),
+        ("model", 7, expected.turns[0].end - 4),
+    ]
     assert len(sampler.requests) == 2  # one per model turn
     assert [r.version for r in sampler.requests] == [3, 7]  # the next turn: the newest
 
@@ -399,7 +446,8 @@ class HeldSampler(ScriptedSampler):
 
 
 async def test_max_staleness_cancels_each_group_by_the_version_it_started_on(
-        tokenizer: Any) -> None:
+    tokenizer: Any,
+) -> None:
     """One group runs at a time (concurrency = group size), max_staleness 1. The first group
     starts on version 3 and its generations are held: version 4 leaves it be, version 5
     cancels it (a 'stale' error). The second group, which waited for the slot, starts on 5
@@ -407,8 +455,10 @@ async def test_max_staleness_cancels_each_group_by_the_version_it_started_on(
     have been cancelled with the first."""
     sampler = HeldSampler(FakeEngine(tokenizer), tool_then_answer, held="12*34")
     versions = FakeVersions()
-    rollouts = Rollouts(AgentLoop(sampler, FakeTools(), ExactScorer()),  # type: ignore[arg-type]
-                        versions)  # type: ignore[arg-type]
+    rollouts = Rollouts(
+        AgentLoop(sampler, FakeTools(), ExactScorer()),  # type: ignore[arg-type]
+        versions,
+    )  # type: ignore[arg-type]
     body = request(job_id="job_1", max_staleness=1, concurrency=2)
     running = asyncio.ensure_future(run(rollouts, body))
     while len(sampler.requests) < 2:  # both episodes of the first group are generating
@@ -432,8 +482,10 @@ async def test_max_staleness_cancels_each_group_by_the_version_it_started_on(
 async def test_without_max_staleness_a_group_outlives_newer_versions(tokenizer: Any) -> None:
     sampler = HeldSampler(FakeEngine(tokenizer), tool_then_answer, held="12*34")
     versions = FakeVersions()
-    rollouts = Rollouts(AgentLoop(sampler, FakeTools(), ExactScorer()),  # type: ignore[arg-type]
-                        versions)  # type: ignore[arg-type]
+    rollouts = Rollouts(
+        AgentLoop(sampler, FakeTools(), ExactScorer()),  # type: ignore[arg-type]
+        versions,
+    )  # type: ignore[arg-type]
     running = asyncio.ensure_future(run(rollouts, request(job_id="job_1", concurrency=2)))
     while not sampler.requests:
         await asyncio.sleep(0)
@@ -453,39 +505,68 @@ async def test_partial_rollouts_need_a_job(tokenizer: Any) -> None:
 async def test_longest_prompt_first_starts_long_prompts_first(tokenizer: Any) -> None:
     rollouts, sampler, *_ = make(tokenizer, lambda r, c: "1")
     tasks = [{"prompt": "1+1=", "reference": "2"}, {"prompt": "12+34=", "reference": "46"}]
-    await run(rollouts, request(env="arithmetic", env_params={}, tasks=tasks, group_size=1,
-                                concurrency=1, schedule="longest_prompt_first"))
+    await run(
+        rollouts,
+        request(
+            env="arithmetic",
+            env_params={},
+            tasks=tasks,
+            group_size=1,
+            concurrency=1,
+            schedule="longest_prompt_first",
+        ),
+    )
     first = tokenizer.decode(sampler.requests[0].prompt_token_ids)
     assert first == "12+34="
 
 
 async def test_single_turn_raw_prompt(tokenizer: Any) -> None:
     rollouts, sampler, _, scorer, _ = make(tokenizer, lambda r, c: "46")
-    events = await run(rollouts, request(env="arithmetic", env_params={}, group_size=3,
-                                         tasks=[{"prompt": "12+34=", "reference": "46"}]))
+    events = await run(
+        rollouts,
+        request(
+            env="arithmetic",
+            env_params={},
+            group_size=3,
+            tasks=[{"prompt": "12+34=", "reference": "46"}],
+        ),
+    )
     group = events[0].group
     assert group is not None and group.rewards == [1.0, 1.0, 1.0]
     assert tokenizer.decode(group.trajectories[0].prompt_token_ids) == "12+34="
     assert scorer.calls[0][1][0].response == "46"
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"env": "chess"}, "Unknown environment 'chess'; known environments: arithmetic, "
-                       "countdown, python_tool"),
-    ({"env_params": {"timeout_s": -1}}, "Invalid env_params for 'python_tool': timeout_s"),
-    ({"env_params": {"colour": "red"}}, "colour: Extra inputs"),
-    ({"max_total_tokens": 4096}, "exceeds the model's context of 512"),
-    ({"params": {"stop_token_ids": [9999]}}, r"stop_token_ids must be in \[0, 271\)"),
-    ({"tasks": [{"prompt": "What is " + "9" * 600 + "?"}]}, "tasks\\[0\\]: the prompt is"),
-    ({"env": "arithmetic", "env_params": {},
-      "tasks": [{"prompt": [{"role": "user", "content": "1+1="}]}]},
-     "tasks\\[0\\]: the arithmetic environment takes text prompts"),
-    ({"max_staleness": 1}, "max_staleness needs a job_id"),
-    ({"max_staleness": 1, "job_id": "job_1", "version_refresh": "turn"},
-     "max_staleness needs a job_id and version_refresh 'group' or 'partial'"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"env": "chess"},
+            "Unknown environment 'chess'; known environments: arithmetic, countdown, python_tool",
+        ),
+        ({"env_params": {"timeout_s": -1}}, "Invalid env_params for 'python_tool': timeout_s"),
+        ({"env_params": {"colour": "red"}}, "colour: Extra inputs"),
+        ({"max_total_tokens": 4096}, "exceeds the model's context of 512"),
+        ({"params": {"stop_token_ids": [9999]}}, r"stop_token_ids must be in \[0, 271\)"),
+        ({"tasks": [{"prompt": "What is " + "9" * 600 + "?"}]}, "tasks\\[0\\]: the prompt is"),
+        (
+            {
+                "env": "arithmetic",
+                "env_params": {},
+                "tasks": [{"prompt": [{"role": "user", "content": "1+1="}]}],
+            },
+            "tasks\\[0\\]: the arithmetic environment takes text prompts",
+        ),
+        ({"max_staleness": 1}, "max_staleness needs a job_id"),
+        (
+            {"max_staleness": 1, "job_id": "job_1", "version_refresh": "turn"},
+            "max_staleness needs a job_id and version_refresh 'group' or 'partial'",
+        ),
+    ],
+)
 async def test_bad_requests_are_refused_before_anything_runs(
-        tokenizer: Any, overrides: dict[str, Any], message: str) -> None:
+    tokenizer: Any, overrides: dict[str, Any], message: str
+) -> None:
     rollouts, sampler, *_ = make(tokenizer, tool_then_answer)
     with pytest.raises(InvalidInput, match=message):
         await rollouts.start(request(**overrides))
@@ -504,12 +585,17 @@ async def test_rendered_conversation_matches_the_agent_loops_tokens(tokenizer: A
     trajectory = events[0].group.trajectories[0]  # type: ignore[union-attr]
     task = request().tasks[trajectory.task_index]
     call = format_tool_call("python", {"code": f"print({task.prompt[8:-1]})"})
-    rendered = rollouts.render(RenderRequest(messages=[
-        ChatMessage(role="user", content=str(task.prompt)),
-        ChatMessage(role="assistant", content=call),
-        ChatMessage(role="tool", content=f"{task.reference}\n"),
-        ChatMessage(role="assistant", content=str(task.reference)),
-    ], tools=[PYTHON_TOOL]))
+    rendered = rollouts.render(
+        RenderRequest(
+            messages=[
+                ChatMessage(role="user", content=str(task.prompt)),
+                ChatMessage(role="assistant", content=call),
+                ChatMessage(role="tool", content=f"{task.reference}\n"),
+                ChatMessage(role="assistant", content=str(task.reference)),
+            ],
+            tools=[PYTHON_TOOL],
+        )
+    )
     assert rendered.token_ids == trajectory.prompt_token_ids + trajectory.token_ids
     assert rendered.loss_mask == [0] * len(trajectory.prompt_token_ids) + trajectory.loss_mask
 
@@ -517,5 +603,11 @@ async def test_rendered_conversation_matches_the_agent_loops_tokens(tokenizer: A
 def test_render_needs_a_prompt_and_a_reply(tokenizer: Any) -> None:
     rollouts, *_ = make(tokenizer, tool_then_answer)
     with pytest.raises(InvalidInput, match="at least one assistant message"):
-        rollouts.render(RenderRequest(messages=[ChatMessage(role="user", content="a"),
-                                                ChatMessage(role="user", content="b")]))
+        rollouts.render(
+            RenderRequest(
+                messages=[
+                    ChatMessage(role="user", content="a"),
+                    ChatMessage(role="user", content="b"),
+                ]
+            )
+        )

@@ -16,9 +16,14 @@ from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat, ReplicaPub
 
 def announcer(handler: httpx2.MockTransport) -> Announcer:
     client = GatewayReplicas("http://gateway", retries=0, transport=handler)
-    state = ReplicaHeartbeat(url="http://127.0.0.1:9001", ready=True, heartbeat_s=0.5,
-                             versions=[LoadedVersion(job_id=None, number=0, kind="base")],
-                             requests_in_flight=2, tokens_in_flight=300)
+    state = ReplicaHeartbeat(
+        url="http://127.0.0.1:9001",
+        ready=True,
+        heartbeat_s=0.5,
+        versions=[LoadedVersion(job_id=None, number=0, kind="base")],
+        requests_in_flight=2,
+        tokens_in_flight=300,
+    )
     return Announcer(client, "127.0.0.1:9001", 0.5, lambda: state)
 
 
@@ -27,9 +32,19 @@ def answer(request: httpx2.Request) -> httpx2.Response:
     if request.method == "DELETE":
         return httpx2.Response(204)
     state = ReplicaHeartbeat.model_validate_json(request.content)
-    return httpx2.Response(200, json=ReplicaPublic(
-        id="127.0.0.1:9001", static=False, set_aside=False, gateway_in_flight=0, routed=0,
-        failures=0, last_heartbeat_s_ago=0.0, **state.model_dump()).model_dump(mode="json"))
+    return httpx2.Response(
+        200,
+        json=ReplicaPublic(
+            id="127.0.0.1:9001",
+            static=False,
+            set_aside=False,
+            gateway_in_flight=0,
+            routed=0,
+            failures=0,
+            last_heartbeat_s_ago=0.0,
+            **state.model_dump(),
+        ).model_dump(mode="json"),
+    )
 
 
 async def test_a_heartbeat_puts_the_replica_state_and_leaving_deletes_it() -> None:
@@ -43,14 +58,17 @@ async def test_a_heartbeat_puts_the_replica_state_and_leaving_deletes_it() -> No
     replica = announcer(httpx2.MockTransport(gateway))
     await replica.beat()
     await replica.leave()
-    assert [(m, p) for m, p, _ in seen] == [("PUT", "/v1/internal/replicas/127.0.0.1%3A9001"),
-                                            ("DELETE", "/v1/internal/replicas/127.0.0.1%3A9001")]
+    assert [(m, p) for m, p, _ in seen] == [
+        ("PUT", "/v1/internal/replicas/127.0.0.1%3A9001"),
+        ("DELETE", "/v1/internal/replicas/127.0.0.1%3A9001"),
+    ]
     assert seen[0][2]["requests_in_flight"] == 2 and seen[0][2]["ready"] is True
     assert replica.registered
 
 
 async def test_a_gateway_that_is_down_is_logged_once_and_beats_resume(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     up = False
 
     def gateway(request: httpx2.Request) -> httpx2.Response:

@@ -55,15 +55,25 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatFormat:
     return ChatFormat(AutoTokenizer.from_pretrained(directory))
 
 
-def new_call(prompt: list[int], tokens: list[int], parent: int | None = None,
-             **fields: Any) -> NewCall:
-    return NewCall(endpoint="completions", version=1, prompt_token_ids=prompt,
-                   token_ids=tokens, logprobs=[-0.5] * len(tokens), finish_reason="stop",
-                   text="t", parent=parent, **fields)
+def new_call(
+    prompt: list[int], tokens: list[int], parent: int | None = None, **fields: Any
+) -> NewCall:
+    return NewCall(
+        endpoint="completions",
+        version=1,
+        prompt_token_ids=prompt,
+        token_ids=tokens,
+        logprobs=[-0.5] * len(tokens),
+        finish_reason="stop",
+        text="t",
+        parent=parent,
+        **fields,
+    )
 
 
-def stored(index: int, prompt: list[int], tokens: list[int], parent: int | None = None,
-           **fields: Any) -> StoredCall:
+def stored(
+    index: int, prompt: list[int], tokens: list[int], parent: int | None = None, **fields: Any
+) -> StoredCall:
     return StoredCall(index=index, **vars(new_call(prompt, tokens, parent, **fields)))
 
 
@@ -77,15 +87,17 @@ def test_migrations_match_the_models(empty_database_url: str) -> None:
             assert compare_metadata(context, Base.metadata) == []
 
 
-def test_calls_are_kept_in_order_and_deleted_with_their_trajectory(
-        store: TrajectoryStore) -> None:
+def test_calls_are_kept_in_order_and_deleted_with_their_trajectory(store: TrajectoryStore) -> None:
     info = store.create(TrajectoryCreate(job_id="job_1", version=3, metadata={"task": 7}))
     assert info.id.startswith("traj_") and info.version == 3 and info.calls == 0
     assert store.add(info.id, [new_call([1, 2], [3]), new_call([1, 2], [4])]) == [0, 1]
     assert store.add(info.id, [new_call([1, 2, 3, 9], [5], parent=0)]) == [2]
     calls = store.calls(info.id)
     assert [(c.index, c.parent, c.token_ids) for c in calls] == [
-        (0, None, [3]), (1, None, [4]), (2, 0, [5])]
+        (0, None, [3]),
+        (1, None, [4]),
+        (2, 0, [5]),
+    ]
     assert store.info(info.id).calls == 3 and store.info(info.id).metadata == {"task": 7}
     store.delete(info.id)
     for operation in (store.info, store.calls, store.delete):
@@ -96,7 +108,8 @@ def test_calls_are_kept_in_order_and_deleted_with_their_trajectory(
 
 
 def test_sampled_text_with_a_nul_character_is_kept_on_both_databases(
-        store: TrajectoryStore) -> None:
+    store: TrajectoryStore,
+) -> None:
     """A byte-level tokenizer has a token for byte 0; PostgreSQL text cannot hold it (it
     failed a compose demo with a 500), so it is stored as U+FFFD while the token ids stay."""
     info = store.create(TrajectoryCreate())
@@ -109,8 +122,7 @@ def test_sampled_text_with_a_nul_character_is_kept_on_both_databases(
 def test_concurrent_calls_get_distinct_indexes(store: TrajectoryStore) -> None:
     info = store.create(TrajectoryCreate())
     with ThreadPoolExecutor(8) as pool:
-        indexes = list(pool.map(lambda i: store.add(info.id, [new_call([i], [i])])[0],
-                                range(24)))
+        indexes = list(pool.map(lambda i: store.add(info.id, [new_call([i], [i])])[0], range(24)))
     assert sorted(indexes) == list(range(24))
     assert sorted(c.token_ids[0] for c in store.calls(info.id)) == list(range(24))
 
@@ -131,7 +143,10 @@ def test_segments_follow_each_branch_with_model_tokens_masked_in() -> None:
     assert first.loss_mask == [1, 1, 0, 0, 1]
     assert first.logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5]
     assert [(t.kind, t.start, t.end) for t in first.turns] == [
-        ("model", 0, 2), ("env", 2, 4), ("model", 4, 5)]
+        ("model", 0, 2),
+        ("env", 2, 4),
+        ("model", 4, 5),
+    ]
     assert first.turns[1].text == "<2 tokens>" and first.versions == [1]
     assert second.calls == [0, 2] and second.token_ids == [3, 4, 7, 6, 6]
     assert third.calls == [3] and third.token_ids == [43]
@@ -142,8 +157,14 @@ def recording(calls: list[StoredCall]) -> Recording:
 
     from services.rollout.schemas import TrajectoryInfo
 
-    info = TrajectoryInfo(id="traj_x", job_id=None, version="latest", metadata={},
-                          created_at=datetime.now(UTC), calls=len(calls))
+    info = TrajectoryInfo(
+        id="traj_x",
+        job_id=None,
+        version="latest",
+        metadata={},
+        created_at=datetime.now(UTC),
+        calls=len(calls),
+    )
     return Recording(store=None, info=info, calls=calls)  # type: ignore[arg-type]
 
 
@@ -156,17 +177,21 @@ def test_a_tool_result_continues_the_call_token_for_token(chat: ChatFormat) -> N
     # Sampled: the call, split into odd tokens no tokenizer would produce, then <|im_end|>.
     sampled = [t for ch in CALL_TEXT for t in chat.encode(ch)] + [chat.turn_end_id]
     reply = split_reply(CALL_TEXT, tools_offered=True)
-    first = stored(0, prompt, sampled, messages=messages, tools=TOOLS,
-                   reply=reply.template_message())
+    first = stored(
+        0, prompt, sampled, messages=messages, tools=TOOLS, reply=reply.template_message()
+    )
     # The agent sends back the reply as OpenAI returned it, and the tool's result.
-    returned = ChatMessage(role="assistant", content=reply.content,
-                           tool_calls=reply.tool_calls)
-    follow_up = template_messages([
-        ChatMessage(role="user", content="6*7?"), returned,
-        ChatMessage(role="tool", content="42", tool_call_id=reply.tool_calls[0].id)])
+    returned = ChatMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls)
+    follow_up = template_messages(
+        [
+            ChatMessage(role="user", content="6*7?"),
+            returned,
+            ChatMessage(role="tool", content="42", tool_call_id=reply.tool_calls[0].id),
+        ]
+    )
     prompt2, parent2 = recording([first]).chat_prompt(chat, follow_up, TOOLS)
     assert parent2 == 0
-    assert prompt2[:len(first.sequence)] == first.sequence
+    assert prompt2[: len(first.sequence)] == first.sequence
     assert chat.decode(prompt2) == chat.render(follow_up, TOOLS, add_generation_prompt=True)
     # A different history, or other tools, starts afresh.
     edited = [*follow_up[:1], {"role": "assistant", "content": "42"}, *follow_up[2:]]
@@ -199,8 +224,12 @@ def test_replies_with_tool_calls_are_split_as_openai_returns_them() -> None:
 
 def test_streamed_replies_hold_back_tool_markup() -> None:
     stream = ReplyStream(tools_offered=True)
-    pieces = ["Let me", " compute.\n<tool", "_call>\n{\"name\": \"python\", ",
-              "\"arguments\": {}}\n</tool_call>"]
+    pieces = [
+        "Let me",
+        " compute.\n<tool",
+        '_call>\n{"name": "python", ',
+        '"arguments": {}}\n</tool_call>',
+    ]
     sent = [stream.push(piece) for piece in pieces]
     assert "".join(sent) == "Let me compute.\n" and sent[1] == " compute.\n"
     rest, calls = stream.finish()
@@ -211,13 +240,26 @@ def test_streamed_replies_hold_back_tool_markup() -> None:
 
 
 def test_tool_requests_are_checked() -> None:
-    bad = ChatMessage.model_validate({"role": "assistant", "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "python", "arguments": "{oops"}}]})
+    bad = ChatMessage.model_validate(
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "python", "arguments": "{oops"},
+                }
+            ],
+        }
+    )
     with pytest.raises(InvalidInput, match="not valid JSON"):
         template_messages([ChatMessage(role="user", content="hi"), bad])
     with pytest.raises(ValueError, match="tool_call_id"):
         ChatMessage(role="tool", content="42")
     with pytest.raises(ValueError, match="cannot force a tool call"):
-        ChatCompletionRequest(model="base", messages=[{"role": "user", "content": "x"}],
-                              tools=TOOLS, tool_choice="required")
+        ChatCompletionRequest(
+            model="base",
+            messages=[{"role": "user", "content": "x"}],
+            tools=TOOLS,
+            tool_choice="required",
+        )

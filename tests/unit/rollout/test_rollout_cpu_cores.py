@@ -22,8 +22,9 @@ from services.rollout.cpu_cores import (
 )
 
 
-@pytest.mark.parametrize(("text", "cores"), [
-    ("0", [0]), ("0-3,6", [0, 1, 2, 3, 6]), ("4,1-2", [1, 2, 4]), ("3-3", [3])])
+@pytest.mark.parametrize(
+    ("text", "cores"), [("0", [0]), ("0-3,6", [0, 1, 2, 3, 6]), ("4,1-2", [1, 2, 4]), ("3-3", [3])]
+)
 def test_core_lists_parse_and_format(text: str, cores: list[int]) -> None:
     assert parse_cores(text) == cores
     assert parse_cores(format_cores(cores)) == cores
@@ -63,11 +64,19 @@ def test_a_slot_is_held_until_its_holder_lets_go(tmp_path: Path) -> None:
 
 def test_a_killed_replica_gives_its_slot_back(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; "
-         "from services.rollout.cpu_cores import claim_slot; "
-         f"slot = claim_slot(Path({str(tmp_path)!r}), [0, 1], 1); print(slot.index, flush=True); "
-         "sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            "from services.rollout.cpu_cores import claim_slot; "
+            f"slot = claim_slot(Path({str(tmp_path)!r}), [0, 1], 1); "
+            "print(slot.index, flush=True); "
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "0"
         assert claim_slot(tmp_path, [0, 1], 1).index == 1  # held by the other process
@@ -77,8 +86,7 @@ def test_a_killed_replica_gives_its_slot_back(tmp_path: Path) -> None:
     assert claim_slot(tmp_path, [0, 1], 1).index == 0  # no goodbye needed
 
 
-def test_what_binds_the_engine_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                       ) -> None:
+def test_what_binds_the_engine_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_cores.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     options = {"explicit": None, "per_replica": 2, "ranks": 1, "slots_dir": tmp_path}
 
@@ -87,14 +95,17 @@ def test_what_binds_the_engine_threads(tmp_path: Path, monkeypatch: pytest.Monke
 
     first: dict[str, str] = {}
     second: dict[str, str] = {}
-    held = [bind_engine_threads(**options, environ=first),
-            bind_engine_threads(**options, environ=second)]
+    held = [
+        bind_engine_threads(**options, environ=first),
+        bind_engine_threads(**options, environ=second),
+    ]
     assert (first, second) == ({BIND_ENV: "0-1"}, {BIND_ENV: "2-3"})  # side by side
     assert [slot.index for slot in held if slot is not None] == [0, 1]
 
     explicit: dict[str, str] = {}
-    assert bind_engine_threads(**{**options, "explicit": "4-7", "ranks": 2},
-                               environ=explicit) is None
+    assert (
+        bind_engine_threads(**{**options, "explicit": "4-7", "ranks": 2}, environ=explicit) is None
+    )
     assert explicit == {BIND_ENV: "4-5|6-7"}
 
     untouched: dict[str, str] = {}

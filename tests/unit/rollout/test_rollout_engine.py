@@ -30,6 +30,7 @@ class RecordingLLM:
     def _record(self, name: str) -> Any:
         async def call(*args: Any, **kwargs: Any) -> None:
             self.calls.append((name, kwargs or args))
+
         return call
 
     async def collective_rpc(self, method: str, kwargs: dict[str, Any]) -> None:
@@ -43,8 +44,9 @@ class RecordingLLM:
     async def resume_generation(self) -> None:
         self.calls.append(("resume", ()))
 
-    async def generate(self, prompt: dict[str, Any], params: Any, request_id: str,
-                       lora_request: Any = None) -> AsyncIterator[Any]:
+    async def generate(
+        self, prompt: dict[str, Any], params: Any, request_id: str, lora_request: Any = None
+    ) -> AsyncIterator[Any]:
         self.calls.append(("generate", prompt))
         yield SimpleNamespace(outputs=[])
 
@@ -58,12 +60,17 @@ def engine_with(llm: RecordingLLM, inflight_kv: str = "keep") -> RolloutEngine:
 
 @pytest.mark.parametrize(("inflight_kv", "clear_cache"), [("keep", False), ("recompute", True)])
 async def test_a_swap_pauses_in_keep_mode_and_clears_caches_only_to_recompute(
-        inflight_kv: str, clear_cache: bool) -> None:
+    inflight_kv: str, clear_cache: bool
+) -> None:
     llm = RecordingLLM()
     await engine_with(llm, inflight_kv).reload_weights("/v2", "job@2")
     assert llm.calls == [
-        ("clear_mm_cache", ()), ("pause", {"mode": "keep", "clear_cache": clear_cache}),
-        ("loom_reload_weights", {"weights_path": "/v2"}), ("label", "job@2"), ("resume", ())]
+        ("clear_mm_cache", ()),
+        ("pause", {"mode": "keep", "clear_cache": clear_cache}),
+        ("loom_reload_weights", {"weights_path": "/v2"}),
+        ("label", "job@2"),
+        ("resume", ()),
+    ]
 
 
 async def test_requests_are_salted_with_the_loaded_weights_and_movers_apart() -> None:
@@ -84,26 +91,35 @@ async def test_a_failed_reload_labels_the_weights_unknown_and_resumes() -> None:
         await engine.reload_weights("/missing", "job@3")
     assert llm.calls[-2:] == [("label", UNKNOWN_WEIGHTS_LABEL), ("resume", ())]
     await engine.generate([1], None)
-    assert llm.calls[-1] == ("generate", {"prompt_token_ids": [1],
-                                          "cache_salt": UNKNOWN_WEIGHTS_LABEL})
+    assert llm.calls[-1] == (
+        "generate",
+        {"prompt_token_ids": [1], "cache_salt": UNKNOWN_WEIGHTS_LABEL},
+    )
 
 
 @pytest.mark.parametrize(("max_loras", "lora_slots"), [(4, 4), (0, None)])
 def test_lora_layers_only_where_adapters_may_be_served(
-        tiny_model_dir: Path, max_loras: int, lora_slots: int | None) -> None:
+    tiny_model_dir: Path, max_loras: int, lora_slots: int | None
+) -> None:
     """vLLM accepts the arguments either way; 0 builds no LoRA layers at all."""
     settings = RolloutSettings(rollout_max_loras=max_loras)
     config = engine_args(settings, str(tiny_model_dir)).create_engine_config()
     assert (config.lora_config.max_loras if config.lora_config else None) == lora_slots
 
 
-@pytest.mark.parametrize(("model", "gib", "kv_bytes"), [
-    ("loom/tiny", None, 64 << 20), ("/models/other", None, 1 << 30),
-    ("loom/tiny", 2, 2 << 30), ("/models/other", 1 / 1024, 1 << 20),
-    ("loom/tiny", 0.0625, 64 << 20),
-])
+@pytest.mark.parametrize(
+    ("model", "gib", "kv_bytes"),
+    [
+        ("loom/tiny", None, 64 << 20),
+        ("/models/other", None, 1 << 30),
+        ("loom/tiny", 2, 2 << 30),
+        ("/models/other", 1 / 1024, 1 << 20),
+        ("loom/tiny", 0.0625, 64 << 20),
+    ],
+)
 def test_the_kv_cache_is_small_for_the_tiny_model_and_sized_in_bytes(
-        tiny_model_dir: Path, model: str, gib: float | None, kv_bytes: int) -> None:
+    tiny_model_dir: Path, model: str, gib: float | None, kv_bytes: int
+) -> None:
     settings = RolloutSettings(rollout_model=model, rollout_kv_cache_gib=gib)
     assert settings.kv_cache_bytes == kv_bytes
     args = engine_args(settings, str(tiny_model_dir))
@@ -111,7 +127,8 @@ def test_the_kv_cache_is_small_for_the_tiny_model_and_sized_in_bytes(
 
 
 def test_vllms_gib_variable_cannot_override_the_setting(
-        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """vLLM's CPU platform replaces `kv_cache_memory_bytes` with VLLM_CPU_KVCACHE_SPACE GiB
     when that variable is set."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")

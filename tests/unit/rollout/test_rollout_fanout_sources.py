@@ -31,12 +31,24 @@ def digest(data: bytes) -> str:
 
 def version(local_path: Path | None = None) -> Version:
     return Version(
-        id=7, job_id="j1", number=3, parent=None, step=3, kind=VersionKind.lora,
-        base_model="loom/tiny", metrics={}, aliases=[], created_at=datetime.now(UTC),
+        id=7,
+        job_id="j1",
+        number=3,
+        parent=None,
+        step=3,
+        kind=VersionKind.lora,
+        base_model="loom/tiny",
+        metrics={},
+        aliases=[],
+        created_at=datetime.now(UTC),
         local_path=None if local_path is None else str(local_path),
-        files=[ManifestFile(path="adapter_config.json", size=len(CONFIG), sha256=digest(CONFIG)),
-               ManifestFile(path="adapter_model.safetensors", size=len(WEIGHTS),
-                            sha256=digest(WEIGHTS))])
+        files=[
+            ManifestFile(path="adapter_config.json", size=len(CONFIG), sha256=digest(CONFIG)),
+            ManifestFile(
+                path="adapter_model.safetensors", size=len(WEIGHTS), sha256=digest(WEIGHTS)
+            ),
+        ],
+    )
 
 
 class Sources:
@@ -58,8 +70,9 @@ class Sources:
         else:
             found = self.peer_blobs[origin].get(request.url.path.rsplit("/", 1)[1])
             if found is None:
-                return httpx2.Response(404, json={"error": {"code": "not_found",
-                                                            "message": "no such blob"}})
+                return httpx2.Response(
+                    404, json={"error": {"code": "not_found", "message": "no such blob"}}
+                )
             data = found
         wanted = request.headers.get("range")
         if wanted:
@@ -91,12 +104,18 @@ def sources() -> Sources:
 def fetcher(sources: Sources, tmp_path: Path, *peers: str, in_place: bool = False) -> Fetcher:
     transport = httpx2.MockTransport(sources.handle)
     store = ModelStateClient(STORE, transport=transport)
-    return Fetcher(store, FixedPeers(*peers), httpx2.AsyncClient(transport=transport),
-                   tmp_path / "cache", in_place=in_place)
+    return Fetcher(
+        store,
+        FixedPeers(*peers),
+        httpx2.AsyncClient(transport=transport),
+        tmp_path / "cache",
+        in_place=in_place,
+    )
 
 
 async def test_a_peer_that_holds_the_files_serves_them_and_the_store_is_not_asked(
-        sources: Sources, tmp_path: Path) -> None:
+    sources: Sources, tmp_path: Path
+) -> None:
     sources.peer_blobs[PEER_A] = {digest(CONFIG): CONFIG, digest(WEIGHTS): WEIGHTS}
     fetch = fetcher(sources, tmp_path, PEER_A)
     directory = await fetch.materialize(version())
@@ -111,19 +130,22 @@ async def test_a_peer_that_holds_the_files_serves_them_and_the_store_is_not_aske
 
 
 async def test_callers_asking_for_one_version_at_once_share_one_fetch(
-        sources: Sources, tmp_path: Path) -> None:
+    sources: Sources, tmp_path: Path
+) -> None:
     fetch = fetcher(sources, tmp_path)
-    first, second = await asyncio.gather(fetch.materialize(version()),
-                                         fetch.materialize(version()))
+    first, second = await asyncio.gather(fetch.materialize(version()), fetch.materialize(version()))
     assert first == second and (first / "adapter_model.safetensors").read_bytes() == WEIGHTS
     assert sorted(sources.from_store()) == ["adapter_config.json", "adapter_model.safetensors"]
 
 
 async def test_a_gone_lying_or_empty_peer_is_passed_over_for_the_next_source(
-        sources: Sources, tmp_path: Path) -> None:
+    sources: Sources, tmp_path: Path
+) -> None:
     sources.broken.add(PEER_A)
-    sources.peer_blobs[PEER_B] = {digest(CONFIG): CONFIG,
-                                  digest(WEIGHTS): b"x" * len(WEIGHTS)}  # other bytes
+    sources.peer_blobs[PEER_B] = {
+        digest(CONFIG): CONFIG,
+        digest(WEIGHTS): b"x" * len(WEIGHTS),
+    }  # other bytes
     fetch = fetcher(sources, tmp_path, PEER_A, PEER_B)
     directory = await fetch.materialize(version())
     assert (directory / "adapter_model.safetensors").read_bytes() == WEIGHTS  # hash-checked
@@ -134,8 +156,7 @@ async def test_a_gone_lying_or_empty_peer_is_passed_over_for_the_next_source(
     assert [host for host, _ in sources.from_peers()].count(PEER_A) == ATTEMPTS  # one file
 
 
-async def test_a_cut_transfer_resumes_where_it_stopped(sources: Sources, tmp_path: Path
-                                                       ) -> None:
+async def test_a_cut_transfer_resumes_where_it_stopped(sources: Sources, tmp_path: Path) -> None:
     sources.peer_blobs[PEER_A] = {digest(CONFIG): CONFIG, digest(WEIGHTS): WEIGHTS}
     dest = tmp_path / "cache" / "j1" / "3"
     dest.mkdir(parents=True)
@@ -146,7 +167,8 @@ async def test_a_cut_transfer_resumes_where_it_stopped(sources: Sources, tmp_pat
 
 
 async def test_the_stores_directory_is_read_in_place_only_when_asked(
-        sources: Sources, tmp_path: Path) -> None:
+    sources: Sources, tmp_path: Path
+) -> None:
     local = tmp_path / "store" / "j1" / "3"
     local.mkdir(parents=True)
     (local / "adapter_config.json").write_bytes(CONFIG)
@@ -161,20 +183,43 @@ async def test_the_stores_directory_is_read_in_place_only_when_asked(
     assert sources.asked == []
 
 
-def replica(url: str, *, held: bool = True, ready: bool = True, static: bool = False,
-            set_aside: bool = False, load: int = 0) -> dict[str, object]:
+def replica(
+    url: str,
+    *,
+    held: bool = True,
+    ready: bool = True,
+    static: bool = False,
+    set_aside: bool = False,
+    load: int = 0,
+) -> dict[str, object]:
     versions = [{"job_id": "j1", "number": 3, "kind": "lora"}] if held else []
-    return {"id": url, "url": url, "static": static, "ready": ready, "set_aside": set_aside,
-            "versions": versions, "requests_in_flight": load, "tokens_in_flight": 0,
-            "gateway_in_flight": 0, "routed": 0, "failures": 0, "heartbeat_s": 2.0,
-            "last_heartbeat_s_ago": 0.1}
+    return {
+        "id": url,
+        "url": url,
+        "static": static,
+        "ready": ready,
+        "set_aside": set_aside,
+        "versions": versions,
+        "requests_in_flight": load,
+        "tokens_in_flight": 0,
+        "gateway_in_flight": 0,
+        "routed": 0,
+        "failures": 0,
+        "heartbeat_s": 2.0,
+        "last_heartbeat_s_ago": 0.1,
+    }
 
 
-async def test_peers_are_the_other_ready_replicas_holding_the_version_least_loaded_first(
-        ) -> None:
-    table = [replica("http://me:1"), replica("http://busy:1", load=5), replica("http://idle:1"),
-             replica("http://lacks:1", held=False), replica("http://starting:1", ready=False),
-             replica("http://gone:1", set_aside=True), replica("http://static:1", static=True)]
+async def test_peers_are_the_other_ready_replicas_holding_the_version_least_loaded_first() -> None:
+    table = [
+        replica("http://me:1"),
+        replica("http://busy:1", load=5),
+        replica("http://idle:1"),
+        replica("http://lacks:1", held=False),
+        replica("http://starting:1", ready=False),
+        replica("http://gone:1", set_aside=True),
+        replica("http://static:1", static=True),
+    ]
 
     def gateway(request: httpx2.Request) -> httpx2.Response:
         assert request.url.path == "/v1/internal/replicas"

@@ -29,8 +29,10 @@ from tests.support.rollout_versions import (
 
 # --- full weights loaded while the publish is pending ----------------------------------------
 
-def pending_publish(tmp_path: Path, store: FakeStore, job_id: str = "full-job"
-                    ) -> tuple[PendingVersion, Version]:
+
+def pending_publish(
+    tmp_path: Path, store: FakeStore, job_id: str = "full-job"
+) -> tuple[PendingVersion, Version]:
     """Files in a pending directory and the version that commits them, whose directory holds
     hard links to the same files (as modelstate makes it)."""
     pending_dir, version_dir = tmp_path / "pending", tmp_path / "versions" / job_id / "1"
@@ -42,29 +44,32 @@ def pending_publish(tmp_path: Path, store: FakeStore, job_id: str = "full-job"
     version = store.publish(job_id, VersionKind.full)
     version = version.model_copy(update={"local_path": str(version_dir)})
     store.versions[job_id][-1] = version
-    pending = PendingVersion(job_id=job_id, kind=VersionKind.full, staged="s1",
-                             local_path=str(pending_dir),
-                             files={"model.safetensors": 64, "config.json": 2})
+    pending = PendingVersion(
+        job_id=job_id,
+        kind=VersionKind.full,
+        staged="s1",
+        local_path=str(pending_dir),
+        files={"model.safetensors": 64, "config.json": 2},
+    )
     return pending, version
 
 
-def preloadable(tmp_path: Path
-                ) -> tuple[Versions, RecordingEngine, PendingVersion, Version]:
+def preloadable(tmp_path: Path) -> tuple[Versions, RecordingEngine, PendingVersion, Version]:
     """Versions reading the store's directories in place, and a pending full-weight publish."""
+
     async def in_place(version: Version) -> Path:
         assert version.local_path is not None
         return Path(version.local_path)
 
     store, engine = FakeStore(), RecordingEngine()
     pending, version = pending_publish(tmp_path, store)
-    versions = Versions(engine, store, in_place, base_model="loom/tiny", base_path="/base",
-                        max_loras=2)
+    versions = Versions(
+        engine, store, in_place, base_model="loom/tiny", base_path="/base", max_loras=2
+    )
     return versions, engine, pending, version
 
 
-async def test_a_pending_publish_is_loaded_early_and_its_version_only_named(
-    tmp_path: Path
-) -> None:
+async def test_a_pending_publish_is_loaded_early_and_its_version_only_named(tmp_path: Path) -> None:
     versions, engine, pending, version = preloadable(tmp_path)
     assert await versions.preload_pending(pending)
     assert engine.calls == [("reload", "pending:s1")]
@@ -76,8 +81,9 @@ async def test_a_pending_publish_is_loaded_early_and_its_version_only_named(
     assert resident is not None and resident.number == version.number
 
 
-@pytest.mark.parametrize(("replaced", "reloads"), [("config.json", False),
-                                                  ("model.safetensors", True)])
+@pytest.mark.parametrize(
+    ("replaced", "reloads"), [("config.json", False), ("model.safetensors", True)]
+)
 async def test_a_version_whose_weight_files_are_not_the_loaded_ones_is_reloaded(
     tmp_path: Path, replaced: str, reloads: bool
 ) -> None:
@@ -109,9 +115,7 @@ async def test_a_busy_engine_or_files_elsewhere_are_not_loaded_early(tmp_path: P
     assert engine.calls == [("reload", "full-job@1")]
 
 
-async def test_weights_of_a_publish_that_failed_are_swapped_out_on_demand(
-    tmp_path: Path
-) -> None:
+async def test_weights_of_a_publish_that_failed_are_swapped_out_on_demand(tmp_path: Path) -> None:
     versions, engine, pending, _ = preloadable(tmp_path)
     assert await versions.preload_pending(pending)
     async with versions.use(None, 0) as served:
@@ -119,19 +123,19 @@ async def test_weights_of_a_publish_that_failed_are_swapped_out_on_demand(
     assert engine.calls == [("reload", "pending:s1"), ("reload", "base")]
 
 
-async def test_the_follower_loads_pending_publishes_before_their_versions(
-    tmp_path: Path
-) -> None:
+async def test_the_follower_loads_pending_publishes_before_their_versions(tmp_path: Path) -> None:
     versions, engine, pending, version = preloadable(tmp_path)
 
     versions.store.subscribe_events = live_stream(  # type: ignore[method-assign]
-        [pending, version])
+        [pending, version]
+    )
     await follow_until(versions, engine, ("label", "full-job@1"))
     assert engine.calls == [("reload", "pending:s1"), ("label", "full-job@1")]
 
 
-async def hold_while_asked(versions: Versions, first: tuple[int, bool],
-                           then: tuple[int, bool]) -> list[str]:
+async def hold_while_asked(
+    versions: Versions, first: tuple[int, bool], then: tuple[int, bool]
+) -> list[str]:
     """Hold version `first` of full-job ((number, movable)) for 50 ms while `then` is asked
     for (0: the base); the order in which each got its weights and finished."""
     events: list[str] = []
@@ -163,9 +167,13 @@ async def test_later_versions_swap_in_under_movable_holders_and_others_wait() ->
     # 2 is loaded: a mover of 1 joins it, and the base waits for the mover
     assert await hold_while_asked(versions, (1, True), (0, False)) == ["first done", "0 in"]
     assert await hold_while_asked(versions, (1, False), (2, True)) == ["first done", "2 in"]
-    assert engine.calls == [("reload", "full-job@1"), ("reload", "full-job@2"),
-                            ("reload", "base"), ("reload", "full-job@1"),
-                            ("reload", "full-job@2")]
+    assert engine.calls == [
+        ("reload", "full-job@1"),
+        ("reload", "full-job@2"),
+        ("reload", "base"),
+        ("reload", "full-job@1"),
+        ("reload", "full-job@2"),
+    ]
 
 
 class GeneratingEngine(RecordingEngine):
@@ -175,29 +183,41 @@ class GeneratingEngine(RecordingEngine):
         super().__init__()
         self.tokens, self.spans = tokens, spans
 
-    async def generate(self, prompt: list[int], params: object, lora_request: object,
-                       interrupt: object = None, movable: bool = False) -> object:
+    async def generate(
+        self,
+        prompt: list[int],
+        params: object,
+        lora_request: object,
+        interrupt: object = None,
+        movable: bool = False,
+    ) -> object:
         self.movable = movable
         logprobs = [{t: Logprob(logprob=-0.5)} for t in self.tokens]
         completion = CompletionOutput(
-            index=0, text="text", token_ids=self.tokens, cumulative_logprob=None,
-            logprobs=logprobs, finish_reason="stop",
-            weight_versions=[WeightVersionSpan(*span) for span in self.spans])
+            index=0,
+            text="text",
+            token_ids=self.tokens,
+            cumulative_logprob=None,
+            logprobs=logprobs,
+            finish_reason="stop",
+            weight_versions=[WeightVersionSpan(*span) for span in self.spans],
+        )
         return SimpleNamespace(outputs=[completion])
-
 
 
 async def partial_sample(spans: list[tuple[str, int, int]]) -> list[Sample]:
     engine = GeneratingEngine([5, 6, 7, 8, 9], spans)
-    versions = Versions(engine, FakeStore(), materialize, base_model="loom/tiny",
-                        base_path="/base", max_loras=2)
+    versions = Versions(
+        engine, FakeStore(), materialize, base_model="loom/tiny", base_path="/base", max_loras=2
+    )
     for _ in range(2):
         await versions.target_of(versions.store.publish("full", VersionKind.full))
     await versions.target_of(versions.store.publish("other", VersionKind.full))
     sampler = Sampler(engine, versions)  # type: ignore[arg-type]
     sampler.check_prompt = lambda ids, max_tokens: None  # type: ignore[method-assign]
-    parts, newer = await sampler.sample_until_newer(SampleRequest(
-        job_id="full", version=1, prompt_token_ids=[1, 2]))
+    parts, newer = await sampler.sample_until_newer(
+        SampleRequest(job_id="full", version=1, prompt_token_ids=[1, 2])
+    )
     assert newer is None  # full weights: never interrupted
     assert engine.movable  # the engine may move it (and keeps its cache blocks apart)
     return parts
@@ -207,13 +227,13 @@ async def test_a_generation_moved_to_later_weights_comes_back_in_parts_per_versi
     parts = await partial_sample([("full@1", 0, 3), ("full@2", 3, 5)])
     assert [(p.version, p.token_ids, p.logprobs, p.stop_reason, p.text) for p in parts] == [
         (1, [5, 6, 7], [-0.5] * 3, "abort", "567"),
-        (2, [8, 9], [-0.5] * 2, "stop", "8")]  # as in vLLM's text: none for the stop token
+        (2, [8, 9], [-0.5] * 2, "stop", "8"),
+    ]  # as in vLLM's text: none for the stop token
     (whole,) = await partial_sample([("full@1", 0, 5)])
     assert (whole.version, whole.token_ids, whole.text) == (1, [5, 6, 7, 8, 9], "text")
 
 
 @pytest.mark.parametrize("label", ["other@1", "base", "full@0", "unknown"])
-async def test_tokens_from_weights_a_generation_may_not_move_to_fail_the_sample(
-        label: str) -> None:
+async def test_tokens_from_weights_a_generation_may_not_move_to_fail_the_sample(label: str) -> None:
     with pytest.raises(LoomError, match="Sample produced by weights"):
         await partial_sample([("full@1", 0, 3), (label, 3, 5)])

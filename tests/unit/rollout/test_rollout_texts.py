@@ -22,10 +22,21 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return AutoTokenizer.from_pretrained(directory)
 
 
-def completion(token_ids: list[int], finish_reason: str = "length",
-               stop_reason: int | str | None = None, text: str = "") -> CompletionOutput:
-    return CompletionOutput(index=0, text=text, token_ids=token_ids, cumulative_logprob=None,
-                            logprobs=None, finish_reason=finish_reason, stop_reason=stop_reason)
+def completion(
+    token_ids: list[int],
+    finish_reason: str = "length",
+    stop_reason: int | str | None = None,
+    text: str = "",
+) -> CompletionOutput:
+    return CompletionOutput(
+        index=0,
+        text=text,
+        token_ids=token_ids,
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason=finish_reason,
+        stop_reason=stop_reason,
+    )
 
 
 def whole(tokenizer: Any, prompt: list[int], output: CompletionOutput) -> str:
@@ -58,8 +69,7 @@ def test_an_incomplete_last_character_is_held_back(tokenizer: Any) -> None:
     assert whole(tokenizer, [1], completion(ids)) == "ab€"
 
 
-def test_vllm_detokenizes_only_for_stop_strings_and_python_only_tokenizers(
-        tokenizer: Any) -> None:
+def test_vllm_detokenizes_only_for_stop_strings_and_python_only_tokenizers(tokenizer: Any) -> None:
     assert not detokenizes_in_engine(tokenizer)
     plain = SamplingParams(max_tokens=8)
     assert not vllm_params(plain, detokenize=False).detokenize
@@ -71,5 +81,6 @@ def test_vllm_detokenizes_only_for_stop_strings_and_python_only_tokenizers(
 
     assert detokenizes_in_engine(PythonOnly())
     ids = tokenizer.encode("9-3=6", add_special_tokens=False)
-    assert span_texts(PythonOnly(), [1], completion(ids, "stop", ids[-1]),
-                      [(0, 2), (2, len(ids))]) == ["9-", "3="]
+    assert span_texts(
+        PythonOnly(), [1], completion(ids, "stop", ids[-1]), [(0, 2), (2, len(ids))]
+    ) == ["9-", "3="]

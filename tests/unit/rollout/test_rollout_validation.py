@@ -36,8 +36,13 @@ def test_empty_prompt_is_refused() -> None:
 
 def test_sample_request_needs_exactly_one_prompt() -> None:
     SampleRequest(prompt="1+1=")
-    for body in ({}, {"prompt": "a", "prompt_token_ids": [1]}, {"prompt_token_ids": []},
-                 {"prompt": "a", "n": 0}, {"prompt": "a", "temperature": 1.0}):
+    for body in (
+        {},
+        {"prompt": "a", "prompt_token_ids": [1]},
+        {"prompt_token_ids": []},
+        {"prompt": "a", "n": 0},
+        {"prompt": "a", "temperature": 1.0},
+    ):
         with pytest.raises(ValidationError):
             SampleRequest.model_validate(body)
 
@@ -49,8 +54,9 @@ def test_vllm_params_ask_for_the_sampled_tokens_logprob() -> None:
 
 
 def _completion(token_ids: list[int], logprobs: Any) -> CompletionOutput:
-    return CompletionOutput(index=0, text="", token_ids=token_ids, cumulative_logprob=None,
-                            logprobs=logprobs)
+    return CompletionOutput(
+        index=0, text="", token_ids=token_ids, cumulative_logprob=None, logprobs=logprobs
+    )
 
 
 def test_sampled_logprobs_read_flat_and_nested_logprobs_alike() -> None:
@@ -77,8 +83,12 @@ def test_flat_logprobs_not_led_by_the_sampled_token_fail_loudly() -> None:
 
 
 def test_openai_model_names() -> None:
-    serving = OpenAIServing(sampler=None, versions=None, base_model="loom/tiny",  # type: ignore[arg-type]
-                            capture=None)  # type: ignore[arg-type]
+    serving = OpenAIServing(
+        sampler=None,
+        versions=None,
+        base_model="loom/tiny",  # type: ignore[arg-type]
+        capture=None,
+    )  # type: ignore[arg-type]
     assert serving.parse_model("loom/tiny") == (None, 0)
     assert serving.parse_model("base") == (None, 0)
     assert serving.parse_model("job-1") == ("job-1", "latest")
@@ -94,9 +104,12 @@ def test_openai_completion_prompts_single_or_batch() -> None:
     assert CompletionRequest(model="m", prompt=[1, 2]).prompts == [[1, 2]]
     assert CompletionRequest(model="m", prompt=["a", "b"]).prompts == ["a", "b"]
     assert CompletionRequest(model="m", prompt=[[1], [2]]).prompts == [[1], [2]]
-    for body in ({"model": "m", "prompt": []}, {"model": "m", "prompt": "x", "logprobs": 21},
-                 {"model": "m", "prompt": "x", "max_tokens": 0},
-                 {"model": "m", "prompt": "x", "unknown": 1}):
+    for body in (
+        {"model": "m", "prompt": []},
+        {"model": "m", "prompt": "x", "logprobs": 21},
+        {"model": "m", "prompt": "x", "max_tokens": 0},
+        {"model": "m", "prompt": "x", "unknown": 1},
+    ):
         with pytest.raises(ValidationError):
             CompletionRequest.model_validate(body)
 
@@ -104,10 +117,11 @@ def test_openai_completion_prompts_single_or_batch() -> None:
 def test_openai_chat_request_checks() -> None:
     ok = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
     assert template_messages(ok.messages) == [{"role": "user", "content": "hi"}]
-    for body in ({"model": "m", "messages": []},
-                 {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
-                 {"model": "m", "messages": [{"role": "user", "content": "x"}],
-                  "top_logprobs": 2}):
+    for body in (
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+    ):
         with pytest.raises(ValidationError):
             ChatCompletionRequest.model_validate(body)
 

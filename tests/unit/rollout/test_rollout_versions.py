@@ -69,8 +69,11 @@ async def test_lora_versions_stay_resident_up_to_capacity_least_recent_evicted()
         async with versions.use("job", number) as served:
             assert served.lora_request is not None
             assert served.lora_request.lora_name == f"job@{number}"
-    assert [c for c in engine.calls if c[0] == "add"] == [("add", "job@1"), ("add", "job@2"),
-                                                          ("add", "job@3")]
+    assert [c for c in engine.calls if c[0] == "add"] == [
+        ("add", "job@1"),
+        ("add", "job@2"),
+        ("add", "job@3"),
+    ]
     assert ("remove", 2) in engine.calls  # job@2 had lora_int_id 2
     assert [(v.job_id, v.number) for v in versions.resident().loras] == [("job", 1), ("job", 3)]
     assert not any(c[0] == "reload" for c in engine.calls)  # adapters need no weight swap
@@ -123,7 +126,9 @@ async def test_full_swap_waits_for_in_flight_samples_and_reports_resident() -> N
     assert engine.calls == [("reload", "full-job@1")]
     resident = versions.resident()
     assert resident.full is not None and (resident.full.job_id, resident.full.number) == (
-        "full-job", 1)
+        "full-job",
+        1,
+    )
     async with versions.use(None, 0):  # back to the base weights
         pass
     assert engine.calls[-1] == ("reload", "base")
@@ -205,8 +210,7 @@ async def test_follower_preloads_versions_as_they_are_published() -> None:
     assert engine.calls == [("add", "job@1"), ("reload", "full@1")]
 
 
-async def test_partial_rollouts_hear_of_an_adapter_once_resident_and_of_weights_at_once(
-) -> None:
+async def test_partial_rollouts_hear_of_an_adapter_once_resident_and_of_weights_at_once() -> None:
     """A LoRA version is announced after it is loaded (interrupted generations go on at once);
     full weights before the swap (which waits for the generations on the old ones to stop)."""
     versions, engine, store = make_versions()
@@ -242,8 +246,9 @@ async def test_a_partial_sample_on_an_outdated_version_moves_on_without_loading_
         await versions._announce(store.publish("full", VersionKind.full))
     sampler = Sampler(engine, versions)  # type: ignore[arg-type]
     sampler.check_prompt = lambda ids, max_tokens: None  # type: ignore[method-assign]
-    (sample,), newer = await sampler.sample_until_newer(SampleRequest(
-        job_id="full", version=1, prompt_token_ids=[1, 2]))
+    (sample,), newer = await sampler.sample_until_newer(
+        SampleRequest(job_id="full", version=1, prompt_token_ids=[1, 2])
+    )
     assert (sample.token_ids, sample.stop_reason, newer) == ([], "abort", 2)
     assert engine.calls == []  # no swap, no generation
 
@@ -266,8 +271,9 @@ async def test_resident_versions_are_pinned_renewed_and_released() -> None:
     store.publish("job", VersionKind.lora)
     store.publish("job", VersionKind.full)
     recorder = PinRecorder(failures=1)  # modelstate down at first: retried at the next poll
-    keeper = PinKeeper(recorder, holder_name("http://127.0.0.1:8001"), versions.pinned_keys,
-                       ttl_s=0.3, poll_s=0.01)
+    keeper = PinKeeper(
+        recorder, holder_name("http://127.0.0.1:8001"), versions.pinned_keys, ttl_s=0.3, poll_s=0.01
+    )
     task = asyncio.create_task(keeper.run())
     await asyncio.sleep(0.05)
     await versions.load("job", 1)  # an adapter becomes resident

@@ -14,8 +14,9 @@ from services.common.errors import InvalidInput
 from services.rollout.weights_check import check_loadable, tensor_specs
 
 
-def test_the_models_own_weights_pass_and_others_are_named(tiny_model_dir: Path,
-                                                          tmp_path: Path) -> None:
+def test_the_models_own_weights_pass_and_others_are_named(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     served = tensor_specs(tiny_model_dir)
     assert served["model.embed_tokens.weight"][1] == 128
     copy = tmp_path / "copy"

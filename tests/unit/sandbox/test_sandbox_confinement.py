@@ -17,9 +17,11 @@ from services.sandbox.uid_ranges import BLOCK, claim, sweep_abandoned
 
 
 async def test_without_bubblewrap_the_service_does_not_start_and_says_how_to_get_it(
-        tmp_path: Path) -> None:
-    backend = ProcessBackend(SandboxSettings(sandbox_max_concurrency=1,
-                                             sandbox_bwrap=str(tmp_path / "bwrap")))
+    tmp_path: Path,
+) -> None:
+    backend = ProcessBackend(
+        SandboxSettings(sandbox_max_concurrency=1, sandbox_bwrap=str(tmp_path / "bwrap"))
+    )
     with pytest.raises(RuntimeError, match="needs bubblewrap .*apt-get install bubblewrap"):
         await backend.start()
 
@@ -69,12 +71,16 @@ def test_control_groups_name_what_is_missing(tmp_path: Path) -> None:
 @pytest.mark.skipif(not seccomp.supported(), reason="no filter for this architecture")
 def test_the_seccomp_filter_checks_the_architecture_first_and_allows_by_default() -> None:
     program = seccomp.filter_bytes()
-    instructions = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    instructions = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     assert instructions[0] == (seccomp.LD_ABS_W, 0, 0, seccomp.ARCH_OFFSET)
     assert instructions[1][3] == seccomp.AUDIT_ARCH[seccomp.machine()]
     returns = {k for code, _, _, k in instructions if code == seccomp.RET}
-    assert returns == {seccomp.RET_ALLOW, seccomp.RET_KILL_PROCESS,
-                       seccomp.RET_ERRNO | 1, seccomp.RET_ERRNO | 38}  # EPERM, ENOSYS
+    assert returns == {
+        seccomp.RET_ALLOW,
+        seccomp.RET_KILL_PROCESS,
+        seccomp.RET_ERRNO | 1,
+        seccomp.RET_ERRNO | 38,
+    }  # EPERM, ENOSYS
     assert len(instructions) < 64  # every jump fits BPF's 8-bit offsets
 
 

@@ -55,24 +55,26 @@ async def test_exception_gives_error_with_traceback(backend: ProcessBackend) -> 
     assert "Traceback (most recent call last)" in result.stderr
     assert "ZeroDivisionError" in result.stderr
     # The user's traceback only: none of the agent's or the launcher's frames.
-    assert result.stderr.startswith(
-        'Traceback (most recent call last):\n  File "/work/main.py"')
+    assert result.stderr.startswith('Traceback (most recent call last):\n  File "/work/main.py"')
     assert "<string>" not in result.stderr and "agent" not in result.stderr
 
 
 async def test_a_program_sees_the_interpreter_a_script_gets(backend: ProcessBackend) -> None:
     """Forked from a warm launcher, a program still looks like `python -E -s main.py`."""
-    code = ("import os, sys, __main__\n"
-            "print(sys.argv, __name__, __file__, sys.path[0], os.getcwd())\n"
-            "print(sys.orig_argv[1:], sys.flags.ignore_environment, sys.flags.no_user_site,\n"
-            "      sys.flags.no_site, __main__.__dict__ is globals())\n"
-            "print(sorted(os.environ))\n")
+    code = (
+        "import os, sys, __main__\n"
+        "print(sys.argv, __name__, __file__, sys.path[0], os.getcwd())\n"
+        "print(sys.orig_argv[1:], sys.flags.ignore_environment, sys.flags.no_user_site,\n"
+        "      sys.flags.no_site, __main__.__dict__ is globals())\n"
+        "print(sorted(os.environ))\n"
+    )
     result = await backend.execute(ExecuteRequest(code=code))
     assert result.stdout.splitlines() == [
         "['main.py'] __main__ /work/main.py /work /work",
         "['-E', '-s', 'main.py'] 1 1 0 True",
         "['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'PATH', "
-        "'TMPDIR']"], result.stderr
+        "'TMPDIR']",
+    ], result.stderr
 
 
 async def test_a_syntax_error_is_reported_as_python_reports_it(backend: ProcessBackend) -> None:
@@ -89,12 +91,14 @@ async def test_sys_exit_with_a_message(backend: ProcessBackend) -> None:
 
 async def test_the_interpreter_exits_as_usual(backend: ProcessBackend) -> None:
     """Threads are joined, atexit runs and files left open are flushed at the end."""
-    code = ("import atexit, threading, time\n"
-            "left_open = open('out.txt', 'w'); left_open.write('flushed at exit')\n"
-            "atexit.register(lambda: print('atexit'))\n"
-            "def late():\n    time.sleep(0.2); print('thread')\n"
-            "threading.Thread(target=late).start()\n"
-            "print('main')\n")
+    code = (
+        "import atexit, threading, time\n"
+        "left_open = open('out.txt', 'w'); left_open.write('flushed at exit')\n"
+        "atexit.register(lambda: print('atexit'))\n"
+        "def late():\n    time.sleep(0.2); print('thread')\n"
+        "threading.Thread(target=late).start()\n"
+        "print('main')\n"
+    )
     result = await backend.execute(ExecuteRequest(code=code, collect=["out.txt"]))
     assert result.stdout == "main\nthread\natexit\n", result.stderr
     assert result.files[0].data() == b"flushed at exit"
@@ -142,8 +146,7 @@ async def test_memory_bomb_is_oom(backend: ProcessBackend) -> None:
 
 async def test_output_flood_is_truncated_and_stopped_quickly(backend: ProcessBackend) -> None:
     code = "while True:\n    print('x' * 10000)\n"
-    result = await backend.execute(ExecuteRequest(code=code, max_output_bytes=1000,
-                                                  timeout_s=60))
+    result = await backend.execute(ExecuteRequest(code=code, max_output_bytes=1000, timeout_s=60))
     assert result.status is ExecutionStatus.killed
     assert result.reason == "output_limit"
     assert result.stdout_truncated and len(result.stdout) == 1000
@@ -245,8 +248,8 @@ async def test_concurrency_is_limited_by_settings() -> None:
 
 
 async def test_an_interpreter_that_cannot_start_is_named_at_start_up(tmp_path: Path) -> None:
-    backend = ProcessBackend(SandboxSettings(sandbox_max_concurrency=1,
-                                             sandbox_python=str(tmp_path / "python3")))
+    backend = ProcessBackend(
+        SandboxSettings(sandbox_max_concurrency=1, sandbox_python=str(tmp_path / "python3"))
+    )
     with pytest.raises(RuntimeError, match="cannot start the interpreter .*python3"):
         await backend.start()
-

@@ -29,9 +29,10 @@ def test_collate_pads_right_and_masks_position_zero() -> None:
 
 
 def test_collate_keeps_policy_fields_when_every_datum_has_them() -> None:
-    data = [Datum(input_ids=[1, 2], loss_mask=[0, 1], advantages=[0, 2], logprobs=[0, -1]),
-            Datum(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], advantages=[0, 1, 1],
-                  logprobs=[0, -2, -3])]
+    data = [
+        Datum(input_ids=[1, 2], loss_mask=[0, 1], advantages=[0, 2], logprobs=[0, -1]),
+        Datum(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], advantages=[0, 1, 1], logprobs=[0, -2, -3]),
+    ]
     batch = collate(data, CPU)
     assert batch.advantages is not None and batch.old_logprobs is not None
     assert batch.advantages.tolist() == [[0, 2, 0], [0, 1, 1]]

@@ -120,8 +120,9 @@ def test_policy_losses_need_old_logprobs_and_advantages() -> None:
     with pytest.raises(ValueError, match="needs advantages"):
         compute_loss(LossConfig(name=LossName.ppo), t([[0.0, -1.0]]), t([[0, 1]]))
     with pytest.raises(ValueError, match="needs old_logprobs"):
-        compute_loss(LossConfig(name=LossName.dro), t([[0.0, -1.0]]), t([[0, 1]]),
-                     advantages=t([[0.0, 1.0]]))
+        compute_loss(
+            LossConfig(name=LossName.dro), t([[0.0, -1.0]]), t([[0, 1]]), advantages=t([[0.0, 1.0]])
+        )
 
 
 def test_cispo_weighs_log_pi_by_the_clipped_ratio_without_its_gradient() -> None:
@@ -144,8 +145,9 @@ def test_cispo_defaults_cap_the_ratio_at_four_with_no_lower_bound() -> None:
     assert config.clips == (1.0, 3.0)
     new = t([[0.0, 0.0, 0.0]])
     old = t([[0.0, -math.log(8.0), math.log(8.0)]])  # ratios 8 and 1/8
-    loss, metrics = compute_loss(config, new - 1.0, t([[0, 1, 1]]), old_logprobs=old - 1.0,
-                                 advantages=t([[0.0, 1.0, 1.0]]))
+    loss, metrics = compute_loss(
+        config, new - 1.0, t([[0, 1, 1]]), old_logprobs=old - 1.0, advantages=t([[0.0, 1.0, 1.0]])
+    )
     # logpi = -1 for both: -(4 * -1 + 0.125 * -1) / 2 (token mean)
     assert loss.item() == pytest.approx((4.0 + 0.125) / 2)
     assert metrics["clip_fraction"] == pytest.approx(0.5)
@@ -214,8 +216,9 @@ def test_truncated_importance_sampling_weights_and_gradient() -> None:
     sampler = t([[0.0, -LN2, LN2]])  # trainer / sampler ratios 2 and 1/2
     advantages = t([[0.0, 1.0, -2.0]])
     config = LossConfig(name=LossName.importance_sampling, tis_cap=1.5)
-    loss, metrics = compute_loss(config, new, t([[0, 1, 1]]), old_logprobs=sampler,
-                                 advantages=advantages)
+    loss, metrics = compute_loss(
+        config, new, t([[0, 1, 1]]), old_logprobs=sampler, advantages=advantages
+    )
     # weights min(2, 1.5) = 1.5 and 0.5; the policy ratio is 1: -(1.5 * 1 + 0.5 * -2) / 2
     assert loss.item() == pytest.approx(-0.25)
     assert metrics["tis_weight_mean"] == pytest.approx(1.0)
@@ -231,8 +234,9 @@ def test_truncated_importance_sampling_under_ppo_on_a_first_pass() -> None:
     new = t([[0.0, -1.0]])
     sampler = t([[0.0, -1.0 - 3.0]])  # ratio e^3, far outside the clip range
     config = LossConfig(name=LossName.ppo, tis_cap=2.0)
-    loss, metrics = compute_loss(config, new, t([[0, 1]]), old_logprobs=sampler,
-                                 advantages=t([[0.0, 1.0]]))
+    loss, metrics = compute_loss(
+        config, new, t([[0, 1]]), old_logprobs=sampler, advantages=t([[0.0, 1.0]])
+    )
     assert loss.item() == pytest.approx(-2.0)
     assert metrics["clip_fraction"] == 0.0
     assert metrics["tis_truncated_fraction"] == 1.0
@@ -247,8 +251,14 @@ def test_a_later_pass_clips_against_the_proximal_policy_under_truncated_is() -> 
     sampler = t([[0.0, -1.0 - LN2, -1.0]])  # proximal / sampler: 2 (truncated to 1.5), 1
     advantages = t([[0.0, 1.0, 1.0]])
     config = LossConfig(name=LossName.ppo, tis_cap=1.5)
-    loss, metrics = compute_loss(config, new, t([[0, 1, 1]]), old_logprobs=sampler,
-                                 advantages=advantages, proximal_logprobs=proximal)
+    loss, metrics = compute_loss(
+        config,
+        new,
+        t([[0, 1, 1]]),
+        old_logprobs=sampler,
+        advantages=advantages,
+        proximal_logprobs=proximal,
+    )
     # -(min(1.65, 1.28) * 1.5 * 1 + 1.1 * 1 * 1) / 2
     assert loss.item() == pytest.approx(-(1.28 * 1.5 + 1.1) / 2)
     assert metrics["clip_fraction"] == pytest.approx(0.5)
@@ -263,16 +273,18 @@ def test_dual_clip_bounds_a_negative_advantage_tokens_term() -> None:
     old = t([[0.0, -math.log(10.0), -math.log(1.1)]])  # ratios 10 and 1.1
     advantages = t([[0.0, -1.0, -1.0]])
     config = LossConfig(name=LossName.ppo, clip_ratio_c=3.0)
-    loss, metrics = compute_loss(config, new, t([[0, 1, 1]]), old_logprobs=old,
-                                 advantages=advantages)
+    loss, metrics = compute_loss(
+        config, new, t([[0, 1, 1]]), old_logprobs=old, advantages=advantages
+    )
     # ratio 10: min(-10, -1.28) = -10, floored at 3 * -1 = -3; ratio 1.1: -1.1
     assert loss.item() == pytest.approx((3.0 + 1.1) / 2)
     assert metrics["dual_clip_fraction"] == pytest.approx(0.5)
     loss.backward()
     assert new.grad is not None
     assert new.grad[0].tolist() == pytest.approx([0.0, 0.0, 1.1 / 2])
-    without, _ = compute_loss(LossConfig(name=LossName.ppo), new, t([[0, 1, 1]]),
-                              old_logprobs=old, advantages=advantages)
+    without, _ = compute_loss(
+        LossConfig(name=LossName.ppo), new, t([[0, 1, 1]]), old_logprobs=old, advantages=advantages
+    )
     assert without.item() == pytest.approx((10.0 + 1.1) / 2)
     with pytest.raises(ValueError, match="dual clip"):
         LossConfig(name=LossName.cispo, clip_ratio_c=3.0)

@@ -46,21 +46,33 @@ print(json.dumps(peaks))
 def peak_rss_mb(model_dir: Path, data_dir: Path, budget: int, rows: list[int]) -> list[float]:
     """The process's peak RSS (MiB) after each forward_backward of `rows` rows, in order."""
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(model_dir), str(data_dir), str(budget),
-         ",".join(map(str, rows)), str(ROW_TOKENS)],
-        check=True, capture_output=True, text=True, timeout=600,
-        cwd=Path(__file__).resolve().parents[3])
+        [
+            sys.executable,
+            "-c",
+            MEASURE,
+            str(model_dir),
+            str(data_dir),
+            str(budget),
+            ",".join(map(str, rows)),
+            str(ROW_TOKENS),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 @pytest.mark.slow  # two subprocesses training 128-row batches
-def test_peak_memory_is_one_micro_batchs_whatever_the_batch(tiny_model_dir: Path,
-                                                            tmp_path: Path) -> None:
+def test_peak_memory_is_one_micro_batchs_whatever_the_batch(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     # The first calls settle what stays (gradients, the allocator's arenas): 16 rows twice.
     _, one, eight = peak_rss_mb(tiny_model_dir, tmp_path / "a", BUDGET, [16, 16, 128])
     # Control: the same 8x batch as one graph (a budget that holds all of it) needs far more,
     # so the measure above would have seen it.
-    _, _, one_graph = peak_rss_mb(tiny_model_dir, tmp_path / "b", 128 * ROW_TOKENS,
-                                  [16, 16, 128])
+    _, _, one_graph = peak_rss_mb(tiny_model_dir, tmp_path / "b", 128 * ROW_TOKENS, [16, 16, 128])
     assert eight <= one * 1.10, (one, eight)
     assert one_graph - one > 4 * (eight - one) + 50, (one, eight, one_graph)

@@ -25,10 +25,13 @@ from services.trainer.schemas import (
 from tests.support.trainer_data import long_tailed_data
 
 
-@given(st.lists(st.integers(min_value=2, max_value=300), min_size=1, max_size=64),
-       st.integers(min_value=1, max_value=2000))
-def test_micro_batches_cover_every_row_once_within_the_budget(lengths: list[int],
-                                                              budget: int) -> None:
+@given(
+    st.lists(st.integers(min_value=2, max_value=300), min_size=1, max_size=64),
+    st.integers(min_value=1, max_value=2000),
+)
+def test_micro_batches_cover_every_row_once_within_the_budget(
+    lengths: list[int], budget: int
+) -> None:
     groups = micro_batches(lengths, budget)
     assert sorted(i for rows in groups for i in rows) == list(range(len(lengths)))
     widths = [lengths[rows[0]] for rows in groups]
@@ -44,10 +47,12 @@ def test_micro_batches_keep_short_rows_apart_from_long_ones() -> None:
     assert micro_batches(lengths, 10_000) == [[0, 3, 2, 4, 1, 5]]
 
 
-def model_with_budget(tiny_model_dir: Path, tmp_path: Path, mode: TrainingMode,
-                      micro_batch_tokens: int) -> TrainerModel:
-    registry = ModelRegistry(tmp_path / str(micro_batch_tokens), torch.device("cpu"),
-                             micro_batch_tokens)
+def model_with_budget(
+    tiny_model_dir: Path, tmp_path: Path, mode: TrainingMode, micro_batch_tokens: int
+) -> TrainerModel:
+    registry = ModelRegistry(
+        tmp_path / str(micro_batch_tokens), torch.device("cpu"), micro_batch_tokens
+    )
     spec = CreateModelRequest(job_id="j1", base_model=str(tiny_model_dir), mode=mode, seed=3)
     model, _ = registry.create(spec)
     return model
@@ -65,8 +70,9 @@ CONFIGS = [
 @pytest.mark.slow  # 10 cases, two models each (the rest of this file splits batches too)
 @pytest.mark.parametrize("mode", [TrainingMode.full, TrainingMode.lora])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.name.value}-{c.aggregation.value}")
-def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: Path,
-                                                mode: TrainingMode, config: LossConfig) -> None:
+def test_micro_batched_training_equals_one_pass(
+    tiny_model_dir: Path, tmp_path: Path, mode: TrainingMode, config: LossConfig
+) -> None:
     """Each micro-batch is back-propagated on its own (its share of the loss divided by the
     whole batch's totals): loss, metrics and gradients are those of one graph over the batch."""
     torch.manual_seed(0)
@@ -81,8 +87,7 @@ def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: 
     assert got.logprobs is not None and expected.logprobs is not None
     for row, want in zip(got.logprobs, expected.logprobs, strict=True):
         assert row == pytest.approx(want, abs=1e-5)
-    for (name, a), (_, b) in zip(split.named_trainable(), one_pass.named_trainable(),
-                                 strict=True):
+    for (name, a), (_, b) in zip(split.named_trainable(), one_pass.named_trainable(), strict=True):
         assert a.grad is not None and b.grad is not None, name
         # fp32 sums in another order: an element's error scales with the tensor's largest
         # gradient (up to ~18 with `sum` aggregation), not with its own value.
@@ -92,7 +97,8 @@ def test_micro_batched_training_equals_one_pass(tiny_model_dir: Path, tmp_path: 
 
 @pytest.mark.parametrize("earlier_gradients", [False, True])
 def test_a_failing_later_micro_batch_leaves_the_gradients_as_they_were(
-        tiny_model_dir: Path, tmp_path: Path, earlier_gradients: bool) -> None:
+    tiny_model_dir: Path, tmp_path: Path, earlier_gradients: bool
+) -> None:
     """Earlier micro-batches have added their gradients when a later one's loss is not finite:
     the call fails as a whole and takes them back."""
     model = model_with_budget(tiny_model_dir, tmp_path, TrainingMode.full, 70)
@@ -100,8 +106,9 @@ def test_a_failing_later_micro_batch_leaves_the_gradients_as_they_were(
     data = long_tailed_data(12)
     if earlier_gradients:
         model.forward_backward(data, config)
-    before = {name: None if p.grad is None else p.grad.clone()
-              for name, p in model.named_trainable()}
+    before = {
+        name: None if p.grad is None else p.grad.clone() for name, p in model.named_trainable()
+    }
     # The shortest rows run last (longest first); one of them has an infinite advantage.
     shortest = min(range(len(data)), key=lambda i: len(data[i].input_ids))
     bad = data[shortest]
@@ -126,16 +133,25 @@ def test_forward_without_gradients_is_split_too(tiny_model_dir: Path, tmp_path: 
         assert row == pytest.approx(want, abs=1e-5)
 
 
-@pytest.mark.parametrize(("device", "setting", "budget"), [
-    ("cpu", None, 1024), ("cuda", None, 8192), ("cuda:1", None, 8192), ("cuda", 300, 300),
-    ("cpu", 5000, 5000)])
-def test_budget_defaults_by_device_and_a_setting_wins(device: str, setting: int | None,
-                                                      budget: int) -> None:
+@pytest.mark.parametrize(
+    ("device", "setting", "budget"),
+    [
+        ("cpu", None, 1024),
+        ("cuda", None, 8192),
+        ("cuda:1", None, 8192),
+        ("cuda", 300, 300),
+        ("cpu", 5000, 5000),
+    ],
+)
+def test_budget_defaults_by_device_and_a_setting_wins(
+    device: str, setting: int | None, budget: int
+) -> None:
     assert micro_batch_budget(torch.device(device), setting) == budget
 
 
-def test_the_loss_takes_logprobs_at_the_sampling_temperature(tiny_model_dir: Path,
-                                                              tmp_path: Path) -> None:
+def test_the_loss_takes_logprobs_at_the_sampling_temperature(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     model = model_with_budget(tiny_model_dir, tmp_path, TrainingMode.full, 70)
     data = long_tailed_data(3, seed=2)
     got = model.forward(data, LossConfig(name=LossName.cross_entropy, temperature=0.5))

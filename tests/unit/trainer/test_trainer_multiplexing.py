@@ -37,15 +37,22 @@ STEP = OptimStepRequest(adam=AdamParams(lr=5e-2))
 async def service(tmp_path: Path) -> AsyncIterator[TrainerService]:
     queue = OperationQueue()
     client = ModelStateClient("http://127.0.0.1:9")  # never reached: nothing publishes
-    yield TrainerService(ModelRegistry(tmp_path, torch.device("cpu")), queue,
-                         ThreadPublisher(client, asyncio.get_running_loop()), tmp_path / "work")
+    yield TrainerService(
+        ModelRegistry(tmp_path, torch.device("cpu")),
+        queue,
+        ThreadPublisher(client, asyncio.get_running_loop()),
+        tmp_path / "work",
+    )
     queue.shutdown()
     await client.aclose()
 
 
 def create(service: TrainerService, job: str, base: Path, **changes: object) -> None:
-    service.create_model(CreateModelRequest.model_validate(
-        {"job_id": job, "base_model": str(base), "lora": {"rank": 4}, **changes}))
+    service.create_model(
+        CreateModelRequest.model_validate(
+            {"job_id": job, "base_model": str(base), "lora": {"rank": 4}, **changes}
+        )
+    )
 
 
 async def train(service: TrainerService, job: str, steps: int) -> list[float]:
@@ -120,8 +127,9 @@ async def test_operations_of_different_jobs_take_turns() -> None:
     assert order.index("p0") <= 2, order
 
 
-async def test_one_jobs_failure_stops_no_other(service: TrainerService,
-                                               tiny_model_dir: Path) -> None:
+async def test_one_jobs_failure_stops_no_other(
+    service: TrainerService, tiny_model_dir: Path
+) -> None:
     create(service, "ok", tiny_model_dir)
     create(service, "broken", tiny_model_dir)
     with pytest.raises(InvalidInput):

@@ -20,16 +20,21 @@ METADATA = {"format": "pt"}
 
 def some_tensors() -> dict[str, torch.Tensor]:
     return {
-        "w": torch.randn(3, 5), "ids": torch.arange(7), "half": torch.randn(4).bfloat16(),
-        "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "mask": torch.tensor([True]),
+        "w": torch.randn(3, 5),
+        "ids": torch.arange(7),
+        "half": torch.randn(4).bfloat16(),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "mask": torch.tensor([True]),
         "view": torch.randn(6, 4)[:, 1],  # not contiguous: written from a copy
     }
 
 
 def test_written_bytes_equal_safetensors_own(tmp_path: Path) -> None:
     tensors = some_tensors()
-    save_file({k: t.contiguous() for k, t in tensors.items()}, tmp_path / "theirs",
-              metadata=METADATA)
+    save_file(
+        {k: t.contiguous() for k, t in tensors.items()}, tmp_path / "theirs", metadata=METADATA
+    )
     write_file(tensors, tmp_path / "ours", metadata=METADATA)
     assert (tmp_path / "ours").read_bytes() == (tmp_path / "theirs").read_bytes()
     loaded = load_file(tmp_path / "ours")

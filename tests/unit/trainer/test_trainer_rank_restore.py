@@ -16,8 +16,10 @@ from services.trainer.distributed.ranks import RankFailed
 from services.trainer.distributed.remote import RemoteModel
 from services.trainer.schemas import CreateModelRequest, ModelInfo, TrainingMode
 
-FAILURE = RankFailed("Trainer rank 1 of 2 failed during forward_backward",
-                     {"rank": 1, "operation": "forward_backward"})
+FAILURE = RankFailed(
+    "Trainer rank 1 of 2 failed during forward_backward",
+    {"rank": 1, "operation": "forward_backward"},
+)
 
 
 class Commands:
@@ -47,8 +49,17 @@ class Commands:
 
 def model(commands: Commands, job: str = "job") -> RemoteModel:
     spec = CreateModelRequest(job_id=job, base_model="base", mode=TrainingMode.full)
-    info = ModelInfo(model_id=job, job_id=job, base_model="base", mode=TrainingMode.full,
-                     lora=None, num_params=10, trainable_params=10, step=0, last_version=0)
+    info = ModelInfo(
+        model_id=job,
+        job_id=job,
+        base_model="base",
+        mode=TrainingMode.full,
+        lora=None,
+        num_params=10,
+        trainable_params=10,
+        step=0,
+        last_version=0,
+    )
     return RemoteModel(commands, spec, info, vocab_size=8, max_length=16)  # type: ignore[arg-type]
 
 
@@ -60,7 +71,8 @@ def checkpoint(root: Path, job: str, name: str) -> Path:
 
 
 def test_a_model_comes_back_at_its_last_checkpoint_and_its_client_is_told_once(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     commands = Commands()
     m = model(commands)
     m.step, m.last_version = 2, 1
@@ -68,8 +80,12 @@ def test_a_model_comes_back_at_its_last_checkpoint_and_its_client_is_told_once(
     m.step, m.last_version = 5, 3  # trained and published since
 
     m.restore(commands.run, FAILURE)
-    assert commands.sent[-1] == ("run", "job", "read_checkpoint",
-                                 (tmp_path / "job" / "after-2", True, 2, 1))
+    assert commands.sent[-1] == (
+        "run",
+        "job",
+        "read_checkpoint",
+        (tmp_path / "job" / "after-2", True, 2, 1),
+    )
     info = m.info()
     assert (info.step, info.last_version) == (2, 1)
     assert info.restored is not None
@@ -107,14 +123,17 @@ def test_another_jobs_checkpoint_is_named_with_its_job(tmp_path: Path) -> None:
     m = model(commands)
     m.read_checkpoint(checkpoint(tmp_path, "other", "warm"), False, 7, None)
     m.restore(commands.run, FAILURE)
-    assert commands.sent[-1] == ("run", "job", "read_checkpoint",
-                                 (tmp_path / "other" / "warm", False, 7, None))
+    assert commands.sent[-1] == (
+        "run",
+        "job",
+        "read_checkpoint",
+        (tmp_path / "other" / "warm", False, 7, None),
+    )
     assert m.restored is not None
     assert (m.restored.checkpoint, m.restored.checkpoint_job_id) == ("warm", "other")
 
 
-def test_the_failed_operations_error_says_where_its_model_is_and_tells_it(
-        tmp_path: Path) -> None:
+def test_the_failed_operations_error_says_where_its_model_is_and_tells_it(tmp_path: Path) -> None:
     commands = Commands()
     m = model(commands)
     m.wrote_checkpoint(checkpoint(tmp_path, "job", "c"), optimizer=False)
@@ -126,8 +145,11 @@ def test_the_failed_operations_error_says_where_its_model_is_and_tells_it(
     commands.fail = fail
     with pytest.raises(RankFailed, match=r"rank 1 of 2.*checkpoint 'c' \(step 0\)") as failed:
         m.forward_backward([], None)  # type: ignore[arg-type]
-    assert failed.value.detail == {"rank": 1, "operation": "forward_backward",
-                                   "restored": m.restored.model_dump(mode="json")}  # type: ignore[union-attr]
+    assert failed.value.detail == {
+        "rank": 1,
+        "operation": "forward_backward",
+        "restored": m.restored.model_dump(mode="json"),
+    }  # type: ignore[union-attr]
     m.forward([])  # its client was told by that error
     assert commands.sent[-1][:3] == ("call", "job", "forward")
 
@@ -143,15 +165,18 @@ def test_loading_a_checkpoint_after_a_roll_back_needs_no_telling(tmp_path: Path)
 
 
 def test_an_unreadable_checkpoint_fails_one_re_forming_then_the_model_is_at_its_base(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     commands = Commands()
     m = model(commands)
     m.step = 3
     m.wrote_checkpoint(checkpoint(tmp_path, "job", "torn"), optimizer=True)
 
     def unreadable(command: tuple[Any, ...]) -> None:
-        raise RankFailed("Trainer rank 0 of 2 failed during read_checkpoint (corrupt shard)",
-                         {"rank": 0, "operation": "read_checkpoint"})
+        raise RankFailed(
+            "Trainer rank 0 of 2 failed during read_checkpoint (corrupt shard)",
+            {"rank": 0, "operation": "read_checkpoint"},
+        )
 
     with pytest.raises(RankFailed, match="corrupt shard"):
         m.restore(unreadable, FAILURE)  # this re-forming fails: the group is stopped

@@ -31,15 +31,20 @@ async def service(tmp_path: Path) -> AsyncIterator[TrainerService]:
     queue = OperationQueue()
     # Never reached here: nothing in these tests publishes.
     client = ModelStateClient("http://127.0.0.1:9")
-    yield TrainerService(ModelRegistry(tmp_path, torch.device("cpu")), queue,
-                         ThreadPublisher(client, asyncio.get_running_loop()), tmp_path / "work")
+    yield TrainerService(
+        ModelRegistry(tmp_path, torch.device("cpu")),
+        queue,
+        ThreadPublisher(client, asyncio.get_running_loop()),
+        tmp_path / "work",
+    )
     queue.shutdown()
     await client.aclose()
 
 
 def spec(tiny_model_dir: Path, **changes: object) -> CreateModelRequest:
     return CreateModelRequest.model_validate(
-        {"job_id": "j1", "base_model": str(tiny_model_dir), **changes})
+        {"job_id": "j1", "base_model": str(tiny_model_dir), **changes}
+    )
 
 
 def test_create_is_idempotent_and_conflicts_on_a_different_config(
@@ -89,8 +94,10 @@ async def test_a_request_past_the_token_limit_is_refused_naming_the_setting(
     service.max_request_tokens = 100
     # 4 rows padded to the longest (30): 120 tokens, though only 57 are real.
     data = [Datum(input_ids=[5] * n, loss_mask=[1.0] * n) for n in (30, 9, 9, 9)]
-    for submit in (lambda: service.forward_backward("j1", ForwardBackwardRequest(data=data)),
-                   lambda: service.forward("j1", ForwardRequest(data=data))):
+    for submit in (
+        lambda: service.forward_backward("j1", ForwardBackwardRequest(data=data)),
+        lambda: service.forward("j1", ForwardRequest(data=data)),
+    ):
         with pytest.raises(PayloadTooLarge, match="LOOM_TRAINER_MAX_REQUEST_TOKENS") as refused:
             submit()
         assert refused.value.detail == {"padded_tokens": 120, "limit": 100}

@@ -71,22 +71,26 @@ def test_full_weights_past_the_shard_size_are_sharded_with_an_index(
     assert set(index["weight_map"].values()) == {p.name for p in shards}
     assert set(index["weight_map"]) == saved_names(tmp_path)
     saved = {n: t for n, t in model.state_dict().items() if n != "lm_head.weight"}
-    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size()
-                                                  for t in saved.values())
+    assert index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in saved.values()
+    )
     assert torch.equal(logits(load(tmp_path)), logits(model))
 
 
 def test_adapter_loads_back_identically_through_peft(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                             task_type="CAUSAL_LM")
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+    )
     model = peft.get_peft_model(load(tiny_model_dir), config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
                 parameter.add_(0.05 * torch.randn_like(parameter))  # B starts at zero
     write_adapter(model, tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} == {"adapter_model.safetensors",
-                                                   "adapter_config.json"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+    }
     saved = json.loads((tmp_path / "adapter_config.json").read_text())
     assert saved["inference_mode"] is True and saved["r"] == 4
     assert saved["base_model_name_or_path"] == str(tiny_model_dir)
@@ -132,10 +136,16 @@ def test_an_adapter_is_the_same_bytes_in_every_process(tiny_model_dir: Path) -> 
     (they differed between processes, and the republish was a conflict)."""
     root = Path(__file__).resolve().parents[3]
     configs = {
-        subprocess.run([sys.executable, "-c", ADAPTER_CONFIG_OF_A_PROCESS, str(tiny_model_dir)],
-                       check=True, capture_output=True, text=True, cwd=root,
-                       env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
-        for seed in (1, 2, 3, 4)}
+        subprocess.run(
+            [sys.executable, "-c", ADAPTER_CONFIG_OF_A_PROCESS, str(tiny_model_dir)],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in (1, 2, 3, 4)
+    }
     assert len(configs) == 1, configs
     targets = json.loads(configs.pop())["target_modules"]
     assert len(targets) > 1 and targets == sorted(targets)

@@ -24,15 +24,18 @@ PPO = LossConfig(name=LossName.ppo)
 
 
 def _without_advantage(data: list[Datum]) -> list[Datum]:
-    return [datum.model_copy(update={"advantages": [0.0] * len(datum.input_ids)})
-            for datum in data]
+    return [datum.model_copy(update={"advantages": [0.0] * len(datum.input_ids)}) for datum in data]
 
 
 def test_a_zero_gradient_step_moves_nothing_and_a_real_one_still_does(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     registry = ModelRegistry(tmp_path, torch.device("cpu"))
-    model, _ = registry.create(CreateModelRequest(job_id="j1", base_model=str(tiny_model_dir),
-                                                  mode=TrainingMode.full, seed=3))
+    model, _ = registry.create(
+        CreateModelRequest(
+            job_id="j1", base_model=str(tiny_model_dir), mode=TrainingMode.full, seed=3
+        )
+    )
     data = long_tailed_data(6)
     model.forward_backward(data, PPO)
     first = model.optim_step(ADAM)  # Adam now has momentum, weight decay is on
@@ -47,6 +50,9 @@ def test_a_zero_gradient_step_moves_nothing_and_a_real_one_still_does(
 
     model.forward_backward(data, PPO)
     assert model.optim_step(ADAM).applied
-    moved = [name for name, param in model.named_trainable()
-             if not torch.equal(param.detach(), before[name])]
+    moved = [
+        name
+        for name, param in model.named_trainable()
+        if not torch.equal(param.detach(), before[name])
+    ]
     assert moved

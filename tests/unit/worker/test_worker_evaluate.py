@@ -33,9 +33,19 @@ class Doubles:
 
     def modelstate(self, request: httpx2.Request) -> httpx2.Response:
         assert request.url.path == "/v1/jobs/job_1/versions/best"
-        version = Version(id=9, job_id="job_1", number=5, parent=4, step=self.step,
-                          kind=VersionKind.lora, base_model="loom/tiny", files=[], metrics={},
-                          aliases=["best"], created_at=datetime.now(UTC))
+        version = Version(
+            id=9,
+            job_id="job_1",
+            number=5,
+            parent=4,
+            step=self.step,
+            kind=VersionKind.lora,
+            base_model="loom/tiny",
+            files=[],
+            metrics={},
+            aliases=["best"],
+            created_at=datetime.now(UTC),
+        )
         return httpx2.Response(200, json=version.model_dump(mode="json"))
 
     def rollout(self, request: httpx2.Request) -> httpx2.Response:
@@ -43,21 +53,40 @@ class Doubles:
         sample = SampleRequest.model_validate(json.loads(request.content))
         self.samples.append(sample)
         text = ANSWERS[sample.prompt or ""]
-        body = SampleResponse(job_id=sample.job_id, version=5, prompt_token_ids=[1], samples=[
-            Sample(token_ids=[2], logprobs=[-0.1], text=text, stop_reason="stop", version=5)])
+        body = SampleResponse(
+            job_id=sample.job_id,
+            version=5,
+            prompt_token_ids=[1],
+            samples=[
+                Sample(token_ids=[2], logprobs=[-0.1], text=text, stop_reason="stop", version=5)
+            ],
+        )
         return httpx2.Response(200, json=body.model_dump(mode="json"))
 
     def reward(self, request: httpx2.Request) -> httpx2.Response:
         if self.reward_status != 200:
-            return httpx2.Response(self.reward_status, json={"error": {
-                "code": "invalid_input", "message": "Unknown verifier 'nope'", "detail": None}})
+            return httpx2.Response(
+                self.reward_status,
+                json={
+                    "error": {
+                        "code": "invalid_input",
+                        "message": "Unknown verifier 'nope'",
+                        "detail": None,
+                    }
+                },
+            )
         score = ScoreRequest.model_validate(json.loads(request.content))
         self.scored.append(score)
-        scores = [ItemScore(reward=float(item.response == item.reference),
-                            error=None if item.reference else "no reference")
-                  for item in score.items]
-        return httpx2.Response(200, json=ScoreResponse(verifier=score.verifier,
-                                                       scores=scores).model_dump())
+        scores = [
+            ItemScore(
+                reward=float(item.response == item.reference),
+                error=None if item.reference else "no reference",
+            )
+            for item in score.items
+        ]
+        return httpx2.Response(
+            200, json=ScoreResponse(verifier=score.verifier, scores=scores).model_dump()
+        )
 
     async def run(self, params: EvaluateParams) -> Any:
         modelstate = ModelStateClient("http://ms", transport=httpx2.MockTransport(self.modelstate))
@@ -71,10 +100,13 @@ class Doubles:
 
 
 def params(**fields: Any) -> EvaluateParams:
-    items = [{"prompt": p, "reference": a} for p, a in (("1+1=", "2"), ("2+2=", "4"),
-                                                         ("3+3=", "6"), ("4+4=", None))]
-    return EvaluateParams.model_validate({"name": "arith", "version": "best",
-                                         "verifier": "exact_match", "items": items, **fields})
+    items = [
+        {"prompt": p, "reference": a}
+        for p, a in (("1+1=", "2"), ("2+2=", "4"), ("3+3=", "6"), ("4+4=", None))
+    ]
+    return EvaluateParams.model_validate(
+        {"name": "arith", "version": "best", "verifier": "exact_match", "items": items, **fields}
+    )
 
 
 async def test_samples_greedily_at_one_version_scores_and_summarises() -> None:
@@ -86,12 +118,15 @@ async def test_samples_greedily_at_one_version_scores_and_summarises() -> None:
     assert result.metrics == ["eval/arith/accuracy", "eval/arith/mean_reward"]
     # The alias was resolved once: every item sampled the same number, greedily, in order.
     assert {(s.job_id, s.version, s.n, s.params.temperature) for s in doubles.samples} == {
-        ("job_1", 5, 1, 0.0)}
+        ("job_1", 5, 1, 0.0)
+    }
     [score] = doubles.scored
     assert (score.verifier, score.params) == ("exact_match", {"strip": True})
     assert [i.response for i in score.items] == ["2", "4", "7", "8"]
     assert [(p.step, p.name, p.value) for p in metric_points(result)] == [
-        (40, "eval/arith/accuracy", 0.5), (40, "eval/arith/mean_reward", 0.5)]
+        (40, "eval/arith/accuracy", 0.5),
+        (40, "eval/arith/mean_reward", 0.5),
+    ]
 
 
 async def test_thresholds_and_the_step_of_a_version_without_one() -> None:

@@ -67,28 +67,49 @@ def test_each_kind_has_its_params_and_defaults() -> None:
     assert (gc.kind, gc.params.keep_last, gc.idempotency_key) == ("gc", None, None)
     export = parse({"kind": "export", "params": {"version": 3}, "idempotency_key": "k"})
     assert (export.params.version, export.idempotency_key) == (3, "k")
-    evaluate = parse({"kind": "evaluate", "params": {
-        "verifier": "math", "items": [{"prompt": "1+1=", "reference": "2"}]}})
+    evaluate = parse(
+        {
+            "kind": "evaluate",
+            "params": {"verifier": "math", "items": [{"prompt": "1+1=", "reference": "2"}]},
+        }
+    )
     params: EvaluateParams = evaluate.params
     assert (params.name, params.version, params.pass_threshold) == ("heldout", "latest", 1.0)
     assert params.sampling == greedy() and params.sampling.temperature == 0.0
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"kind": "train"}, "kind"),
-    ({"params": {}}, "kind"),
-    ({"kind": "gc", "params": {"keep_last": -1}}, "keep_last"),
-    ({"kind": "gc", "params": {"grace_s": 0}}, "grace_s"),  # not settable through a task
-    ({"kind": "gc", "idempotency_key": ""}, "idempotency_key"),
-    ({"kind": "export", "params": {"version": -2}}, "version"),
-    ({"kind": "export", "params": {"version": "../x"}}, "version"),
-    ({"kind": "evaluate", "params": {"items": [{"prompt": "p"}]}}, "verifier"),
-    ({"kind": "evaluate", "params": {"verifier": "math", "items": []}}, "items"),
-    ({"kind": "evaluate", "params": {"verifier": "math", "name": "a/b",
-                                     "items": [{"prompt": "p"}]}}, "name"),
-    ({"kind": "evaluate", "params": {"verifier": "math", "items": [{"prompt": "p"}],
-                                     "sampling": {"temperature": -1}}}, "temperature"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"kind": "train"}, "kind"),
+        ({"params": {}}, "kind"),
+        ({"kind": "gc", "params": {"keep_last": -1}}, "keep_last"),
+        ({"kind": "gc", "params": {"grace_s": 0}}, "grace_s"),  # not settable through a task
+        ({"kind": "gc", "idempotency_key": ""}, "idempotency_key"),
+        ({"kind": "export", "params": {"version": -2}}, "version"),
+        ({"kind": "export", "params": {"version": "../x"}}, "version"),
+        ({"kind": "evaluate", "params": {"items": [{"prompt": "p"}]}}, "verifier"),
+        ({"kind": "evaluate", "params": {"verifier": "math", "items": []}}, "items"),
+        (
+            {
+                "kind": "evaluate",
+                "params": {"verifier": "math", "name": "a/b", "items": [{"prompt": "p"}]},
+            },
+            "name",
+        ),
+        (
+            {
+                "kind": "evaluate",
+                "params": {
+                    "verifier": "math",
+                    "items": [{"prompt": "p"}],
+                    "sampling": {"temperature": -1},
+                },
+            },
+            "temperature",
+        ),
+    ],
+)
 def test_bad_input_names_the_field(body: dict[str, Any], field: str) -> None:
     problems = errors(body)
     assert any(field in map(str, loc) or field in msg for loc, msg in problems), problems

@@ -26,8 +26,12 @@ def upgrade() -> None:
     )
     op.create_table(
         "trajectory_calls",
-        sa.Column("trajectory_id", sa.String(64),
-                  sa.ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "trajectory_id",
+            sa.String(64),
+            sa.ForeignKey("trajectories.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
         sa.Column("index", sa.Integer(), primary_key=True),
         sa.Column("parent", sa.Integer(), nullable=True),
         sa.Column("endpoint", sa.String(16), nullable=False),

@@ -26,14 +26,20 @@ depends_on = None
 
 def upgrade() -> None:
     if not _inspect().has_table(JOBS_TABLE):
-        raise GatewayNotMigrated(f"The gateway's {JOBS_TABLE!r} table, which background tasks "
-                                 "refer to, does not exist yet: the gateway migrates it.")
+        raise GatewayNotMigrated(
+            f"The gateway's {JOBS_TABLE!r} table, which background tasks "
+            "refer to, does not exist yet: the gateway migrates it."
+        )
     if not _inspect().has_table("background_tasks"):
         op.create_table(
             "background_tasks",
             sa.Column("id", sa.String(64), primary_key=True),
-            sa.Column("job_id", sa.String(64),
-                      sa.ForeignKey(f"{JOBS_TABLE}.id", ondelete="CASCADE"), nullable=True),
+            sa.Column(
+                "job_id",
+                sa.String(64),
+                sa.ForeignKey(f"{JOBS_TABLE}.id", ondelete="CASCADE"),
+                nullable=True,
+            ),
             sa.Column("kind", sa.String(32), nullable=False),
             sa.Column("params", sa.JSON(), nullable=False),
             sa.Column("status", sa.String(16), nullable=False),
@@ -45,8 +51,9 @@ def upgrade() -> None:
             sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
             sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
             sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
-            sa.UniqueConstraint("job_id", "idempotency_key",
-                                name="uq_background_tasks_idempotency"),
+            sa.UniqueConstraint(
+                "job_id", "idempotency_key", name="uq_background_tasks_idempotency"
+            ),
         )
     indexes = {index["name"] for index in _inspect().get_indexes("background_tasks")}
     for column in ("job_id", "status", "created_at"):
