@@ -1,27 +1,26 @@
 """Web admin sessions: a signed cookie that names an API key by its id (never its secret), and
 CSRF tokens derived from the session.
 
-Cookies are stateless (`<payload>.<signature>`, both base64url, HMAC-SHA256 with the gateway's
-admin session secret), so any gateway replica that shares the secret can read them. Logging out
+Cookies are stateless (itsdangerous's URL-safe signed JSON, HMAC with the gateway's admin
+session secret), so any gateway replica that shares the secret can read them. Logging out
 deletes the cookie and remembers the session as ended in this process until it would have
 expired (a copy of the cookie replayed at another replica stays valid until then); revoking
 the key ends every session made with it everywhere, since each request re-reads the key row
 (see `access.py`). Each use of the secret is domain-separated (cookie signature vs CSRF
-token), so one can never stand in for the other.
+token, session vs login cookie: itsdangerous's salts), so one can never stand in for another.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import hmac
-import json
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
+
+from itsdangerous import BadData, Signer, URLSafeSerializer
 
 from gateway.settings import GatewaySettings
 
@@ -33,7 +32,6 @@ LOGIN_TTL_S = 3600.0
 CSRF_FIELD = "csrf_token"
 
 _SESSION, _LOGIN = "session", "login"
-_COOKIE_MAC, _CSRF_MAC = b"cookie\0", b"csrf\0"
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,16 @@ class SessionSigner:
     def __init__(self, secret: bytes, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
         if len(secret) < 16:
             raise ValueError("the admin session secret needs at least 16 bytes")
-        self._secret = secret
+        # HMAC-SHA256 (itsdangerous defaults to SHA-1).
+        self._cookies = {
+            purpose: URLSafeSerializer(
+                secret,
+                salt=f"loom-admin-{purpose}-cookie",
+                signer_kwargs={"digest_method": hashlib.sha256},
+            )
+            for purpose in (_SESSION, _LOGIN)
+        }
+        self._csrf = Signer(secret, salt="loom-admin-csrf", digest_method=hashlib.sha256)
         self.ttl_s = ttl_s
         self._clock = clock
         self._ended: dict[str, float] = {}  # session id -> when its cookie expires anyway
@@ -74,8 +81,8 @@ class SessionSigner:
         session = AdminSession(
             key_id=key_id, session_id=secrets.token_urlsafe(16), issued_at=self._clock()
         )
-        payload = {"p": _SESSION, "k": key_id, "s": session.session_id, "t": session.issued_at}
-        return session, self._sign(payload)
+        payload = {"k": key_id, "s": session.session_id, "t": session.issued_at}
+        return session, self._cookies[_SESSION].dumps(payload)
 
     def read(self, cookie: str | None) -> AdminSession | None:
         """The session a cookie carries, or None when it is missing, forged or expired."""
@@ -95,7 +102,7 @@ class SessionSigner:
     def issue_login_nonce(self) -> tuple[str, str]:
         """A nonce for the login form and the cookie value that carries it."""
         nonce = secrets.token_urlsafe(16)
-        return nonce, self._sign({"p": _LOGIN, "s": nonce, "t": self._clock()})
+        return nonce, self._cookies[_LOGIN].dumps({"s": nonce, "t": self._clock()})
 
     def read_login_nonce(self, cookie: str | None) -> str | None:
         payload = self._verify(cookie, _LOGIN, LOGIN_TTL_S)
@@ -105,41 +112,28 @@ class SessionSigner:
 
     def csrf_token(self, session_id: str) -> str:
         """The token every state-changing form of this session must carry."""
-        return _b64(self._mac(_CSRF_MAC + session_id.encode("utf-8")))
+        return self._csrf.get_signature(session_id).decode("ascii")
 
     def csrf_valid(self, session_id: str, token: str | None) -> bool:
-        if not token:
-            return False
-        return hmac.compare_digest(
-            self.csrf_token(session_id).encode("ascii"), token.encode("utf-8", "replace")
+        # verify_signature compares in constant time.
+        return bool(token) and self._csrf.verify_signature(
+            session_id, (token or "").encode("utf-8", "replace")
         )
 
-    # --- signing ----------------------------------------------------------------------------
+    # --- reading cookies --------------------------------------------------------------------
 
-    def _mac(self, message: bytes) -> bytes:
-        return hmac.new(self._secret, message, hashlib.sha256).digest()
-
-    def _sign(self, payload: dict[str, object]) -> str:
-        body = _b64(json.dumps(payload, separators=(",", ":")).encode("utf-8"))
-        return f"{body}.{_b64(self._mac(_COOKIE_MAC + body.encode('ascii')))}"
-
-    def _verify(
-        self, value: str | None, purpose: str, max_age_s: float
-    ) -> dict[str, object] | None:
-        if not value or value.count(".") != 1:
-            return None
-        body, signature = value.split(".")
-        expected = _b64(self._mac(_COOKIE_MAC + body.encode("ascii", "replace")))
-        if not hmac.compare_digest(expected.encode("ascii"), signature.encode("ascii", "replace")):
+    def _verify(self, value: str | None, purpose: str, max_age_s: float) -> dict[str, Any] | None:
+        """The payload of a cookie signed for `purpose` and younger than `max_age_s`."""
+        if not value:
             return None
         try:
-            payload = json.loads(_unb64(body))
-        except (ValueError, binascii.Error):
+            payload = self._cookies[purpose].loads(value)
+        except BadData:  # forged, tampered, another purpose's or not ours at all
             return None
-        if not isinstance(payload, dict) or payload.get("p") != purpose:
+        if not isinstance(payload, dict) or not isinstance(payload.get("s"), str):
             return None
         issued = payload.get("t")
-        if not isinstance(issued, int | float) or not isinstance(payload.get("s"), str):
+        if not isinstance(issued, int | float):
             return None
         age = self._clock() - issued
         return payload if 0 <= age <= max_age_s else None
@@ -158,11 +152,3 @@ def same_origin(origin: str | None, host: str | None) -> bool:
     if not host or origin == "null":
         return False
     return urlsplit(origin).netloc.lower() == host.lower()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
