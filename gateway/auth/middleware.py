@@ -6,8 +6,11 @@ It is pure ASGI so proxied streams pass through it untouched. It attaches the ca
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
+from cachetools import TTLCache
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth.dialects import ClientDialects
@@ -107,26 +110,37 @@ class ApiKeyAuthMiddleware:
 class AuthCache:
     """Keys that authenticated recently, by hash, so hot paths (every proxied sample call)
     skip the database. A revocation made through this gateway takes effect at once (`evict`);
-    one made through another replica, within `ttl_s`."""
+    one made through another replica, within `ttl_s`. The middleware reads it on the event
+    loop while sync routes evict from the threadpool: a lock keeps the two apart."""
 
-    def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._entries: dict[str, tuple[KeyIdentity, float]] = {}
+        # Full: the least recently used key goes; expired ones go as the cache is touched.
+        self._entries: TTLCache[str, KeyIdentity] | None = (
+            TTLCache(maxsize=max_entries, ttl=ttl_s, timer=clock) if ttl_s > 0 else None
+        )
+        self._lock = threading.Lock()
 
     def get(self, digest: str) -> KeyIdentity | None:
-        entry = self._entries.get(digest)
-        if entry is None or entry[1] < time.monotonic():
+        if self._entries is None:
             return None
-        return entry[0]
+        with self._lock:
+            return self._entries.get(digest)
 
     def put(self, digest: str, identity: KeyIdentity) -> None:
-        if self.ttl_s <= 0:
+        if self._entries is None:
             return
-        if len(self._entries) >= self.max_entries:
-            self._entries.clear()
-        self._entries[digest] = (identity, time.monotonic() + self.ttl_s)
+        with self._lock:
+            self._entries[digest] = identity
 
     def evict(self, key_id: str) -> None:
-        for digest in [d for d, (identity, _) in self._entries.items() if identity.id == key_id]:
-            del self._entries[digest]
+        if self._entries is None:
+            return
+        with self._lock:
+            for digest in [d for d, identity in self._entries.items() if identity.id == key_id]:
+                self._entries.pop(digest, None)

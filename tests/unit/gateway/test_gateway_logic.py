@@ -119,12 +119,9 @@ def test_forwarded_headers_drop_hop_by_hop_and_credentials() -> None:
     ]
 
 
-def test_auth_cache_expires_and_evicts(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gateway.auth.middleware
-
+def test_auth_cache_expires_and_evicts() -> None:
     now = [100.0]
-    monkeypatch.setattr(gateway.auth.middleware.time, "monotonic", lambda: now[0])
-    cache = AuthCache(ttl_s=10)
+    cache = AuthCache(ttl_s=10, clock=lambda: now[0])
     alice = KeyIdentity(id="key_a", name="alice", admin=False)
     cache.put("h1", alice)
     assert cache.get("h1") == alice and cache.get("h2") is None
@@ -133,6 +130,16 @@ def test_auth_cache_expires_and_evicts(monkeypatch: pytest.MonkeyPatch) -> None:
     cache.put("h1", alice)
     cache.evict("key_a")
     assert cache.get("h1") is None
+
+
+def test_a_full_auth_cache_drops_the_least_recently_used_key() -> None:
+    cache = AuthCache(ttl_s=10, max_entries=2)
+    keys = [KeyIdentity(id=f"key_{i}", name=str(i), admin=False) for i in range(3)]
+    cache.put("h0", keys[0])
+    cache.put("h1", keys[1])
+    assert cache.get("h0") == keys[0]  # h1 is now the least recently used
+    cache.put("h2", keys[2])
+    assert (cache.get("h0"), cache.get("h1"), cache.get("h2")) == (keys[0], None, keys[2])
 
 
 def test_disabled_auth_cache_keeps_nothing() -> None:
