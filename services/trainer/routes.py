@@ -48,7 +48,7 @@ async def get_model(model_id: str, service: ServiceDep) -> ModelInfo:
     response_model=Operation,
 )
 async def forward_backward(
-    model_id: str, body: ForwardBackwardRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+    model_id: str, body: ForwardBackwardRequest, service: ServiceDep, key: IdempotencyKeyDep
 ) -> Operation:
     return service.forward_backward(model_id, body, key)
 
@@ -57,7 +57,7 @@ async def forward_backward(
     "/models/{model_id}/forward", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
 )
 async def forward(
-    model_id: str, body: ForwardRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+    model_id: str, body: ForwardRequest, service: ServiceDep, key: IdempotencyKeyDep
 ) -> Operation:
     return service.forward(model_id, body, key)
 
@@ -66,7 +66,7 @@ async def forward(
     "/models/{model_id}/optim_step", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
 )
 async def optim_step(
-    model_id: str, body: OptimStepRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+    model_id: str, body: OptimStepRequest, service: ServiceDep, key: IdempotencyKeyDep
 ) -> Operation:
     return service.optim_step(model_id, body, key)
 
@@ -76,9 +76,7 @@ async def optim_step(
     status_code=status.HTTP_202_ACCEPTED,
     response_model=Operation,
 )
-async def reset_optimizer(
-    model_id: str, service: ServiceDep, key: IdempotencyKeyDep = None
-) -> Operation:
+async def reset_optimizer(model_id: str, service: ServiceDep, key: IdempotencyKeyDep) -> Operation:
     """Forget AdamW's moments and any gradients not yet applied (queued in order): a new
     phase (RL after SFT) starts without the previous phase's momentum."""
     return service.reset_optimizer(model_id, key)
@@ -90,7 +88,7 @@ async def reset_optimizer(
     response_model=Operation,
 )
 async def save_weights(
-    model_id: str, body: SaveWeightsRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+    model_id: str, body: SaveWeightsRequest, service: ServiceDep, key: IdempotencyKeyDep
 ) -> Operation:
     return service.save_weights(model_id, body, key)
 
@@ -99,7 +97,7 @@ async def save_weights(
     "/models/{model_id}/save_state", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
 )
 async def save_state(
-    model_id: str, body: SaveStateRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+    model_id: str, body: SaveStateRequest, service: ServiceDep, key: IdempotencyKeyDep
 ) -> Operation:
     """Checkpoint weights, optimizer moments and step (queued behind earlier operations)."""
     return service.save_state(model_id, body, key)
@@ -109,7 +107,7 @@ async def save_state(
     "/models/{model_id}/load_state", status_code=status.HTTP_202_ACCEPTED, response_model=Operation
 )
 async def load_state(
-    model_id: str, body: LoadStateRequest, service: ServiceDep, key: IdempotencyKeyDep = None
+    model_id: str, body: LoadStateRequest, service: ServiceDep, key: IdempotencyKeyDep
 ) -> Operation:
     """Restore a checkpoint of this job (or of `job_id`, a job of the same configuration);
     `optimizer: false` loads weights and step, and resets the optimizer's moments."""

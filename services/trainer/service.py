@@ -1,11 +1,12 @@
 """The trainer's use cases, independent of HTTP: every model operation is validated when it is
 submitted, then queued behind the model's earlier operations (strict submission order). A
-submission with an idempotency key (`key`) sent again gets its first operation."""
+submission with an idempotency key (`key`: `Resubmittable`) sent again gets its first
+operation."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -32,6 +33,15 @@ from services.trainer.schemas import (
     StateCheckpoint,
 )
 from services.trainer.weights_files import DEFAULT_SHARD_BYTES
+
+
+@dataclass(frozen=True)
+class Resubmittable:
+    """A submission's idempotency key and a hash of its request body as sent: the key sent
+    again with the same body is the same submission, with another body a conflict."""
+
+    key: str
+    fingerprint: str
 
 
 class TrainerService:
@@ -67,7 +77,7 @@ class TrainerService:
         return self.registry.get(model_id).info()
 
     def forward_backward(
-        self, model_id: str, request: ForwardBackwardRequest, key: str | None = None
+        self, model_id: str, request: ForwardBackwardRequest, key: Resubmittable | None = None
     ) -> Operation:
         model = self.registry.get(model_id)
         self._check_size(request.data)
@@ -75,17 +85,18 @@ class TrainerService:
         return self._submit(
             model_id,
             "forward_backward",
-            request,
             key,
             lambda: model.forward_backward(request.data, request.loss, request.return_logprobs),
         )
 
-    def forward(self, model_id: str, request: ForwardRequest, key: str | None = None) -> Operation:
+    def forward(
+        self, model_id: str, request: ForwardRequest, key: Resubmittable | None = None
+    ) -> Operation:
         model = self.registry.get(model_id)
         self._check_size(request.data)
         model.validate(request.data, needs_loss=False)
         return self._submit(
-            model_id, "forward", request, key, lambda: model.forward(request.data, request.loss)
+            model_id, "forward", key, lambda: model.forward(request.data, request.loss)
         )
 
     def _check_size(self, data: list[Datum]) -> None:
@@ -100,19 +111,17 @@ class TrainerService:
             )
 
     def optim_step(
-        self, model_id: str, request: OptimStepRequest, key: str | None = None
+        self, model_id: str, request: OptimStepRequest, key: Resubmittable | None = None
     ) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(
-            model_id, "optim_step", request, key, lambda: model.optim_step(request.adam)
-        )
+        return self._submit(model_id, "optim_step", key, lambda: model.optim_step(request.adam))
 
-    def reset_optimizer(self, model_id: str, key: str | None = None) -> Operation:
+    def reset_optimizer(self, model_id: str, key: Resubmittable | None = None) -> Operation:
         model = self.registry.get(model_id)
-        return self._submit(model_id, "reset_optimizer", None, key, model.reset_optimizer)
+        return self._submit(model_id, "reset_optimizer", key, model.reset_optimizer)
 
     def save_weights(
-        self, model_id: str, request: SaveWeightsRequest, key: str | None = None
+        self, model_id: str, request: SaveWeightsRequest, key: Resubmittable | None = None
     ) -> Operation:
         model = self.registry.get(model_id)
         reserve = self._reserves.get(model_id)
@@ -121,7 +130,6 @@ class TrainerService:
         return self._submit(
             model_id,
             "save_weights",
-            request,
             key,
             lambda: save_weights(
                 model, request, self.publisher, self.work_dir, self.shard_bytes, reserve
@@ -136,13 +144,12 @@ class TrainerService:
         remove_leftovers(self.work_dir)
 
     def save_state(
-        self, model_id: str, request: SaveStateRequest, key: str | None = None
+        self, model_id: str, request: SaveStateRequest, key: Resubmittable | None = None
     ) -> Operation:
         model = self.registry.get(model_id)
         return self._submit(
             model_id,
             "save_state",
-            request,
             key,
             lambda: checkpoints.save_state(
                 model,
@@ -165,7 +172,7 @@ class TrainerService:
         return checkpoints.set_expiry(self.checkpoint_dir, model_id, name, request.expires_at)
 
     def load_state(
-        self, model_id: str, request: LoadStateRequest, key: str | None = None
+        self, model_id: str, request: LoadStateRequest, key: Resubmittable | None = None
     ) -> Operation:
         model = self.registry.get(model_id)
         source = request.job_id or model_id
@@ -173,7 +180,6 @@ class TrainerService:
         return self._submit(
             model_id,
             "load_state",
-            request,
             key,
             lambda: checkpoints.load_state(
                 model, self.checkpoint_dir, request.name, source, request.optimizer
@@ -191,21 +197,14 @@ class TrainerService:
         self,
         model_id: str,
         kind: str,
-        request: BaseModel | None,
-        key: str | None,
+        key: Resubmittable | None,
         body: Callable[[], BaseModel],
     ) -> Operation:
-        """Must run on the event loop (the queue schedules its worker there). A key is
-        checked against its first request by the request's hash."""
-        fingerprint = (
-            ""
-            if key is None or request is None
-            else hashlib.sha256(request.model_dump_json().encode()).hexdigest()
-        )
+        """Must run on the event loop (the queue schedules its worker there)."""
         return self.queue.submit(
             model_id,
             kind,
             lambda: body().model_dump(mode="json"),
-            idempotency_key=key,
-            fingerprint=fingerprint,
+            idempotency_key=None if key is None else key.key,
+            fingerprint="" if key is None else key.fingerprint,
         )
