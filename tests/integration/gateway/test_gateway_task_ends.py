@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import httpx2
 import pytest
 
 from services.common.db import make_engine, make_sessionmaker, transaction
@@ -74,3 +75,32 @@ async def test_the_workers_routes_want_the_token_and_do_their_work_once(stack: S
         assert [(s["name"], s["steps"], s["values"]) for s in series] == [
             ("eval/x/accuracy", [3], [0.5])
         ]
+
+
+async def test_the_workers_routes_refuse_bad_input_with_a_4xx_and_change_nothing(
+    stack: Stack,
+) -> None:
+    """Malformed, oversized, unknown and path-probing requests, with the service token."""
+    async with stack.client() as admin:
+        job = (await admin.post("/v1/jobs", json={"base_model": "loom/tiny"})).json()
+        job_id = job["id"]
+    token = service_headers(stack.settings)
+    async with httpx2.AsyncClient(base_url=stack.url, headers=token, timeout=30) as worker:
+        for path in (
+            "/v1/internal/jobs/..%2F..%2Fkeys/run-key",
+            "/v1/internal/jobs/%2e%2e/run-key",
+            f"/v1/internal/jobs/{'j' * 5000}/run-key",
+            "/v1/internal/tasks/..%2Fx/end",
+        ):
+            answer = await worker.put(path, json={"attempt": 1, "status": "succeeded"})
+            assert 400 <= answer.status_code < 500, (path, answer.status_code)
+        end = "/v1/internal/tasks/task_missing/end"
+        assert (await worker.put(end, content=b"{not json")).status_code == 422
+        assert (await worker.put(end, json={"attempt": "one"})).status_code == 422
+        # An end of a task it does not have records nothing: the worker takes it as a claim
+        # lost (as for a task another worker took over).
+        unknown = await worker.put(end, json={"attempt": 1, "status": "succeeded"})
+        assert (unknown.status_code, unknown.json()) == (200, {"ended": False})
+    async with stack.client() as admin:
+        assert (await admin.get(f"/v1/jobs/{job_id}")).json()["status"] == job["status"]
+        assert (await admin.get("/v1/tasks/task_missing")).status_code == 404
