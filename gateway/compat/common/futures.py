@@ -5,11 +5,18 @@ waits for the result (a long-poll), since both SDKs poll until it is there.
 A call runs in the replica that took it; its row (`CompatCallRow`) says it exists, and holds
 its result once done, so a poll reaching any gateway replica answers it. The replica running
 it wakes its own pollers at once; another replica's pollers read the row every
-`POLL_INTERVAL_S`."""
+`POLL_INTERVAL_S`.
+
+A replica can die (or restart) with calls running. While it runs calls it renews their rows'
+`alive_at` every `HEARTBEAT_S`; a poll that finds a pending call not renewed for `STALE_AFTER`
+fails it for good (one conditional update, so every replica answers the same), and the SDK's
+poll ends with an error it can act on instead of waiting for ever. Each replica judges by its
+own clock: replicas' clocks must agree to well within `STALE_AFTER - HEARTBEAT_S`."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable
@@ -18,20 +25,23 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.compat.common.rows import CompatCallRow
 from services.common.columns import utcnow
 from services.common.db import in_transaction
-from services.common.errors import LoomError, NotFound, error_from_envelope
+from services.common.errors import LoomError, NotFound, Unavailable, error_from_envelope
 
+log = logging.getLogger(__name__)
 Payload = bytes | dict[str, Any]
 POLL_INTERVAL_S = 0.2
 # A result is kept this long after its call was made; the SDKs read it within seconds.
 KEEP = timedelta(days=1)
 PRUNE_EVERY = 1000  # calls submitted between two prunings of old results
+HEARTBEAT_S = 5.0  # how often a replica renews the calls it runs
+STALE_AFTER = timedelta(seconds=30)  # a pending call not renewed for this long was abandoned
 
 
 @dataclass(frozen=True)
@@ -43,11 +53,21 @@ class Outcome:
 
 
 class Futures:
-    def __init__(self, db: sessionmaker[Session], prefix: str) -> None:
+    def __init__(
+        self,
+        db: sessionmaker[Session],
+        prefix: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after: timedelta = STALE_AFTER,
+    ) -> None:
         self.db = db
         self._prefix = prefix
         self._running: dict[str, asyncio.Task[Outcome]] = {}
         self._submitted = 0
+        self._heartbeat_s = heartbeat_s
+        self._stale_after = stale_after
+        self._heartbeat: asyncio.Task[None] | None = None
 
     def new_id(self) -> str:
         return f"{self._prefix}-{uuid.uuid4().hex}"  # unguessable: ids are the only handle
@@ -63,7 +83,7 @@ class Futures:
             row = session.scalars(select(CompatCallRow).where(*numbered).with_for_update()).one()
             if not row.released:
                 return row.id, False
-            row.released, row.created_at = False, utcnow()
+            row.released, row.created_at, row.alive_at = False, utcnow(), utcnow()
             return row.id, True
 
         try:
@@ -111,6 +131,8 @@ class Futures:
             call_id = self.new_id()
             await in_transaction(self.db, lambda s: s.add(CompatCallRow(id=call_id)))
         self._running[call_id] = asyncio.ensure_future(self._run(call_id, work))
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.ensure_future(self._renew_running())
         self._submitted += 1
         if self._submitted % PRUNE_EVERY == 0:
             await in_transaction(
@@ -131,7 +153,7 @@ class Futures:
 
         def record(session: Session) -> None:
             row = session.get(CompatCallRow, call_id)
-            if row is None:  # pruned while it ran
+            if row is None or row.done:  # pruned, or given up for abandoned, while it ran
                 return
             row.done = True
             if isinstance(outcome.result, bytes):
@@ -139,14 +161,7 @@ class Futures:
             else:
                 row.result_json = outcome.result
             if outcome.error is not None:
-                row.error = {
-                    "status": outcome.error.status_code,
-                    "error": {
-                        "code": outcome.error.code,
-                        "message": outcome.error.message,
-                        "detail": outcome.error.detail,
-                    },
-                }
+                row.error = _envelope(outcome.error)
 
         try:
             await in_transaction(self.db, record)
@@ -171,9 +186,69 @@ class Futures:
                 )
             if row.done:
                 return stored_outcome(row)
+            if (row.alive_at or row.created_at) < utcnow() - self._stale_after:
+                abandoned = await self._abandon(call_id)
+                if abandoned is not None:
+                    return abandoned
             if time.monotonic() >= deadline:
                 return None
             await asyncio.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0)))
+
+    async def _renew_running(self) -> None:
+        """Says, every `heartbeat_s` while this replica runs calls, that it still runs them."""
+        while self._running:
+            await asyncio.sleep(self._heartbeat_s)
+            running = list(self._running)
+            if not running:
+                return
+            renew = (
+                update(CompatCallRow)
+                .where(CompatCallRow.id.in_(running), CompatCallRow.done.is_(False))
+                .values(alive_at=utcnow())
+            )
+            try:
+                await in_transaction(self.db, lambda s, statement=renew: s.execute(statement))
+            except Exception:  # noqa: BLE001 - a database hiccup: the next beat tries again
+                log.warning("could not renew %d running calls", len(running), exc_info=True)
+
+    async def _abandon(self, call_id: str) -> Outcome | None:
+        """Fails a pending call whose replica stopped renewing it (unless it has just ended or
+        been renewed: the update is conditional), and answers what the row then says."""
+        error = Unavailable(
+            f"The gateway replica running request {call_id!r} stopped before it finished (no "
+            f"sign of it for {self._stale_after.total_seconds():.0f} s): whether it took effect "
+            "is unknown. Check the model's state (e.g. its step) and send the call again.",
+            detail={"call_id": call_id, "reason": "gateway_replica_lost"},
+        )
+        cutoff = utcnow() - self._stale_after
+        give_up = (
+            update(CompatCallRow)
+            .where(
+                CompatCallRow.id == call_id,
+                CompatCallRow.done.is_(False),
+                or_(
+                    CompatCallRow.alive_at < cutoff,
+                    CompatCallRow.alive_at.is_(None) & (CompatCallRow.created_at < cutoff),
+                ),
+            )
+            .values(done=True, error=_envelope(error))
+        )
+
+        def settle(session: Session) -> CompatCallRow | None:
+            session.execute(give_up)
+            return session.get(CompatCallRow, call_id, populate_existing=True)
+
+        row = await in_transaction(self.db, settle)
+        if row is None:
+            raise NotFound(f"No request {call_id!r}.")
+        return stored_outcome(row) if row.done else None  # not done: renewed meanwhile
+
+
+def _envelope(error: LoomError) -> dict[str, Any]:
+    return {
+        "status": error.status_code,
+        "error": {"code": error.code, "message": error.message, "detail": error.detail},
+    }
 
 
 def stored_outcome(row: CompatCallRow) -> Outcome:

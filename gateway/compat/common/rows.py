@@ -66,7 +66,9 @@ class CompatCallRow(Base):
     """A call that answers later (Tinker's future, Weaver's operation): pending until the
     replica running it writes its result or its error. A numbered training call also holds
     its model and seq_id: the first replica to claim a number owns the call. A number used
-    up by a refused call is `released`: it counts as used, and a resent call may claim it."""
+    up by a refused call is `released`: it counts as used, and a resent call may claim it.
+    The replica running a call renews `alive_at` while it runs (gateway revision 0006), so a
+    call whose replica died is failed by the next poll instead of pending for ever."""
 
     __tablename__ = "compat_calls"
     __table_args__ = (UniqueConstraint("model_id", "seq_id", name="uq_compat_calls_seq"),)
@@ -81,3 +83,4 @@ class CompatCallRow(Base):
     # a LoomError's envelope and status, rebuilt by `error_from_envelope`
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    alive_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=utcnow)
