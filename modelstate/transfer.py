@@ -47,6 +47,12 @@ async def upload_blob(http: httpx2.AsyncClient, url: str, path: Path, size: int)
     raise_for_envelope(response, "modelstate")
 
 
+def part_path(target: Path) -> Path:
+    """Where `download_file` gathers `target`'s bytes before they are checked (a peer replica
+    serves a file from there while it arrives: `services.rollout.arriving`)."""
+    return target.with_name(f".{target.name}.part")
+
+
 async def download_file(
     http: httpx2.AsyncClient, url: str, target: Path, entry: ManifestFile
 ) -> None:
@@ -54,7 +60,7 @@ async def download_file(
     a later call after a crash, continues from the part's end; the whole file is checked
     against the manifest before it is renamed into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(f".{target.name}.part")
+    part = part_path(target)
     await retrying(
         lambda: _fetch_rest(http, url, part, entry.size),
         ATTEMPTS,

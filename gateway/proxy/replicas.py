@@ -8,11 +8,16 @@ A replica the gateway could not connect to is set aside until it beats again.
 The configured `LOOM_ROLLOUT_URL` is one static replica: it serves while no registered replica
 is live (the embedded default and compose before the replica's first heartbeat, or a rollout
 too old to announce itself), and is the registered replica of the same URL once that one beats.
+
+Replicas about to fetch a version's files claim it here first (`claim`), in the order they ask:
+each is pointed at the one that claimed just before, so replicas a publish reaches at once
+form a chain from the store instead of each fetching from the store.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +27,8 @@ from services.rollout.schemas import LoadedVersion, ReplicaHeartbeat, ReplicaPub
 
 STATIC_ID = "static"
 VersionHeld = tuple[str | None, int]  # (job id, number); (None, 0) is the base model
+# Versions whose claimants are remembered: a chain matters while a publish spreads, minutes.
+CLAIMED_VERSIONS = 256
 
 
 @dataclass
@@ -84,6 +91,7 @@ class ReplicaRegistry:
         self._clients: dict[str, httpx2.AsyncClient] = {}  # by URL: reused when one returns
         self._registered: dict[str, Replica] = {}
         self._turns = 0
+        self._claims: OrderedDict[VersionHeld, list[str]] = OrderedDict()  # replica ids
         self.static = (
             None
             if static_url is None
@@ -127,6 +135,37 @@ class ReplicaRegistry:
     def leave(self, replica_id: str) -> bool:
         """A replica going away on purpose (scaled down): no new request goes to it."""
         return self._registered.pop(replica_id, None) is not None
+
+    def claim(self, replica_id: str, version: VersionHeld) -> list[str] | None:
+        """`replica_id` is about to fetch `version`'s files: the URLs of the replicas to fetch
+        them from, best first (None: no such replica is registered). The replica that claimed
+        it just before comes first, then earlier claimants, newest first, then other replicas
+        that report it resident, least loaded first. Each replica thus feeds one other (a
+        chain: every one uploads the files once, and the last one is served about when the
+        first is, as each serves a file while it arrives); when one dies its downstream
+        falls back to the one before it. A replica claiming again (its fetch failed) moves to
+        the chain's end."""
+        live = {r.id: r for r in self.live()}
+        if replica_id not in live:
+            return None
+        earlier = [c for c in self._claims.pop(version, []) if c in live and c != replica_id]
+        self._claims[version] = [*earlier, replica_id]
+        while len(self._claims) > CLAIMED_VERSIONS:
+            self._claims.popitem(last=False)
+        chain = [live[c] for c in reversed(earlier) if not live[c].set_aside]
+        holders = sorted(
+            (
+                r
+                for r in live.values()
+                if r.id != replica_id
+                and r.ready
+                and not r.set_aside
+                and r.holds(version)
+                and r.id not in earlier
+            ),
+            key=lambda r: r.load,
+        )
+        return [r.url for r in (*chain, *holders)]
 
     def set_aside(self, replica: Replica) -> None:
         """A connection to `replica` failed: route around it until it beats again. The static

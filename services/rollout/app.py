@@ -66,7 +66,7 @@ def create_app(settings: RolloutSettings | None = None) -> FastAPI:
         peers = httpx2.AsyncClient(headers=service_headers(settings), timeout=DEFAULT_TIMEOUT)
         fetcher = Fetcher(
             store,
-            GatewayPeers(gateway, settings.url_of("rollout")),
+            GatewayPeers(gateway, settings.replica_id),
             peers,
             settings.cache_dir,
             in_place=settings.rollout_store_local_reads,

@@ -1,15 +1,20 @@
-"""A version's files fetched from a replica that already holds them, before the store: N
-replicas on N hosts do not cost the store N times a version's bytes (each replica fetches from
-one that got it earlier: a chain or a tree, as publishes reach them).
+"""A version's files fetched from other replicas before the store: N replicas on N hosts do
+not cost the store N times a version's bytes.
 
-Which replicas hold a version is the gateway's routing table (`GET /v1/internal/replicas`:
-the versions each replica's heartbeat reports resident). Files move by content: a replica
-serves any file of the versions it materialized by its sha256 (`GET /v1/blobs/{sha256}`,
-service token) with HTTP ranges, and the fetch is the store's own protocol
+A replica about to fetch a version claims it at the gateway (`POST
+/v1/internal/replicas/{id}/fetches`), which answers where to fetch from: the replica that
+claimed it just before, then earlier ones, then replicas holding it. Replicas a publish reaches
+at the same moment thus form a chain: the first fetches from the store, each next one from the
+one before, which serves each file while it still arrives (`services.rollout.arriving`), so
+every replica uploads the files once and the chain ends about when its first link does.
+
+Files move by content: a replica serves the files it holds or is fetching by sha256 (`GET
+/v1/blobs/{sha256}`, service token) with HTTP ranges, and the fetch is the store's own protocol
 (`modelstate.transfer.download_file`): checked against the manifest's sha256 before it is
 renamed into place, resumed from the `.part` a broken transfer left, whichever source sent
-the first bytes (same hash, same bytes). A peer that fails, is gone or sends other bytes
-is passed over; the store is the last source.
+the first bytes (same hash, same bytes). A peer that fails, is gone or sends other bytes is
+passed over for the next one (its downstream resumes from the one before it); the store is the
+last source.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from modelstate.client import ModelStateClient, local_or_download
 from modelstate.schemas import ManifestFile, Version
 from modelstate.transfer import download_file
 from services.common.errors import LoomError
+from services.rollout.arriving import Arriving
 from services.rollout.client import BLOB
 from services.rollout.gateway_calls import GatewayReplicas
 
@@ -36,43 +42,34 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
 class Peers(Protocol):
-    async def holding(self, job_id: str, number: int) -> list[str]:
-        """URLs of other replicas that hold version `number` of `job_id`, best first."""
+    async def sources(self, job_id: str, number: int) -> list[str]:
+        """URLs of other replicas to fetch version `number` of `job_id` from, best first;
+        called once this replica serves the files it is about to fetch."""
         ...
 
 
 class GatewayPeers:
-    """Peers from the gateway's table: ready replicas reachable at their last heartbeat that
-    report the version resident, least loaded first; this replica left out."""
+    """Sources from the gateway's claims (`gateway.proxy.replicas.ReplicaRegistry.claim`)."""
 
-    def __init__(self, gateway: GatewayReplicas, own_url: str) -> None:
+    def __init__(self, gateway: GatewayReplicas, replica_id: str) -> None:
         self.gateway = gateway
-        self.own_url = own_url.rstrip("/")
+        self.replica_id = replica_id
 
-    async def holding(self, job_id: str, number: int) -> list[str]:
+    async def sources(self, job_id: str, number: int) -> list[str]:
         try:
-            table = await self.gateway.table()
+            return (await self.gateway.claim(self.replica_id, job_id, number)).sources
         except (LoomError, ValueError, ValidationError) as exc:
             log.info("no peer list from the gateway (%s): fetching from the store", exc)
             return []
-        held = [
-            replica
-            for replica in table.replicas
-            if not replica.static
-            and replica.ready
-            and not replica.set_aside
-            and replica.url.rstrip("/") != self.own_url
-            and any((v.job_id, v.number) == (job_id, number) for v in replica.versions)
-        ]
-        return [replica.url for replica in sorted(held, key=lambda r: r.requests_in_flight)]
 
 
 @dataclass
 class HeldFiles:
-    """The files of the versions this replica materialized, by content: what it serves its
-    peers."""
+    """What this replica serves its peers, by content: the files of the versions it
+    materialized, and those it is fetching (as they arrive)."""
 
     paths: dict[str, Path] = field(default_factory=dict)
+    arriving: dict[str, Arriving] = field(default_factory=dict)
 
     def add(self, version: Version, directory: Path) -> None:
         for entry in version.files:
@@ -86,8 +83,12 @@ class HeldFiles:
 
 @dataclass
 class FetchCounts:
+    """Files fetched, and their sizes in bytes, by source."""
+
     from_peers: int = 0
     from_store: int = 0
+    bytes_from_peers: int = 0
+    bytes_from_store: int = 0
 
 
 class Fetcher:
@@ -136,9 +137,23 @@ class Fetcher:
             for entry in version.files
             if not _complete(target := dest / check_relative_path(entry.path), entry)
         ]
-        peers = await self.peers.holding(version.job_id, version.number) if missing else []
-        for entry, target in missing:
-            await self._fetch_file(version, entry, target, peers)
+        if not missing:
+            return dest
+        # Served from the moment the claim is made: a replica the gateway points at this one
+        # asks for the files right away.
+        arriving = [Arriving(target, entry.size) for entry, target in missing]
+        for (entry, _), file in zip(missing, arriving, strict=True):
+            self.held.arriving[entry.sha256] = file
+        try:
+            peers = await self.peers.sources(version.job_id, version.number)
+            for entry, target in missing:
+                await self._fetch_file(version, entry, target, peers)
+                self.held.paths[entry.sha256] = target  # verified: served as a whole file
+        finally:
+            for (entry, _), file in zip(missing, arriving, strict=True):
+                file.fetching = False
+                if self.held.arriving.get(entry.sha256) is file:
+                    del self.held.arriving[entry.sha256]
         return dest
 
     async def _fetch_file(
@@ -161,9 +176,11 @@ class Fetcher:
                 peers.remove(peer)  # not asked for the version's other files
                 continue
             self.counts.from_peers += 1
+            self.counts.bytes_from_peers += entry.size
             return
         await self.store.download_entry(version, entry, target)
         self.counts.from_store += 1
+        self.counts.bytes_from_store += entry.size
 
 
 def _complete(target: Path, entry: ManifestFile) -> bool:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Header, Path, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
 from services.common.errors import NotFound
+from services.rollout.arriving import arriving_response
 from services.rollout.deps import (
     AnnouncerDep,
     CaptureDep,
@@ -109,11 +110,17 @@ async def drain(announcer: AnnouncerDep) -> Response:
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 async def blob(
-    held: HeldFilesDep, sha256: Annotated[str, Path(pattern=SHA256_PATTERN)]
-) -> FileResponse:
-    """A file of a version this replica holds, by content, for a peer replica fetching the
-    version (`services.rollout.fanout`); Range requests are honoured, so a fetch resumes."""
+    held: HeldFilesDep,
+    sha256: Annotated[str, Path(pattern=SHA256_PATTERN)],
+    range_header: Annotated[str | None, Header(alias="range")] = None,
+) -> Response:
+    """A file of a version this replica holds, or is fetching (served as it arrives), by
+    content, for a peer replica fetching the version (`services.rollout.fanout`); Range
+    requests are honoured, so a fetch resumes."""
     path = held.path(sha256)
-    if path is None:
+    if path is not None:
+        return FileResponse(path, media_type="application/octet-stream")
+    arriving = held.arriving.get(sha256)
+    if arriving is None:
         raise NotFound(f"This replica holds no file with sha256 {sha256}.", {"sha256": sha256})
-    return FileResponse(path, media_type="application/octet-stream")
+    return arriving_response(arriving, range_header)

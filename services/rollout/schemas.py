@@ -9,7 +9,7 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from modelstate.schemas import JobId
+from modelstate.schemas import JobId, VersionNumber
 from services.common.schemas import ErrorBody, LenientModel, StrictModel
 
 VersionRef = int | str  # a version number (0 is the base model) or an alias such as "latest"
@@ -373,3 +373,21 @@ class ReplicaPublic(LenientModel):
 
 class ReplicaList(LenientModel):
     replicas: list[ReplicaPublic]
+
+
+class FetchClaim(StrictModel):
+    """A replica about to fetch a version's files tells the gateway
+    (`POST /v1/internal/replicas/{replica_id}/fetches`, service token), which answers where
+    to fetch them from: replicas that publish reaches at the same moment form a chain instead
+    of each going to the store."""
+
+    job_id: JobId
+    number: VersionNumber
+
+
+class FetchSources(LenientModel):
+    """Replica URLs to fetch a version's files from, best first: the replica that claimed the
+    version just before (its file may still be arriving, served as it grows), then earlier
+    claimants, then replicas holding it; the store comes after them all."""
+
+    sources: list[str]

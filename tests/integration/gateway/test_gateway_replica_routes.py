@@ -1,7 +1,7 @@
 """The replica routes refuse whoever may not use them, and bad input changes nothing: the
 heartbeat needs the service token (an API key, even the admin's, is not one), the routing
-table is for admins (and, under /v1/internal, for the replicas with the token), malformed ids
-and bodies are 4xx."""
+table is for admins, a fetch claim for the replicas (the token, a registered id), malformed
+ids and bodies are 4xx."""
 
 from __future__ import annotations
 
@@ -51,13 +51,21 @@ async def test_replica_routes_refuse_bad_callers_and_bad_input(stack: Stack) -> 
         assert (await admin.delete("/v1/internal/replicas/r2", headers=token)).status_code == 404
         listed = (await admin.get("/v1/rollout/replicas")).json()["replicas"]
         assert [r["id"] for r in listed if not r["static"]] == ["r1"]
-        # The replicas' own copy of the table (where to fetch a version from) takes the token.
-        assert (await admin.get("/v1/internal/replicas")).status_code == 401
+        # A replica claiming a version's fetch (where from) takes the token, a registered id
+        # and a valid version.
+        claim = {"job_id": "j1", "number": 1}
+        assert (await admin.post("/v1/internal/replicas/r1/fetches", json=claim)).status_code == 401
         async with stack.client(user_key) as user:
-            assert (await user.get("/v1/internal/replicas")).status_code == 401
-        peers = await admin.get("/v1/internal/replicas", headers=token)
-        assert peers.status_code == 200, peers.text
-        assert [r["id"] for r in peers.json()["replicas"]] == ["r1"]
+            refused = await user.post("/v1/internal/replicas/r1/fetches", json=claim)
+            assert refused.status_code == 401
+        for body in ({"job_id": "j1", "number": 0}, {"job_id": "../x", "number": 1}, {}):
+            bad = await admin.post("/v1/internal/replicas/r1/fetches", json=body, headers=token)
+            assert bad.status_code == 422, (body, bad.text)
+        unknown = await admin.post("/v1/internal/replicas/r9/fetches", json=claim, headers=token)
+        assert unknown.status_code == 404 and "heartbeat" in unknown.json()["error"]["message"]
+        sources = await admin.post("/v1/internal/replicas/r1/fetches", json=claim, headers=token)
+        assert sources.status_code == 200, sources.text
+        assert sources.json() == {"sources": []}
 
 
 def _raw_put(stack: Stack, path: str, headers: dict[str, str]) -> int:

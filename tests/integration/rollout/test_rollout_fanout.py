@@ -1,12 +1,13 @@
-"""Weight fan-out between two real rollout replicas (processes, each its own vLLM engine and
-cache directory, reading nothing in the store's directory): the first fetches a published
-LoRA version from the store; the second, started afterwards, fetches it from the first (by
-content, over HTTP), and the store serves no file more."""
+"""Weight fan-out between three real rollout replicas (processes, each its own vLLM engine and
+cache directory, reading nothing in the store's directory): a LoRA version published while all
+three run reaches them at once; they claim it at the gateway in turn and fetch it as a chain
+(by content, over HTTP, each from the one that claimed before), so the store serves each file
+once, not three times."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from tests.support.servers import serve_in_thread
 JOB = "fanout-job"
 STORE_FILES_ROUTE = 'route="/v1/jobs/{job_id}/versions/{ref}/files/{path:path}"'
 PEER_BLOBS_ROUTE = 'route="/v1/blobs/{sha256}"'
+CORES = os.cpu_count() or 1
 
 
 @pytest.fixture
@@ -56,10 +58,10 @@ def stack(tiny_model_dir: Path, postgres_url: str, tmp_path: Path) -> Iterator[d
                     "LOOM_MODELSTATE_URL": store_url,
                     "LOOM_ROLLOUT_STORE_LOCAL_READS": "false",  # as on other hosts
                     "LOOM_ROLLOUT_CACHE_DIR": str(tmp_path / f"cache-{name}"),
-                    "VLLM_CPU_OMP_THREADS_BIND": str(core),
+                    "VLLM_CPU_OMP_THREADS_BIND": str(index % CORES),
                 },
             )
-            for core, name in enumerate("ab")
+            for index, name in enumerate("abc")
         ]
         try:
             yield {
@@ -68,7 +70,7 @@ def stack(tiny_model_dir: Path, postgres_url: str, tmp_path: Path) -> Iterator[d
                 "store": store_url,
                 "processes": processes,
                 "settings": settings,
-                "caches": [tmp_path / "cache-a", tmp_path / "cache-b"],
+                "caches": [tmp_path / f"cache-{name}" for name in "abc"],
             }
         finally:
             for process in processes:
@@ -86,10 +88,10 @@ def counted(metrics: str, route: str) -> int:
     )
 
 
-async def test_the_second_replica_fetches_the_version_from_the_first(
+async def test_replicas_a_publish_reaches_at_once_fetch_it_as_a_chain(
     stack: dict, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    a, b = stack["processes"]
+    processes = stack["processes"]
     token = service_headers(stack["settings"])
     gateway = httpx2.AsyncClient(
         base_url=stack["url"], timeout=120, headers={"Authorization": f"Bearer {stack['key']}"}
@@ -97,24 +99,22 @@ async def test_the_second_replica_fetches_the_version_from_the_first(
     store_metrics = httpx2.AsyncClient(base_url=stack["store"], timeout=30)
     store = ModelStateClient(stack["store"], headers=token)
 
-    async def holding(process: RolloutProcess) -> bool:
+    async def replica(process: RolloutProcess) -> dict | None:
         assert process.process is not None and process.process.poll() is None, (
             process.log_path.read_text()[-3000:]
         )
         table = (await gateway.get("/v1/rollout/replicas")).json()["replicas"]
-        return any(
-            r["id"] == process.replica_id
-            and r["ready"]
-            and {"job_id": JOB, "number": 1, "kind": "lora"} in r["versions"]
-            for r in table
-        )
+        return next((r for r in table if r["id"] == process.replica_id and r["ready"]), None)
 
-    async def ready(process: RolloutProcess) -> bool:
-        assert process.process is not None and process.process.poll() is None, (
-            process.log_path.read_text()[-3000:]
+    async def all_ready() -> bool:
+        return all([await replica(p) for p in processes])
+
+    async def all_holding() -> bool:
+        held = [await replica(p) for p in processes]
+        return all(
+            r is not None and {"job_id": JOB, "number": 1, "kind": "lora"} in r["versions"]
+            for r in held
         )
-        table = (await gateway.get("/v1/rollout/replicas")).json()["replicas"]
-        return any(r["id"] == process.replica_id and r["ready"] for r in table)
 
     async def sample_on(process: RolloutProcess) -> dict:
         async with httpx2.AsyncClient(base_url=process.url, timeout=120, headers=token) as direct:
@@ -130,33 +130,31 @@ async def test_the_second_replica_fetches_the_version_from_the_first(
         assert response.status_code == 200, response.text
         return response.json()
 
+    async def served_blobs(process: RolloutProcess) -> int:
+        async with httpx2.AsyncClient(base_url=process.url, timeout=30) as peer:
+            return counted((await peer.get("/metrics")).text, PEER_BLOBS_ROUTE)
+
     try:
-        a.start()
-        await wait_for(lambda: ready(a), "replica a ready", READY_TIMEOUT_S)
+        for process in processes:
+            process.start()
+        await wait_for(all_ready, "three replicas ready", READY_TIMEOUT_S)
         adapter = lora_adapter(tiny_model_dir, tmp_path / "lora", seed=3, rank=8)
         version = await store.publish(
             VersionMeta(job_id=JOB, kind=VersionKind.lora, base_model=str(tiny_model_dir)), adapter
         )
         files = len(version.files)
-        first = await sample_on(a)
-        assert first["version"] == 1
-        await wait_for(lambda: holding(a), "replica a to report version 1", 30)
+        # Each pre-loads the publish as it hears of it: the three at once.
+        await wait_for(all_holding, "the three replicas to report version 1", 120)
         from_store = counted((await store_metrics.get("/metrics")).text, STORE_FILES_ROUTE)
-        assert from_store == files  # a's copy came from the store
-
-        started = time.monotonic()
-        b.start()
-        await wait_for(lambda: ready(b), "replica b ready", READY_TIMEOUT_S)
-        second = await sample_on(b)
-        assert second["version"] == 1
-        assert second["samples"][0]["token_ids"] == first["samples"][0]["token_ids"]
-        assert (
-            counted((await store_metrics.get("/metrics")).text, STORE_FILES_ROUTE) == from_store
-        )  # the store served b nothing
-        async with httpx2.AsyncClient(base_url=a.url, timeout=30) as peer:
-            assert counted((await peer.get("/metrics")).text, PEER_BLOBS_ROUTE) == files
-        copied = sorted(p.name for p in (stack["caches"][1] / JOB / "1").iterdir())
-        assert copied == sorted(Path(f.path).name for f in version.files)
-        print(f"\nb started and fetched version 1 from a in {time.monotonic() - started:.1f} s")
+        assert from_store == files  # once, for the head of the chain
+        from_peers = [await served_blobs(p) for p in processes]
+        assert sum(from_peers) == 2 * files, from_peers  # the other two, from a replica
+        assert sorted(from_peers) == [0, files, files], from_peers  # a chain, not a star
+        for cache in stack["caches"]:
+            copied = sorted(p.name for p in (cache / JOB / "1").iterdir())
+            assert copied == sorted(Path(f.path).name for f in version.files)
+        samples = [await sample_on(p) for p in processes]
+        assert {s["version"] for s in samples} == {1}
+        assert len({tuple(s["samples"][0]["token_ids"]) for s in samples}) == 1
     finally:
         await asyncio.gather(gateway.aclose(), store_metrics.aclose(), store.aclose())

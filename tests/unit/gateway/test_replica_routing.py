@@ -165,6 +165,7 @@ def test_an_affinity_key_sticks_to_one_replica_while_it_lives() -> None:
     [
         (("sample",), {"job_id": "j", "version": 3}, RouteKey("j", 3)),
         (("sample",), {"prompts": [[1]]}, RouteKey(None, "latest")),
+        (("sample", "batch"), {"job_id": "j", "version": 2, "prompts": ["a"]}, RouteKey("j", 2)),
         (("rollouts",), {"job_id": "j"}, RouteKey("j", "latest")),
         (("chat", "completions"), {"model": "j@7"}, RouteKey("j", "7")),
         (("completions",), {"model": "j"}, RouteKey("j", "latest")),
@@ -183,6 +184,7 @@ def test_route_key_of_a_bad_body_and_the_affinity_header() -> None:
     assert route_key(("sample",), b"not json", "ep-1") == RouteKey(affinity="ep-1")
     assert route_key(("sample",), b"[1, 2]", None) == RouteKey()
     assert reads_body("POST", ("sample",)) and not reads_body("GET", ("versions",))
+    assert reads_body("POST", ("sample", "batch"))
     assert not reads_body("POST", ("trajectories",))
 
 
@@ -193,3 +195,46 @@ def test_rollout_health_comes_from_the_registered_replicas() -> None:
     replicas.heartbeat("b", beat(9002))
     health = replicas_health(replicas.live())
     assert health.status == "ready" and health.detail == {"replicas": 2, "ready": ["b"]}
+
+
+def test_replicas_claiming_a_version_at_once_are_chained_each_to_the_one_before() -> None:
+    clock = Clock()
+    replicas = registry(clock)
+    for port in (9001, 9002, 9003, 9004):
+        replicas.heartbeat(str(port), beat(port))
+    v1 = ("j1", 1)
+    assert replicas.claim("9001", v1) == []  # the first goes to the store
+    assert replicas.claim("9002", v1) == ["http://127.0.0.1:9001"]
+    assert replicas.claim("9003", v1) == ["http://127.0.0.1:9002", "http://127.0.0.1:9001"]
+    assert replicas.claim("ghost", v1) is None  # never beat: not registered
+    # Another version has a chain of its own.
+    assert replicas.claim("9003", ("j1", 2)) == []
+    # One set aside (a connection failed) or gone silent is left out; a replica claiming
+    # again (its fetch failed) moves to the end of the chain.
+    replicas.set_aside(replicas.live()[1])  # 9002
+    assert replicas.claim("9001", v1) == ["http://127.0.0.1:9003"]
+    clock.now += 2.5
+    for port in (9001, 9002, 9004):
+        replicas.heartbeat(str(port), beat(port))
+    clock.now += 1.0  # 9003 silent for 3.5 heartbeats
+    assert replicas.claim("9004", v1) == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+
+
+def test_replicas_holding_a_version_serve_it_after_its_chain_least_loaded_first() -> None:
+    replicas = registry(Clock())
+    replicas.heartbeat("busy", beat(9001, ("j1", 1), requests=5))
+    replicas.heartbeat("idle", beat(9002, ("j1", 1)))
+    replicas.heartbeat("starting", beat(9003, ("j1", 1), ready=False))
+    replicas.heartbeat("new", beat(9004))
+    replicas.heartbeat("newer", beat(9005))
+    assert replicas.claim("new", ("j1", 1)) == ["http://127.0.0.1:9002", "http://127.0.0.1:9001"]
+    assert replicas.claim("newer", ("j1", 1)) == [
+        "http://127.0.0.1:9004",
+        "http://127.0.0.1:9002",
+        "http://127.0.0.1:9001",
+    ]
+    assert replicas.claim("idle", ("j1", 1)) == [
+        "http://127.0.0.1:9005",
+        "http://127.0.0.1:9004",
+        "http://127.0.0.1:9001",
+    ]

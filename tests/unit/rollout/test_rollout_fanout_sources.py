@@ -1,7 +1,7 @@
 """A version's files from a peer replica before the store: peers first, checked by hash, a
 broken or lying peer passed over for the next source, a cut transfer resumed where it stopped,
-the store's directory read in place only when asked; and which replicas the gateway's table
-offers as peers. Peers, store and gateway are fakes over HTTP (MockTransport)."""
+the store's directory read in place only when asked; and the gateway's claim that says where
+to fetch from. Peers, store and gateway are fakes over HTTP (MockTransport)."""
 
 from __future__ import annotations
 
@@ -91,9 +91,9 @@ class FixedPeers:
     def __init__(self, *urls: str) -> None:
         self.urls = list(urls)
 
-    async def holding(self, job_id: str, number: int) -> list[str]:
+    async def sources(self, job_id: str, number: int) -> list[str]:
         assert (job_id, number) == ("j1", 3)
-        return self.urls
+        return list(self.urls)
 
 
 @pytest.fixture
@@ -183,55 +183,19 @@ async def test_the_stores_directory_is_read_in_place_only_when_asked(
     assert sources.asked == []
 
 
-def replica(
-    url: str,
-    *,
-    held: bool = True,
-    ready: bool = True,
-    static: bool = False,
-    set_aside: bool = False,
-    load: int = 0,
-) -> dict[str, object]:
-    versions = [{"job_id": "j1", "number": 3, "kind": "lora"}] if held else []
-    return {
-        "id": url,
-        "url": url,
-        "static": static,
-        "ready": ready,
-        "set_aside": set_aside,
-        "versions": versions,
-        "requests_in_flight": load,
-        "tokens_in_flight": 0,
-        "gateway_in_flight": 0,
-        "routed": 0,
-        "failures": 0,
-        "heartbeat_s": 2.0,
-        "last_heartbeat_s_ago": 0.1,
-    }
-
-
-async def test_peers_are_the_other_ready_replicas_holding_the_version_least_loaded_first() -> None:
-    table = [
-        replica("http://me:1"),
-        replica("http://busy:1", load=5),
-        replica("http://idle:1"),
-        replica("http://lacks:1", held=False),
-        replica("http://starting:1", ready=False),
-        replica("http://gone:1", set_aside=True),
-        replica("http://static:1", static=True),
-    ]
+async def test_the_gateway_says_where_to_fetch_from_and_its_absence_means_the_store() -> None:
+    asked: list[tuple[str, bytes]] = []
 
     def gateway(request: httpx2.Request) -> httpx2.Response:
-        assert request.url.path == "/v1/internal/replicas"
-        return httpx2.Response(200, json={"replicas": table})
+        asked.append((request.url.path, request.content))
+        return httpx2.Response(200, json={"sources": [PEER_B, PEER_A]})
 
     client = GatewayReplicas("http://gw", transport=httpx2.MockTransport(gateway))
-    peers = GatewayPeers(client, "http://me:1/")
-    assert await peers.holding("j1", 3) == ["http://idle:1", "http://busy:1"]
-    assert await peers.holding("j1", 4) == []
+    assert await GatewayPeers(client, "r1").sources("j1", 3) == [PEER_B, PEER_A]
+    assert asked == [("/v1/internal/replicas/r1/fetches", b'{"job_id":"j1","number":3}')]
 
     def down(request: httpx2.Request) -> httpx2.Response:
         raise httpx2.ConnectError("refused", request=request)
 
     unreachable = GatewayReplicas("http://gw", retries=0, transport=httpx2.MockTransport(down))
-    assert await GatewayPeers(unreachable, "http://me:1").holding("j1", 3) == []
+    assert await GatewayPeers(unreachable, "r1").sources("j1", 3) == []
