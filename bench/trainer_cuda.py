@@ -32,8 +32,9 @@ from pathlib import Path
 
 import peft
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from bench._qwen import QWEN25, build_qwen
 from services.common.base_models import ensure_tiny_model
 from services.trainer.batch import micro_batches, token_logprobs
 from services.trainer.checkpoints import load_state, save_state
@@ -58,7 +59,8 @@ PPO_KL = LossConfig(name=LossName.ppo, kl_coef=0.1)
 IS_LOSS = LossConfig(name=LossName.importance_sampling)
 ADAM = AdamParams(lr=1e-3)
 ONE_PASS = 1 << 30
-VOCAB = 151_936
+HALF_B = QWEN25["0.5B"]
+VOCAB = HALF_B["vocab_size"]
 # fp32 on both sides; the GPU sums in another order. Adam divides each gradient by its own
 # running scale, so a parameter whose gradient is near zero can move by a good part of lr
 # (1e-3) on one device and less on the other: weights are held to a tenth of a step.
@@ -156,48 +158,45 @@ def compare_devices(
 # --- 2. speed -----------------------------------------------------------------------------------
 
 
-def qwen_half_b(directory: Path, device: str) -> int:
-    """Qwen2.5-0.5B's shape, random weights (nothing is downloaded), saved to `directory`;
-    returns its number of parameters."""
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    with torch.device(device):
-        model = Qwen2ForCausalLM(config)
-    model.save_pretrained(directory)
-    return sum(p.numel() for p in model.parameters())
-
-
-def measure(step: Callable[[], None], steps: int) -> Timing:
+def measure(step: Callable[[], None], steps: int, device: str | torch.device = "cuda") -> Timing:
     """Step times after one warm-up (kernels chosen, optimizer state allocated), and the
-    arm's peak GPU memory."""
+    arm's peak GPU memory (0 on a CPU, where a smoke run uses this)."""
+    cuda = torch.device(device).type == "cuda"
     gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     step()
     times = []
     for _ in range(steps):
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         began = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - began)
-    return times, torch.cuda.max_memory_allocated()
+    return times, torch.cuda.max_memory_allocated() if cuda else 0
 
 
 def hand_written(
-    base: Path, device: str, data: list[Datum], steps: int, precision: str, lora: LoraConfig | None
+    base: Path,
+    device: str,
+    data: list[Datum],
+    steps: int,
+    precision: str,
+    lora: LoraConfig | None,
+    checkpointing: bool = False,
 ) -> Timing:
     """The step a researcher writes by hand: one padded pass, the same loss, AdamW (LoRA:
-    peft on the same base, Loom's default target modules)."""
+    peft on the same base, Loom's default target modules); fp32 weights, bf16 autocast for
+    `precision` bf16, and with `checkpointing` each layer's activations recomputed in the
+    backward (transformers' gradient checkpointing)."""
     network = Qwen2ForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
+    if checkpointing:
+        network.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     if lora is not None:
         network = peft.get_peft_model(network, peft_config(lora))
     network.train()
@@ -209,7 +208,9 @@ def hand_written(
     )
 
     def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast(
+            torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"
+        ):
             logits = network(
                 input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False
             ).logits
@@ -222,7 +223,7 @@ def hand_written(
         optimizer.zero_grad(set_to_none=True)
 
     with tf32(precision == "tf32"):
-        return measure(step, steps)
+        return measure(step, steps, device)
 
 
 def loom(
@@ -237,13 +238,20 @@ def loom(
 ) -> Timing:
     mode = TrainingMode.full if lora is None else TrainingMode.lora
     model = trainer(work, base, device, mode, budget, rank=lora.rank if lora else 8)
+    with tf32(precision == "tf32"):
+        return loom_steps(model, data, steps, device)
+
+
+def loom_steps(
+    model: TrainerModel, data: list[Datum], steps: int, device: str | torch.device
+) -> Timing:
+    """Loom's step (forward_backward, then optim_step), timed by `measure`."""
 
     def step() -> None:
         model.forward_backward(data, IS_LOSS)
         model.optim_step(ADAM)
 
-    with tf32(precision == "tf32"):
-        return measure(step, steps)
+    return measure(step, steps, device)
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -409,7 +417,7 @@ def main() -> None:
         work = Path(scratch)
         lines += same_results(work, args.device)
         base = work / "qwen"
-        params = qwen_half_b(base, args.device)
+        params = build_qwen(HALF_B, base, args.device)
         lines += [
             f"The model below: Qwen2.5-0.5B's shape with random weights "
             f"({params / 1e6:.0f}M parameters; nothing is downloaded).",
