@@ -14,6 +14,7 @@ from services.common.app_factory import create_service_app
 from services.common.busy import BusyClock
 from services.common.operations import OperationQueue
 from services.common.service_token import service_token
+from services.trainer.distributed import channel
 from services.trainer.distributed.commands import RankConfig
 from services.trainer.distributed.ranks import RankGroup
 from services.trainer.distributed.remote import RemoteRegistry
@@ -23,7 +24,7 @@ from services.trainer.publish import ThreadPublisher
 from services.trainer.registry import ModelRegistry
 from services.trainer.routes import router
 from services.trainer.service import TrainerService
-from services.trainer.settings import TrainerSettings
+from services.trainer.settings import CPU_OFFLOAD_NEEDS_GPU, TrainerSettings
 
 
 def create_app(
@@ -38,6 +39,8 @@ def create_app(
         if settings.trainer_threads:
             torch.set_num_threads(settings.trainer_threads)
         device = resolve_device(settings.trainer_device)
+        if settings.trainer_cpu_offload and device.type != "cuda":  # 'auto' found no GPU
+            raise ValueError(CPU_OFFLOAD_NEEDS_GPU)
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = settings.trainer_tf32
         client = modelstate or ModelStateClient.from_settings(settings)
@@ -82,18 +85,31 @@ def create_app(
 
 
 def rank_group(settings: TrainerSettings) -> RankGroup:
-    """The ranks of a sharded trainer (`LOOM_TRAINER_WORLD_SIZE` > 1), not started yet."""
-    return RankGroup(
-        RankConfig(
-            world_size=settings.trainer_world_size,
-            master_port=0,
-            data_dir=settings.data_dir,
-            device=settings.trainer_device,
-            micro_batch_tokens=settings.trainer_micro_batch_tokens,
-            threads=settings.trainer_threads,
-            sharding=Sharding(
-                settings.trainer_precision, settings.trainer_activation_checkpointing
-            ),
-            timeout_s=settings.trainer_collective_timeout_s,
+    """The ranks of a sharded trainer (`LOOM_TRAINER_WORLD_SIZE` > 1), not started yet; on
+    several hosts (`LOOM_TRAINER_NNODES` > 1) listening for the other hosts' ranks already."""
+    master_addr, master_port = "127.0.0.1", 0
+    listener = None
+    if settings.trainer_nnodes > 1:
+        assert settings.trainer_rendezvous and settings.trainer_coordinator  # validated
+        master_addr, master_port = channel.parse_address(settings.trainer_rendezvous)
+        listener = channel.RankListener(
+            channel.parse_address(settings.trainer_coordinator),
+            channel.authkey(service_token(settings)),
+            range(settings.ranks_of_node(0).stop, settings.trainer_world_size),
         )
+    config = RankConfig(
+        world_size=settings.trainer_world_size,
+        master_port=master_port,
+        data_dir=settings.data_dir,
+        device=settings.trainer_device,
+        micro_batch_tokens=settings.trainer_micro_batch_tokens,
+        threads=settings.trainer_threads,
+        sharding=Sharding(
+            settings.trainer_precision,
+            settings.trainer_activation_checkpointing,
+            settings.trainer_cpu_offload,
+        ),
+        timeout_s=settings.trainer_collective_timeout_s,
+        master_addr=master_addr,
     )
+    return RankGroup(config, listener)

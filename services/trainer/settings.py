@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from services.common.settings import LoomSettings
+from services.trainer.distributed.channel import parse_address
 from services.trainer.page_reserve import DEFAULT_MAX_BYTES
 
 # Padded tokens per forward pass, by device type: big enough that a pass is not dominated by
@@ -16,6 +18,12 @@ from services.trainer.page_reserve import DEFAULT_MAX_BYTES
 # model, bench/results/trainer_cuda.md) 8192 was the fastest budget on both an even and a
 # long-tailed batch, 1024 was 2.2-3.4x slower, and 16384 padded more and doubled peak memory.
 DEFAULT_MICRO_BATCH_TOKENS = {"cpu": 1024, "cuda": 8192}
+
+CPU_OFFLOAD_NEEDS_GPU = (
+    "LOOM_TRAINER_CPU_OFFLOAD keeps a sharded trainer's weights, gradients and optimizer "
+    "state in CPU memory while the GPU computes: it needs LOOM_TRAINER_WORLD_SIZE > 1 and a "
+    "CUDA device (on a CPU trainer everything is in CPU memory already). Unset it."
+)
 
 
 class TrainerSettings(LoomSettings):
@@ -127,3 +135,80 @@ class TrainerSettings(LoomSettings):
         "that died or hangs) after this long; the operation fails naming the rank and the "
         "trainer starts its ranks again.",
     )
+    trainer_cpu_offload: bool = Field(
+        default=False,
+        description="A sharded trainer on GPUs keeps its shards of the fp32 weights, gradients "
+        "and AdamW moments in CPU memory and runs the optimizer step there (FSDP2's "
+        "CPUOffloadPolicy); a layer's weights are copied to the GPU while it computes. GPU "
+        "memory for training state drops to about the layer being computed, for a slower "
+        "step (host-device copies, an optimizer step on the CPU). Refused on a CPU trainer.",
+    )
+    trainer_nnodes: int = Field(
+        default=1,
+        ge=1,
+        description="Hosts the sharded trainer's ranks span. Each runs "
+        "LOOM_TRAINER_WORLD_SIZE / NNODES ranks: the trainer's own host ranks 0.., every "
+        "other host a node agent (`python -m services.trainer.distributed.node`, with "
+        "LOOM_TRAINER_NODE_RANK). Needs LOOM_TRAINER_RENDEZVOUS and LOOM_TRAINER_COORDINATOR, "
+        "the same service token on every host, and the trainer's data, work and checkpoint "
+        "directories at the same paths on every host (a shared filesystem).",
+    )
+    trainer_node_rank: int = Field(
+        default=0,
+        ge=0,
+        description="Which host a node agent is: 1 .. NNODES-1 (0 is the trainer's own host).",
+    )
+    trainer_rendezvous: str | None = Field(
+        default=None,
+        description="host:port of torch's rendezvous for ranks on several hosts: a TCPStore "
+        "that rank 0, on the trainer's host, serves on that port; give an address of the "
+        "trainer's host that the other hosts reach, on a private network (torch's "
+        "rendezvous and collectives are not authenticated).",
+    )
+    trainer_coordinator: str | None = Field(
+        default=None,
+        description="host:port the trainer listens on (exactly that address) for the command "
+        "channels of its ranks on other hosts, and where node agents' ranks connect. A rank "
+        "must prove it holds the service token before anything is read from it.",
+    )
+
+    @field_validator("trainer_rendezvous", "trainer_coordinator")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_address(value)
+        return value
+
+    @model_validator(mode="after")
+    def _topology(self) -> Self:
+        if self.trainer_cpu_offload and (
+            self.trainer_world_size == 1 or self.trainer_device == "cpu"
+        ):
+            raise ValueError(CPU_OFFLOAD_NEEDS_GPU)
+        if self.trainer_nnodes == 1:
+            return self
+        if self.trainer_world_size % self.trainer_nnodes:
+            raise ValueError(
+                f"LOOM_TRAINER_WORLD_SIZE ({self.trainer_world_size}) must be a multiple of "
+                f"LOOM_TRAINER_NNODES ({self.trainer_nnodes}): every host runs as many ranks."
+            )
+        if self.trainer_node_rank >= self.trainer_nnodes:
+            raise ValueError(
+                f"LOOM_TRAINER_NODE_RANK ({self.trainer_node_rank}) must be below "
+                f"LOOM_TRAINER_NNODES ({self.trainer_nnodes})."
+            )
+        # A node agent's ranks learn the rendezvous from the trainer.
+        if self.trainer_coordinator is None or (
+            self.trainer_rendezvous is None and self.trainer_node_rank == 0
+        ):
+            raise ValueError(
+                "A trainer on several hosts (LOOM_TRAINER_NNODES > 1) needs "
+                "LOOM_TRAINER_COORDINATOR, and LOOM_TRAINER_RENDEZVOUS on its own host "
+                "(host:port each, addresses of the trainer's host that the other hosts reach)."
+            )
+        return self
+
+    def ranks_of_node(self, node: int) -> range:
+        """The ranks host `node` runs."""
+        per_node = self.trainer_world_size // self.trainer_nnodes
+        return range(node * per_node, (node + 1) * per_node)

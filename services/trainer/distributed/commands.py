@@ -12,6 +12,9 @@ from services.trainer.distributed.sharding import Sharding
 
 # The rank's number, and the file descriptor of its end of the coordinator's socket pair.
 RANK_ENV, CHANNEL_ENV = "LOOM_TRAINER_RANK", "LOOM_TRAINER_RANK_CHANNEL"
+# A rank's exit code when the coordinator refuses it (another service token): its node agent
+# stops rather than start it again and again.
+REFUSED = 2
 
 
 @dataclass(frozen=True)
@@ -26,3 +29,5 @@ class RankConfig:
     threads: int
     sharding: Sharding
     timeout_s: float
+    # Where rank 0 hosts torch's rendezvous (a TCPStore): an address every host reaches.
+    master_addr: str = "127.0.0.1"

@@ -1,25 +1,37 @@
 """One rank of a sharded trainer: a process started by the coordinator (`ranks.RankGroup`),
-which joins the process group and runs every command the coordinator sends, in order, on its
-own `ModelRegistry` of sharded models (`python -m services.trainer.distributed.rank`)."""
+or on another host by its node agent (`node`), which joins the process group and runs every
+command the coordinator sends, in order, on its own `ModelRegistry` of sharded models
+(`python -m services.trainer.distributed.rank`)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from multiprocessing.connection import Connection
+from multiprocessing.connection import AuthenticationError, Connection
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from services.common.errors import LoomError
+from services.common.service_token import service_token
 from services.trainer import checkpoints
-from services.trainer.distributed.commands import CHANNEL_ENV, RANK_ENV, RankConfig
+from services.trainer.distributed import channel
+from services.trainer.distributed.commands import CHANNEL_ENV, RANK_ENV, REFUSED, RankConfig
 from services.trainer.distributed.sharding import Sharded
 from services.trainer.model import resolve_device
 from services.trainer.registry import ModelRegistry
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger(__name__)
+
+# How long a rank of another host tries to reach a coordinator that is not listening.
+CONNECT_TIMEOUT_S = 300.0
 
 # What a "run" command may run on a model (a checkpoint's files are written by every rank).
 FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -38,7 +50,7 @@ def join(rank: int, config: RankConfig) -> torch.device:
         torch.cuda.set_device(device)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        init_method=f"tcp://127.0.0.1:{config.master_port}",
+        init_method=f"tcp://{config.master_addr}:{config.master_port}",
         rank=rank,
         world_size=config.world_size,
         timeout=timedelta(seconds=config.timeout_s),
@@ -76,9 +88,31 @@ def serve(conn: Connection, registry: ModelRegistry) -> None:
             conn.send(("crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
+def connect(rank: int) -> Connection:
+    """The channel to the coordinator: inherited from it on its host; from another host
+    through its listener (`LOOM_TRAINER_COORDINATOR`), with the service token."""
+    if CHANNEL_ENV in os.environ:
+        return Connection(int(os.environ[CHANNEL_ENV]))
+    settings = TrainerSettings()
+    assert settings.trainer_coordinator is not None  # the node agent checked its settings
+    key = channel.authkey(service_token(settings))
+    address = channel.parse_address(settings.trainer_coordinator)
+    try:
+        return channel.connect(address, key, rank, time.monotonic() + CONNECT_TIMEOUT_S)
+    except AuthenticationError as exc:
+        log.error(
+            "The trainer at %s refused rank %d (%s): give this host the trainer's service "
+            "token (LOOM_SERVICE_TOKEN or LOOM_SERVICE_TOKEN_FILE).",
+            settings.trainer_coordinator,
+            rank,
+            exc,
+        )
+        sys.exit(REFUSED)
+
+
 def main() -> None:
     rank = int(os.environ[RANK_ENV])
-    conn = Connection(int(os.environ[CHANNEL_ENV]))
+    conn = connect(rank)
     config: RankConfig = conn.recv()
     device = join(rank, config)
     registry = ModelRegistry(

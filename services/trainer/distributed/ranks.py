@@ -2,13 +2,17 @@
 `services.trainer.distributed.rank`), hands every command to all of them in the order it is
 called, and returns rank 0's answer.
 
-Each rank talks to the coordinator over a socket pair it inherits (no address, nothing another
-process can connect to). A rank that dies (its connection closes), or fails where the others
-did not, fails the command in flight with `RankFailed` naming it; the group is then formed
-again from fresh processes and handed to the `on_reform` hook (the registry's, which makes its
-models again and reloads their checkpoints) before any other command runs, so the trainer
-keeps serving. The ranks' collectives time out (`RankConfig.timeout_s`), so a rank waiting on
-a dead one does not wait for ever.
+Each rank of this host talks to the coordinator over a socket pair it inherits (no address,
+nothing another process can connect to); ranks of other hosts (`LOOM_TRAINER_NNODES` > 1,
+started by `services.trainer.distributed.node`) join through a `RankListener`, which lets in
+only holders of the service token.
+
+A rank that dies (its connection closes), or fails where the others did not, fails the command
+in flight with `RankFailed` naming it; the group is then formed again from fresh processes
+(other hosts' node agents start theirs again when their channels close) and handed to the
+`on_reform` hook (the registry's, which makes its models again and reloads their checkpoints)
+before any other command runs, so the trainer keeps serving. The ranks' collectives time out
+(`RankConfig.timeout_s`), so a rank waiting on a dead one does not wait for ever.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from services.common.errors import Unavailable
+from services.trainer.distributed.channel import RankListener
 from services.trainer.distributed.commands import CHANNEL_ENV, RANK_ENV, RankConfig
 
 log = logging.getLogger(__name__)
@@ -48,8 +54,13 @@ Reform = Callable[[Run, RankFailed], None]
 
 
 class RankGroup:
-    def __init__(self, config: RankConfig) -> None:
+    """`listener`: where the ranks of other hosts join (its `ranks`); the others are this
+    host's."""
+
+    def __init__(self, config: RankConfig, listener: RankListener | None = None) -> None:
         self.config = config
+        self.listener = listener
+        self.local_ranks = config.world_size - (0 if listener is None else len(listener.ranks))
         self._lock = threading.RLock()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._conns: list[Connection] = []
@@ -64,6 +75,7 @@ class RankGroup:
 
     @property
     def pids(self) -> list[int]:
+        """This host's ranks' processes."""
         return [proc.pid for proc in self._procs]
 
     def start(self) -> None:
@@ -100,6 +112,8 @@ class RankGroup:
     def stop(self) -> None:
         with self._lock:
             self._stop()
+            if self.listener is not None:
+                self.listener.close()
 
     # --- internals ------------------------------------------------------------------------
 
@@ -155,12 +169,12 @@ class RankGroup:
         return [replies[rank] for rank in range(len(self._conns))]
 
     def _failure(self, rank: int, operation: str, reason: str | None = None) -> RankFailed:
-        proc = self._procs[rank]
-        try:
-            code = proc.wait(timeout=2.0)
-            reason = reason or f"it exited with code {code}"
-        except subprocess.TimeoutExpired:
-            reason = reason or "its connection closed"
+        if reason is None and rank < len(self._procs):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                reason = f"it exited with code {self._procs[rank].wait(timeout=2.0)}"
+        if reason is None:
+            where = "" if rank < len(self._procs) else " (it runs on another host)"
+            reason = f"its connection closed{where}"
         return RankFailed(
             f"Trainer rank {rank} of {self.world_size} failed during {operation} ({reason}). "
             "The trainer starts its ranks again and reloads each model's last checkpoint "
@@ -170,8 +184,13 @@ class RankGroup:
         )
 
     def _start(self) -> None:
-        config = replace(self.config, master_port=_free_port())
-        for rank in range(config.world_size):
+        """This host's ranks started, the others' joined (through the listener), all told the
+        configuration and answered. A master port of 0 picks a free one on 127.0.0.1 (one
+        host); ranks across hosts meet at the configured rendezvous."""
+        config = self.config
+        if not config.master_port:
+            config = replace(config, master_port=_free_port())
+        for rank in range(self.local_ranks):
             mine, theirs = socket.socketpair()
             self._procs.append(
                 subprocess.Popen(
@@ -182,6 +201,7 @@ class RankGroup:
             )
             theirs.close()
             self._conns.append(Connection(mine.detach()))
+        self._conns.extend(self._join_remote())
         for conn in self._conns:
             conn.send(config)
         for rank, conn in enumerate(self._conns):
@@ -193,8 +213,35 @@ class RankGroup:
                 self._stop(kill=True)
                 raise Unavailable(f"Trainer rank {rank} did not join its group: {exc}") from exc
 
+    def _join_remote(self) -> list[Connection]:
+        """The other hosts' ranks' channels, in rank order, as they join (a rank that joins
+        twice, its node agent having restarted it, replaces its older channel)."""
+        if self.listener is None:
+            return []
+        joined: dict[int, Connection] = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(joined) < len(self.listener.ranks):
+            try:
+                rank, conn = self.listener.take(deadline)
+            except TimeoutError:
+                missing = sorted(set(self.listener.ranks) - set(joined))
+                for conn in joined.values():
+                    conn.close()
+                self._stop(kill=True)
+                host, port = self.listener.address
+                raise Unavailable(
+                    f"Trainer ranks {missing} did not join in {START_TIMEOUT_S:.0f} s: start "
+                    "`python -m services.trainer.distributed.node` on their hosts, with "
+                    f"LOOM_TRAINER_COORDINATOR={host}:{port} and this trainer's service token."
+                ) from None
+            if rank in joined:
+                joined[rank].close()
+            joined[rank] = conn
+        return [joined[rank] for rank in self.listener.ranks]
+
     def _stop(self, kill: bool = False) -> None:
-        """Tells the ranks to leave and waits for them; `kill`: at once (a broken group)."""
+        """Tells the ranks to leave and waits for them; `kill`: at once (a broken group). Ranks
+        of other hosts leave when their channel closes (their node agent starts them again)."""
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.send(None)

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from services.trainer.parallel import M, SingleProcess
@@ -31,10 +37,28 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 @dataclass(frozen=True)
 class Sharding:
     """How the ranks keep the model: compute precision (master weights, gradient reductions
-    and optimizer state stay fp32) and activation checkpointing."""
+    and optimizer state stay fp32), activation checkpointing, and whether the shards live in
+    CPU memory while GPUs compute (`cpu_offload`: the trainer allows it on CUDA only)."""
 
     precision: str = "fp32"
     activation_checkpointing: bool = False
+    cpu_offload: bool = False
+
+
+def shard_options(sharding: Sharding, root: bool) -> dict[str, Any]:
+    """`fully_shard`'s keyword arguments for a decoder layer or (`root`) the whole model: the
+    layers hand each other the compute dtype; the logits leave the model in fp32."""
+    dtype = PRECISIONS[sharding.precision]
+    options: dict[str, Any] = {
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=dtype,
+            reduce_dtype=torch.float32,
+            output_dtype=torch.float32 if root else None,
+        )
+    }
+    if sharding.cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy()
+    return options
 
 
 class Sharded(SingleProcess):
@@ -56,17 +80,9 @@ class Sharded(SingleProcess):
             enable = getattr(model, "gradient_checkpointing_enable", None)
             if enable is not None:
                 enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        dtype = PRECISIONS[self.sharding.precision]
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for layer in _decoder_layers(model):
-            fully_shard(layer, mp_policy=policy)
-        # Layers hand each other the compute dtype; the logits leave the model in fp32.
-        fully_shard(
-            model,
-            mp_policy=MixedPrecisionPolicy(
-                param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
-            ),
-        )
+            fully_shard(layer, **shard_options(self.sharding, root=False))
+        fully_shard(model, **shard_options(self.sharding, root=True))
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)  # a sum: see the module's docstring
@@ -83,7 +99,11 @@ class Sharded(SingleProcess):
         with torch.device("meta"):
             model = empty()
         model = self.wrap(model)
-        model.to_empty(device=self.device)
+        # Offloaded shards must be made in CPU memory (FSDP2 checks); buffers are not
+        # offloaded and stay where the layers compute.
+        model.to_empty(device="cpu" if self.sharding.cpu_offload else self.device)
+        for buffer in model.buffers():
+            buffer.data = buffer.data.to(self.device)
         source = whole(torch.device("cpu")) if self.rank == 0 else None
         with torch.no_grad():
             set_model_state_dict(

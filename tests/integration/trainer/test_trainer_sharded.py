@@ -13,7 +13,16 @@ from pathlib import Path
 import httpx2
 import pytest
 import torch
-from safetensors.torch import load_file
+from sharded_support import (
+    CONFIGS,
+    MICRO_BATCH_TOKENS,
+    STEPS,
+    one_step,
+    pair,
+    train_alongside,
+    uneven_data,
+    weights,
+)
 from trainer_harness import JOB_FULL, TrainerHarness
 
 from modelstate.client import ModelStateClient
@@ -22,30 +31,16 @@ from services.trainer import checkpoints
 from services.trainer.app import create_app
 from services.trainer.distributed.commands import RankConfig
 from services.trainer.distributed.ranks import RankFailed, RankGroup
-from services.trainer.distributed.remote import RemoteModel, RemoteRegistry
+from services.trainer.distributed.remote import RemoteRegistry
 from services.trainer.distributed.sharding import Sharding
-from services.trainer.model import TrainerModel
 from services.trainer.registry import ModelRegistry
 from services.trainer.schemas import (
     AdamParams,
     CreateModelRequest,
-    Datum,
-    LossAggregation,
     LossConfig,
-    LossName,
     TrainingMode,
 )
 from services.trainer.settings import TrainerSettings
-from tests.support.trainer_data import long_tailed_data
-
-MICRO_BATCH_TOKENS = 48  # several micro-batches, one of them a single row (a stand-in on rank 1)
-ADAM = AdamParams(lr=1e-4, grad_clip=1.0)  # see the README: Adam and rounding
-STEPS = 3
-
-
-def uneven_data(count: int = 7, seed: int = 0) -> list[Datum]:
-    """Prompts of 4 tokens, completions of 1 to 30, sampler logprobs and advantages."""
-    return long_tailed_data(count, seed, completions=(1, 3, 5, 9, 17, 30))
 
 
 @pytest.fixture(scope="module")
@@ -75,36 +70,6 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
     return ModelRegistry(tmp_path_factory.mktemp("one"), torch.device("cpu"), MICRO_BATCH_TOKENS)
 
 
-def pair(
-    ranks: RemoteRegistry,
-    one_process: ModelRegistry,
-    job_id: str,
-    base: Path,
-    mode: TrainingMode = TrainingMode.full,
-) -> tuple[RemoteModel, TrainerModel]:
-    spec = CreateModelRequest(job_id=job_id, base_model=str(base), mode=mode)
-    return ranks.create(spec)[0], one_process.create(spec)[0]
-
-
-def weights(model: RemoteModel | TrainerModel, directory: Path) -> dict[str, torch.Tensor]:
-    directory.mkdir()
-    model.save(directory, shard_bytes=1 << 20)  # several files: both ranks write some
-    tensors: dict[str, torch.Tensor] = {}
-    for path in sorted(directory.glob("*.safetensors")):
-        tensors.update(load_file(path))
-    return tensors
-
-
-CONFIGS = [
-    LossConfig(name=LossName.ppo, aggregation=LossAggregation.token_mean, kl_coef=0.1),
-    LossConfig(name=LossName.ppo, aggregation=LossAggregation.sequence_mean, kl_coef=0.1),
-    LossConfig(
-        name=LossName.ppo, aggregation=LossAggregation.sum_normalized, normalizer=8, kl_coef=0.1
-    ),
-    LossConfig(name=LossName.ppo, aggregation=LossAggregation.sum, kl_coef=0.1),
-]
-
-
 @pytest.mark.parametrize(
     ("config", "mode"),
     [
@@ -127,22 +92,7 @@ def test_two_ranks_train_as_one_process(
     jobs' adapters on one base on the ranks."""
     job = f"ppo-{config.aggregation.value}-{mode.value}"
     sharded, single = pair(ranks, one_process, job, tiny_model_dir, mode)
-    data = uneven_data()
-    for step in range(1, STEPS + 1):
-        want = single.forward_backward(data, config, return_logprobs=True)
-        got = sharded.forward_backward(data, config, return_logprobs=True)
-        assert got.loss == pytest.approx(want.loss, rel=1e-5, abs=1e-6)
-        assert got.num_tokens == want.num_tokens
-        assert got.metrics == pytest.approx(want.metrics, rel=1e-5, abs=1e-6)
-        assert got.logprobs is not None and want.logprobs is not None
-        for row, expected in zip(got.logprobs, want.logprobs, strict=True):
-            assert row == pytest.approx(expected, abs=1e-5)
-        stepped, expected_step = sharded.optim_step(ADAM), single.optim_step(ADAM)
-        assert stepped.step == expected_step.step == step == sharded.info().step
-        assert stepped.grad_norm == pytest.approx(expected_step.grad_norm, rel=1e-5)
-
-    after = sharded.forward(data, config)
-    assert after.loss == pytest.approx(single.forward(data, config).loss, rel=1e-5, abs=1e-6)
+    train_alongside(sharded, single, config)
     if mode == TrainingMode.lora:  # the shared base is sharded too: half of it on rank 0
         held = ranks.group.call("call", job, "state_bytes", ())
         whole = single.state_bytes()["frozen"]
@@ -171,11 +121,6 @@ def test_weights_saved_by_two_ranks_are_one_process_weights(
         assert (tmp_path / "sharded" / name).read_bytes() == (
             tmp_path / "single" / name
         ).read_bytes(), name
-
-
-def one_step(model: RemoteModel | TrainerModel, data: list[Datum]) -> tuple[float, float]:
-    loss = model.forward_backward(data, CONFIGS[0]).loss
-    return loss, model.optim_step(ADAM).grad_norm
 
 
 @pytest.mark.parametrize("mode", [TrainingMode.full, TrainingMode.lora], ids=str)
