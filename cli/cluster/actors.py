@@ -56,6 +56,9 @@ class ServiceProcess:
     def where(self) -> dict[str, str]:
         return {"name": self.name, "url": self.url, "node_id": self.node_id}
 
+    def gpu_ids(self) -> list[str]:
+        return gpu_ids()
+
     def start(self, stack_env: dict[str, str]) -> str:
         """Start the service with the stack's URLs (`stack_env`) and this one's (once: a
         second `loom cluster up` finds it running)."""
@@ -99,3 +102,30 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+
+
+class RankSlot:
+    """Holds one bundle of the trainer's placement group for a rank the trainer starts itself
+    (`cli.cluster.trainer_group`): it runs nothing, and tells which GPUs Ray gave it."""
+
+    def __init__(self, name: str) -> None:
+        import ray
+
+        self.name = name
+        self.node_id = ray.get_runtime_context().get_node_id()
+
+    def where(self) -> dict[str, str]:
+        return {"name": self.name, "url": "", "node_id": self.node_id}
+
+    def alive(self) -> bool:
+        return True
+
+    def gpu_ids(self) -> list[str]:
+        return gpu_ids()
+
+
+def gpu_ids() -> list[str]:
+    """The GPUs Ray assigned to this actor (its bundle's, in a placement group)."""
+    import ray
+
+    return [str(gpu) for gpu in ray.get_gpu_ids()]

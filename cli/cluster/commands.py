@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.cluster import placement
+from cli.cluster import placement, trainer_group
 from cli.cluster.placement import ClusterSpec
+from cli.cluster.trainer_group import TrainerRanks
 from cli.common import DataDirOption, console, fail
 from services.common.settings import LoomSettings
 
@@ -45,8 +46,7 @@ def _spec(
     *,
     rollout_cpus: float = 1.0,
     rollout_gpus: float = 0.0,
-    trainer_cpus: float = 1.0,
-    trainer_gpus: float = 0.0,
+    trainer: TrainerRanks | None = None,
 ) -> ClusterSpec:
     settings = LoomSettings(
         **{
@@ -59,8 +59,7 @@ def _spec(
         settings,
         rollout_cpus=rollout_cpus,
         rollout_gpus=rollout_gpus,
-        trainer_cpus=trainer_cpus,
-        trainer_gpus=trainer_gpus,
+        trainer=trainer or TrainerRanks(),
     )
 
 
@@ -79,10 +78,21 @@ def up(
     rollout_replicas: Annotated[int, typer.Option(min=0)] = 1,
     rollout_cpus: CpusOption = 1.0,
     rollout_gpus: GpusOption = 0.0,
-    trainer_cpus: Annotated[float, typer.Option(min=0)] = 1.0,
-    trainer_gpus: Annotated[float, typer.Option(min=0)] = 0.0,
+    trainer_ranks: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="The trainer's ranks (LOOM_TRAINER_WORLD_SIZE), reserved together on one node.",
+        ),
+    ] = 1,
+    trainer_cpus: Annotated[float, typer.Option(min=0, help="CPUs Ray reserves per rank.")] = 1.0,
+    trainer_gpus: Annotated[float, typer.Option(min=0, help="GPUs Ray reserves per rank.")] = 0.0,
 ) -> None:
     """Start the services and N rollout replicas as Ray actors; waits until all are ready."""
+    try:
+        trainer = TrainerRanks(trainer_ranks, trainer_cpus, trainer_gpus)
+    except ValueError as exc:
+        fail(str(exc), code=2)
     _connect(address)
     urls = placement.up(
         _spec(
@@ -90,12 +100,19 @@ def up(
             database_url,
             rollout_cpus=rollout_cpus,
             rollout_gpus=rollout_gpus,
-            trainer_cpus=trainer_cpus,
-            trainer_gpus=trainer_gpus,
+            trainer=trainer,
         ),
         rollout_replicas,
     )
     console.print(f"Loom is up on Ray at {address}: gateway {urls['gateway']}")
+    group = trainer_group.describe()
+    if group is not None:
+        nodes = ", ".join(sorted({node[:12] for node in group["nodes"]}))
+        console.print(
+            f"trainer: {len(group['bundles'])} rank(s) in placement group {group['name']} "
+            f"({group['strategy']}, {group['state']}) on node {nodes}, "
+            f"{trainer.bundle()} each"
+        )
 
 
 @cluster_app.command()

@@ -4,9 +4,16 @@ request, still an HTTP service. Rollout replicas are actors `rollout-0..N-1`: ea
 itself to the gateway, so scaling is adding or removing actors, and Ray restarts a replica
 whose node died on another node (it comes back with a new URL and registers again).
 
+Where each service may run: a rollout replica anywhere (SPREAD over the nodes; one that dies
+with its node comes back elsewhere by itself); the trainer's ranks where its placement group
+(`cli.cluster.trainer_group`) fits them; every other service on the head node. The others keep
+the URL they started with, so they must not sit on a node that may go; the head is the node the
+cluster cannot lose anyway (Ray's own control store lives there). The trainer holds its jobs'
+models in memory: its node lost is a restart by hand (managed runs then resume from their last
+checkpoint).
+
 State stays outside Ray: the database (`--database-url`: PostgreSQL for more than one host),
 the store's blobs and the data dir (a shared directory or an object store), Redis for Celery.
-The other services keep the URL they started with: a node that held them is a restart by hand.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from typing import Any
 
 import httpx2
 
+from cli.cluster import trainer_group
 from cli.cluster.actors import ServiceProcess
+from cli.cluster.trainer_group import TrainerRanks
 from services.common.service_token import service_token, token_environment
 from services.common.settings import LoomSettings
 
@@ -36,6 +45,12 @@ WORKER = ("worker", "services.worker")
 READY_TIMEOUT_S = 900.0
 LIVENESS_EVERY_S = 5.0
 TASK_RETRIES = 3
+# Ray's marker resource of the head node (Ray Train pins its detached state actor the same way).
+ON_HEAD = {"node:__internal_head__": 0.001}
+# A replica that does not answer its drain within this long is gone (its node died and Ray
+# waits for room to restart it): it is removed without one.
+DRAIN_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 90.0  # the service's own grace (ServiceProcess.stop) and some
 
 
 @dataclass(frozen=True)
@@ -46,8 +61,7 @@ class ClusterSpec:
     settings: LoomSettings  # data dir, database URL, service token
     rollout_cpus: float = 1.0
     rollout_gpus: float = 0.0
-    trainer_cpus: float = 1.0
-    trainer_gpus: float = 0.0
+    trainer: TrainerRanks = TrainerRanks()  # its ranks and each one's CPUs and GPUs
     # Custom Ray resources each replica needs, e.g. {"rollout_slot": 1} with nodes started
     # `--resources '{"rollout_slot": 1}'`: at most one replica per node.
     rollout_resources: dict[str, float] = field(default_factory=dict)
@@ -116,14 +130,18 @@ def up(spec: ClusterSpec, replicas: int) -> dict[str, str]:
 
     spec.settings.ensure_data_dir()
     service_token(spec.settings)  # created once, before the actors race for it
+    ranks = trainer_group.reserve(spec.trainer, READY_TIMEOUT_S)
     actor = _actor_class()
     env = spec.stack_env()
     actors = {
         name: actor.options(
-            **_options(
-                name,
-                *((spec.trainer_cpus, spec.trainer_gpus) if name == "trainer" else (0, 0)),
-                restarts=0,
+            **(
+                {
+                    **_options(name, spec.trainer.cpus, spec.trainer.gpus, restarts=0),
+                    **trainer_group.in_bundle(ranks, 0),
+                }
+                if name == "trainer"
+                else {**_options(name, 0, 0, restarts=0), "resources": ON_HEAD}
             )
         ).remote(name, module, env, spec.log_dir)
         for name, module in (*BASE, WORKER)
@@ -135,7 +153,17 @@ def up(spec: ClusterSpec, replicas: int) -> dict[str, str]:
         )
     }
     stack_env = {**env, **_urls_env(urls)}
-    ray.get([a.start.remote(stack_env) for name, a in actors.items() if name != WORKER[0]])
+    trainer_env = spec.trainer.env(
+        ray.get(actors["trainer"].gpu_ids.remote())
+        + trainer_group.hold_slots(ranks, spec.trainer, NAMESPACE)
+    )
+    ray.get(
+        [
+            a.start.remote({**stack_env, **(trainer_env if name == "trainer" else {})})
+            for name, a in actors.items()
+            if name != WORKER[0]
+        ]
+    )
     # The worker waits for rollout before a run: it asks the gateway, which knows the replicas.
     ray.get(
         actors[WORKER[0]].start.remote(
@@ -169,9 +197,9 @@ def scale(spec: ClusterSpec, replicas: int) -> dict[str, str]:
     token = service_token(spec.settings)
     for name in sorted(set(names) - set(wanted), reverse=True):
         handle = ray.get_actor(name, namespace=NAMESPACE)
-        ray.get(handle.drain.remote(token))
-        ray.get(handle.stop.remote())
-        ray.kill(handle)
+        if _answered(handle.drain.remote(token), DRAIN_TIMEOUT_S):
+            _answered(handle.stop.remote(), STOP_TIMEOUT_S)
+        ray.kill(handle)  # one that did not answer: this ends Ray's attempts to restart it
     urls = {
         name: info["url"]
         for name, info in zip(
@@ -222,6 +250,22 @@ def down(spec: ClusterSpec) -> None:
     ray.get([handle.stop.remote() for handle in handles])  # side by side
     for handle in handles:
         ray.kill(handle)
+    trainer_group.release(NAMESPACE)
+
+
+def _answered(call: Any, timeout_s: float) -> bool:
+    """Whether an actor call returned within `timeout_s`. A call to an actor whose node died
+    fails, or waits for a restart that may never come (no room left): neither answers."""
+    import ray
+
+    done, _ = ray.wait([call], timeout=timeout_s)
+    if not done:
+        return False
+    try:
+        ray.get(done[0])
+    except ray.exceptions.RayError:
+        return False
+    return True
 
 
 def _wait_ready(

@@ -1,10 +1,16 @@
-"""What `loom cluster` asks of Ray, without Ray: actor options and the stack's environment."""
+"""What `loom cluster` asks of Ray, without Ray: actor options, the stack's environment and the
+trainer's rank bundles."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
 from cli.cluster.placement import ClusterSpec, _options, _urls_env
+from cli.cluster.trainer_group import TrainerRanks
+from cli.main import app
 from services.common.settings import LoomSettings
 
 
@@ -39,3 +45,25 @@ def test_replicas_on_cpu_nodes_take_a_core_slot_the_size_of_their_request(tmp_pa
     assert ClusterSpec(settings, rollout_cpus=2.5).replica_env() == {slot: "2"}
     assert ClusterSpec(settings, rollout_cpus=0.5).replica_env() == {}  # no whole core
     assert ClusterSpec(settings, rollout_gpus=1).replica_env() == {}  # GPU replicas
+
+
+def test_trainer_ranks_reserve_one_bundle_each_and_see_every_bundles_gpus() -> None:
+    gpu_ranks = TrainerRanks(ranks=4, cpus=8, gpus=1)
+    assert gpu_ranks.bundle() == {"CPU": 8, "GPU": 1}
+    assert gpu_ranks.env(["2", "3", "4", "5"]) == {
+        "LOOM_TRAINER_WORLD_SIZE": "4",
+        "CUDA_VISIBLE_DEVICES": "2,3,4,5",
+    }
+    cpu_ranks = TrainerRanks(ranks=2, cpus=1)
+    assert cpu_ranks.bundle() == {"CPU": 1}  # Ray refuses a resource of 0 in a bundle
+    assert cpu_ranks.env([]) == {"LOOM_TRAINER_WORLD_SIZE": "2"}
+    assert TrainerRanks(cpus=0, gpus=1).bundle() == {"GPU": 1}
+
+
+def test_a_trainer_rank_with_nothing_to_reserve_is_refused_before_ray_is_asked() -> None:
+    with pytest.raises(ValueError, match="--trainer-cpus or --trainer-gpus"):
+        TrainerRanks(cpus=0, gpus=0)
+    result = CliRunner().invoke(
+        app, ["cluster", "up", "--address", "127.0.0.1:1", "--trainer-cpus", "0"]
+    )
+    assert result.exit_code == 2 and "CPUs or GPUs" in result.output
