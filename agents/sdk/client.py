@@ -32,6 +32,8 @@ from services.rollout.schemas import (
     RenderRequest,
     RenderResponse,
     RolloutRequest,
+    SampleBatchRequest,
+    SampleBatchResponse,
     SampleRequest,
     SampleResponse,
     TokenizeRequest,
@@ -91,6 +93,10 @@ class AsyncLoomClient:
 
     async def sample(self, request: SampleRequest) -> SampleResponse:
         return await self._http.rollout.sample(request)
+
+    async def sample_batch(self, request: SampleBatchRequest) -> SampleBatchResponse:
+        """Many prompts on one version in one request (see `AsyncJobClient.sample_many`)."""
+        return await self._http.rollout.sample_batch(request)
 
     async def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text (with the rollout engine's tokenizer), any number of texts."""

@@ -44,8 +44,11 @@ from services.reward.schemas import (
     RewardFunction,
 )
 from services.rollout.schemas import (
+    MAX_BATCH_PROMPTS,
     RolloutRequest,
     RolloutTask,
+    SampleBatchRequest,
+    SampleBatchResponse,
     SampleRequest,
     SampleResponse,
     SamplingParams,
@@ -75,9 +78,6 @@ if TYPE_CHECKING:
     from agents.sdk.client import AsyncLoomClient
 
 log = logging.getLogger(__name__)
-
-# Sampling many prompts at once: enough in flight to keep the engine's batch full.
-MAX_CONCURRENT_SAMPLES = 64
 
 
 class AsyncJobClient:
@@ -175,26 +175,37 @@ class AsyncJobClient:
         params: SamplingParams | None = None,
         version: VersionRef = "latest",
     ) -> list[SampleResponse]:
-        """Sample every prompt concurrently (the engine batches them); results in order.
+        """Sample every prompt, in one request per `MAX_BATCH_PROMPTS` (the engine batches
+        them all at once); results in order.
 
         An alias such as "latest" is resolved once, so the whole batch uses one version. A
         seed (`params.seed`) gives each prompt a seed of its own, derived from it and the
         prompt's index: the same call again draws the same samples, and no two prompts share
         their noise."""
         base = params or SamplingParams()
-        if not prompts:
+        chunks = [
+            [p if isinstance(p, str) else list(p) for p in prompts[i : i + MAX_BATCH_PROMPTS]]
+            for i in range(0, len(prompts), MAX_BATCH_PROMPTS)
+        ]
+        if not chunks:
             return []
-        first = await self.sample(prompts[0], n=n, params=base.derived(0), version=version)
-        limit = asyncio.Semaphore(MAX_CONCURRENT_SAMPLES)
 
-        async def one(index: int, prompt: str | Sequence[int]) -> SampleResponse:
-            async with limit:
-                return await self.sample(
-                    prompt, n=n, params=base.derived(index), version=first.version
-                )
+        async def batch(index: int, ref: VersionRef) -> SampleBatchResponse:
+            # The service derives each prompt's seed from its index in the request: later
+            # requests of a call start from a seed of their own, or they would repeat the
+            # first's noise.
+            request = SampleBatchRequest(
+                job_id=self.id,
+                version=ref,
+                prompts=chunks[index],
+                n=n,
+                params=base.derived(index) if index else base,
+            )
+            return await self._client.sample_batch(request)
 
-        rest = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts) if i > 0))
-        return [first, *rest]
+        first = await batch(0, version)
+        rest = await asyncio.gather(*(batch(i, first.version) for i in range(1, len(chunks))))
+        return [response for answer in (first, *rest) for response in answer.responses]
 
     async def rollouts(
         self,

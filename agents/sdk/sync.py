@@ -33,6 +33,8 @@ from services.rollout.schemas import (
     RenderResponse,
     RolloutRequest,
     RolloutTask,
+    SampleBatchRequest,
+    SampleBatchResponse,
     SampleRequest,
     SampleResponse,
     SamplingParams,
@@ -94,6 +96,10 @@ class LoomClient(BlockingFace[AsyncLoomClient]):
     def sample(self, request: SampleRequest) -> SampleResponse:
         """Completions of one prompt (see `JobClient.sample`)."""
         return self._runner.run(self._target.sample(request))
+
+    def sample_batch(self, request: SampleBatchRequest) -> SampleBatchResponse:
+        """Many prompts on one version in one request (see `JobClient.sample_many`)."""
+        return self._runner.run(self._target.sample_batch(request))
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text (with the rollout engine's tokenizer), any number of texts."""

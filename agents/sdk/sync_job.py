@@ -101,8 +101,8 @@ class JobClient(BlockingFace[AsyncJobClient]):
         params: SamplingParams | None = None,
         version: VersionRef = "latest",
     ) -> list[SampleResponse]:
-        """Every prompt sampled concurrently by one version; results in order (see
-        `AsyncJobClient.sample_many` for seeds)."""
+        """Every prompt sampled by one version, in one request (the engine batches them);
+        results in order (see `AsyncJobClient.sample_many` for seeds)."""
         return self._runner.run(
             self._target.sample_many(prompts, n=n, params=params, version=version)
         )

@@ -106,7 +106,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
         _rule("GET", "/events", _query, required=True),
     ),
     "rollout": (
-        _rule("POST", "/(?:sample|rollouts|trajectories)", _body, body=True),
+        _rule("POST", "/(?:sample|sample/batch|rollouts|trajectories)", _body, body=True),
         _rule("POST", "/(?:chat/)?completions", _openai_model, body=True),
         _rule("POST", "/(?:tokenize|render)"),
         _rule("GET POST DELETE", rf"/trajectories/{SEGMENT}{ANY_PATH}"),

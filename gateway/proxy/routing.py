@@ -28,7 +28,9 @@ from services.rollout.openai.schemas import BASE_ALIAS, job_model
 AFFINITY_HEADER = "X-Loom-Affinity"
 LATEST = "latest"
 # POST paths (after /v1/rollout) whose body names the version that serves them.
-VERSIONED_POSTS = frozenset({("sample",), ("rollouts",), ("completions",), ("chat", "completions")})
+VERSIONED_POSTS = frozenset(
+    {("sample",), ("sample", "batch"), ("rollouts",), ("completions",), ("chat", "completions")}
+)
 TRAJECTORIES = "trajectories"
 
 

@@ -12,6 +12,8 @@ from services.rollout.schemas import (
     RenderRequest,
     RenderResponse,
     ResidentVersions,
+    SampleBatchRequest,
+    SampleBatchResponse,
     SampleRequest,
     SampleResponse,
     TokenizeRequest,
@@ -21,6 +23,7 @@ from services.rollout.schemas import (
 )
 
 SAMPLE = Route("POST", "/v1/sample", SampleResponse, SampleRequest)
+SAMPLE_BATCH = Route("POST", "/v1/sample/batch", SampleBatchResponse, SampleBatchRequest)
 TOKENIZE = Route("POST", "/v1/tokenize", TokenizeResponse, TokenizeRequest)
 RESIDENT_VERSIONS = Route("GET", "/v1/versions", ResidentVersions)
 LOAD = Route("POST", "/v1/load", LoadedVersion, LoadRequest)
@@ -38,6 +41,9 @@ class RolloutClient(ServiceClient):
 
     async def sample(self, request: SampleRequest) -> SampleResponse:
         return await self.call(SAMPLE, request)
+
+    async def sample_batch(self, request: SampleBatchRequest) -> SampleBatchResponse:
+        return await self.call(SAMPLE_BATCH, request)
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         return await self.call(TOKENIZE, request)

@@ -28,6 +28,8 @@ from services.rollout.schemas import (
     ResidentVersions,
     RolloutEvent,
     RolloutRequest,
+    SampleBatchRequest,
+    SampleBatchResponse,
     SampleRequest,
     SampleResponse,
     TokenizeRequest,
@@ -42,6 +44,12 @@ router = APIRouter(prefix="/v1", tags=["rollout"])
 @router.post("/sample", response_model=SampleResponse)
 async def sample(sampler: SamplerDep, body: SampleRequest) -> SampleResponse:
     return await sampler.sample(body)
+
+
+@router.post("/sample/batch", response_model=SampleBatchResponse)
+async def sample_batch(sampler: SamplerDep, body: SampleBatchRequest) -> SampleBatchResponse:
+    """Many prompts on one version in one request: the engine batches them all at once."""
+    return await sampler.sample_batch(body)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)

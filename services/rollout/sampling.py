@@ -4,13 +4,17 @@ OpenAI-compatible endpoints share."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Iterable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from services.common.errors import InvalidInput, LoomError
 from services.rollout.engine import RolloutEngine
 from services.rollout.schemas import (
     RankedLogprobs,
     Sample,
+    SampleBatchRequest,
+    SampleBatchResponse,
+    SampleOptions,
     SampleRequest,
     SampleResponse,
     SamplingParams,
@@ -18,6 +22,8 @@ from services.rollout.schemas import (
     TokenizeResponse,
 )
 from services.rollout.versions import Target, Versions
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import vllm
@@ -192,6 +198,19 @@ def check_weights(completion: CompletionOutput, expected: str) -> None:
         raise LoomError(f"Sample produced by weights {sorted(labels)}, expected {expected!r}.")
 
 
+async def all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Every call's result, in order; when one fails, the others are cancelled (their engine
+    requests aborted) before its error is raised as it is."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 class Sampler:
     def __init__(self, engine: RolloutEngine, versions: Versions) -> None:
         self.engine = engine
@@ -213,20 +232,67 @@ class Sampler:
     async def sample(self, request: SampleRequest) -> SampleResponse:
         prompt_ids = self.prompt_ids(request.prompt, request.prompt_token_ids)
         self.check_prompt(prompt_ids, request.params.max_tokens)
-        scored = request.prompt_logprobs or request.prompt_top_logprobs > 0
-        params = vllm_params(
-            request.params,
-            n=request.n,
-            logprobs=request.top_logprobs,
-            prompt_logprobs=request.prompt_top_logprobs if scored else None,
-            detokenize=detokenizes_in_engine(self.engine.tokenizer),
+        (response,) = await self._sample_all(request, [prompt_ids], [request.params])
+        return response
+
+    async def sample_batch(self, request: SampleBatchRequest) -> SampleBatchResponse:
+        """Every prompt on one version, handed to the engine together (one engine batch,
+        where a request per prompt reaches it in waves); prompt i seeded `params.derived(i)`."""
+        prompts = []
+        for index, prompt in enumerate(request.prompts):
+            ids = self.prompt_ids(prompt, None) if isinstance(prompt, str) else prompt
+            try:
+                self.check_prompt(ids, request.params.max_tokens)
+            except InvalidInput as exc:
+                raise InvalidInput(f"Prompt {index}: {exc.message}", exc.detail) from exc
+            prompts.append(ids)
+        params = [request.params.derived(i) for i in range(len(prompts))]
+        responses = await self._sample_all(request, prompts, params)
+        return SampleBatchResponse(
+            job_id=request.job_id, version=responses[0].version, responses=responses
         )
+
+    async def _sample_all(
+        self,
+        request: SampleOptions,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+    ) -> list[SampleResponse]:
+        """Each prompt sampled with its options, all on the version `request` names (an alias
+        resolved once), the engine given them all at once."""
+        scored = request.prompt_logprobs or request.prompt_top_logprobs > 0
+        detokenize = detokenizes_in_engine(self.engine.tokenizer)
+        engine_params = [
+            vllm_params(
+                options,
+                n=request.n,
+                logprobs=request.top_logprobs,
+                prompt_logprobs=request.prompt_top_logprobs if scored else None,
+                detokenize=detokenize,
+            )
+            for options in params
+        ]
         async with self.versions.use(request.job_id, request.version) as served:
-            output = await self.engine.generate(prompt_ids, params, served.lora_request)
-        version = served.target.number
+            outputs = await all_or_none(
+                self.engine.generate(ids, options, served.lora_request)
+                for ids, options in zip(prompts, engine_params, strict=True)
+            )
+        return [
+            self._response(request, served.target, ids, output, scored)
+            for ids, output in zip(prompts, outputs, strict=True)
+        ]
+
+    def _response(
+        self,
+        request: SampleOptions,
+        target: Target,
+        prompt_ids: list[int],
+        output: vllm.RequestOutput,
+        scored: bool,
+    ) -> SampleResponse:
         samples = []
         for completion in sorted(output.outputs, key=lambda c: c.index):
-            check_weights(completion, served.target.weights)
+            check_weights(completion, target.weights)
             samples.append(
                 Sample(
                     token_ids=list(completion.token_ids),
@@ -238,7 +304,7 @@ class Sampler:
                         [(0, len(completion.token_ids))],
                     )[0],
                     stop_reason=stop_reason(completion),
-                    version=version,
+                    version=target.number,
                     top_logprobs=[
                         ranked(entry, request.top_logprobs) for entry in completion.logprobs or []
                     ]
@@ -248,7 +314,7 @@ class Sampler:
             )
         return SampleResponse(
             job_id=request.job_id,
-            version=version,
+            version=target.number,
             prompt_token_ids=prompt_ids,
             samples=samples,
             prompt_logprobs=scored_prompt(prompt_ids, output) if scored else None,

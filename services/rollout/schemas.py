@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -16,6 +16,9 @@ VersionRef = int | str  # a version number (0 is the base model) or an alias suc
 # The most likely tokens at one position, most likely first: (token id, logprob).
 RankedLogprobs = list[tuple[int, float]]
 MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_PROMPT_CHARS = 1_000_000
+MAX_PROMPT_TOKENS = 131072
+MAX_BATCH_PROMPTS = 1024  # prompts of one batch request (x n samples each)
 
 
 class SamplingParams(StrictModel):
@@ -42,11 +45,12 @@ def derive_seed(seed: int, *keys: int) -> int:
     return int.from_bytes(digest, "big") % (2**31)
 
 
-class SampleRequest(StrictModel):
+class SampleOptions(StrictModel):
+    """What a sampling request asks of its prompts: the weights, samples per prompt, the
+    sampling options and the logprobs to return."""
+
     job_id: JobId | None = Field(default=None, description="None: the base model")
     version: VersionRef = "latest"
-    prompt: str | None = Field(default=None, max_length=1_000_000)
-    prompt_token_ids: list[int] | None = Field(default=None, max_length=131072)
     n: int = Field(default=1, ge=1, le=256)
     params: SamplingParams = SamplingParams()
     prompt_logprobs: bool = Field(
@@ -70,6 +74,11 @@ class SampleRequest(StrictModel):
         "prompt as `prompt_logprobs` does.",
     )
 
+
+class SampleRequest(SampleOptions):
+    prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    prompt_token_ids: list[int] | None = Field(default=None, max_length=MAX_PROMPT_TOKENS)
+
     @model_validator(mode="after")
     def _one_prompt(self) -> Self:
         if (self.prompt is None) == (self.prompt_token_ids is None):
@@ -77,6 +86,22 @@ class SampleRequest(StrictModel):
         if self.prompt_token_ids is not None and not self.prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
         return self
+
+
+# A prompt of a batch: text, or token ids.
+BatchPrompt = (
+    Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+    | Annotated[list[int], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
+)
+
+
+class SampleBatchRequest(SampleOptions):
+    """Many prompts on one version in one request, so the engine batches them all at once.
+    An alias (`latest`) is resolved once for the whole batch. A seed (`params.seed`) gives
+    the prompt at index i the seed `params.derived(i)`: no two prompts share their noise, and
+    the same request again draws the same samples."""
+
+    prompts: list[BatchPrompt] = Field(min_length=1, max_length=MAX_BATCH_PROMPTS)
 
 
 class Sample(LenientModel):
@@ -95,6 +120,14 @@ class SampleResponse(LenientModel):
     samples: list[Sample]
     prompt_logprobs: list[float | None] | None = None  # when asked for
     prompt_top_logprobs: list[RankedLogprobs | None] | None = None  # when asked for
+
+
+class SampleBatchResponse(LenientModel):
+    """`responses[i]` answers `prompts[i]`; every one was sampled by `version`."""
+
+    job_id: str | None
+    version: int
+    responses: list[SampleResponse]
 
 
 class TokenizeRequest(StrictModel):

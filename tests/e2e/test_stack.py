@@ -56,6 +56,12 @@ def test_samples_after_publish_carry_the_new_version(stack, mode: str) -> None:
         trained = job.forward([sft_datum(prompt, tokens)]).result().logprobs[0][len(prompt) :]
         assert trained == pytest.approx(sampled.samples[0].logprobs, abs=2e-3)
 
+        # Many prompts in one request: `latest` resolved once, prompt i seeded derived(i).
+        seeded = SamplingParams(max_tokens=4, seed=5)
+        many = job.sample_many(["12+7=", prompt], n=2, params=seeded)
+        assert [r.version for r in many] == [saved.number] * 2
+        assert many[1].samples == job.sample(prompt, n=2, params=seeded.derived(1)).samples
+
         pinned = job.sample("12+7=", params=SamplingParams(max_tokens=4), version=0)
         assert pinned.version == 0
         assert [v.number for v in job.versions()] == [1]

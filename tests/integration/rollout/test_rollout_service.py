@@ -15,6 +15,7 @@ import pytest
 
 from modelstate.client import ModelStateClient
 from modelstate.schemas import VersionKind, VersionMeta
+from services.rollout.schemas import derive_seed
 from services.rollout.settings import RolloutSettings
 from tests.integration.rollout.conftest import PROMPT, TIMINGS
 from tests.support.adapters import lora_adapter
@@ -150,6 +151,32 @@ async def test_an_idle_cpu_worker_does_not_keep_busy_polling(rollout: httpx2.Asy
     assert {s for spins in per_worker for s in spins} == {expected}
 
 
+async def test_a_batch_samples_each_prompt_as_its_own_request_with_a_derived_seed(
+    rollout: httpx2.AsyncClient,
+) -> None:
+    """One request, one engine batch: prompt i's samples are those of a request of its own
+    seeded `derive_seed(seed, i)`, text prompts tokenized as /v1/sample does."""
+    params = {"max_tokens": 6, "seed": 3}
+    prompts: list[Any] = [PROMPT, "12+7=", PROMPT]
+    response = await rollout.post(
+        "/v1/sample/batch", json={"prompts": prompts, "n": 2, "params": params}
+    )
+    assert response.status_code == 200, response.text
+    batch = response.json()
+    assert batch["version"] == 0 and len(batch["responses"]) == 3
+    for index, (prompt, got) in enumerate(zip(prompts, batch["responses"], strict=True)):
+        text = isinstance(prompt, str)
+        alone = await sample(
+            rollout,
+            n=2,
+            params={**params, "seed": derive_seed(3, index)},
+            prompt=prompt if text else None,
+            prompt_token_ids=None if text else prompt,
+        )
+        assert got == alone
+    assert batch["responses"][0]["samples"] != batch["responses"][2]["samples"]
+
+
 async def test_sample_text_prompt_and_tokenize(rollout: httpx2.AsyncClient) -> None:
     tokens = (await rollout.post("/v1/tokenize", json={"texts": ["12+7=", "3"]})).json()
     ids = tokens["token_ids"]
@@ -171,6 +198,8 @@ async def test_sample_text_prompt_and_tokenize(rollout: httpx2.AsyncClient) -> N
         ("/v1/sample", {"prompt": "x", "prompt_token_ids": [1]}, "exactly one"),
         ("/v1/sample", {"prompt": "x", "temperature": 0}, "temperature"),
         ("/v1/sample", {"prompt": "x", "version": 2}, "needs a job_id"),
+        ("/v1/sample/batch", {"prompts": [[1], [1, 999]]}, "Prompt 1: Prompt token ids"),
+        ("/v1/sample/batch", {"prompts": []}, "prompts"),
         ("/v1/tokenize", {"texts": []}, "texts"),
         ("/v1/load", {"job_id": "bad job"}, "job_id"),
         ("/v1/completions", {"model": "base", "prompt": [1, 999]}, "[0, 271)"),

@@ -83,6 +83,7 @@ def test_every_service_route_is_classified(tmp_path: Path) -> None:
         ("modelstate", "GET", "/events", {"job_id": "job_a"}, None, "job_a"),
         ("rollout", "POST", "/sample", {}, {"job_id": "job_a"}, "job_a"),
         ("rollout", "POST", "/sample", {}, {"prompt": "1+1="}, None),  # the base model
+        ("rollout", "POST", "/sample/batch", {}, {"job_id": "job_a", "prompts": ["1+"]}, "job_a"),
         ("rollout", "POST", "/chat/completions", {}, {"model": "job_a@best"}, "job_a"),
         ("rollout", "POST", "/completions", {}, {"model": "base"}, None),
         ("reward", "POST", "/score", {}, {"params": {"job_id": "job_a"}}, "job_a"),
