@@ -9,8 +9,7 @@ gateway process. Both arms run in the same run on the same replicas, round by ro
 Each round sends `--concurrency` sample calls at once, `--batches` times; tokens/s = completion
 tokens returned / wall time. Routing cost: `--calls` sequential `POST /v1/rollout/tokenize`
 (no engine work) through the gateway and straight to a replica, alternating; p50/p99 of each
-and of the difference. Fan-out of version files between replicas (services/rollout/fanout.py) is
-not measured here yet.
+and of the difference. Fan-out of version files between replicas: bench/fanout.py.
 Writes bench/results/replicas.md.
 
     .venv/bin/python -m bench.replicas [--rounds 3] [--concurrency 16] [--batches 3]
