@@ -6,7 +6,8 @@ r"""Issue 35 on one GPU (CI has none: run it where one is). Two parts, one run:
    checkpointing: bf16 compute, fp32 master weights, gradients and AdamW moments. Its tokens/s
    against a hand-written torch step with the same policy (fp32 weights, bf16 autocast,
    gradient checkpointing, AdamW) on the same model and data in the same run, and each one's
-   peak GPU memory (torch.cuda.max_memory_allocated).
+   peak GPU memory (torch.cuda.max_memory_allocated). (The service runs this path on its
+   ranks, at `LOOM_TRAINER_WORLD_SIZE` > 1; at world size 1 it trains in one process in fp32.)
 2. LoRA on Qwen2.5 shapes in ascending order (0.5B, 1.5B, 3B, 7B, 14B, 32B, 72B), through the
    same path and policy, until one does not fit: peak memory and tokens/s of each.
 
@@ -17,11 +18,12 @@ memory, the host's free memory (the rank reads the base whole into it) or the fr
 bf16 files) is not tried; nor is one once `--budget-s` is spent.
 
 On the device machine: torch, peft and transformers are there; what the trainer's imports need
-beyond them (pydantic, pydantic-settings and theirs) is not, so its wheels travel along
-(`bench/device_wheels.py` finds and downloads them):
+beyond them (pydantic, pydantic-settings, httpx2, opentelemetry-api and theirs: 3.5 MB) is
+not, so its wheels travel along (`bench/device_wheels.py` finds and downloads them):
 
     .venv/bin/python -m bench.device_wheels build/device-wheels     # here, once
-    # on the device, carry ["build/device-wheels"]; about 7 minutes:
+    # on the device (the run tool: carry ["build/device-wheels"], timeout_s 600); it stops
+    # starting tries after --budget-s (450 s) and prints each part's time as it goes:
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
         build/device-wheels/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 \
         python3 -m bench.trainer_gpu_scale --out $OUT
@@ -189,15 +191,16 @@ def lora_ladder(plan: Plan, work: Path, device: dict[str, Any]) -> list[dict[str
         if reason is not None:
             row["outcome"] = ("not tried", reason)
             break
-        base = work / name
+        base, began = work / name, time.monotonic()
         built = _child(plan, build, shape, base, plan.device)
         row["outcome"] = (
             _child(plan, loom, base, work, plan, TrainingMode.lora, data, plan.lora_steps)
             if built[0] == OK
             else (built[0], f"while building the model: {built[1]}")
         )
+        row["wall_s"] = time.monotonic() - began  # for sizing later runs' budgets
         shutil.rmtree(base, ignore_errors=True)
-        print(f"LoRA {name}: {_summary(row['outcome'])}", flush=True)
+        print(f"LoRA {name}: {_summary(row['outcome'])}, {row['wall_s']:.0f} s", flush=True)
         if row["outcome"][0] != OK:
             break
     return rows
@@ -270,7 +273,9 @@ def report(
         "and AdamW moments; activation checkpointing on; the device's default micro-batch "
         f"budget). Importance-sampling loss, AdamW lr {ADAM.lr:g}, gradient clip "
         f"{ADAM.grad_clip:g}, rows of equal length (one pass, no padding); random-init weights "
-        "(nothing downloaded).",
+        "(nothing downloaded). The service runs this path on its ranks (world size > 1); "
+        "at world size 1 it trains in one process in fp32 (TF32 products) whatever "
+        "`LOOM_TRAINER_PRECISION` says.",
         "",
         f"## Full fine-tuning, {plan.full} shape ({full['params'] / 1e6:,.0f}M parameters)",
         "",
@@ -310,16 +315,18 @@ def report(
         "bytes a parameter), as the trainer holds it; shapes in ascending order, each in its "
         "own process, until one does not fit.",
         "",
-        "| shape | parameters | fp32 base GiB | median s | min s | tokens/s | peak GiB |",
-        "|---|---|---|---|---|---|---|",
+        "| shape | parameters | fp32 base GiB | median s | min s | tokens/s | peak GiB "
+        "| wall s (build, load, steps) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     trained = None
     for row in ladder:
         cells, speed = _speed(row["outcome"], lora_tokens)
         trained = row["name"] if speed is not None else trained
+        wall = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
         lines.append(
             f"| {row['name']} | {row['params'] / 1e9:.2f}B | {4 * row['params'] / GIB:.1f} "
-            f"| {cells} |"
+            f"| {cells} | {wall} |"
         )
     lines += ["", f"Largest shape whose LoRA training ran: {trained or 'none'}.", ""]
     return "\n".join(lines)
