@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -73,6 +75,8 @@ def execute(registry: ModelRegistry, command: tuple[Any, ...]) -> Any:
 
 
 def serve(conn: Connection, registry: ModelRegistry) -> None:
+    busy = threading.Event()
+    threading.Thread(target=leave_if_abandoned, args=(conn, busy), daemon=True).start()
     while True:
         try:
             command = conn.recv()
@@ -80,12 +84,28 @@ def serve(conn: Connection, registry: ModelRegistry) -> None:
             return
         if command is None:
             return
+        busy.set()
         try:
-            conn.send(("ok", execute(registry, command)))
+            reply = ("ok", execute(registry, command))
         except LoomError as exc:
-            conn.send(("error", (type(exc), exc.message, exc.detail)))
+            reply = ("error", (type(exc), exc.message, exc.detail))
         except Exception as exc:  # noqa: BLE001 - reported to the coordinator, which raises it
-            conn.send(("crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+            reply = ("crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        busy.clear()  # before the reply: the coordinator may close the channel once it has it
+        conn.send(reply)
+
+
+def leave_if_abandoned(conn: Connection, busy: threading.Event) -> None:
+    """Exits at once when the coordinator closes the channel while a command runs (it gave up
+    on the group, or died): the coordinator kills the ranks of its own host, but not those of
+    other hosts, which would otherwise wait out a collective with a dead peer (NCCL waits for
+    the timeout) before their node agent can start them again. Idle, the rank reads the close
+    itself and leaves."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP)
+    poller.poll()
+    if busy.is_set():
+        os._exit(1)
 
 
 def connect(rank: int) -> Connection:
