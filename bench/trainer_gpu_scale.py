@@ -280,37 +280,43 @@ def report(
         f"## Full fine-tuning, {plan.full} shape ({full['params'] / 1e6:,.0f}M parameters)",
         "",
     ]
-    tokens = plan.rows * plan.tokens
+    return "\n".join(lines + _full_table(plan, full) + _lora_table(plan, ladder))
+
+
+def _full_table(plan: Plan, full: dict[str, Any]) -> list[str]:
     if "failed" in full:
-        lines += [full["failed"], ""]
-    else:
-        lines += [
-            f"{plan.rows} rows x {plan.tokens} tokens ({tokens} a step); median of "
-            f"{plan.steps} steps after one warm-up; each arm in its own process. Peak: "
-            "torch.cuda.max_memory_allocated over the steps (the model loaded before).",
-            "",
-            "| step | median s | min s | tokens/s | peak GiB | tokens/s vs hand-written |",
-            "|---|---|---|---|---|---|",
-        ]
-        cells = {arm: _speed(full[arm], tokens) for arm in ("hand-written", "Loom")}
-        baseline = cells["hand-written"][1]
-        for arm, label in (
-            (
-                "hand-written",
-                "hand-written torch (fp32 weights, bf16 autocast, gradient checkpointing, AdamW)",
-            ),
-            ("Loom", "Loom (rank path, bf16 policy, activation checkpointing)"),
-        ):
-            speed = cells[arm][1]
-            ratio = f"{speed / baseline:.2f}x" if speed and baseline else "—"
-            lines.append(f"| {label} | {cells[arm][0]} | {ratio} |")
-        lines.append("")
-    lora_tokens = plan.lora_rows * plan.tokens
-    lines += [
+        return [full["failed"], ""]
+    tokens = plan.rows * plan.tokens
+    lines = [
+        f"{plan.rows} rows x {plan.tokens} tokens ({tokens} a step); median of "
+        f"{plan.steps} steps after one warm-up; each arm in its own process. Peak: "
+        "torch.cuda.max_memory_allocated over the steps (the model loaded before).",
+        "",
+        "| step | median s | min s | tokens/s | peak GiB | tokens/s vs hand-written |",
+        "|---|---|---|---|---|---|",
+    ]
+    arms = {arm: _speed(full[arm], tokens) for arm in ("hand-written", "Loom")}
+    baseline = arms["hand-written"][1]
+    for arm, label in (
+        (
+            "hand-written",
+            "hand-written torch (fp32 weights, bf16 autocast, gradient checkpointing, AdamW)",
+        ),
+        ("Loom", "Loom (rank path, bf16 policy, activation checkpointing)"),
+    ):
+        cells, speed = arms[arm]
+        ratio = f"{speed / baseline:.2f}x" if speed and baseline else "—"
+        lines.append(f"| {label} | {cells} | {ratio} |")
+    return [*lines, ""]
+
+
+def _lora_table(plan: Plan, ladder: list[dict[str, Any]]) -> list[str]:
+    tokens = plan.lora_rows * plan.tokens
+    lines = [
         f"## LoRA (rank {plan.lora_rank}, Loom's default target modules): the largest shape "
         "that trains",
         "",
-        f"{plan.lora_rows} rows x {plan.tokens} tokens ({lora_tokens} a step), median of "
+        f"{plan.lora_rows} rows x {plan.tokens} tokens ({tokens} a step), median of "
         f"{plan.lora_steps} steps after one warm-up; the base is frozen and held in fp32 (4 "
         "bytes a parameter), as the trainer holds it; shapes in ascending order, each in its "
         "own process, until one does not fit.",
@@ -321,15 +327,14 @@ def report(
     ]
     trained = None
     for row in ladder:
-        cells, speed = _speed(row["outcome"], lora_tokens)
+        cells, speed = _speed(row["outcome"], tokens)
         trained = row["name"] if speed is not None else trained
         wall = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
         lines.append(
             f"| {row['name']} | {row['params'] / 1e9:.2f}B | {4 * row['params'] / GIB:.1f} "
             f"| {cells} | {wall} |"
         )
-    lines += ["", f"Largest shape whose LoRA training ran: {trained or 'none'}.", ""]
-    return "\n".join(lines)
+    return [*lines, "", f"Largest shape whose LoRA training ran: {trained or 'none'}.", ""]
 
 
 def plan_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan:
