@@ -1,7 +1,10 @@
-"""Loom on a 2-node local Ray cluster (CPU), every service a Ray actor: scaling rollout 1→2→1
-while a client samples through the gateway loses no call, and the two replicas run on
-different nodes. The scenario (tests/support/ray_scenario.py) runs in a network namespace with
-only loopback, so Ray can neither bind nor reach a non-loopback address."""
+"""Loom on a 2-node local Ray cluster (CPU), every service a Ray actor, the trainer's 2 ranks
+in a placement group: the demo's GRPO recipe (shortened) runs while rollout scales 1→2→1 with a
+client sampling through the gateway (no call lost, the two replicas on different nodes), then
+the second node's processes are killed mid-job: its replica leaves the routing table within its
+heartbeat window and the job completes, every version published once and in order. The
+scenario (tests/support/ray_scenario.py) runs in a network namespace with only loopback, so Ray
+can neither bind nor reach a non-loopback address."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from tests.conftest import require
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_stack_on_a_two_node_ray_cluster_scales_rollout_without_losing_a_call(
+def test_a_grpo_job_on_a_two_node_ray_cluster_survives_scaling_and_a_node_death(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     require(
