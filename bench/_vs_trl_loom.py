@@ -15,12 +15,13 @@ import os
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from agents.algorithms import group_advantages, grpo, rl_datum
 from agents.datasets.arithmetic import Problem
 from agents.sdk import AdamParams, JobClient, LoomClient, Pipeline, SamplingParams, ScoreItem
-from bench._vs_trl_task import GrpoSetup, arm_arguments, splits
+from bench._vs_trl_task import Curve, GrpoSetup, arm_arguments, splits
 
 STARTED = time.perf_counter()
 VERIFIER = "first_integer"  # the arithmetic environment's default, TRL's reward function
@@ -39,31 +40,32 @@ def main() -> None:
         LoomClient(args.url, args.api_key) as loom,
         loom.create_job(str(args.start), name=f"vs-trl-{args.mode}", mode="full") as job,
     ):
-        record = run(loom, job, args.mode, args.steps, setup)
+        record = run(loom, job, args.mode, args.steps, setup, args.eval_every)
     args.out.write_text(json.dumps(record))
 
 
 def run(
-    loom: LoomClient, job: JobClient, mode: str, steps: int, setup: GrpoSetup
+    loom: LoomClient, job: JobClient, mode: str, steps: int, setup: GrpoSetup, every: int
 ) -> dict[str, Any]:
     train, _, held_out = splits()
-    before = accuracy(loom, job, held_out, setup, BASE)
+    curve = Curve(every, steps, lambda version: accuracy(loom, job, held_out, setup, version))
+    curve.evaluate(0, BASE)
     setup_s = time.perf_counter() - STARTED
     rng = random.Random(setup.seed)
     began = time.perf_counter()
     if mode == "sync":
-        phases, rewards, version = sync_loop(loom, job, train, steps, setup, rng)
+        phases, rewards = sync_loop(loom, job, train, steps, setup, rng, curve.after_step)
     else:
-        phases, rewards, version = async_loop(job, train, steps, setup, rng)
-    wall = time.perf_counter() - began
-    after = accuracy(loom, job, held_out, setup, version)
+        phases, rewards = async_loop(job, train, steps, setup, rng, curve.after_step)
+    wall = time.perf_counter() - began - curve.seconds
     return {
         "arm": f"loom-{mode}",
         "wall_s": wall,
         "step_s": phases.pop("step"),
         "phases": phases,
-        "accuracy_before": before,
-        "accuracy_after": after,
+        "accuracy_before": curve.points[0][1],
+        "accuracy_after": curve.points[-1][1],
+        "curve": curve.points,
         "rewards": rewards,
         "setup_s": setup_s,
     }
@@ -90,14 +92,16 @@ def sync_loop(
     steps: int,
     setup: GrpoSetup,
     rng: random.Random,
-) -> tuple[dict[str, list[float]], list[float], int]:
+    after_step: Callable[[int, int], float],
+) -> tuple[dict[str, list[float]], list[float]]:
     """The demo's loop, every group trained (zero advantages where all rewards are equal, as
-    TRL does), each phase waited for on its own so it can be timed."""
+    TRL does), each phase waited for on its own so it can be timed; `after_step(step,
+    version)` evaluates, outside the timed step."""
     phases: dict[str, list[float]] = defaultdict(list)
     rewards_per_step: list[float] = []
     loss = grpo(clip=setup.clip).loss
     version = BASE
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         began = last = time.perf_counter()
 
         def lap(phase: str) -> None:
@@ -131,14 +135,22 @@ def sync_loop(
         lap("save_publish")
         phases["step"].append(time.perf_counter() - began)
         rewards_per_step.append(sum(rewards) / len(rewards))
-    return phases, rewards_per_step, version
+        after_step(step, version)
+    return phases, rewards_per_step
 
 
 def async_loop(
-    job: JobClient, train: list[Problem], steps: int, setup: GrpoSetup, rng: random.Random
-) -> tuple[dict[str, list[float]], list[float], int]:
+    job: JobClient,
+    train: list[Problem],
+    steps: int,
+    setup: GrpoSetup,
+    rng: random.Random,
+    after_step: Callable[[int, int], float],
+) -> tuple[dict[str, list[float]], list[float]]:
     """The SDK's Pipeline, async (groups for the next step sampled while this one trains, at
-    most one version stale), the `arithmetic` environment scoring by first integer."""
+    most one version stale), the `arithmetic` environment scoring by first integer;
+    `after_step` as in `sync_loop` (the Pipeline's sampling for the next step goes on
+    meanwhile)."""
     tasks = [
         {"prompt": p.prompt, "reference": p.answer}
         for p in rng.choices(train, k=2 * steps * setup.prompts)
@@ -157,17 +169,16 @@ def async_loop(
     )
     phases: dict[str, list[float]] = defaultdict(list)
     rewards: list[float] = []
-    version = BASE
     last = time.perf_counter()
-    for step in pipeline.run(steps):
+    for number, step in enumerate(pipeline.run(steps), start=1):
         now = time.perf_counter()
         phases["step"].append(now - last)
-        last = now
         phases["wait"].append(step.wait_s)
         phases["train_publish"].append(step.train_s)
         rewards.append(step.mean_reward)
-        version = step.version
-    return phases, rewards, version
+        after_step(number, step.version)
+        last = time.perf_counter()
+    return phases, rewards
 
 
 def accuracy(

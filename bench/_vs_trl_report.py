@@ -127,6 +127,33 @@ def phase_table(arms: dict[str, Summary]) -> list[str]:
     return rows
 
 
+def curve_table(arms: dict[str, Summary]) -> list[str]:
+    """Held-out accuracy at each evaluated step: the median over an arm's rounds (and their
+    range)."""
+    steps = sorted({step for s in arms.values() for r in s.runs for step, _ in _curve(r)})
+    if not steps:
+        return []
+    rows = [
+        "| held-out acc. at step | " + " | ".join(map(str, steps)) + " |",
+        "|---|" + "---|" * len(steps),
+    ]
+    for arm, s in arms.items():
+        cells = []
+        for step in steps:
+            values = [acc for r in s.runs for at, acc in _curve(r) if at == step]
+            cells.append(
+                f"{statistics.median(values):.1%} ({min(values):.1%}-{max(values):.1%})"
+                if values
+                else "-"
+            )
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _curve(run: Run) -> list[tuple[int, float]]:
+    return [(int(step), float(acc)) for step, acc in run.record.get("curve", [])]
+
+
 def rounds_table(runs: list[Run]) -> list[str]:
     rows = [
         "| round | arm | load before → after | wall s | s/step (median) | held-out acc. "

@@ -8,7 +8,9 @@ import argparse
 import json
 import random
 import shutil
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,36 @@ def arm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=GrpoSetup.lr)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--eval-every", type=int, default=10, help="held-out accuracy every this many steps"
+    )
+
+
+@dataclass
+class Curve:
+    """Held-out accuracy before the first step, every `every` steps and after the last, each
+    evaluation timed (`seconds`, after steps) so an arm leaves it out of its steps and wall.
+    `measure` takes what the arm evaluates (Loom: a version number; TRL: nothing, its model
+    as it is)."""
+
+    every: int
+    steps: int
+    measure: Callable[[Any], float]
+    points: list[tuple[int, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def evaluate(self, step: int, at: Any = None) -> None:
+        self.points.append((step, self.measure(at)))
+
+    def after_step(self, step: int, at: Any = None) -> float:
+        """Evaluate when `step` is due; the seconds it took (0 when not due)."""
+        if step % self.every and step != self.steps:
+            return 0.0
+        began = time.perf_counter()
+        self.evaluate(step, at)
+        spent = time.perf_counter() - began
+        self.seconds += spent
+        return spent
 
 
 # The warm-up: the demo's SFT settings (ArithConfig's sft_* fields, weight decay, seed) and

@@ -16,7 +16,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench._vs_trl_task import GrpoSetup, arm_arguments, hf_greedy_accuracy, reward, splits
+from bench._vs_trl_task import (
+    Curve,
+    GrpoSetup,
+    arm_arguments,
+    hf_greedy_accuracy,
+    reward,
+    splits,
+)
 
 STARTED = time.perf_counter()
 
@@ -26,10 +33,10 @@ def main() -> None:
     arm_arguments(parser)
     args = parser.parse_args()
     setup = GrpoSetup(seed=args.seed, lr=args.lr)
-    args.out.write_text(json.dumps(run(args.start, args.steps, setup)))
+    args.out.write_text(json.dumps(run(args.start, args.steps, setup, args.eval_every)))
 
 
-def run(start: Path, steps: int, setup: GrpoSetup) -> dict[str, Any]:
+def run(start: Path, steps: int, setup: GrpoSetup, every: int) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -83,10 +90,11 @@ def run(start: Path, steps: int, setup: GrpoSetup) -> dict[str, Any]:
         def on_optimizer_step(self, *_args: Any, **_kwargs: Any) -> None:
             phases["optim"].append(time.perf_counter() - clock.pop("optim"))
 
-        def on_step_end(self, *_args: Any, **_kwargs: Any) -> None:
-            now = time.perf_counter()
-            phases["step"].append(now - clock["last"])
-            clock["last"] = now
+        def on_step_end(self, _args: Any, state: Any, *_rest: Any, **_kwargs: Any) -> None:
+            phases["step"].append(time.perf_counter() - clock["last"])
+            curve.after_step(state.global_step)
+            model.train()  # the evaluation left it in eval mode
+            clock["last"] = time.perf_counter()  # the next step starts after the evaluation
 
     def arith_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
         return [reward(c, a) for c, a in zip(completions, answer, strict=True)]
@@ -94,7 +102,10 @@ def run(start: Path, steps: int, setup: GrpoSetup) -> dict[str, Any]:
     train, _, held_out = splits()
     tokenizer = AutoTokenizer.from_pretrained(start)
     model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
-    before = hf_greedy_accuracy(model, tokenizer, held_out, setup.max_tokens)
+    curve = Curve(
+        every, steps, lambda _: hf_greedy_accuracy(model, tokenizer, held_out, setup.max_tokens)
+    )
+    curve.evaluate(0)
     dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as output_dir:
         config = GRPOConfig(
@@ -140,16 +151,16 @@ def run(start: Path, steps: int, setup: GrpoSetup) -> dict[str, Any]:
         )
         setup_s = time.perf_counter() - STARTED
         trainer.train()
-        wall = clock["last"] - clock["begin"]
+        wall = clock["last"] - clock["begin"] - curve.seconds
         rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    after = hf_greedy_accuracy(trainer.model, tokenizer, held_out, setup.max_tokens)
     return {
         "arm": "trl",
         "wall_s": wall,
         "step_s": phases.pop("step"),
         "phases": phases,
-        "accuracy_before": before,
-        "accuracy_after": after,
+        "accuracy_before": curve.points[0][1],
+        "accuracy_after": curve.points[-1][1],
+        "curve": curve.points,
         "rewards": rewards,
         "setup_s": setup_s,
         "threads": torch.get_num_threads(),

@@ -9,7 +9,8 @@ start and GRPO settings, arms interleaved round by round. Writes bench/results/v
 - Task: the demo's `a+b=` problems (agents/datasets/arithmetic.py), reward 1 when the reply's
   first integer is the sum (the reward service's `first_integer` for Loom, the same function
   as TRL's reward function); held-out accuracy is greedy on the demo's 200 held-out problems,
-  before and after the steps, outside the timed steps.
+  before the first step, every --eval-every steps and after the last, outside the timed
+  steps and wall.
 - GRPO (bench/_vs_trl_task.py `GrpoSetup`): 16 prompts x 8 samples, 8 new tokens,
   temperature 1, full weights, AdamW (lr 1e-3 constant unless --lr, betas 0.9/0.999, weight
   decay 0.01, gradient norm clipped at 1), group-normalised advantages (sample std), the
@@ -23,6 +24,7 @@ start and GRPO settings, arms interleaved round by round. Writes bench/results/v
   TRL's one process; Loom's client plus every stack service and the processes they started.
 
     .venv/bin/python -m bench.vs_trl [--rounds 3] [--steps 30] [--arms trl,loom-sync,loom-async]
+        [--eval-every 10]
 """
 
 from __future__ import annotations
@@ -40,7 +42,14 @@ from pathlib import Path
 
 from bench._rss import PeakRss, tree_rss
 from bench._stack import LocalStack, local_stack
-from bench._vs_trl_report import Run, main_table, phase_table, rounds_table, summarize
+from bench._vs_trl_report import (
+    Run,
+    curve_table,
+    main_table,
+    phase_table,
+    rounds_table,
+    summarize,
+)
 from bench._vs_trl_task import GrpoSetup, build_start, warm_up_setup
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +67,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--lr", type=float, default=GrpoSetup.lr, help="both arms' learning rate")
+    parser.add_argument(
+        "--eval-every", type=int, default=10, help="held-out accuracy every this many steps"
+    )
     parser.add_argument("--start", type=Path, default=REPO / "runs" / "bench_vs_trl" / "start")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -130,6 +142,8 @@ def run_arm(
         str(args.lr),
         "--out",
         str(out),
+        "--eval-every",
+        str(args.eval_every),
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LOOM_API_KEY": stack.api_key}
     load_before = os.getloadavg()[0]
@@ -177,6 +191,12 @@ def write(
         "forward_backward + optim_step + save_weights):",
         "",
         *phase_table(arms),
+        "",
+        f"Held-out greedy accuracy during training (200 problems, every {args.eval_every} "
+        "steps and after the last; each evaluation outside the timed steps and wall), median "
+        "over rounds (range):",
+        "",
+        *curve_table(arms),
         "",
         *rounds_table(runs),
         "",
