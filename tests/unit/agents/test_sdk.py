@@ -237,3 +237,42 @@ def test_rollout_stream_sync_face_iterates() -> None:
         groups = list(stream)
         assert groups[0].trajectories[0].response == "5"
         assert stream.summary.groups == 1
+
+
+async def test_sample_many_sends_one_request_per_batch_on_the_version_the_first_resolved() -> None:
+    """Every prompt in one `POST /v1/rollout/sample/batch` (up to MAX_BATCH_PROMPTS each): the
+    first resolves `latest`, later ones ask for that number and start from a seed of their
+    own (the service derives prompt i's seed from its index in its request)."""
+    from services.rollout.schemas import MAX_BATCH_PROMPTS
+
+    sent: list[dict] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path == "/v1/jobs/job_1":
+            return httpx2.Response(200, json=_job())
+        assert request.url.path == "/v1/rollout/sample/batch"
+        body = json.loads(request.content)
+        sent.append(body)
+        sample = {"token_ids": [1], "logprobs": [-0.5], "text": "x", "stop_reason": "length"}
+        responses = [
+            {
+                "job_id": "job_1",
+                "version": 7,
+                "prompt_token_ids": prompt if isinstance(prompt, list) else [2],
+                "samples": [{**sample, "version": 7}] * body["n"],
+            }
+            for prompt in body["prompts"]
+        ]
+        return httpx2.Response(200, json={"job_id": "job_1", "version": 7, "responses": responses})
+
+    prompts: list[str | list[int]] = ["1+1="] * MAX_BATCH_PROMPTS + [[3, 4]]
+    params = sdk.SamplingParams(max_tokens=2, seed=11)
+    async with AsyncLoomClient("http://gw", "k", transport=httpx2.MockTransport(handler)) as loom:
+        job = await loom.get_job("job_1")
+        responses = await job.sample_many(prompts, n=2, params=params)
+    assert len(responses) == len(prompts) and responses[-1].prompt_token_ids == [3, 4]
+    assert [(len(b["prompts"]), b["version"], b["n"]) for b in sent] == [
+        (MAX_BATCH_PROMPTS, "latest", 2),
+        (1, 7, 2),
+    ]
+    assert [b["params"]["seed"] for b in sent] == [11, params.derived(1).seed]
