@@ -6,8 +6,8 @@ r"""Issue 35 on one GPU (CI has none: run it where one is). Two parts, one run:
    checkpointing: bf16 compute, fp32 master weights, gradients and AdamW moments. Its tokens/s
    against a hand-written torch step with the same policy (fp32 weights, bf16 autocast,
    gradient checkpointing, AdamW) on the same model and data in the same run, and each one's
-   peak GPU memory (torch.cuda.max_memory_allocated). (The service runs this path on its
-   ranks, at `LOOM_TRAINER_WORLD_SIZE` > 1; at world size 1 it trains in one process in fp32.)
+   peak GPU memory (torch.cuda.max_memory_allocated). (The service runs this path whenever
+   bf16, activation checkpointing or CPU offload is set, at any `LOOM_TRAINER_WORLD_SIZE`.)
 2. LoRA on Qwen2.5 shapes in ascending order (0.5B, 1.5B, 3B, 7B, 14B, 32B, 72B), through the
    same path and policy, until one does not fit: peak memory and tokens/s of each.
 
@@ -273,9 +273,8 @@ def report(
         "and AdamW moments; activation checkpointing on; the device's default micro-batch "
         f"budget). Importance-sampling loss, AdamW lr {ADAM.lr:g}, gradient clip "
         f"{ADAM.grad_clip:g}, rows of equal length (one pass, no padding); random-init weights "
-        "(nothing downloaded). The service runs this path on its ranks (world size > 1); "
-        "at world size 1 it trains in one process in fp32 (TF32 products) whatever "
-        "`LOOM_TRAINER_PRECISION` says.",
+        "(nothing downloaded). The service runs this path (a one-rank group) whenever "
+        "`LOOM_TRAINER_PRECISION=bf16` or activation checkpointing is set.",
         "",
         f"## Full fine-tuning, {plan.full} shape ({full['params'] / 1e6:,.0f}M parameters)",
         "",

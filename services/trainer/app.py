@@ -45,7 +45,7 @@ def create_app(
             torch.backends.cuda.matmul.allow_tf32 = settings.trainer_tf32
         client = modelstate or ModelStateClient.from_settings(settings)
         queue = OperationQueue(busy=busy)
-        group = rank_group(settings) if settings.trainer_world_size > 1 else None
+        group = rank_group(settings) if settings.sharded else None
         if group is not None:
             await asyncio.to_thread(group.start)
         app.state.trainer = TrainerService(

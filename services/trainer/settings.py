@@ -20,9 +20,9 @@ from services.trainer.page_reserve import DEFAULT_MAX_BYTES
 DEFAULT_MICRO_BATCH_TOKENS = {"cpu": 1024, "cuda": 8192}
 
 CPU_OFFLOAD_NEEDS_GPU = (
-    "LOOM_TRAINER_CPU_OFFLOAD keeps a sharded trainer's weights, gradients and optimizer "
-    "state in CPU memory while the GPU computes: it needs LOOM_TRAINER_WORLD_SIZE > 1 and a "
-    "CUDA device (on a CPU trainer everything is in CPU memory already). Unset it."
+    "LOOM_TRAINER_CPU_OFFLOAD keeps the trainer's weights, gradients and optimizer state in "
+    "CPU memory while the GPU computes: it needs a CUDA device (on a CPU trainer everything "
+    "is in CPU memory already). Unset it."
 )
 
 
@@ -118,15 +118,16 @@ class TrainerSettings(LoomSettings):
     trainer_precision: str = Field(
         default="fp32",
         pattern=r"^(fp32|bf16)$",
-        description="Compute precision of a sharded trainer (world size > 1): 'bf16' runs "
-        "the layers in bfloat16 with fp32 master weights, gradient reductions and optimizer "
-        "state (FSDP2's MixedPrecisionPolicy); logprobs and losses stay fp32.",
+        description="Compute precision: 'bf16' runs the layers in bfloat16 with fp32 master "
+        "weights, gradient reductions and optimizer state (FSDP2's MixedPrecisionPolicy); "
+        "logprobs and losses stay fp32. At world size 1 this runs the model in one rank "
+        "process under FSDP2.",
     )
     trainer_activation_checkpointing: bool = Field(
         default=False,
-        description="A sharded trainer (world size > 1) keeps only each layer's input through "
-        "the forward and recomputes the rest in the backward: activation memory of one "
-        "layer instead of all, for about a third more compute.",
+        description="Keep only each layer's input through the forward and recompute the rest "
+        "in the backward: activation memory of one layer instead of all, for about a third "
+        "more compute. At world size 1 this runs the model in one rank process under FSDP2.",
     )
     trainer_collective_timeout_s: float = Field(
         default=600.0,
@@ -141,7 +142,9 @@ class TrainerSettings(LoomSettings):
         "and AdamW moments in CPU memory and runs the optimizer step there (FSDP2's "
         "CPUOffloadPolicy); a layer's weights are copied to the GPU while it computes. GPU "
         "memory for training state drops to about the layer being computed, for a slower "
-        "step (host-device copies, an optimizer step on the CPU). Refused on a CPU trainer.",
+        "step (host-device copies, an optimizer step on the CPU). Works at world size 1 too "
+        "(one rank process: a model larger than the GPU's memory for its training state). "
+        "Refused on a CPU trainer.",
     )
     trainer_nnodes: int = Field(
         default=1,
@@ -181,9 +184,7 @@ class TrainerSettings(LoomSettings):
 
     @model_validator(mode="after")
     def _topology(self) -> Self:
-        if self.trainer_cpu_offload and (
-            self.trainer_world_size == 1 or self.trainer_device == "cpu"
-        ):
+        if self.trainer_cpu_offload and self.trainer_device == "cpu":
             raise ValueError(CPU_OFFLOAD_NEEDS_GPU)
         if self.trainer_nnodes == 1:
             return self
@@ -207,6 +208,18 @@ class TrainerSettings(LoomSettings):
                 "(host:port each, addresses of the trainer's host that the other hosts reach)."
             )
         return self
+
+    @property
+    def sharded(self) -> bool:
+        """Whether models run in rank processes under FSDP2: several ranks, or one rank for
+        what only FSDP2 does here (bf16 mixed precision, activation checkpointing, CPU
+        offload), so those settings hold at world size 1 too instead of being ignored."""
+        return (
+            self.trainer_world_size > 1
+            or self.trainer_precision != "fp32"
+            or self.trainer_activation_checkpointing
+            or self.trainer_cpu_offload
+        )
 
     def ranks_of_node(self, node: int) -> range:
         """The ranks host `node` runs."""

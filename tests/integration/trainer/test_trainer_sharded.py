@@ -371,3 +371,44 @@ async def test_the_trainer_service_runs_on_two_ranks(
         again = (await trainer.run(JOB_FULL, "forward", {"data": data}))["logprobs"]
         for row, expected in zip(again, saved, strict=True):
             assert row == pytest.approx(expected, abs=1e-5)
+
+
+async def test_bf16_at_world_size_1_trains_in_a_rank_not_ignored(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    modelstate_client: ModelStateClient,
+    one_process: ModelRegistry,
+) -> None:
+    """LOOM_TRAINER_PRECISION=bf16 with activation checkpointing on one device: the service
+    runs its one rank under FSDP2 (a bf16 loss near fp32's, not equal to it), where it used
+    to train in fp32 in process and ignore both settings."""
+    settings = TrainerSettings(
+        data_dir=tmp_path / "trainer",
+        trainer_device="cpu",
+        trainer_precision="bf16",
+        trainer_activation_checkpointing=True,
+        trainer_collective_timeout_s=60,
+    )
+    app = create_app(settings, modelstate=modelstate_client)
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app),
+            base_url="http://trainer",
+            headers=service_headers(settings),
+        ) as http,
+    ):
+        trainer = TrainerHarness(http, app, str(tiny_model_dir))
+        assert len(trainer.service.registry.group.pids) == 1  # type: ignore[union-attr]
+        await trainer.create(JOB_FULL, "full")
+        data = uneven_data()
+        loss = (
+            await trainer.run(
+                JOB_FULL,
+                "forward_backward",
+                {"data": [d.model_dump(exclude_none=True) for d in data]},
+            )
+        )["loss"]
+    spec = CreateModelRequest(job_id="fp32-reference", base_model=str(tiny_model_dir))
+    fp32 = one_process.create(spec)[0].forward_backward(data, LossConfig()).loss
+    assert loss == pytest.approx(fp32, rel=2e-2) and loss != fp32
