@@ -49,9 +49,9 @@ from bench.rollout_overhead_report import (
     report,
 )
 from services.common.base_models import ensure_tiny_model
-from services.common.http import ServiceClient
-from services.common.service_token import service_client
+from services.common.service_token import client_of
 from services.common.tiny_model import corpus
+from services.rollout.client import RolloutClient
 from services.rollout.engine import engine_args
 from services.rollout.sampling import detokenizes_in_engine, span_texts, vllm_params
 from services.rollout.schemas import SampleRequest, SampleResponse
@@ -360,13 +360,12 @@ async def loom_batch(
     return await asyncio.gather(*(client.sample(request) for request in requests))
 
 
-async def rollout_batch(client: ServiceClient, workload: Workload) -> list[SampleResponse]:
+async def rollout_batch(client: RolloutClient, workload: Workload) -> list[SampleResponse]:
     """The same requests straight to the rollout service (no gateway, no SDK)."""
 
     async def one(i: int, prompt: list[int]) -> SampleResponse:
         request = SampleRequest(prompt_token_ids=prompt, n=workload.n, params=workload.params(i))
-        body = await client.post_json("/v1/sample", request.model_dump(mode="json"))
-        return SampleResponse.model_validate(body)
+        return await client.sample(request)
 
     return await asyncio.gather(*(one(i, p) for i, p in enumerate(workload.prompts)))
 
@@ -417,7 +416,7 @@ async def timed_batches(
         "loom, no gateway": CpuMeter(loom_groups),
     }
     async with AsyncLoomClient(stack.settings.gateway_url, stack.api_key) as client:
-        rollout = service_client(stack.settings, "rollout")
+        rollout = client_of(stack.settings, RolloutClient)
         try:
             await loom_batch(client, workload, WARMUP_MAX_TOKENS)
             for batch in range(batches):
