@@ -55,9 +55,9 @@ JOB = {
     "eval_every": 3,
 }
 JOB_STEPS = JOB["sft_max_steps"] + JOB["rl_steps"]
-# The job waits (paused) before its last steps until the node is gone: 2 SFT checks and the
-# GRPO steps come after the kill.
-STEPS_AFTER_KILL = 14
+# The job waits (paused) before its last GRPO steps until the second replica is back; the node
+# dies while the job samples there.
+STEPS_AFTER_KILL = 4
 
 
 class RayNode:
@@ -297,6 +297,7 @@ def main(work: Path, model_dir: Path) -> None:
         assert rows["rollout-1"]["node_id"] != head_node, rows
         doomed = next(r for r in replicas(gateway, key) if r["url"] == rows["rollout-1"]["url"])
         holder.release()
+        seen["job_calls_open_on_it_at_kill"] = _calls_open_on(doomed["id"], gateway, key)
         seen["job_step_at_kill"] = _step(task)
         killed = time.monotonic()
         seen["processes_killed"] = nodes.pop().kill()
@@ -337,6 +338,18 @@ def main(work: Path, model_dir: Path) -> None:
         for node in reversed(nodes):
             node.stop()
         shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _calls_open_on(replica_id: str, gateway: str, key: str, timeout_s: float = 30) -> int:
+    """Waits (a while) until the gateway has calls open on the replica: the job samples
+    there again, so that the kill breaks calls mid-way; how many it had."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = next((r for r in replicas(gateway, key) if r["id"] == replica_id), None)
+        if row is not None and row["gateway_in_flight"]:
+            return int(row["gateway_in_flight"])
+        time.sleep(0.05)
+    return 0
 
 
 def _step(task: Task) -> int | None:
