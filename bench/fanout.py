@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx2
 import numpy as np
+import psutil
 from safetensors.numpy import save_file
 
 from bench._stack import until_ready
@@ -98,6 +99,10 @@ async def done(logs: list[Path], processes: list[subprocess.Popen[bytes]]) -> li
     return [json.loads(log.read_text().splitlines()[0]) for log in logs]
 
 
+def cpu_seconds(processes: list[subprocess.Popen[bytes]]) -> float:
+    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in processes)
+
+
 async def one_case(
     work: Path,
     urls: dict[str, str],
@@ -129,11 +134,13 @@ async def one_case(
     try:
         await registered(gateway, replicas)
         await asyncio.sleep(1.0)  # each has subscribed to the store's events
+        cpu_before = cpu_seconds(processes)
         version = await store.publish(
             VersionMeta(job_id=job, kind=VersionKind.full, base_model="bench"), source
         )
         published = time.time()
         records = await done(logs, processes)
+        cpu = cpu_seconds(processes) - cpu_before
     finally:
         for process in processes:
             stop(process)
@@ -147,6 +154,7 @@ async def one_case(
         "size": sum(f.size for f in version.files),
         "store_bytes": sum(r["bytes_from_store"] for r in records),
         "peer_bytes": sum(r["bytes_from_peers"] for r in records),
+        "replica_cpu_s": cpu,
     }
 
 
@@ -213,10 +221,13 @@ def report(rows: list[dict], args: argparse.Namespace, uptimes: tuple[str, str])
         "without a vLLM engine (bench/_fanout_replica.py), one process each, own data and "
         "cache directory, loopback HTTP, all on this one machine: they share its cores and "
         "disk, where replicas on separate hosts would not. Engine load time is not included "
-        "(not measured here).",
+        "(not measured here). Replica CPU: the replicas' CPU seconds (user + system) from "
+        "just before the publish to the end, summed; the machine has "
+        f"{os.cpu_count()} cores for all of them, the store and the gateway.",
         "",
-        "| weights | replicas | arm | seconds | vs 1 replica | store bytes | peer bytes |",
-        "|---|---|---|---|---|---|---|",
+        "| weights | replicas | arm | seconds | vs 1 replica | store bytes | peer bytes "
+        "| replica CPU s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for size in sorted({r["size"] for r in rows}):
         for arm in args.arms:
@@ -227,7 +238,7 @@ def report(rows: list[dict], args: argparse.Namespace, uptimes: tuple[str, str])
                 lines.append(
                     f"| {size / 1e6:.0f} MB | {replicas} | {arm} | {row['seconds']:.2f} | "
                     f"{ratio} | {row['store_bytes'] / 1e6:.0f} MB | "
-                    f"{row['peer_bytes'] / 1e6:.0f} MB |"
+                    f"{row['peer_bytes'] / 1e6:.0f} MB | {row['replica_cpu_s']:.1f} |"
                 )
     lines += ["", f"Load before: `{uptimes[0]}`", f"Load after: `{uptimes[1]}`", ""]
     return "\n".join(lines)
