@@ -198,8 +198,8 @@ def report(
         f"{' and '.join(format_cores(sorted(cores)) or 'none' for cores in bound)}); the "
         "gateway, the client and the replicas' Python processes share both cores with the "
         "engines. Both arms on the same replicas in the same run, alternating by round. "
-        f"Load average (1 min) before / after: {load[0]:.1f} / {load[1]:.1f}: above the core "
-        "count, other work shared the cores and the numbers say little about the targets.",
+        f"Load average (1 min) before / after: {load[0]:.1f} / {load[1]:.1f} "
+        f"({_load_verdict(load[0])}).",
         "",
         "## Generation",
         "",
@@ -228,8 +228,11 @@ def report(
         "<= 2 ms on loopback). The gateway's part includes API-key auth (cached), the "
         "routing decision, reading the body and a second HTTP hop.",
         "",
-        "Fan-out of version files between replicas (services/rollout/fanout.py): not measured "
-        "here yet.",
+        "With one replica its engine has a core to itself while everything else shares the "
+        "other; with two, the engines share both cores with the gateway, the client and the "
+        "replicas' Python processes. The generation target needs each engine on hardware of "
+        "its own (a GPU or a host each), which one 2-core machine cannot give. Fan-out of "
+        "version files between replicas: bench/results/fanout.md.",
         "",
     ]
     return "\n".join(lines)
@@ -247,6 +250,14 @@ def main() -> None:
         table = asyncio.run(measure(args, Path(work)))
     RESULTS.write_text(table)
     print(table)
+
+
+def _load_verdict(before: float) -> str:
+    """Whether other work shared the machine when the run began (the run's own processes
+    raise the load after)."""
+    if before >= (os.cpu_count() or 1) / 2:
+        return "other work shared the cores: the numbers say little about the targets"
+    return "the machine was quiet when the run began; the load after is the run's own"
 
 
 if __name__ == "__main__":
