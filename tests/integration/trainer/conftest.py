@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from trainer_harness import TrainerHarness
+from trainer_harness import TrainerHarness, serving
 from transformers import AutoTokenizer
 
 from agents.datasets.arithmetic import make_splits
@@ -18,7 +18,6 @@ from modelstate.client import ModelStateClient
 from modelstate.settings import ModelStateSettings
 from services.common.service_token import service_headers
 from services.common.tiny_model import EOS
-from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 
 
@@ -41,16 +40,8 @@ async def trainer(
     tmp_path: Path, tiny_model_dir: Path, modelstate_client: ModelStateClient
 ) -> AsyncIterator[TrainerHarness]:
     settings = TrainerSettings(data_dir=tmp_path / "trainer", trainer_device="cpu")
-    app = create_app(settings, modelstate=modelstate_client)
-    async with (
-        app.router.lifespan_context(app),
-        httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app),
-            base_url="http://trainer",
-            headers=service_headers(settings),
-        ) as http,
-    ):
-        yield TrainerHarness(http, app, str(tiny_model_dir))
+    async with serving(settings, modelstate_client, tiny_model_dir) as trainer:
+        yield trainer
 
 
 @pytest.fixture(scope="session")

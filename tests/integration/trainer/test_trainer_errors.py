@@ -5,13 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
-from trainer_harness import JOB_LORA, TrainerHarness
+from trainer_harness import JOB_LORA, TrainerHarness, serving
 
 from modelstate.client import ModelStateClient
-from services.common.service_token import service_headers
-from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 
 GOOD = {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}
@@ -114,16 +111,7 @@ async def test_save_weights_reports_an_unreachable_store(
 ) -> None:
     client = ModelStateClient("http://127.0.0.1:9")  # the discard port: nothing listens
     settings = TrainerSettings(data_dir=tmp_path, trainer_device="cpu")
-    app = create_app(settings, modelstate=client)
-    async with (
-        app.router.lifespan_context(app),
-        httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app),
-            base_url="http://trainer",
-            headers=service_headers(settings),
-        ) as http,
-    ):
-        trainer = TrainerHarness(http, app, str(tiny_model_dir))
+    async with serving(settings, client, tiny_model_dir) as trainer:
         await trainer.create(JOB_LORA, "lora")
         op = await trainer.wait((await trainer.submit(JOB_LORA, "save_weights", {}))["id"])
     await client.aclose()

@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx2
 import pytest
 import torch
 from sharded_support import (
@@ -23,12 +22,10 @@ from sharded_support import (
     uneven_data,
     weights,
 )
-from trainer_harness import JOB_FULL, TrainerHarness
+from trainer_harness import JOB_FULL, serving
 
 from modelstate.client import ModelStateClient
-from services.common.service_token import service_headers
 from services.trainer import checkpoints
-from services.trainer.app import create_app
 from services.trainer.distributed.commands import RankConfig
 from services.trainer.distributed.ranks import RankFailed, RankGroup
 from services.trainer.distributed.remote import RemoteRegistry
@@ -333,16 +330,7 @@ async def test_the_trainer_service_runs_on_two_ranks(
         trainer_world_size=2,
         trainer_collective_timeout_s=60,
     )
-    app = create_app(settings, modelstate=modelstate_client)
-    async with (
-        app.router.lifespan_context(app),
-        httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app),
-            base_url="http://trainer",
-            headers=service_headers(settings),
-        ) as http,
-    ):
-        trainer = TrainerHarness(http, app, str(tiny_model_dir))
+    async with serving(settings, modelstate_client, tiny_model_dir) as trainer:
         await trainer.create(JOB_FULL, "full")
         data = [d.model_dump(exclude_none=True) for d in uneven_data()]
         result = await trainer.run(JOB_FULL, "forward_backward", {"data": data})
@@ -365,7 +353,7 @@ async def test_the_trainer_service_runs_on_two_ranks(
         assert failed["error"]["code"] == "trainer_rank_failed"
         assert failed["error"]["detail"]["rank"] == 1
         assert failed["error"]["detail"]["restored"]["checkpoint"] == "after-1"
-        info = (await http.get(f"/v1/models/{JOB_FULL}")).json()
+        info = (await trainer.http.get(f"/v1/models/{JOB_FULL}")).json()
         assert info["step"] == 1
         assert (info["restored"]["checkpoint"], info["restored"]["step"]) == ("after-1", 1)
         again = (await trainer.run(JOB_FULL, "forward", {"data": data}))["logprobs"]
@@ -389,16 +377,7 @@ async def test_bf16_at_world_size_1_trains_in_a_rank_not_ignored(
         trainer_activation_checkpointing=True,
         trainer_collective_timeout_s=60,
     )
-    app = create_app(settings, modelstate=modelstate_client)
-    async with (
-        app.router.lifespan_context(app),
-        httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app),
-            base_url="http://trainer",
-            headers=service_headers(settings),
-        ) as http,
-    ):
-        trainer = TrainerHarness(http, app, str(tiny_model_dir))
+    async with serving(settings, modelstate_client, tiny_model_dir) as trainer:
         assert len(trainer.service.registry.group.pids) == 1  # type: ignore[union-attr]
         await trainer.create(JOB_FULL, "full")
         data = uneven_data()

@@ -3,18 +3,15 @@ where it stopped, optimizer moments included."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
-from trainer_harness import TrainerHarness
+from trainer_harness import TrainerHarness, serving
 
 from modelstate.client import ModelStateClient
-from services.common.service_token import service_headers
-from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 
 ADAM = {"adam": {"lr": 1e-2}}
@@ -27,21 +24,7 @@ def start_trainer(
 ) -> Start:
     """Starts a fresh trainer process-equivalent (new app, new memory) on the same disk."""
     settings = TrainerSettings(data_dir=tmp_path / "trainer", trainer_device="cpu")
-
-    @asynccontextmanager
-    async def start() -> AsyncIterator[TrainerHarness]:
-        app = create_app(settings, modelstate=modelstate_client)
-        async with (
-            app.router.lifespan_context(app),
-            httpx2.AsyncClient(
-                transport=httpx2.ASGITransport(app),
-                base_url="http://trainer",
-                headers=service_headers(settings),
-            ) as http,
-        ):
-            yield TrainerHarness(http, app, str(tiny_model_dir))
-
-    return start
+    return lambda: serving(settings, modelstate_client, tiny_model_dir)
 
 
 async def steps(

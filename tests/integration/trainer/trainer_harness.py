@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx2
 from fastapi import FastAPI
 
+from modelstate.client import ModelStateClient
+from services.common.service_token import service_headers
+from services.trainer.app import create_app
 from services.trainer.service import TrainerService
+from services.trainer.settings import TrainerSettings
 
 JOB_FULL = "job-full"
 JOB_LORA = "job-lora"
@@ -51,3 +58,21 @@ class TrainerHarness:
         assert op["status"] == "succeeded", op["error"]
         result: dict[str, Any] = op["result"]
         return result
+
+
+@asynccontextmanager
+async def serving(
+    settings: TrainerSettings, modelstate: ModelStateClient, base_model: Path
+) -> AsyncIterator[TrainerHarness]:
+    """A trainer app started with `settings` (its lifespan: queue, ranks), driven over HTTP
+    with the service token."""
+    app = create_app(settings, modelstate=modelstate)
+    async with (
+        app.router.lifespan_context(app),
+        httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app),
+            base_url="http://trainer",
+            headers=service_headers(settings),
+        ) as http,
+    ):
+        yield TrainerHarness(http, app, str(base_model))
