@@ -44,7 +44,6 @@ from services.reward.schemas import (
     RewardFunction,
 )
 from services.rollout.schemas import (
-    MAX_BATCH_PROMPTS,
     RolloutRequest,
     RolloutTask,
     SampleBatchRequest,
@@ -53,6 +52,7 @@ from services.rollout.schemas import (
     SampleResponse,
     SamplingParams,
     VersionRef,
+    batch_prompts_limit,
 )
 from services.trainer.schemas import (
     AdamParams,
@@ -175,17 +175,19 @@ class AsyncJobClient:
         params: SamplingParams | None = None,
         version: VersionRef = "latest",
     ) -> list[SampleResponse]:
-        """Sample every prompt, in one request per `MAX_BATCH_PROMPTS` (the engine batches
-        them all at once); results in order.
+        """Sample every prompt, in as few requests as the service takes (up to
+        `MAX_BATCH_PROMPTS` prompts, and `MAX_BATCH_SAMPLE_TOKENS` tokens to sample, each);
+        the engine batches each request's prompts at once. Results in order.
 
         An alias such as "latest" is resolved once, so the whole batch uses one version. A
         seed (`params.seed`) gives each prompt a seed of its own, derived from it and the
         prompt's index: the same call again draws the same samples, and no two prompts share
         their noise."""
         base = params or SamplingParams()
+        size = batch_prompts_limit(n, base.max_tokens)
         chunks = [
-            [p if isinstance(p, str) else list(p) for p in prompts[i : i + MAX_BATCH_PROMPTS]]
-            for i in range(0, len(prompts), MAX_BATCH_PROMPTS)
+            [p if isinstance(p, str) else list(p) for p in prompts[i : i + size]]
+            for i in range(0, len(prompts), size)
         ]
         if not chunks:
             return []

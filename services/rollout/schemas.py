@@ -19,6 +19,10 @@ MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 MAX_PROMPT_CHARS = 1_000_000
 MAX_PROMPT_TOKENS = 131072
 MAX_BATCH_PROMPTS = 1024  # prompts of one batch request (x n samples each)
+# Tokens one batch request may ask to sample (prompts x n x max_tokens): what one /v1/sample
+# request may ask at its largest (256 x 32768), so a batch holds no more in the service's
+# memory than a single request can.
+MAX_BATCH_SAMPLE_TOKENS = 256 * 32768
 
 
 class SamplingParams(StrictModel):
@@ -102,6 +106,23 @@ class SampleBatchRequest(SampleOptions):
     the same request again draws the same samples."""
 
     prompts: list[BatchPrompt] = Field(min_length=1, max_length=MAX_BATCH_PROMPTS)
+
+    @model_validator(mode="after")
+    def _within_the_token_budget(self) -> Self:
+        most = batch_prompts_limit(self.n, self.params.max_tokens)
+        if len(self.prompts) > most:
+            raise ValueError(
+                f"a batch may ask to sample at most {MAX_BATCH_SAMPLE_TOKENS:,} tokens "
+                f"(prompts x n x params.max_tokens): {len(self.prompts)} x {self.n} x "
+                f"{self.params.max_tokens} is more; send at most {most} prompts per request "
+                "at these settings (the SDK's sample_many splits them for you)"
+            )
+        return self
+
+
+def batch_prompts_limit(n: int, max_tokens: int) -> int:
+    """How many prompts one batch request may carry at `n` samples of `max_tokens` each."""
+    return max(1, min(MAX_BATCH_PROMPTS, MAX_BATCH_SAMPLE_TOKENS // (n * max_tokens)))
 
 
 class Sample(LenientModel):

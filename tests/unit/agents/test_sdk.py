@@ -276,3 +276,17 @@ async def test_sample_many_sends_one_request_per_batch_on_the_version_the_first_
         (1, 7, 2),
     ]
     assert [b["params"]["seed"] for b in sent] == [11, params.derived(1).seed]
+
+    # Long samples: each request stays within the service's token budget, so none is refused.
+    from services.rollout.schemas import MAX_BATCH_SAMPLE_TOKENS, SampleBatchRequest
+
+    sent.clear()
+    long = sdk.SamplingParams(max_tokens=32768)
+    async with AsyncLoomClient("http://gw", "k", transport=httpx2.MockTransport(handler)) as loom:
+        job = await loom.get_job("job_1")
+        responses = await job.sample_many(["1+1="] * 300, n=16, params=long)
+    assert len(responses) == 300
+    assert [len(b["prompts"]) for b in sent] == [16] * 18 + [12]
+    for body in sent:
+        SampleBatchRequest.model_validate(body)  # what the service checks
+        assert len(body["prompts"]) * 16 * 32768 <= MAX_BATCH_SAMPLE_TOKENS
