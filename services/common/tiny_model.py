@@ -142,6 +142,10 @@ def build_random_model(out_dir: Path | str, config: dict[str, Any], seed: int = 
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(qwen2_config)
     model.save_pretrained(out, safe_serialization=True)
+    if not (out / "config.json").is_file():
+        # transformers writes nothing on a torch.distributed rank other than 0: never mark a
+        # directory without its model as built.
+        raise RuntimeError(f"the tiny model's files were not written to {out} (a rank > 0?)")
     (out / "generation_config.json").write_text(
         json.dumps({"eos_token_id": eos_id, "bos_token_id": eos_id, "do_sample": True})
     )

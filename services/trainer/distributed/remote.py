@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from services.common.base_models import resolve_base_model
 from services.trainer import checkpoints
 from services.trainer.batch import validate_data
 from services.trainer.distributed.ranks import RankFailed, RankGroup, Run
@@ -227,6 +228,10 @@ class RemoteRegistry(Models[RemoteModel]):
         self._made: list[RemoteModel] = []
 
     def _make(self, spec: CreateModelRequest) -> RemoteModel:
+        # Resolved here first: a generated base (`loom/tiny`) is built by this process, which
+        # has no process group, not by a rank (transformers' save_pretrained writes nothing on
+        # a rank other than 0), and a bad name fails before any rank works on it.
+        resolve_base_model(spec.base_model, self.group.config.data_dir)
         with self.group.exclusive():
             info, _, vocab_size, max_length = self.group.call("create", spec)
             model = RemoteModel(self.group, spec, info, vocab_size, max_length)

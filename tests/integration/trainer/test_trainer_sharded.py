@@ -391,3 +391,13 @@ async def test_bf16_at_world_size_1_trains_in_a_rank_not_ignored(
     spec = CreateModelRequest(job_id="fp32-reference", base_model=str(tiny_model_dir))
     fp32 = one_process.create(spec)[0].forward_backward(data, LossConfig()).loss
     assert loss == pytest.approx(fp32, rel=2e-2) and loss != fp32
+
+
+def test_a_generated_base_is_built_whole_for_ranks(ranks: RemoteRegistry) -> None:
+    """`loom/tiny` made for the first time by a sharded trainer: built by the coordinator
+    (transformers' save_pretrained writes nothing on a rank other than 0, which left a
+    directory marked built without its config and weights whenever rank 1 built it first)."""
+    model = ranks.create(CreateModelRequest(job_id="generated-base", base_model="loom/tiny"))[0]
+    tiny = ranks.group.config.data_dir / "models" / "tiny"
+    assert (tiny / "config.json").is_file() and (tiny / "model.safetensors").is_file()
+    assert model.forward_backward(uneven_data(), LossConfig()).loss > 0
