@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable
 
 from cachetools import TTLCache
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth.dialects import ClientDialects
 from gateway.auth.keys import KeyIdentity, authenticate, hash_secret
-from services.common.app_factory import error_response
+from services.common.app_factory import database_unavailable, error_response
 from services.common.db import in_transaction
 from services.common.errors import Unauthorized
 
@@ -84,7 +85,11 @@ class ApiKeyAuthMiddleware:
         digest = hash_secret(secret)
         identity = state.auth_cache.get(digest)
         if identity is None:
-            identity = await in_transaction(state.sessions, lambda s: authenticate(s, secret))
+            try:
+                identity = await in_transaction(state.sessions, lambda s: authenticate(s, secret))
+            except (OperationalError, InterfaceError) as exc:  # an outage: the client retries
+                await database_unavailable(exc)(scope, receive, send)
+                return
             if identity is not None:
                 state.auth_cache.put(digest, identity)
         if identity is None:

@@ -181,20 +181,25 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
     async def _database_down(_request: Request, exc: Exception) -> JSONResponse:
-        # The database is unreachable or dropped the connection (a restart, a failover): an
-        # outage, not a bug. The transaction rolled back; the pool reconnects on a later call.
-        log.warning("database unavailable: %s", str(exc).splitlines()[0][:300])
-        return error_response(
-            503,
-            Unavailable.code,
-            "The database is unavailable (restarting "
-            "or unreachable); nothing was written. Try again shortly.",
-        )
+        return database_unavailable(exc)
 
     @app.exception_handler(Exception)
     async def _unhandled(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(500, "internal_error", f"Internal error: {type(exc).__name__}")
+
+
+def database_unavailable(exc: Exception) -> JSONResponse:
+    """The database is unreachable or dropped the connection (a restart, a failover): an
+    outage, not a bug, so a 503. The transaction rolled back; the pool reconnects on a later
+    call. Also for middlewares, which the app's exception handlers do not cover."""
+    log.warning("database unavailable: %s", str(exc).splitlines()[0][:300])
+    return error_response(
+        503,
+        Unavailable.code,
+        "The database is unavailable (restarting or unreachable); nothing was written. Try "
+        "again shortly.",
+    )
 
 
 # --- middlewares (pure ASGI, so streaming responses pass through untouched) ----------------
