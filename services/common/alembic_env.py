@@ -3,10 +3,14 @@ version table (set by `db.migrate`), type comparison on, SQLite batch mode for A
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+from collections.abc import Iterator
+from pathlib import Path
 
 from alembic import context
-from sqlalchemy import MetaData, text
+from sqlalchemy import MetaData, make_url, text
 
 from services.common.db import make_engine
 
@@ -18,7 +22,7 @@ def run_migrations(target_metadata: MetaData, default_version_table: str) -> Non
         raise RuntimeError("alembic: sqlalchemy.url is not set (use services.common.db.migrate)")
     version_table = config.attributes.get("version_table", default_version_table)
     engine = make_engine(url)
-    with engine.connect() as connection:
+    with sqlite_migration_lock(url), engine.connect() as connection:
         context.configure(
             connection=connection,
             target_metadata=target_metadata,
@@ -42,6 +46,21 @@ def run_migrations(target_metadata: MetaData, default_version_table: str) -> Non
             context.run_migrations()
         connection.commit()
     engine.dispose()
+
+
+@contextlib.contextmanager
+def sqlite_migration_lock(url: str) -> Iterator[None]:
+    """Processes migrating one SQLite file take turns (an exclusive lock on a file beside
+    it): SQLite runs DDL outside a transaction, so two processes started at once (the gateway
+    and the worker both migrate the worker's tables) would both find no version table and race
+    to create it, and one would fail to start. PostgreSQL has its advisory lock instead."""
+    database = make_url(url).database if url.startswith("sqlite") else None
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(Path(f"{database}.migrate.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
 
 
 def migration_lock_key(version_table: str) -> int:

@@ -1,6 +1,8 @@
-"""Services that start at once against one fresh PostgreSQL database (rollout replicas
-scaled up together, a compose stack) each migrate it: every one must start. Before the
-migration lock, two rollout replicas raced to create their version table and one exited."""
+"""Services that start at once against one fresh database (rollout replicas scaled up
+together, a compose stack on PostgreSQL; the gateway and the worker of `loom up`, which both
+migrate the worker's tables, on SQLite) each migrate it: every one must start. Before the
+migration locks, two rollout replicas raced to create their version table and one exited, and
+`loom up`'s gateway now and then lost the same race to the worker and exited."""
 
 from __future__ import annotations
 
@@ -21,15 +23,20 @@ def _migrate(url: str, alembic_dir: str, version_table: str) -> None:
     migrate(url, Path(alembic_dir), version_table)
 
 
-def test_services_migrating_one_database_at_once_all_succeed(empty_postgres_url: str) -> None:
+@pytest.fixture(params=["postgresql", "sqlite"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fresh.db'}"
+    return str(request.getfixturevalue("empty_postgres_url"))
+
+
+def test_services_migrating_one_database_at_once_all_succeed(fresh_url: str) -> None:
     from services.rollout.app import ALEMBIC_DIR, VERSION_TABLE
 
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(PROCESSES)
     processes = [
-        context.Process(
-            target=_after, args=(start, empty_postgres_url, str(ALEMBIC_DIR), VERSION_TABLE)
-        )
+        context.Process(target=_after, args=(start, fresh_url, str(ALEMBIC_DIR), VERSION_TABLE))
         for _ in range(PROCESSES)
     ]
     for process in processes:
@@ -37,7 +44,7 @@ def test_services_migrating_one_database_at_once_all_succeed(empty_postgres_url:
     for process in processes:
         process.join(timeout=180)
     assert [process.exitcode for process in processes] == [0] * PROCESSES
-    url = empty_postgres_url
+    url = fresh_url
     engine = create_engine(
         url.replace("postgresql://", "postgresql+psycopg://", 1)
         if url.startswith("postgresql://")
