@@ -85,6 +85,9 @@ WARM_UP = ArithConfig()
 WARM_UP_BETA2 = 0.95
 WARM_UP_FIELDS = {
     "sft_lr",
+    "sft_warmup_steps",
+    "sft_decay_steps",
+    "sft_final_lr_fraction",
     "sft_batch",
     "sft_min_steps",
     "sft_max_steps",
@@ -179,6 +182,8 @@ def build_start(out: Path, max_tokens: int = 8) -> Path:
         loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = setup.sft_lr_at(step)
         optimizer.step()
         optimizer.zero_grad()
         if step >= setup.sft_min_steps and step % setup.sft_check_every == 0:

@@ -2,7 +2,8 @@
 models directly, at world size 1 (ModelRegistry in process, as the trainer runs one rank) or
 2 (RemoteRegistry over a RankGroup of two FSDP2 rank processes, gloo, CPU): the same tiny
 model, the demo's train split and tokens, 64 rows a step drawn by `random.Random(seed)`,
-cross-entropy, AdamW (beta2 0.95), and the demo's save_weights every `--save-every` steps
+cross-entropy, AdamW (beta2 0.95), the demo's learning-rate warm-up and decay (`--schedule
+constant`: the constant rate it had before), and the demo's save_weights every `--save-every` steps
 from `--save-from` on (plus save_state with `--save-state`, as the managed recipe does).
 Prints loss and grad norm every 10 steps and writes every step's to `--out` (JSON) for
 comparing arms. Issue 35: does two-rank SFT learn as one-rank SFT does?
@@ -24,6 +25,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agents.algorithms import sft_datum
+from agents.algorithms.schedules import warmup_cosine
 from agents.datasets.arithmetic import make_splits
 from agents.examples.arith_grpo import ArithConfig
 from services.common.base_models import ensure_tiny_model
@@ -78,6 +80,14 @@ def accuracy(base: Path, weights: Path, data: list[Datum]) -> float:
     return float((~wrong.any(-1)).float().mean())
 
 
+def schedule_factor(args: argparse.Namespace, step: int) -> float:
+    """The learning rate's multiplier at `step`: 1 (constant), or the demo's warm-up and
+    cosine decay to `--final-lr-factor` at `--decay-steps`."""
+    if args.schedule == "constant":
+        return 1.0
+    return warmup_cosine(step, args.warmup, args.decay_steps, args.final_lr_factor)
+
+
 def run(args: argparse.Namespace, model: TrainerModel | RemoteModel, work: Path) -> list[dict]:
     config = ArithConfig()
     base = Path(model.spec.base_model)
@@ -93,7 +103,8 @@ def run(args: argparse.Namespace, model: TrainerModel | RemoteModel, work: Path)
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         loss = model.forward_backward(rng.sample(data, config.sft_batch), LossConfig()).loss
-        grad_norm = model.optim_step(adam).grad_norm
+        lr = args.lr * schedule_factor(args, step)
+        grad_norm = model.optim_step(adam.model_copy(update={"lr": lr})).grad_norm
         steps.append({"step": step, "loss": loss, "grad_norm": grad_norm})
         if step >= args.save_from and step % args.save_every == 0:
             if args.save_state:
@@ -132,6 +143,16 @@ def main() -> None:
         default=None,
         help="the trainer's LOOM_TRAINER_MICRO_BATCH_TOKENS (default: its CPU default)",
     )
+    demo = ArithConfig()
+    parser.add_argument(
+        "--schedule",
+        choices=("constant", "cosine"),
+        default="cosine",
+        help="cosine: the demo's warm-up and decay (constant: the demo's before)",
+    )
+    parser.add_argument("--warmup", type=int, default=demo.sft_warmup_steps)
+    parser.add_argument("--decay-steps", type=int, default=demo.sft_decay_steps)
+    parser.add_argument("--final-lr-factor", type=float, default=demo.sft_final_lr_fraction)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)  # the trainer's default (LOOM_TRAINER_THREADS=1)

@@ -58,7 +58,7 @@ def _sft(
         if decided:
             return decided
     for step in range(run.start_step, config.sft_max_steps + 1):
-        loss = sft_step(run.job, _batch(train, config.sft_batch, config, step), config)
+        loss = sft_step(run.job, _batch(train, config.sft_batch, config, step), config, step)
         run.job.log_metrics(step, {"sft/loss": loss})
         if (
             step >= config.sft_min_steps
@@ -106,6 +106,7 @@ def _grpo(
             config,
             version,
             step,
+            config.rl_lr_at(step - state["sft_end"]),
         )
         version = run.checkpoint(step, state, metrics={"reward": done.metrics["reward"]}).number
         metrics = dict(done.metrics)
