@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import context
-from sqlalchemy import MetaData, make_url, text
+from sqlalchemy import Engine, MetaData, make_url, text
 
 from services.common.db import make_engine
 
@@ -22,6 +22,16 @@ def run_migrations(target_metadata: MetaData, default_version_table: str) -> Non
         raise RuntimeError("alembic: sqlalchemy.url is not set (use services.common.db.migrate)")
     version_table = config.attributes.get("version_table", default_version_table)
     engine = make_engine(url)
+    try:
+        _run(engine, url, target_metadata, version_table)
+    finally:
+        # Also when a migration fails (the worker's wait for the gateway's tables): an SQLite
+        # connection left open in a process that then forks (Celery's pool) breaks SQLite's
+        # locking, and the database can be corrupted.
+        engine.dispose()
+
+
+def _run(engine: Engine, url: str, target_metadata: MetaData, version_table: str) -> None:
     with sqlite_migration_lock(url), engine.connect() as connection:
         context.configure(
             connection=connection,
@@ -45,7 +55,6 @@ def run_migrations(target_metadata: MetaData, default_version_table: str) -> Non
                 )
             context.run_migrations()
         connection.commit()
-    engine.dispose()
 
 
 @contextlib.contextmanager

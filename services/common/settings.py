@@ -7,6 +7,7 @@ never at import time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -75,6 +76,10 @@ class LoomSettings(BaseSettings):
             return self.database_url
         path = self.ensure_data_dir() / f"{service}.db"
         # Created 0600 before SQLite opens it: SQLite gives its WAL and shared-memory files
-        # the database file's mode, so all three stay private.
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        # the database file's mode, so all three stay private. Only ever created: closing a
+        # descriptor of a database file drops every lock this process holds on it, so
+        # opening an existing one would leave this process's connections unlocked and let
+        # another process delete the WAL under them (a corrupt database).
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         return f"sqlite:///{path}"
