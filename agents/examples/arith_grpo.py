@@ -52,10 +52,10 @@ class ArithConfig(StrictModel):
     sft_check_every: int = 50
     sft_batch: int = 64
     sft_lr: float = 3e-3
-    # A constant 3e-3 made whether the target is met by the cap a matter of luck: of three
-    # batch seeds two never got there at one rank and at two (the summation order alone
-    # decides). Warmed up and decayed, all three reached it by step 600 (bench/results/
-    # trainer_scale.md).
+    # A constant 3e-3 made whether the target is met a matter of luck: of three batch seeds,
+    # one or two missed it within 1,000 steps, at one rank and at two (rounding decides).
+    # Warmed up and decayed, five seeds of five at one rank and three of three at two reached
+    # it by step 600 (bench/results/trainer_scale.md).
     sft_warmup_steps: int = Field(default=50, ge=0)
     sft_decay_steps: int = Field(default=800, ge=1)
     sft_final_lr_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
