@@ -25,7 +25,6 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agents.algorithms import sft_datum
-from agents.algorithms.schedules import warmup_cosine
 from agents.datasets.arithmetic import make_splits
 from agents.examples.arith_grpo import ArithConfig
 from services.common.base_models import ensure_tiny_model
@@ -80,16 +79,17 @@ def accuracy(base: Path, weights: Path, data: list[Datum]) -> float:
     return float((~wrong.any(-1)).float().mean())
 
 
-def schedule_factor(args: argparse.Namespace, step: int) -> float:
-    """The learning rate's multiplier at `step`: 1 (constant), or the demo's warm-up and
-    cosine decay to `--final-lr-factor` at `--decay-steps`."""
-    if args.schedule == "constant":
-        return 1.0
-    return warmup_cosine(step, args.warmup, args.decay_steps, args.final_lr_factor)
-
-
 def run(args: argparse.Namespace, model: TrainerModel | RemoteModel, work: Path) -> list[dict]:
     config = ArithConfig()
+    constant = args.schedule == "constant"
+    schedule = config.model_copy(  # the demo's rate at each step, or the constant one
+        update={
+            "sft_lr": args.lr,
+            "sft_warmup_steps": 0 if constant else args.warmup,
+            "sft_decay_steps": args.decay_steps,
+            "sft_final_lr_fraction": 1.0 if constant else args.final_lr_factor,
+        }
+    )
     base = Path(model.spec.base_model)
     data, validation, held_out = demo_splits(base, config)
     adam = AdamParams(
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, model: TrainerModel | RemoteModel, work: Path)
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         loss = model.forward_backward(rng.sample(data, config.sft_batch), LossConfig()).loss
-        lr = args.lr * schedule_factor(args, step)
+        lr = schedule.sft_lr_at(step)
         grad_norm = model.optim_step(adam.model_copy(update={"lr": lr})).grad_norm
         steps.append({"step": step, "loss": loss, "grad_norm": grad_norm})
         if step >= args.save_from and step % args.save_every == 0:

@@ -14,6 +14,6 @@ def warmup_cosine(step: int, warmup_steps: int, decay_steps: int, final_fraction
     if decay_steps < 1:
         raise ValueError(f"decay_steps must be at least 1, not {decay_steps}")
     warm = min(1.0, step / warmup_steps) if warmup_steps > 0 else 1.0
-    progress = min(1.0, max(0, step) / decay_steps)
+    progress = min(1.0, step / decay_steps)
     cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
     return warm * (final_fraction + (1.0 - final_fraction) * cosine)
